@@ -1,1 +1,37 @@
-"""sarjax.cover."""
+"""sarjax.cover: host-side SAR greedy, exact partial covers and pool metrics.
+
+The cover layer drives attacks through host callables with fixed shapes
+(:class:`JointAttack`, :class:`SingleAttack`) and never touches parameters.
+"""
+
+from sarjax.cover.exact import (
+    CoverCheck,
+    ExactCover,
+    brute_force_partial_cover,
+    exact_check,
+    exact_partial_cover,
+)
+from sarjax.cover.greedy import greedy_sar
+from sarjax.cover.metrics import asr, coverage_target, jasc, tasc, theorem1_factor
+from sarjax.cover.result import SARResult
+from sarjax.cover.synthetic import SetSystemOracle
+from sarjax.cover.types import Candidates, JointAttack, SingleAttack
+
+__all__ = [
+    "Candidates",
+    "CoverCheck",
+    "ExactCover",
+    "JointAttack",
+    "SARResult",
+    "SetSystemOracle",
+    "SingleAttack",
+    "asr",
+    "brute_force_partial_cover",
+    "coverage_target",
+    "exact_check",
+    "exact_partial_cover",
+    "greedy_sar",
+    "jasc",
+    "tasc",
+    "theorem1_factor",
+]

@@ -1,0 +1,294 @@
+"""The result of a batched SAR greedy run: plain arrays, JSON + .npz on disk."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sarjax.cover.metrics import coverage_target
+
+# Per-round logs, each stacked as [R, B, ...] (R = rounds run).
+ROUND_FIELDS = (
+    "active",  # [R, B] bool: sample took part in the round
+    "recorded",  # [R, B] bool: the round recorded an input for the sample
+    "new_covered",  # [R, B, M] bool: uncovered members the recorded input covered
+    "joint_covered",  # [R, B, M] bool: full coverage of the joint candidate
+    "joint_queries",  # [R, B] int64
+    "fallback",  # [R, B] bool: the joint attack covered nothing, fallback ran
+    "fallback_target",  # [R, B] int64: member attacked alone, -1 if no fallback
+    "fallback_covered",  # [R, B, M] bool: full coverage of the fallback candidate
+    "fallback_success",  # [R, B] bool: the fallback covered its target
+    "fallback_queries",  # [R, B] int64
+)
+
+
+def derive_sar(
+    new_covered: np.ndarray,
+    recorded: np.ndarray,
+    clean_broken: np.ndarray,
+    valid: np.ndarray,
+    taus: tuple[int, ...],
+    num_members: int,
+    count_clean_input: bool,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """SAR for several coverage targets from one run's coverage order.
+
+    A separate run for a target ``tau' <= tau`` follows the same rounds and
+    stops at the first round where the covered count reaches ``tau'``; its
+    ``k_hat`` is the number of inputs recorded up to that round.
+
+    Args:
+        new_covered: ``[R, B, M]`` bool, members credited per round.
+        recorded: ``[R, B]`` bool, whether the round recorded an input.
+        clean_broken: ``[B, M]`` bool, members covered before any attack.
+        valid: ``[B]`` bool, real (non-padding) samples.
+        taus: coverage targets.
+        num_members: ``M``.
+        count_clean_input: count the clean input as one input when it breaks
+            some member.
+
+    Returns:
+        ``(sar [B, D] float64, k_hat [B, D] int64, reached [B, D] bool)``;
+        ``k_hat = -1`` and ``sar = 1`` where the target is not reached, and
+        ``sar = nan`` for padding samples.
+    """
+    b = clean_broken.shape[0]
+    clean = clean_broken.sum(axis=1)  # [B]
+    per_round = new_covered.sum(axis=2).T  # [B, R]
+    counts = np.concatenate([clean[:, None], clean[:, None] + np.cumsum(per_round, axis=1)], axis=1)
+    offset = (count_clean_input & (clean > 0)).astype(np.int64)
+    ks = np.concatenate(
+        [offset[:, None], offset[:, None] + np.cumsum(recorded.T.astype(np.int64), axis=1)], axis=1
+    )  # [B, R + 1]
+    d = len(taus)
+    sar = np.ones((b, d), dtype=np.float64)
+    k_hat = np.full((b, d), -1, dtype=np.int64)
+    reached = np.zeros((b, d), dtype=bool)
+    for j, tau in enumerate(taus):
+        hit = counts >= tau  # [B, R + 1]
+        reached[:, j] = hit.any(axis=1) & valid
+        first = np.argmax(hit, axis=1)
+        k = np.take_along_axis(ks, first[:, None], axis=1)[:, 0]
+        k_hat[:, j] = np.where(reached[:, j], k, -1)
+        sar[:, j] = np.where(reached[:, j], k / num_members, 1.0)
+    sar[~valid] = np.nan
+    return sar, k_hat, reached
+
+
+@dataclass
+class SARResult:
+    """Per-sample outcome of :func:`sarjax.cover.greedy_sar`.
+
+    Attributes:
+        num_members: pool size ``M``.
+        deltas: the requested deltas, in the caller's order.
+        taus: ``ceil((1 - delta) M)`` per delta.
+        count_clean_input: whether the clean input counts as one input when it
+            already breaks some member.
+        stop_when_unreachable: whether samples stopped once no requested target
+            could still be reached (SAR unchanged, fewer queries).
+        num_rounds: rounds run (``R``).
+        valid: ``[B]`` bool, real (non-padding) samples.
+        clean_broken: ``[B, M]`` bool, members broken on the clean input
+            (covered without an attack).
+        unbreakable: ``[B, M]`` bool, members the fallback failed to break.
+        covered: ``[B, M]`` bool, final covered set (clean-broken included).
+        covered_round: ``[B, M]`` int64, round that covered each member, -1 if
+            never covered by an attack.
+        sar: ``[B, D]`` float64, ``k_hat / M`` or 1 when not reached (nan for
+            padding samples).
+        k_hat: ``[B, D]`` int64, inputs needed, -1 when not reached.
+        reached: ``[B, D]`` bool.
+        active, recorded, ... : per-round logs ``[R, B, ...]`` (see
+            ``ROUND_FIELDS``).
+        inputs: ``[R, B, *S]`` recorded adversarial inputs (the joint or the
+            fallback candidate; zeros where nothing was recorded), or None when
+            not stored.
+    """
+
+    num_members: int
+    deltas: tuple[float, ...]
+    taus: tuple[int, ...]
+    count_clean_input: bool
+    stop_when_unreachable: bool
+    num_rounds: int
+    valid: np.ndarray
+    clean_broken: np.ndarray
+    unbreakable: np.ndarray
+    covered: np.ndarray
+    covered_round: np.ndarray
+    sar: np.ndarray
+    k_hat: np.ndarray
+    reached: np.ndarray
+    active: np.ndarray
+    recorded: np.ndarray
+    new_covered: np.ndarray
+    joint_covered: np.ndarray
+    joint_queries: np.ndarray
+    fallback: np.ndarray
+    fallback_target: np.ndarray
+    fallback_covered: np.ndarray
+    fallback_success: np.ndarray
+    fallback_queries: np.ndarray
+    inputs: np.ndarray | None = None
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.clean_broken.shape[0])
+
+    @property
+    def queries(self) -> np.ndarray:
+        """``[B]`` int64, total queries per sample (joint + fallback)."""
+        return self.joint_queries.sum(axis=0) + self.fallback_queries.sum(axis=0)
+
+    @property
+    def fallback_fired(self) -> np.ndarray:
+        """``[B]`` bool, whether the fallback ran at least once."""
+        return self.fallback.any(axis=0)
+
+    def sar_at(self, delta: float) -> np.ndarray:
+        """``[B]`` SAR for another delta, derived from this run's coverage order.
+
+        Exact (equal to a separate run) for targets between the loosest and the
+        strictest requested (any looser target too when
+        ``stop_when_unreachable`` is False).
+
+        Raises:
+            ValueError: the target lies outside what this run determines.
+        """
+        tau = coverage_target(delta, self.num_members)
+        if tau > max(self.taus):
+            raise ValueError(
+                f"delta={delta} needs tau={tau} > the strictest run tau={max(self.taus)}"
+            )
+        if self.stop_when_unreachable and tau < min(self.taus):
+            raise ValueError(
+                f"delta={delta} needs tau={tau} < the loosest run tau={min(self.taus)}; "
+                "rerun with it or with stop_when_unreachable=False"
+            )
+        sar, _, _ = derive_sar(
+            self.new_covered,
+            self.recorded,
+            self.clean_broken,
+            self.valid,
+            (tau,),
+            self.num_members,
+            self.count_clean_input,
+        )
+        return sar[:, 0]
+
+    def candidate_sets(self, sample: int) -> np.ndarray:
+        """``[N, M]`` bool, every coverage set the attacks revealed for a sample.
+
+        Joint candidates of the rounds the sample took part in, then fallback
+        candidates. The input to :func:`sarjax.cover.exact_partial_cover`.
+        """
+        if not 0 <= sample < self.batch_size:
+            raise ValueError(f"sample must be in [0, {self.batch_size}), got {sample}")
+        joint = self.joint_covered[self.active[:, sample], sample]
+        fall = self.fallback_covered[self.fallback[:, sample], sample]
+        return np.concatenate([joint, fall], axis=0)
+
+    def summary(self) -> dict[str, Any]:
+        """Pool-level means over valid samples, per delta."""
+        v = self.valid
+        out = []
+        for j, (delta, tau) in enumerate(zip(self.deltas, self.taus)):
+            out.append(
+                {
+                    "delta": float(delta),
+                    "tau": int(tau),
+                    "mean_sar": float(self.sar[v, j].mean()) if v.any() else None,
+                    "share_sar_one": float((self.sar[v, j] >= 1.0).mean()) if v.any() else None,
+                    "mean_k_hat_reached": (
+                        float(self.k_hat[v & self.reached[:, j], j].mean())
+                        if (v & self.reached[:, j]).any()
+                        else None
+                    ),
+                }
+            )
+        return {
+            "num_members": self.num_members,
+            "num_samples": int(v.sum()),
+            "num_rounds": self.num_rounds,
+            "mean_queries": float(self.queries[v].mean()) if v.any() else None,
+            "share_fallback": float(self.fallback_fired[v].mean()) if v.any() else None,
+            "per_delta": out,
+        }
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """JSON-ready description: config, summary and per-sample records."""
+        samples = []
+        for b in range(self.batch_size):
+            inputs = []
+            for r in np.flatnonzero(self.recorded[:, b]):
+                coverage = np.where(
+                    self.fallback[r, b], self.fallback_covered[r, b], self.joint_covered[r, b]
+                )
+                inputs.append(
+                    {
+                        "round": int(r),
+                        "source": "fallback" if self.fallback[r, b] else "joint",
+                        "new_covered": np.flatnonzero(self.new_covered[r, b]).tolist(),
+                        "coverage": np.flatnonzero(coverage).tolist(),
+                    }
+                )
+            samples.append(
+                {
+                    "valid": bool(self.valid[b]),
+                    "sar": [None if np.isnan(s) else float(s) for s in self.sar[b]],
+                    "k_hat": self.k_hat[b].tolist(),
+                    "reached": self.reached[b].tolist(),
+                    "queries": int(self.queries[b]),
+                    "fallback_fired": bool(self.fallback_fired[b]),
+                    "clean_broken": np.flatnonzero(self.clean_broken[b]).tolist(),
+                    "unbreakable": np.flatnonzero(self.unbreakable[b]).tolist(),
+                    "inputs": inputs,
+                }
+            )
+        return {
+            "num_members": self.num_members,
+            "deltas": [float(d) for d in self.deltas],
+            "taus": [int(t) for t in self.taus],
+            "count_clean_input": self.count_clean_input,
+            "stop_when_unreachable": self.stop_when_unreachable,
+            "num_rounds": self.num_rounds,
+            "summary": self.summary(),
+            "samples": samples,
+        }
+
+    def save(self, directory: str | os.PathLike) -> Path:
+        """Write ``result.json`` and ``arrays.npz`` into ``directory``."""
+        path = Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "result.json").write_text(json.dumps(self.to_json_dict(), indent=1))
+        arrays = {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if isinstance(getattr(self, f.name), np.ndarray)
+        }
+        np.savez_compressed(path / "arrays.npz", **arrays)
+        return path
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike) -> "SARResult":
+        """Read a result written by :meth:`save`."""
+        path = Path(directory)
+        meta = json.loads((path / "result.json").read_text())
+        with np.load(path / "arrays.npz", allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+        return cls(
+            num_members=int(meta["num_members"]),
+            deltas=tuple(meta["deltas"]),
+            taus=tuple(meta["taus"]),
+            count_clean_input=bool(meta["count_clean_input"]),
+            stop_when_unreachable=bool(meta["stop_when_unreachable"]),
+            num_rounds=int(meta["num_rounds"]),
+            inputs=arrays.pop("inputs", None),
+            **arrays,
+        )
