@@ -1,0 +1,358 @@
+"""A pure decoder-only transformer (Llama family and GPT-2), written for one sequence.
+
+Parameters are a plain dict pytree; per-layer weights are stacked on a leading
+``[L, ...]`` axis and the layers run inside one ``lax.scan``. Every function here
+takes ONE sequence (``[T]`` ids, ``[T, d]`` embeddings); batches and pools are
+``jax.vmap`` of these.
+
+Attention is written over *blocks* of keys/values: the sequence's own block
+(causal, masked by the padding mask) plus any number of read-only external blocks
+(a shared-prefix cache, a preallocated decoding cache). Each block has its own
+validity mask and key positions, so one code path serves full forward passes,
+shared-prefix scoring and KV-cache decoding.
+
+Parameter tree (llama family)::
+
+    embed [V, d], final_norm [d], lm_head [d, V] (absent when tied),
+    layers: attn_norm [L, d], wq [L, d, H*D], wk/wv [L, d, Hkv*D], wo [L, H*D, d],
+            (bq [L, H*D], bk/bv [L, Hkv*D] if qkv_bias; bo [L, d] if o_bias),
+            mlp_norm [L, d], w_gate/w_up [L, d, F], w_down [L, F, d]
+            (b_gate/b_up [L, F], b_down [L, d] if mlp_bias)
+
+Parameter tree (gpt2)::
+
+    embed [V, d], pos_embed [P, d], final_norm [d], final_norm_b [d],
+    layers: ln1 [L, d], ln1_b [L, d], w_qkv [L, d, 3d], b_qkv [L, 3d], wo [L, d, d], bo [L, d],
+            ln2 [L, d], ln2_b [L, d], w_fc [L, d, F], b_fc [L, F], w_proj [L, F, d], b_proj [L, d]
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sarjax.models.llm.config import DecoderConfig, rope_inv_freq
+
+Params = dict[str, Any]
+_NEG = float(np.finfo(np.float32).min)
+
+
+class KVBlock(NamedTuple):
+    """Read-only keys/values of earlier tokens for ONE sequence.
+
+    Attributes:
+      k: [L, S, Hkv, D] keys (rotary already applied).
+      v: [L, S, Hkv, D] values.
+      mask: [S] bool, which slots hold real tokens.
+      pos: [S] int32 positions of the slots (for sliding windows).
+    """
+
+    k: jax.Array
+    v: jax.Array
+    mask: jax.Array
+    pos: jax.Array
+
+
+# ----------------------------------------------------------------------------- pieces
+
+
+def _act(cfg: DecoderConfig, x):
+    if cfg.activation == "silu":
+        return jax.nn.silu(x)
+    if cfg.activation in ("gelu_new", "gelu_pytorch_tanh"):
+        return jax.nn.gelu(x, approximate=True)
+    if cfg.activation == "gelu":
+        return jax.nn.gelu(x, approximate=False)
+    return jax.nn.relu(x)
+
+
+def _rms_norm(x, w, eps):
+    xf = x.astype(jnp.float32)
+    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    return w * xf.astype(x.dtype)
+
+
+def _layer_norm(x, w, b, eps):
+    xf = x.astype(jnp.float32)
+    mu = jnp.mean(xf, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(xf - mu), axis=-1, keepdims=True)
+    y = (xf - mu) * jax.lax.rsqrt(var + eps)
+    return (y * w.astype(jnp.float32) + b.astype(jnp.float32)).astype(x.dtype)
+
+
+def _rope(x, cos, sin):
+    """x: [T, H, D]; cos/sin: [T, D] float32."""
+    xf = x.astype(jnp.float32)
+    half = x.shape[-1] // 2
+    rot = jnp.concatenate([-xf[..., half:], xf[..., :half]], axis=-1)
+    return (xf * cos[:, None, :] + rot * sin[:, None, :]).astype(x.dtype)
+
+
+def _rope_tables(cfg: DecoderConfig, pos):
+    inv = jnp.asarray(rope_inv_freq(cfg))
+    freqs = pos.astype(jnp.float32)[:, None] * inv[None, :]
+    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.cos(emb), jnp.sin(emb)
+
+
+def _attention(cfg: DecoderConfig, q, blocks):
+    """q: [T, H, D]; blocks: list of (k [S, Hkv, D], v [S, Hkv, D], allowed [T, S]) -> [T, H*D]."""
+    t, h, d = q.shape
+    g = h // cfg.num_kv_heads
+    qg = q.reshape(t, cfg.num_kv_heads, g, d).astype(jnp.float32) * (1.0 / np.sqrt(d))
+    scores = []
+    for k, _, allowed in blocks:
+        s = jnp.einsum("tkgd,skd->kgts", qg, k.astype(jnp.float32))
+        scores.append(jnp.where(allowed[None, None], s, _NEG))
+    s = jnp.concatenate(scores, axis=-1)
+    p = jax.nn.softmax(s, axis=-1)
+    out = 0.0
+    start = 0
+    for k, v, _ in blocks:
+        pb = p[..., start : start + k.shape[0]]
+        start += k.shape[0]
+        out = out + jnp.einsum("kgts,skd->tkgd", pb.astype(v.dtype), v)
+    return out.reshape(t, h * d).astype(q.dtype)
+
+
+def _lin(x, w, b=None):
+    y = x @ w
+    return y if b is None else y + b
+
+
+def _llama_layer(cfg, p, x, cos, sin, self_allowed, ext):
+    t = x.shape[0]
+    h = _rms_norm(x, p["attn_norm"], cfg.norm_eps)
+    q = _lin(h, p["wq"], p.get("bq")).reshape(t, cfg.num_heads, cfg.head_dim)
+    k = _lin(h, p["wk"], p.get("bk")).reshape(t, cfg.num_kv_heads, cfg.head_dim)
+    v = _lin(h, p["wv"], p.get("bv")).reshape(t, cfg.num_kv_heads, cfg.head_dim)
+    q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+    a = _attention(cfg, q, [(k, v, self_allowed)] + ext)
+    x = x + _lin(a, p["wo"], p.get("bo"))
+    h = _rms_norm(x, p["mlp_norm"], cfg.norm_eps)
+    m = _act(cfg, _lin(h, p["w_gate"], p.get("b_gate"))) * _lin(h, p["w_up"], p.get("b_up"))
+    x = x + _lin(m, p["w_down"], p.get("b_down"))
+    return x, (k, v)
+
+
+def _gpt2_layer(cfg, p, x, self_allowed, ext):
+    t = x.shape[0]
+    h = _layer_norm(x, p["ln1"], p["ln1_b"], cfg.norm_eps)
+    qkv = _lin(h, p["w_qkv"], p["b_qkv"])
+    q, k, v = jnp.split(qkv, 3, axis=-1)
+    q = q.reshape(t, cfg.num_heads, cfg.head_dim)
+    k = k.reshape(t, cfg.num_heads, cfg.head_dim)
+    v = v.reshape(t, cfg.num_heads, cfg.head_dim)
+    a = _attention(cfg, q, [(k, v, self_allowed)] + ext)
+    x = x + _lin(a, p["wo"], p["bo"])
+    h = _layer_norm(x, p["ln2"], p["ln2_b"], cfg.norm_eps)
+    x = x + _lin(_act(cfg, _lin(h, p["w_fc"], p["b_fc"])), p["w_proj"], p["b_proj"])
+    return x, (k, v)
+
+
+def _window_ok(cfg, qpos, kpos):
+    if cfg.sliding_window is None:
+        return True
+    return (qpos[:, None] - kpos[None, :]) < cfg.sliding_window
+
+
+# ----------------------------------------------------------------------------- core
+
+
+def positions_from_mask(mask, offset=0):
+    """Positions of a left- (or right-) padded sequence: real token i gets offset + i.
+
+    Args:
+      mask: [T] 0/1 padding mask.
+      offset: int scalar, number of real tokens before this block (e.g. a prefix).
+
+    Returns:
+      [T] int32; pad slots get the position of the next real token (unused).
+    """
+    m = mask.astype(jnp.int32)
+    return offset + jnp.maximum(jnp.cumsum(m) - 1, 0) * (jnp.sum(m) > 0)
+
+
+def embed_tokens(params: Params, ids):
+    """Token embeddings: ids [T] int32 -> [T, d] (no position embedding)."""
+    return jnp.take(params["embed"], ids, axis=0)
+
+
+def hidden_states(
+    params: Params,
+    cfg: DecoderConfig,
+    x,
+    mask,
+    pos,
+    prefix: Sequence[KVBlock] = (),
+):
+    """Runs the decoder stack on ONE sequence of input embeddings.
+
+    Args:
+      params: parameter tree (see module docstring).
+      cfg: static configuration.
+      x: [T, d] token embeddings (GPT-2 position embeddings are added here).
+      mask: [T] 0/1, real (1) vs padding (0) tokens of this block.
+      pos: [T] int32 positions of this block's tokens.
+      prefix: read-only KV blocks of earlier tokens (shared prefix, decoding cache).
+
+    Returns:
+      (h, (k, v)): h [T, d] after the final norm; k, v [L, T, Hkv, D] of this block.
+    """
+    mask = mask.astype(bool)
+    t = x.shape[0]
+    causal = jnp.tril(jnp.ones((t, t), bool))
+    self_allowed = causal & mask[None, :] & _window_ok(cfg, pos, pos)
+    ext_allowed = [
+        jnp.broadcast_to(b.mask.astype(bool)[None, :] & _window_ok(cfg, pos, b.pos), (t, b.mask.shape[0]))
+        for b in prefix
+    ]
+    if cfg.family == "gpt2":
+        x = x + jnp.take(params["pos_embed"], pos, axis=0).astype(x.dtype)
+    else:
+        cos, sin = _rope_tables(cfg, pos)
+
+    def body(x, xs):
+        p, eks, evs = xs
+        ext = [(ek, ev, al) for ek, ev, al in zip(eks, evs, ext_allowed)]
+        if cfg.family == "gpt2":
+            return _gpt2_layer(cfg, p, x, self_allowed, ext)
+        return _llama_layer(cfg, p, x, cos, sin, self_allowed, ext)
+
+    xs = (params["layers"], tuple(b.k for b in prefix), tuple(b.v for b in prefix))
+    x, kv = jax.lax.scan(body, x, xs)
+    if cfg.family == "gpt2":
+        x = _layer_norm(x, params["final_norm"], params["final_norm_b"], cfg.norm_eps)
+    else:
+        x = _rms_norm(x, params["final_norm"], cfg.norm_eps)
+    return x, kv
+
+
+def lm_head(params: Params, cfg: DecoderConfig, h):
+    """Final-normed hidden states [..., d] -> float32 logits [..., V]."""
+    w = params["embed"].T if cfg.tie_word_embeddings else params["lm_head"]
+    return (h @ w).astype(jnp.float32)
+
+
+def logits_from_embeds(params: Params, cfg: DecoderConfig, x, mask=None, prefix: Sequence[KVBlock] = ()):
+    """Logits of ONE sequence as a differentiable function of its input embeddings.
+
+    Args:
+      params: parameter tree.
+      cfg: static configuration.
+      x: [T, d] input embeddings.
+      mask: [T] 0/1 padding mask (default all ones).
+      prefix: optional read-only KV blocks before this sequence.
+
+    Returns:
+      [T, V] float32 logits.
+    """
+    if mask is None:
+        mask = jnp.ones(x.shape[:1], jnp.int32)
+    offset = sum((jnp.sum(b.mask.astype(jnp.int32)) for b in prefix), 0)
+    pos = positions_from_mask(mask, offset)
+    h, _ = hidden_states(params, cfg, x, mask, pos, prefix)
+    return lm_head(params, cfg, h)
+
+
+def logits_from_one_hot(params: Params, cfg: DecoderConfig, one_hot, mask=None, prefix: Sequence[KVBlock] = ()):
+    """Logits of ONE sequence as a function of a (relaxed) one-hot matrix.
+
+    Args:
+      one_hot: [T, V] rows of (relaxed) one-hot vectors; embeddings are one_hot @ E.
+      mask, prefix: as in ``logits_from_embeds``.
+
+    Returns:
+      [T, V] float32 logits; differentiable in ``one_hot`` (GCG's token gradient).
+    """
+    x = (one_hot.astype(params["embed"].dtype)) @ params["embed"]
+    return logits_from_embeds(params, cfg, x, mask, prefix)
+
+
+def logits(params: Params, cfg: DecoderConfig, ids, mask=None, prefix: Sequence[KVBlock] = ()):
+    """Logits of ONE sequence of token ids: ids [T] int32 -> [T, V] float32."""
+    return logits_from_embeds(params, cfg, embed_tokens(params, ids), mask, prefix)
+
+
+def prefill(params: Params, cfg: DecoderConfig, ids, mask=None) -> tuple[jax.Array, KVBlock]:
+    """Runs ONE prompt and returns its last-position logits and its KV cache block.
+
+    Args:
+      ids: [P] int32 prompt (left padding allowed).
+      mask: [P] 0/1 padding mask (default all ones).
+
+    Returns:
+      (last_logits [V] float32, KVBlock with k, v [L, P, Hkv, D]).
+    """
+    if mask is None:
+        mask = jnp.ones(ids.shape, jnp.int32)
+    pos = positions_from_mask(mask)
+    h, (k, v) = hidden_states(params, cfg, embed_tokens(params, ids), mask, pos)
+    return lm_head(params, cfg, h[-1]), KVBlock(k, v, mask.astype(bool), pos)
+
+
+# ----------------------------------------------------------------------------- init
+
+
+def init_params(cfg: DecoderConfig, key, dtype=jnp.float32) -> Params:
+    """Random parameters (normal, std 0.02; norms at 1) with the loader's tree layout.
+
+    The std 0.02 is transformers' ``initializer_range`` default for Llama and GPT-2.
+
+    Args:
+      cfg: configuration.
+      key: PRNG key.
+      dtype: parameter dtype.
+
+    Returns:
+      The parameter tree (per-layer weights stacked on [L, ...]).
+    """
+    L, d, F, V = cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    H, Hk, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    shapes: dict[str, tuple[int, ...]]
+    ones = set()
+    zeros = set()
+    if cfg.family == "gpt2":
+        shapes = {
+            "ln1": (L, d), "ln1_b": (L, d), "w_qkv": (L, d, 3 * d), "b_qkv": (L, 3 * d),
+            "wo": (L, d, d), "bo": (L, d), "ln2": (L, d), "ln2_b": (L, d),
+            "w_fc": (L, d, F), "b_fc": (L, F), "w_proj": (L, F, d), "b_proj": (L, d),
+        }
+        ones = {"ln1", "ln2"}
+        zeros = {"ln1_b", "ln2_b"}
+    else:
+        shapes = {
+            "attn_norm": (L, d), "wq": (L, d, H * D), "wk": (L, d, Hk * D), "wv": (L, d, Hk * D),
+            "wo": (L, H * D, d), "mlp_norm": (L, d), "w_gate": (L, d, F), "w_up": (L, d, F),
+            "w_down": (L, F, d),
+        }
+        if cfg.qkv_bias:
+            shapes.update(bq=(L, H * D), bk=(L, Hk * D), bv=(L, Hk * D))
+        if cfg.o_bias:
+            shapes.update(bo=(L, d))
+        if cfg.mlp_bias:
+            shapes.update(b_gate=(L, F), b_up=(L, F), b_down=(L, d))
+        ones = {"attn_norm", "mlp_norm"}
+    keys = jax.random.split(key, len(shapes) + 3)
+    layers = {}
+    for i, (name, shp) in enumerate(sorted(shapes.items())):
+        if name in ones:
+            layers[name] = jnp.ones(shp, dtype)
+        elif name in zeros:
+            layers[name] = jnp.zeros(shp, dtype)
+        else:
+            layers[name] = (0.02 * jax.random.normal(keys[i], shp)).astype(dtype)
+    params: Params = {
+        "embed": (0.02 * jax.random.normal(keys[-1], (V, d))).astype(dtype),
+        "final_norm": jnp.ones((d,), dtype),
+        "layers": layers,
+    }
+    if cfg.family == "gpt2":
+        params["pos_embed"] = (0.02 * jax.random.normal(keys[-2], (cfg.max_position_embeddings, d))).astype(dtype)
+        params["final_norm_b"] = jnp.zeros((d,), dtype)
+    if not cfg.tie_word_embeddings:
+        params["lm_head"] = (0.02 * jax.random.normal(keys[-3], (d, V))).astype(dtype)
+    return params
