@@ -1,0 +1,323 @@
+"""Vmapped training of every member of a stack at once, and distillation.
+
+One optax update per step for the whole stack (``jax.vmap`` over members, ``lax.scan`` over
+the steps of an epoch). Each member has its own PRNG seed, data order, data subset,
+augmentation strength, learning rate, weight decay, label smoothing and dropout; early stopping
+is per member on a shared validation split (a stopped member's update is masked and its best
+params are kept).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from sarjax.data.augment import random_affine
+from sarjax.models.pool import Pool, Stack
+from sarjax.models.zoo import Arch
+
+
+@dataclass(frozen=True)
+class MemberConfig:
+    """Training hyperparameters of ONE member.
+
+    Attributes:
+      seed: init / dropout / augmentation seed.
+      data_seed: data-order seed (members sharing it see batches in the same order).
+      lr: Adam(W) learning rate.
+      weight_decay: decoupled weight decay (AdamW).
+      label_smoothing: in [0, 1).
+      dropout: dropout rate on the penultimate features, in [0, 1).
+      aug_strength: random-affine augmentation strength (0 = off).
+      data_fraction: share of the training split this member trains on, in (0, 1].
+    """
+
+    seed: int = 0
+    data_seed: int = 0
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    label_smoothing: float = 0.0
+    dropout: float = 0.0
+    aug_strength: float = 0.0
+    data_fraction: float = 1.0
+
+    def validate(self) -> None:
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if not 0 <= self.label_smoothing < 1 or not 0 <= self.dropout < 1:
+            raise ValueError(f"label_smoothing and dropout must be in [0, 1), got {self.label_smoothing}, {self.dropout}")
+        if not 0 < self.data_fraction <= 1:
+            raise ValueError(f"data_fraction must be in (0, 1], got {self.data_fraction}")
+        if self.weight_decay < 0 or self.aug_strength < 0:
+            raise ValueError("weight_decay and aug_strength must be >= 0")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Shared training settings.
+
+    Attributes:
+      epochs: maximum epochs.
+      batch_size: per-member batch size.
+      patience: epochs without validation improvement before a member stops (0 = never stop).
+      val_fraction: share of the training split held out for validation / early stopping.
+      val_seed: seed of the validation hold-out.
+    """
+
+    epochs: int = 10
+    batch_size: int = 128
+    patience: int = 3
+    val_fraction: float = 0.1
+    val_seed: int = 0
+
+
+@dataclass
+class TrainHistory:
+    """Per-epoch validation accuracy [epochs, K] and the epoch at which each member stopped."""
+
+    val_acc: list = field(default_factory=list)
+    stopped_epoch: list = field(default_factory=list)
+    best_val_acc: list = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _soft_xent(logits, target):
+    return -jnp.sum(target * jax.nn.log_softmax(logits), axis=-1).mean()
+
+
+def _member_order(cfgs: Sequence[MemberConfig], n: int, epoch: int) -> np.ndarray:
+    """[K, n] per-member index order for one epoch: each member's own subset, permuted, tiled to n."""
+    out = np.empty((len(cfgs), n), np.int64)
+    for k, c in enumerate(cfgs):
+        sub = np.random.default_rng([c.data_seed, 7]).permutation(n)[: max(1, int(round(c.data_fraction * n)))]
+        perm = np.random.default_rng([c.data_seed, 11, epoch]).permutation(sub)
+        out[k] = np.resize(perm, n)
+    return out
+
+
+def _make_epoch_fn(arch: Arch, augment: bool, tx: optax.GradientTransformation):
+    def member_step(params, opt_state, xb, yb, key, hp, active):
+        if augment:
+            ka = jax.random.split(jax.random.fold_in(key, 1), xb.shape[0])
+            xb = jax.vmap(lambda k, im: random_affine(k, im, hp["aug"]))(ka, xb)
+        target = yb * (1.0 - hp["ls"]) + hp["ls"] / yb.shape[-1]
+
+        def loss_fn(p):
+            return _soft_xent(arch.apply(p, xb, key=jax.random.fold_in(key, 2), dropout=hp["dropout"]), target)
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, new_state = tx.update(grads, opt_state, params)
+        new_params = optax.apply_updates(params, updates)
+        keep = lambda new, old: jnp.where(active, new, old)
+        return jax.tree.map(keep, new_params, params), jax.tree.map(keep, new_state, opt_state), loss
+
+    stack_step = jax.vmap(member_step, in_axes=(0, 0, 0, 0, 0, 0, 0))
+
+    def epoch(params, opt_state, x, y, idx, keys, hp, active):
+        # idx: [steps, K, bs]; keys: [steps, K]
+        def body(carry, inp):
+            p, s = carry
+            ib, kb = inp
+            p, s, loss = stack_step(p, s, x[ib], y[ib], kb, hp, active)
+            return (p, s), loss
+
+        (params, opt_state), losses = jax.lax.scan(body, (params, opt_state), (idx, keys))
+        return params, opt_state, losses.mean(0)
+
+    return jax.jit(epoch)
+
+
+def _eval_fn(arch: Arch):
+    @jax.jit
+    def acc(params, x, y):
+        logits = jax.vmap(arch.apply, in_axes=(0, None))(params, x)
+        return (jnp.argmax(logits, -1) == y[None]).mean(-1)
+
+    return acc
+
+
+def train_stack(
+    arch: Arch,
+    cfgs: Sequence[MemberConfig],
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    config: TrainConfig = TrainConfig(),
+    x_val: np.ndarray | None = None,
+    y_val: np.ndarray | None = None,
+    init_params: Any = None,
+    names: Sequence[str] | None = None,
+    progress: bool = True,
+    label: str = "",
+) -> tuple[Stack, TrainHistory]:
+    """Train every member of one architecture at once.
+
+    Args:
+      arch: the architecture.
+      cfgs: one :class:`MemberConfig` per member (K members).
+      x: [N, *S] training inputs in [0, 1].
+      y: [N] int labels, or [N, C] soft targets (distillation).
+      config: shared settings (epochs, batch size, patience, validation hold-out).
+      x_val, y_val: validation split for early stopping; if None, ``config.val_fraction`` of
+        (x, y) is held out (same hold-out for every member).
+      init_params: stacked initial params; default ``vmap(arch.init)`` over the members' seeds.
+      names: member names.
+      progress: show a progress bar per epoch with mean/min validation accuracy.
+      label: progress-bar label.
+
+    Returns:
+      (stack with each member's best-validation params, history).
+    """
+    if not cfgs:
+        raise ValueError("need at least one member config")
+    for c in cfgs:
+        c.validate()
+    x = np.asarray(x, np.float32)
+    if x.shape[1:] != arch.input_shape:
+        raise ValueError(f"training inputs must be [N, {', '.join(map(str, arch.input_shape))}], got {list(x.shape)}")
+    y = np.asarray(y)
+    if y.ndim == 1:
+        y_soft = np.eye(arch.num_classes, dtype=np.float32)[y]
+        y_hard = y.astype(np.int32)
+    elif y.ndim == 2 and y.shape[1] == arch.num_classes:
+        y_soft = y.astype(np.float32)
+        y_hard = y.argmax(-1).astype(np.int32)
+    else:
+        raise ValueError(f"labels must be [N] ints or [N, {arch.num_classes}] soft targets, got {list(y.shape)}")
+    if len(y) != len(x):
+        raise ValueError(f"{len(x)} inputs but {len(y)} labels")
+    if x_val is None:
+        n_val = int(round(config.val_fraction * len(x)))
+        perm = np.random.default_rng(config.val_seed).permutation(len(x))
+        vi, ti = perm[:n_val], perm[n_val:]
+        x_val, y_val = x[vi], y_hard[vi]
+        x, y_soft = x[ti], y_soft[ti]
+    y_val = np.asarray(y_val)
+    if y_val.ndim == 2:
+        y_val = y_val.argmax(-1)
+    k = len(cfgs)
+    bs = min(config.batch_size, len(x))
+    steps = len(x) // bs
+    if init_params is None:
+        init_params = jax.vmap(arch.init)(jnp.stack([jax.random.key(c.seed) for c in cfgs]))
+    hp = {
+        "aug": jnp.array([c.aug_strength for c in cfgs], jnp.float32),
+        "ls": jnp.array([c.label_smoothing for c in cfgs], jnp.float32),
+        "dropout": jnp.array([c.dropout for c in cfgs], jnp.float32),
+    }
+    tx = optax.inject_hyperparams(optax.adamw)(learning_rate=1e-3, weight_decay=0.0)
+    lrs = jnp.array([c.lr for c in cfgs], jnp.float32)
+    wds = jnp.array([c.weight_decay for c in cfgs], jnp.float32)
+
+    def init_state(p, lr, wd):
+        s = tx.init(p)
+        s.hyperparams["learning_rate"] = lr
+        s.hyperparams["weight_decay"] = wd
+        return s
+
+    opt_state = jax.vmap(init_state)(init_params, lrs, wds)
+    epoch_fn = _make_epoch_fn(arch, any(c.aug_strength > 0 for c in cfgs), tx)
+    eval_fn = _eval_fn(arch)
+    xd, yd = jnp.asarray(x), jnp.asarray(y_soft)
+    xv, yv = jnp.asarray(x_val), jnp.asarray(y_val)
+    params = init_params
+    best = params
+    best_acc = np.full(k, -1.0)
+    since = np.zeros(k, int)
+    active = np.ones(k, bool)
+    hist = TrainHistory(stopped_epoch=[config.epochs] * k)
+    base_keys = jnp.stack([jax.random.key(c.seed) for c in cfgs])
+
+    from sarjax.progress import progress_bar
+
+    with progress_bar(progress) as bar:
+        task = bar.add_task(f"train {label or arch.name} (K={k})", total=config.epochs)
+        for ep in range(config.epochs):
+            order = _member_order(cfgs, len(x), ep)[:, : steps * bs].reshape(k, steps, bs).transpose(1, 0, 2)
+            keys = jax.vmap(lambda kk: jax.vmap(lambda s: jax.random.fold_in(jax.random.fold_in(kk, ep), s))(jnp.arange(steps)))(base_keys)
+            params, opt_state, _ = epoch_fn(params, opt_state, xd, yd, jnp.asarray(order), keys.transpose(1, 0), hp, jnp.asarray(active))
+            acc = np.asarray(eval_fn(params, xv, yv))
+            improved = (acc > best_acc) & active
+            best = jax.tree.map(lambda b, p: jnp.where(improved.reshape((-1,) + (1,) * (p.ndim - 1)), p, b), best, params)
+            best_acc = np.where(improved, acc, best_acc)
+            since = np.where(improved, 0, since + 1)
+            hist.val_acc.append(acc.tolist())
+            if config.patience > 0:
+                stop = active & (since >= config.patience)
+                for i in np.flatnonzero(stop):
+                    hist.stopped_epoch[i] = ep + 1
+                active &= ~stop
+            bar.update(task, advance=1, description=f"train {label or arch.name} (K={k}) val mean {acc.mean():.3f} min {acc.min():.3f} active {active.sum()}")
+            if not active.any():
+                break
+    hist.best_val_acc = best_acc.tolist()
+    names = tuple(names) if names is not None else tuple(f"{arch.name}/{i}" for i in range(k))
+    return Stack(arch, best, names), hist
+
+
+def train_pool(
+    members: Sequence[tuple[Arch, MemberConfig]],
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    config: TrainConfig = TrainConfig(),
+    names: Sequence[str] | None = None,
+    progress: bool = True,
+    x_val: np.ndarray | None = None,
+    y_val: np.ndarray | None = None,
+) -> tuple[Pool, dict]:
+    """Train a (possibly heterogeneous) pool: members are grouped by architecture and each group is
+    trained with one vmapped update per step (:func:`train_stack`).
+
+    Args:
+      members: (arch, member config) per member.
+      x: [N, *S] inputs; y: [N] labels or [N, C] soft targets.
+      config: shared settings.
+      names: member names (default ``m00``, ``m01``, ...).
+      progress: progress bars.
+      x_val, y_val: optional explicit validation split.
+
+    Returns:
+      (pool, info) where info maps each stack's architecture name to its :class:`TrainHistory` dict.
+    """
+    if not members:
+        raise ValueError("need at least one member")
+    names = list(names) if names is not None else [f"m{i:02d}" for i in range(len(members))]
+    groups: dict[Arch, list[int]] = {}
+    for i, (arch, _) in enumerate(members):
+        groups.setdefault(arch, []).append(i)
+    stacks, info = [], {}
+    for arch, idx in groups.items():
+        stack, hist = train_stack(
+            arch, [members[i][1] for i in idx], x, y, config=config, names=[names[i] for i in idx],
+            progress=progress, label=arch.name, x_val=x_val, y_val=y_val,
+        )
+        stacks.append(stack)
+        info[arch.name] = hist.to_dict()
+    return Pool(stacks), info
+
+
+def teacher_targets(teacher: Pool, x: np.ndarray, *, soft: bool = True, temperature: float = 1.0, batch: int = 1000) -> np.ndarray:
+    """Targets for distillation from the first member of ``teacher``.
+
+    Args:
+      teacher: a pool whose member 0 is the teacher.
+      x: [N, *S] transfer set.
+      soft: softmax(logits / temperature) if True, else one-hot argmax (hard labels).
+
+    Returns:
+      [N, C] float32 targets.
+    """
+    outs = []
+    for i in range(0, len(x), batch):
+        logits = teacher.logits(jnp.asarray(x[i : i + batch]))[0]
+        outs.append(np.asarray(jax.nn.softmax(logits / temperature) if soft else jax.nn.one_hot(logits.argmax(-1), logits.shape[-1])))
+    return np.concatenate(outs).astype(np.float32)

@@ -1,0 +1,221 @@
+"""Vision model zoo for 28x28x1 inputs: MLP, small CNN, small residual CNN.
+
+Each family is an :class:`Arch`, a frozen (hashable) description with a pure
+``init(key) -> params`` for ONE member and a pure ``apply(params, x) -> logits``.
+Params are plain dicts of arrays, so members stack with ``jax.vmap(arch.init)(keys)``.
+
+Convolutions default to ``conv_impl="im2col"``: the k*k shifted slices of the padded input
+are concatenated on the channel axis and multiplied by the reshaped kernel (one matmul).
+XLA on CPU runs convolution *gradients* slowly and matmuls well (DESIGN.md, "Measured facts");
+``conv_impl="xla"`` uses ``lax.conv_general_dilated`` instead (faster on accelerators).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+ACTIVATIONS = {
+    "relu": jax.nn.relu,
+    "gelu": jax.nn.gelu,
+    "tanh": jnp.tanh,
+    "elu": jax.nn.elu,
+    "swish": jax.nn.swish,
+    "leaky_relu": jax.nn.leaky_relu,
+}
+FAMILIES = ("mlp", "cnn", "resnet")
+CONV_IMPLS = ("im2col", "xla")
+
+Params = dict[str, Any]
+
+
+def _dense_init(key, fan_in, fan_out, gain=2.0):
+    w = jax.random.normal(key, (fan_in, fan_out), jnp.float32) * math.sqrt(gain / fan_in)
+    return {"w": w, "b": jnp.zeros((fan_out,), jnp.float32)}
+
+
+def _conv_init(key, k, cin, cout, gain=2.0):
+    w = jax.random.normal(key, (k, k, cin, cout), jnp.float32) * math.sqrt(gain / (k * k * cin))
+    return {"w": w, "b": jnp.zeros((cout,), jnp.float32)}
+
+
+def conv2d(x: jax.Array, p: Params, impl: str = "im2col") -> jax.Array:
+    """Stride-1 SAME convolution. x: [B, H, W, Cin]; p["w"]: [k, k, Cin, Cout] -> [B, H, W, Cout]."""
+    w = p["w"]
+    k, _, cin, cout = w.shape
+    if impl == "xla":
+        y = jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        return y + p["b"]
+    pad = k // 2
+    b, h, wd, _ = x.shape
+    xp = jnp.pad(x, ((0, 0), (pad, k - 1 - pad), (pad, k - 1 - pad), (0, 0)))
+    cols = jnp.concatenate([xp[:, i : i + h, j : j + wd, :] for i in range(k) for j in range(k)], axis=-1)
+    return cols @ w.reshape(k * k * cin, cout) + p["b"]
+
+
+def max_pool2(x: jax.Array) -> jax.Array:
+    """2x2 max pooling, stride 2 (floor). x: [B, H, W, C] -> [B, H//2, W//2, C]."""
+    b, h, w, c = x.shape
+    x = x[:, : h // 2 * 2, : w // 2 * 2]
+    return x.reshape(b, h // 2, 2, w // 2, 2, c).max(axis=(2, 4))
+
+
+def _dropout(x, key, rate):
+    if key is None:
+        return x
+    rate = jnp.asarray(rate, jnp.float32)
+    keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+    return jnp.where(keep, x / jnp.maximum(1.0 - rate, 1e-6), 0.0)
+
+
+@dataclass(frozen=True)
+class Arch:
+    """One architecture: a family name and its hyperparameters.
+
+    Attributes:
+      family: "mlp", "cnn" or "resnet".
+      widths: MLP hidden widths / CNN conv channels / ResNet channels per stage.
+      act: activation name (see ``ACTIVATIONS``).
+      dense: width of the dense layer after the convolutions (cnn, resnet).
+      kernel: convolution kernel size.
+      blocks: residual blocks per stage (resnet).
+      conv_impl: "im2col" or "xla".
+      input_shape: one input's shape, default (28, 28, 1).
+      num_classes: number of logits.
+    """
+
+    family: str
+    widths: tuple[int, ...]
+    act: str = "relu"
+    dense: int = 128
+    kernel: int = 3
+    blocks: int = 1
+    conv_impl: str = "im2col"
+    input_shape: tuple[int, ...] = (28, 28, 1)
+    num_classes: int = 10
+    name: str = field(default="", compare=False)
+
+    def __post_init__(self):
+        if self.family not in FAMILIES:
+            raise ValueError(f"family must be one of {FAMILIES}, got {self.family!r}")
+        if self.act not in ACTIVATIONS:
+            raise ValueError(f"act must be one of {sorted(ACTIVATIONS)}, got {self.act!r}")
+        if self.conv_impl not in CONV_IMPLS:
+            raise ValueError(f"conv_impl must be one of {CONV_IMPLS}, got {self.conv_impl!r}")
+        if not self.widths or any(int(w) <= 0 for w in self.widths):
+            raise ValueError(f"widths must be a non-empty tuple of positive ints, got {self.widths!r}")
+        object.__setattr__(self, "widths", tuple(int(w) for w in self.widths))
+        object.__setattr__(self, "input_shape", tuple(int(s) for s in self.input_shape))
+        if not self.name:
+            object.__setattr__(self, "name", f"{self.family}-{'x'.join(map(str, self.widths))}-{self.act}")
+
+    # -- serialization ---------------------------------------------------------------------
+    def spec(self) -> dict:
+        """A JSON-able description; ``Arch.from_spec(arch.spec()) == arch``."""
+        return {
+            "family": self.family, "widths": list(self.widths), "act": self.act, "dense": self.dense,
+            "kernel": self.kernel, "blocks": self.blocks, "conv_impl": self.conv_impl,
+            "input_shape": list(self.input_shape), "num_classes": self.num_classes, "name": self.name,
+        }
+
+    @classmethod
+    def from_spec(cls, spec: dict) -> "Arch":
+        s = dict(spec)
+        s["widths"] = tuple(s["widths"])
+        s["input_shape"] = tuple(s["input_shape"])
+        return cls(**s)
+
+    # -- model -----------------------------------------------------------------------------
+    def init(self, key: jax.Array) -> Params:
+        """Initialise ONE member (He-normal weights, zero biases)."""
+        keys = iter(jax.random.split(key, 64))
+        h, w, c = self.input_shape
+        p: Params = {}
+        if self.family == "mlp":
+            fan = h * w * c
+            for i, width in enumerate(self.widths):
+                p[f"dense{i}"] = _dense_init(next(keys), fan, width)
+                fan = width
+            p["out"] = _dense_init(next(keys), fan, self.num_classes, gain=1.0)
+            return p
+        if self.family == "cnn":
+            cin = c
+            for i, ch in enumerate(self.widths):
+                p[f"conv{i}"] = _conv_init(next(keys), self.kernel, cin, ch)
+                cin = ch
+                h, w = h // 2, w // 2
+        else:  # resnet
+            cin = self.widths[0]
+            p["stem"] = _conv_init(next(keys), self.kernel, c, cin)
+            h, w = h // 2, w // 2
+            for s, ch in enumerate(self.widths):
+                if ch != cin:
+                    p[f"proj{s}"] = _dense_init(next(keys), cin, ch, gain=1.0)
+                for b in range(self.blocks):
+                    p[f"s{s}b{b}c0"] = _conv_init(next(keys), self.kernel, ch, ch)
+                    p[f"s{s}b{b}c1"] = _conv_init(next(keys), self.kernel, ch, ch, gain=0.5)
+                cin = ch
+                if s < len(self.widths) - 1:
+                    h, w = h // 2, w // 2
+            h, w = h // 2, w // 2
+        p["dense"] = _dense_init(next(keys), h * w * cin, self.dense)
+        p["out"] = _dense_init(next(keys), self.dense, self.num_classes, gain=1.0)
+        return p
+
+    def apply(self, params: Params, x: jax.Array, *, key: jax.Array | None = None, dropout: float | jax.Array = 0.0) -> jax.Array:
+        """Logits of ONE member.
+
+        Args:
+          params: one member's params (from :meth:`init`).
+          x: [B, *input_shape] in [0, 1].
+          key: PRNG key for dropout (training only); None disables dropout.
+          dropout: dropout rate on the penultimate features (may be traced).
+
+        Returns:
+          [B, num_classes] float32 logits.
+        """
+        f = ACTIVATIONS[self.act]
+        b = x.shape[0]
+        if self.family == "mlp":
+            z = x.reshape(b, -1)
+            for i in range(len(self.widths)):
+                z = f(z @ params[f"dense{i}"]["w"] + params[f"dense{i}"]["b"])
+            z = _dropout(z, key, dropout)
+            return z @ params["out"]["w"] + params["out"]["b"]
+        if self.family == "cnn":
+            z = x
+            for i in range(len(self.widths)):
+                z = max_pool2(f(conv2d(z, params[f"conv{i}"], self.conv_impl)))
+        else:
+            z = max_pool2(f(conv2d(x, params["stem"], self.conv_impl)))
+            for s in range(len(self.widths)):
+                if f"proj{s}" in params:
+                    z = z @ params[f"proj{s}"]["w"] + params[f"proj{s}"]["b"]
+                for blk in range(self.blocks):
+                    r = f(conv2d(z, params[f"s{s}b{blk}c0"], self.conv_impl))
+                    z = f(z + conv2d(r, params[f"s{s}b{blk}c1"], self.conv_impl))
+                if s < len(self.widths) - 1:
+                    z = max_pool2(z)
+            z = max_pool2(z)
+        z = f(z.reshape(b, -1) @ params["dense"]["w"] + params["dense"]["b"])
+        z = _dropout(z, key, dropout)
+        return z @ params["out"]["w"] + params["out"]["b"]
+
+
+def mlp(widths=(256, 128), act="relu", **kw) -> Arch:
+    """A multilayer perceptron with the given hidden widths."""
+    return Arch("mlp", tuple(widths), act, **kw)
+
+
+def cnn(channels=(16, 32), act="relu", dense=128, kernel=3, conv_impl="im2col", **kw) -> Arch:
+    """A small CNN: [conv k x k -> act -> 2x2 max-pool] per channel entry, dense, logits."""
+    return Arch("cnn", tuple(channels), act, dense=dense, kernel=kernel, conv_impl=conv_impl, **kw)
+
+
+def resnet(channels=(16,), blocks=2, act="relu", dense=128, kernel=3, conv_impl="im2col", **kw) -> Arch:
+    """A small residual CNN: stem conv + pool, ``blocks`` residual blocks per stage, pool, dense, logits."""
+    return Arch("resnet", tuple(channels), act, dense=dense, kernel=kernel, blocks=blocks, conv_impl=conv_impl, **kw)
