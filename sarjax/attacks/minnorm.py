@@ -30,6 +30,7 @@ success; with ``strict_target=True`` only the target does.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
@@ -344,6 +345,11 @@ def _audit(res: MinNormResult, x0, p, what, logits_at=None, y=None, t=None, stri
                              f"{np.flatnonzero(bad)[:5].tolist()} although their norm is finite")
 
 
+@functools.lru_cache(maxsize=64)
+def _batched_logits(f):
+    return jax.jit(jax.vmap(f))
+
+
 def run(spec: Spec, f: LogitsFn, x0, y, key, *, norm, max_queries: int = 1000, targets=None,
         strict_target: bool = False, restarts: int = 0, init_eps: float | None = None,
         check: bool = True) -> MinNormResult:
@@ -377,7 +383,7 @@ def run(spec: Spec, f: LogitsFn, x0, y, key, *, norm, max_queries: int = 1000, t
                                       num_classes=probe.shape[-1])
     res = _run_jit(spec, f, p, T, R, e, bool(strict_target), x0, y, t, key)
     if check:
-        _audit(res, x0, p, spec.name, jax.jit(jax.vmap(f)), y, t, bool(strict_target))
+        _audit(res, x0, p, spec.name, _batched_logits(f), y, t, bool(strict_target))
     return res
 
 
