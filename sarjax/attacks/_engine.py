@@ -1,0 +1,307 @@
+"""Shared machinery of the fixed-budget attacks (internal).
+
+Everything is written for ONE example and vmapped over the batch; steps run
+in ``lax.scan``; restarts run in an outer ``lax.scan`` and every restart
+starts from ``x0`` (random start inside the ball of ``x0``), never from a
+previous restart's output.  Restarts are combined by final objective; the
+best-so-far point over every evaluated iterate is kept separately.
+
+Query accounting (one forward or backward pass of one member on one sample =
+1 query): the clean evaluation costs M; a gradient step costs M forwards
+(every member is evaluated to track per-member success) plus one backward per
+selected member; a restart's final evaluation costs M.  A step or restart
+only runs if it fits under the per-sample cap, with the restart's final
+evaluation reserved; samples with no selected member take no steps.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sarjax.attacks import geometry as G
+from sarjax.attacks import queries as Q
+from sarjax.attacks.audit import check
+from sarjax.attacks.losses import LOSSES, fooled, member_loss
+from sarjax.attacks.result import AttackResult
+from sarjax.attacks.threat import Threat, canonical_norm
+
+
+class Evaluation(NamedTuple):
+    """One example evaluated at one point."""
+
+    obj: jax.Array      # []
+    losses: jax.Array   # [M]
+    success: jax.Array  # [M] bool
+    n_fooled: jax.Array  # [] int32, selected members fooled
+
+
+def member_logits(apply: Callable, params, x: jax.Array) -> jax.Array:
+    """Logits ``[M, C]`` of every member on one example ``x: [*S]``.
+
+    ``apply(params, x[None])`` may return ``[M, 1, C]`` (a pool) or
+    ``[1, C]`` (a single model, M = 1).
+    """
+    z = apply(params, x[None])
+    if z.ndim == 2:
+        z = z[None]
+    if z.ndim != 3:
+        raise ValueError(f"apply must return logits [M, B, C] or [B, C], got shape {z.shape}")
+    return z[:, 0]
+
+
+def make_evaluate(apply: Callable, loss: str, targeted: bool):
+    """Returns ``evaluate(params, x [*S], ref [M], mask [M], source [M]) -> (obj, Evaluation)``.
+
+    ``source`` is the label to leave in targeted DLR (the clean prediction).
+    """
+
+    def evaluate(params, x, ref, mask, source):
+        z = member_logits(apply, params, x)
+        if z.shape[0] != ref.shape[0]:
+            raise ValueError(f"apply returned {z.shape[0]} members but ref/mask have {ref.shape[0]}")
+        losses = member_loss(z, ref, loss, targeted, source)
+        succ = fooled(z, ref, targeted)
+        w = mask.astype(z.dtype)
+        obj = jnp.sum(w * losses) / jnp.maximum(jnp.sum(w), 1.0)
+        n = jnp.sum(succ & (mask > 0)).astype(jnp.int32)
+        return obj, Evaluation(obj, losses, succ, n)
+
+    return evaluate
+
+
+class Best(NamedTuple):
+    """Best-so-far point of one example, ranked by (n_fooled, obj)."""
+
+    x: jax.Array
+    ev: Evaluation
+
+
+def better(new: Evaluation, old: Evaluation) -> jax.Array:
+    """Whether ``new`` beats ``old``: more selected members fooled, then higher objective."""
+    return (new.n_fooled > old.n_fooled) | ((new.n_fooled == old.n_fooled) & (new.obj > old.obj))
+
+
+def select(pred, a, b):
+    """``a`` if ``pred`` else ``b`` for pytrees (scalar predicate)."""
+    return jax.tree.map(lambda u, v: jnp.where(pred, u, v), a, b)
+
+
+def update_best(best: Best, x: jax.Array, ev: Evaluation, valid) -> Best:
+    """Replaces ``best`` by ``(x, ev)`` where valid and better."""
+    return select(valid & better(ev, best.ev), Best(x, ev), best)
+
+
+# ---------------------------------------------------------------- step rules
+
+class Config(NamedTuple):
+    """Static description of a gradient attack (hashable: it keys the jit cache).
+
+    Two factories called with equal configs share one compiled kernel.
+    """
+
+    apply: Callable
+    p: float
+    steps: int
+    restarts: int
+    random_start: bool
+    loss: str
+    targeted: bool
+    box: tuple
+    rel_step: float | None = None    # alpha = rel_step * eps
+    abs_step: float | None = None    # or a fixed alpha
+    l1_sparsity: float = 0.99
+    momentum: float | None = None    # MI-FGSM decay
+
+
+def alpha(cfg: Config, eps):
+    """Step size of ``cfg`` for radius ``eps``."""
+    if cfg.abs_step is not None:
+        return jnp.asarray(cfg.abs_step, jnp.float32)
+    return cfg.rel_step * eps
+
+
+def pgd_step(cfg: Config, state, x, g, x0, eps):
+    """Projected steepest ascent (PGD; Madry et al. 2018), optionally with MI-FGSM momentum.
+
+    ``state`` is the momentum buffer (unused without momentum).  Returns
+    ``(state, x_new)`` with ``x_new`` projected onto the ball of x0 and the box.
+    """
+    if cfg.momentum is not None:
+        state = cfg.momentum * state + g / jnp.maximum(jnp.sum(jnp.abs(g)), 1e-12)
+        g = state
+    if cfg.p == 1.0:
+        d = G.sparse_l1_direction(g, x, cfg.l1_sparsity, cfg.box)
+    else:
+        d = G.steepest(g, cfg.p)
+    return state, G.project(x + alpha(cfg, eps) * d, x0, eps, cfg.p, cfg.box)
+
+
+# ---------------------------------------------------------------- validation
+
+def normalize_inputs(x0, ref, mask, eps, default_eps, box, p):
+    """Validates and normalizes the public-call arguments.
+
+    Returns ``(x0 [B,*S] f32, ref [B,M] i32, mask [B,M] f32, eps [B] f32)``.
+    """
+    if x0 is None:
+        raise ValueError("x0 is required: expected [B, *S] float inputs")
+    x0 = jnp.asarray(x0)
+    if not jnp.issubdtype(x0.dtype, jnp.floating):
+        raise TypeError(f"x0 must be a float array [B, *S], got dtype {x0.dtype}")
+    x0 = x0.astype(jnp.float32)
+    if x0.ndim < 2:
+        raise ValueError(f"x0 must be a batch [B, *S], got shape {x0.shape}")
+    B = x0.shape[0]
+    x0h = np.asarray(x0)
+    if not np.all(np.isfinite(x0h)):
+        raise ValueError("x0 contains non-finite values")
+    if x0h.size and (x0h.min() < box[0] or x0h.max() > box[1]):
+        raise ValueError(f"x0 must lie in the box {box}, got range [{x0h.min()}, {x0h.max()}]")
+    ref = jnp.asarray(ref)
+    if not jnp.issubdtype(ref.dtype, jnp.integer):
+        raise TypeError(f"ref/labels must be int [B] or [B, M], got dtype {ref.dtype}")
+    if ref.ndim == 1:
+        ref = ref[:, None]
+    if ref.ndim != 2 or ref.shape[0] != B:
+        raise ValueError(f"ref/labels must have shape [B] or [B, M] with B={B}, got {ref.shape}")
+    ref = ref.astype(jnp.int32)
+    if mask is None:
+        mask = jnp.ones(ref.shape, jnp.float32)
+    mask = jnp.asarray(mask)
+    if mask.ndim == 1:
+        mask = jnp.broadcast_to(mask[None], (B, mask.shape[0]))
+    if mask.ndim != 2 or mask.shape[0] != B:
+        raise ValueError(f"mask must have shape [M] or [B, M] with B={B}, got {mask.shape}")
+    M = max(ref.shape[1], mask.shape[1])
+    if ref.shape[1] not in (1, M) or mask.shape[1] not in (1, M):
+        raise ValueError(f"ref {ref.shape} and mask {mask.shape} disagree on the member count")
+    ref = jnp.broadcast_to(ref, (B, M))
+    mask = jnp.broadcast_to(mask.astype(jnp.float32), (B, M))
+    e = default_eps if eps is None else eps
+    if e is None:
+        raise ValueError("eps is required (scalar or [B]) either at construction or call time")
+    e_np = np.asarray(e, np.float64)
+    if e_np.ndim > 1 or (e_np.ndim == 1 and e_np.shape[0] != B):
+        raise ValueError(f"eps must be a scalar or shape [{B}], got shape {e_np.shape}")
+    if not np.all(np.isfinite(e_np)) or np.any(e_np < 0):
+        raise ValueError(f"eps must be finite and >= 0, got {e!r}")
+    eps_arr = jnp.broadcast_to(jnp.asarray(e_np, jnp.float32), (B,))
+    return x0, ref, mask, eps_arr
+
+
+def check_loss(loss, targeted):
+    if loss not in LOSSES:
+        raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
+    if not isinstance(targeted, bool):
+        raise TypeError(f"targeted must be a bool, got {type(targeted).__name__}")
+
+
+def check_positive_int(name, v, minimum=1):
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {v!r}")
+    return int(v)
+
+
+def check_step(step_size):
+    """Validates an absolute step size (``None`` = relative default)."""
+    if step_size is None:
+        return None
+    if isinstance(step_size, bool) or not isinstance(step_size, (int, float)) or not step_size > 0:
+        raise ValueError(f"step_size must be a float > 0, got {step_size!r}")
+    return float(step_size)
+
+
+# ---------------------------------------------------------------- the kernel
+
+def clean_source(apply, params, x0):
+    """Clean prediction ``[M]`` of every member on one example (no queries charged:
+    it is the same forward as the clean evaluation)."""
+    return jnp.argmax(member_logits(apply, params, x0), axis=-1).astype(jnp.int32)
+
+
+@partial(jax.jit, static_argnums=0)
+def gradient_kernel(cfg: Config, params, x0, ref, mask, eps, cap, key) -> AttackResult:
+    """Batch kernel of the step-rule attacks (FGSM, PGD, MI-FGSM, joint PGD).
+
+    Args:
+      cfg: static :class:`Config`.
+      params: model parameters (pytree), passed to ``cfg.apply``.
+      x0: ``[B, *S]``; ref: ``[B, M]`` int32; mask: ``[B, M]`` float32;
+      eps: ``[B]``; cap: ``[B]`` int32; key: PRNG key.
+    """
+    evaluate = make_evaluate(cfg.apply, cfg.loss, cfg.targeted)
+    vg = jax.value_and_grad(evaluate, argnums=1, has_aux=True)
+    p, box = cfg.p, cfg.box
+
+    def one(x0, ref, mask, eps, cap, key):
+        M = ref.shape[0]
+        n_sel = jnp.sum(mask > 0).astype(jnp.int32)
+        live = n_sel > 0
+        src = clean_source(cfg.apply, params, x0)
+        _, ev0 = evaluate(params, x0, ref, mask, src)
+        count = jnp.asarray(M, jnp.int32)
+        cost = M + n_sel
+
+        def restart(carry, r):
+            count, best, final = carry
+            run = live & Q.allowed(count, M, cap)
+            if cfg.random_start:
+                x_start = G.random_in_ball(jax.random.fold_in(key, r), x0, eps, p, box)
+            else:
+                x_start = x0
+
+            def body(c, t):
+                x, state, count, best = c
+                ok = run & Q.allowed(count, cost + M, cap)
+                (_, ev), g = vg(params, x, ref, mask, src)
+                best = update_best(best, x, ev, ok)
+                state2, x2 = pgd_step(cfg, state, x, g, x0, eps)
+                x = jnp.where(ok, x2, x)
+                state = jnp.where(ok, state2, state)
+                return (x, state, Q.charge(count, cost, ok), best), None
+
+            init = (x_start, jnp.zeros_like(x0), count, best)
+            (x, _, count, best), _ = jax.lax.scan(body, init, jnp.arange(cfg.steps))
+            _, ev = evaluate(params, x, ref, mask, src)
+            count = Q.charge(count, M, run)
+            best = update_best(best, x, ev, run)
+            final = select(run & (ev.obj > final[1].obj), (x, ev), final)
+            return (count, best, final), None
+
+        carry = (count, Best(x0, ev0), (x0, ev0))
+        (count, best, (x_fin, ev_fin)), _ = jax.lax.scan(restart, carry, jnp.arange(cfg.restarts))
+        return AttackResult(x_adv=x_fin, success=ev_fin.success, objective=ev_fin.obj,
+                            member_loss=ev_fin.losses, queries=count, best_x=best.x,
+                            best_success=best.ev.success, best_objective=best.ev.obj)
+
+    keys = jax.random.split(key, x0.shape[0])
+    return jax.vmap(one)(x0, ref, mask, eps, cap, keys)
+
+
+def public(kernel, *, name, p, default_eps, box, audit_output=True):
+    """Wraps ``kernel(params, x0, ref, mask, eps, cap, key)`` into the validated,
+    audited public entry point (see :func:`sarjax.attacks.pgd.make_pgd`)."""
+
+    """Wraps a batch kernel into the validated, audited public entry point."""
+
+    def fn(params, x0, ref, mask=None, key=None, *, eps=None, max_queries=None) -> AttackResult:
+        x0n, refn, maskn, eps_arr = normalize_inputs(x0, ref, mask, eps, default_eps, box, p)
+        if key is None:
+            key = jax.random.PRNGKey(0)
+        cap = Q.normalize_cap(max_queries, x0n.shape[0])
+        res = kernel(params, x0n, refn, maskn, eps_arr, cap, key)
+        if audit_output:
+            threat = Threat(p, np.asarray(eps_arr), box)
+            check(x0n, res.x_adv, threat, what=f"{name} (x_adv)")
+            check(x0n, res.best_x, threat, what=f"{name} (best_x)")
+        return res
+
+    fn.kernel = kernel
+    fn.__name__ = name
+    return fn

@@ -1,0 +1,42 @@
+"""Fast Gradient (Sign) Method: one steepest-ascent step of size eps."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Callable
+
+from sarjax.attacks import _engine as E
+from sarjax.attacks.threat import canonical_norm
+
+
+def make_fgsm(apply: Callable, *, norm="linf", eps=None, loss: str = "ce", targeted: bool = False,
+              box=(0.0, 1.0), audit: bool = True) -> Callable:
+    """FGSM (Goodfellow et al. 2015) and its l2 / l1 analogues (fast gradient method).
+
+    One step ``x0 + eps * steepest(grad, p)`` projected onto the ball and the
+    box, from ``x0`` (no random start; Goodfellow et al.).  For l1 the step
+    is the signed one-hot at the largest ``|grad|`` coordinate (the l1-ball
+    vertex that maximises the linearised loss).
+
+    Args:
+      apply: ``apply(params, x [B, *S]) -> logits [M, B, C]`` (or ``[B, C]``).
+      norm: ``"linf"``, ``"l2"`` or ``"l1"``.
+      eps: default radius (scalar or ``[B]``).
+      loss: ``"ce"``, ``"dlr"`` or ``"margin"``.
+      targeted: move toward ``ref`` instead of away from it.
+      box: input bounds.
+      audit: audit outputs against x0.
+
+    Returns:
+      ``fn(params, x0, ref, mask=None, key=None, *, eps=None, max_queries=None)
+      -> AttackResult`` (see :func:`sarjax.attacks.pgd.make_pgd`).
+    """
+    p = canonical_norm(norm)
+    if p == 0.0:
+        raise ValueError("FGSM supports norms l1, l2, linf; got l0")
+    E.check_loss(loss, targeted)
+    # l1: the plain one-hot steepest step, i.e. sparsity = all but one coordinate.
+    cfg = E.Config(apply=apply, p=p, steps=1, restarts=1, random_start=False, loss=loss,
+                   targeted=targeted, box=tuple(float(b) for b in box), rel_step=1.0, l1_sparsity=1.0 - 1e-9)
+    kernel = partial(E.gradient_kernel, cfg)
+    return E.public(kernel, name="fgsm", p=p, default_eps=eps, box=box, audit_output=audit)
