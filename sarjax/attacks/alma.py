@@ -1,0 +1,112 @@
+"""Augmented Lagrangian Method for Adversarial attacks (ALMA; Rony et al., ICCV 2021), l1 and l2.
+
+Minimises ``||delta||_p + P2(c(x), rho, mu)`` where ``c`` is the difference of
+logits ratio (DLR) constraint, ``P2`` the penalty-Lagrangian function of
+Birgin et al., with an RMSProp-with-momentum step on ``delta`` whose rate
+decays exponentially from the first success.  Every ``check_steps`` steps the
+penalty ``rho`` grows by ``gamma`` unless the constraint improved by ``tau`` or
+an adversarial point was found; the multiplier ``mu`` follows an EMA of the
+penalty's derivative.  2 queries per step.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from sarjax.attacks import geometry
+from sarjax.attacks import minnorm as mn
+
+
+def _p2(v, rho, mu):
+    sup = mu * v + mu * rho * v ** 2 + rho ** 2 * v ** 3 / 6.0
+    inf = mu * v / (1.0 - rho * jnp.minimum(v, 0.0))
+    return jnp.where(v >= 0, sup, inf)
+
+
+def _dlr_constraint(logits, y, t, tol):
+    srt = jnp.sort(logits)[::-1]
+    k4 = srt[3] if logits.shape[-1] >= 4 else srt[-1]
+    norm = jnp.where(t >= 0, srt[0] - 0.5 * (srt[2] + k4), srt[0] - srt[2])
+    return (mn.margin(logits, y, t) + tol) / (norm + 1e-8)
+
+
+def _dist(delta, p):
+    if p == 1.0:
+        return jnp.sum(jnp.abs(delta))
+    s = jnp.sum(delta * delta)
+    safe = jnp.where(s > 0, s, 1.0)
+    return jnp.where(s > 0, jnp.sqrt(safe), 0.0)
+
+
+def _core(f, x0, y, t, x_init, key, *, budget, p, strict, hp):
+    del key
+    steps = budget // 2
+    a, tau, gam, tol = hp["alpha"], hp["tau"], hp["gamma"], hp["logit_tolerance"]
+
+    def loss_fn(x, rho, mu, first):
+        logits = f(x)
+        c = _dlr_constraint(logits, y, t, tol)
+        pen = _p2(c, rho, mu)
+        return jnp.where(first, 0.0, _dist(x - x0, p)) + pen, (logits, c)
+
+    def step(s, i):
+        x, sq, mom, lr, rho, mu, prev_c, found, i_found, bx, bn = s
+        (_, (logits, c)), g = jax.value_and_grad(loss_fn, has_aux=True)(x, rho, mu, i == 0)
+        g = jnp.where(jnp.isfinite(g), g, 0.0)
+        check = (i > 0) & (jnp.mod(i + 1, hp["check_steps"]) == 0)
+        improved = c < tau * prev_c
+        rho = jnp.where(check & ~(found | improved), gam * rho, rho)
+        prev_c = jnp.where((i == 0) | check, c, prev_c)
+        new_mu = jax.grad(_p2)(c, rho, mu)
+        mu = jnp.where(i > 0, jnp.clip(mu + (1.0 - a) * (new_mu - mu), 1e-6, 1e12), mu)
+        adv = mn.is_success(logits, y, t, strict)
+        bx, bn, _ = mn.track(bx, bn, x, x0, adv, p)
+        i_found = jnp.where(~found & adv, i, i_found)
+        found = found | adv
+        decay = hp["lr_reduction"] ** (jnp.maximum(i - i_found, 0.0) / (steps - i_found))
+        sq = a * sq + (1.0 - a) * g * g
+        mom = a * mom + g / (jnp.sqrt(sq) + 1e-8)
+        x = jnp.clip(x - lr * decay * mom, 0.0, 1.0)
+        return (x, sq, mom, lr, rho, mu, prev_c, found, i_found, bx, bn), bn
+
+    f32 = lambda v: jnp.asarray(v, jnp.float32)
+    init = (x_init, jnp.ones_like(x0), jnp.zeros_like(x0), f32(hp["lr_init"]), f32(hp["rho_init"]),
+            f32(hp["mu_init"]), f32(0.0), jnp.asarray(False), f32(steps + 1), x0, f32(jnp.inf))
+    s, hist = jax.lax.scan(step, init, jnp.arange(steps, dtype=jnp.float32))
+    return mn.gradient_core_out(s[9], s[10], hist, steps)
+
+
+def spec(*, lr_init: float = 0.1, lr_reduction: float = 0.01, mu_init: float = 1.0, rho_init: float = 1.0,
+         check_steps: int = 10, tau: float = 0.95, gamma: float = 1.2, alpha: float = 0.9,
+         logit_tolerance: float = 1e-4) -> mn.Spec:
+    """ALMA as a :class:`~sarjax.attacks.minnorm.Spec`.
+
+    Defaults are the ALMA paper's (Rony et al. 2021) as in adv-lib: lr 0.1
+    decayed exponentially x0.01 from the first success, mu = rho = 1, the
+    penalty checked every 10 steps with tau 0.95 and growth gamma 1.2, EMA /
+    RMSProp / momentum factor alpha 0.9, DLR logit tolerance 1e-4, penalty P2.
+    """
+    return mn.make_spec("alma", _core, (1, 2),
+                        dict(lr_init=float(lr_init), lr_reduction=float(lr_reduction), mu_init=float(mu_init),
+                             rho_init=float(rho_init), check_steps=int(check_steps), tau=float(tau),
+                             gamma=float(gamma), alpha=float(alpha), logit_tolerance=float(logit_tolerance)),
+                        min_classes=3)
+
+
+def alma(f, x0, y, key, *, norm=2, max_queries: int = 2000, targets=None, strict_target: bool = False,
+         restarts: int = 0, init_eps: float | None = None, check: bool = True, **hp) -> mn.MinNormResult:
+    """ALMA on one model (l1 or l2); default 2000 queries = ALMA's 1000 steps.
+
+    Args:
+      f: ``f(x: [*S]) -> [C]`` logits of one example (C >= 3; targeted needs 4).
+      x0: ``[B, *S]`` in ``[0, 1]``.
+      y: ``[B]`` int labels.
+      key: PRNG key (restarts).
+      norm: ``1`` or ``2``.
+      max_queries, targets, strict_target, restarts, init_eps, check: see
+        :func:`sarjax.attacks.minnorm.run`.
+      **hp: see :func:`spec`.
+    """
+    return mn.run(spec(**hp), f, x0, y, key, norm=norm, max_queries=max_queries, targets=targets,
+                  strict_target=strict_target, restarts=restarts, init_eps=init_eps, check=check)
