@@ -1,0 +1,36 @@
+"""LLM pools in JAX: decoder-only transformers loaded from Hugging Face checkpoints.
+
+See docs/llm.md for the public API.
+"""
+
+from sarjax.models.llm.config import DecoderConfig, config_from_hf, rope_inv_freq
+from sarjax.models.llm.decoder import (
+    KVBlock,
+    embed_tokens,
+    hidden_states,
+    init_params,
+    lm_head,
+    logits,
+    logits_from_embeds,
+    logits_from_one_hot,
+    positions_from_mask,
+    prefill,
+)
+from sarjax.models.llm.generate import greedy_generate, greedy_one, stack_greedy_generate
+from sarjax.models.llm.loader import load_config, load_model, load_params
+from sarjax.models.llm.pool import (
+    LLMPool,
+    LLMStack,
+    build_pool,
+    left_pad,
+    pool_target_nll_text,
+    stack_params,
+    tokenizer_fingerprint,
+    unstack_params,
+)
+from sarjax.models.llm.scoring import (
+    stack_prefix_cache,
+    stack_target_nll,
+    target_nll,
+    target_nll_from_embeds,
+)
