@@ -13,7 +13,7 @@ from sarjax.cover.exact import (
 )
 from sarjax.cover.greedy import greedy_sar
 from sarjax.cover.metrics import asr, coverage_target, jasc, tasc, theorem1_factor
-from sarjax.cover.result import SARResult
+from sarjax.cover.result import SARResult, concat_results
 from sarjax.cover.synthetic import SetSystemOracle
 from sarjax.cover.types import Candidates, JointAttack, SingleAttack
 
@@ -27,6 +27,7 @@ __all__ = [
     "SingleAttack",
     "asr",
     "brute_force_partial_cover",
+    "concat_results",
     "coverage_target",
     "exact_check",
     "exact_partial_cover",

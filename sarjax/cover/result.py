@@ -194,6 +194,27 @@ class SARResult:
         fall = self.fallback_covered[self.fallback[:, sample], sample]
         return np.concatenate([joint, fall], axis=0)
 
+    def select(self, index: Any) -> "SARResult":
+        """A result with only the samples at ``index`` (``[K]`` int or ``[B]`` bool)."""
+        idx = np.arange(self.batch_size)[np.asarray(index)]
+        per_sample = {
+            name: getattr(self, name)[idx]
+            for name in ("valid", "clean_broken", "unbreakable", "covered", "covered_round",
+                         "sar", "k_hat", "reached")
+        }
+        per_round = {name: getattr(self, name)[:, idx] for name in ROUND_FIELDS}
+        return SARResult(
+            num_members=self.num_members,
+            deltas=self.deltas,
+            taus=self.taus,
+            count_clean_input=self.count_clean_input,
+            stop_when_unreachable=self.stop_when_unreachable,
+            num_rounds=self.num_rounds,
+            inputs=None if self.inputs is None else self.inputs[:, idx],
+            **per_sample,
+            **per_round,
+        )
+
     def summary(self) -> dict[str, Any]:
         """Pool-level means over valid samples, per delta."""
         v = self.valid
@@ -292,3 +313,59 @@ class SARResult:
             inputs=arrays.pop("inputs", None),
             **arrays,
         )
+
+
+_ROUND_FILL = {"fallback_target": -1}
+
+
+def concat_results(results: "list[SARResult]") -> SARResult:
+    """Concatenate results of runs over disjoint sample chunks (same pool and deltas).
+
+    Round logs are padded to the longest run (inactive rounds: False, 0, and -1
+    for ``fallback_target``); ``num_rounds`` is the maximum.
+
+    Raises:
+        ValueError: empty list, or runs that disagree on the pool size,
+            deltas or options.
+    """
+    if not results:
+        raise ValueError("concat_results needs at least one result")
+    first = results[0]
+    for r in results[1:]:
+        same = (r.num_members, r.deltas, r.count_clean_input, r.stop_when_unreachable) == (
+            first.num_members, first.deltas, first.count_clean_input, first.stop_when_unreachable)
+        if not same:
+            raise ValueError("results disagree on num_members, deltas or options")
+        if (r.inputs is None) != (first.inputs is None):
+            raise ValueError("results disagree on whether inputs were stored")
+    rounds = max(r.num_rounds for r in results)
+
+    def pad(a: np.ndarray, fill: Any) -> np.ndarray:
+        if a.shape[0] == rounds:
+            return a
+        extra = np.full((rounds - a.shape[0],) + a.shape[1:], fill, dtype=a.dtype)
+        return np.concatenate([a, extra], axis=0)
+
+    per_round = {
+        name: np.concatenate([pad(getattr(r, name), _ROUND_FILL.get(name, 0)) for r in results], axis=1)
+        for name in ROUND_FIELDS
+    }
+    per_sample = {
+        name: np.concatenate([getattr(r, name) for r in results], axis=0)
+        for name in ("valid", "clean_broken", "unbreakable", "covered", "covered_round",
+                     "sar", "k_hat", "reached")
+    }
+    inputs = None
+    if first.inputs is not None:
+        inputs = np.concatenate([pad(r.inputs, 0) for r in results], axis=1)
+    return SARResult(
+        num_members=first.num_members,
+        deltas=first.deltas,
+        taus=first.taus,
+        count_clean_input=first.count_clean_input,
+        stop_when_unreachable=first.stop_when_unreachable,
+        num_rounds=rounds,
+        inputs=inputs,
+        **per_sample,
+        **per_round,
+    )

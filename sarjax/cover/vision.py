@@ -1,0 +1,217 @@
+"""SAR of an image-classifier pool: the greedy driven by joint PGD.
+
+Adapter between :class:`sarjax.models.pool.Pool` plus the attacks module's
+joint PGD (papers/000, Table 1) and the host-side greedy. The oracles below
+call one compiled attack kernel for every round and for the fallback: the
+uncovered set is a ``[B, M]`` mask, the round enters the PRNG key as data.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sarjax.cover.greedy import greedy_sar
+from sarjax.cover.result import SARResult, concat_results
+from sarjax.cover.types import Candidates, JointAttack, SingleAttack
+
+_JOINT_STREAM = 0
+_SINGLE_STREAM = 1
+
+
+def make_attack_oracles(
+    attack: Callable,
+    params: Any,
+    x0: Any,
+    ref: Any,
+    key: jax.Array,
+    *,
+    eps: Any = None,
+    use_best: bool = False,
+) -> tuple[JointAttack, SingleAttack]:
+    """Joint and single-member oracles from a mask-driven attack.
+
+    Args:
+        attack: ``attack(params, x0, ref, mask [B, M], key, *, eps) ->
+            AttackResult`` with ``x_adv``, ``success [B, M]`` (every member),
+            ``member_loss [B, M]``, ``queries [B]``, ``best_x``,
+            ``best_success``: e.g. ``sarjax.attacks.joint.make_joint_pgd(pool.apply)``.
+        params: the pool's params (``pool.params``), passed through untouched.
+        x0: ``[B, *S]`` clean inputs.
+        ref: ``[B, M]`` int, each member's reference label (its own clean
+            prediction, or the true label); ``success`` means the member's
+            prediction differs from it.
+        key: PRNG key. Round ``r`` of the joint attack uses
+            ``fold_in(fold_in(key, 0), r)``, the fallback
+            ``fold_in(fold_in(key, 1), r)``.
+        eps: attack radius (scalar or ``[B]``), or None for the attack's default.
+        use_best: take the attack's best-so-far point (ranked by the number of
+            selected members fooled) instead of its final point. Default False:
+            Table 1 of papers/000 returns the restart with the highest
+            objective. The fallback objective is the per-member loss at the
+            final point either way.
+
+    Returns:
+        ``(joint, single)`` callables for :func:`sarjax.cover.greedy_sar`.
+    """
+    x0 = jnp.asarray(x0)
+    ref = jnp.asarray(ref, jnp.int32)
+    b, m = ref.shape
+    joint_key = jax.random.fold_in(key, _JOINT_STREAM)
+    single_key = jax.random.fold_in(key, _SINGLE_STREAM)
+
+    def _candidates(res: Any) -> Candidates:
+        x = res.best_x if use_best else res.x_adv
+        covered = res.best_success if use_best else res.success
+        return Candidates(
+            np.asarray(x),
+            np.asarray(covered, dtype=bool),
+            np.asarray(res.queries).astype(np.int64),
+            np.asarray(res.member_loss, dtype=np.float64),
+        )
+
+    def joint(uncovered: np.ndarray, round_index: int) -> Candidates:
+        mask = jnp.asarray(uncovered, jnp.float32)
+        k = jax.random.fold_in(joint_key, round_index)
+        return _candidates(attack(params, x0, ref, mask, k, eps=eps))
+
+    def single(target: np.ndarray, active: np.ndarray, round_index: int) -> Candidates:
+        mask = (np.arange(m)[None, :] == np.asarray(target)[:, None]) & np.asarray(active)[:, None]
+        k = jax.random.fold_in(single_key, round_index)
+        return _candidates(attack(params, x0, ref, jnp.asarray(mask, jnp.float32), k, eps=eps))
+
+    return joint, single
+
+
+def run_sar(
+    pool: Any,
+    x: Any,
+    eps: float,
+    deltas: Sequence[float],
+    *,
+    labels: Any = None,
+    key: jax.Array | None = None,
+    steps: int = 40,
+    step_size: float | None = None,
+    restarts: int = 3,
+    use_best: bool = False,
+    attack: Callable | None = None,
+    chunk_size: int | None = None,
+    count_clean_input: bool = False,
+    stop_when_unreachable: bool = True,
+    store_inputs: bool = True,
+    checkpoint_dir: str | os.PathLike | None = None,
+    progress: bool = False,
+) -> SARResult:
+    """SAR_{1-delta} of a vision pool on a batch of images with joint linf PGD.
+
+    The attack is the joint PGD of papers/000, Table 1: mean cross-entropy of
+    the uncovered members against their reference labels, 40 steps, step
+    ``eps/16``, 3 random restarts, the restart with the highest objective.
+
+    Args:
+        pool: a :class:`sarjax.models.pool.Pool` (``apply``, ``params``,
+            ``num_members``, ``predict``, ``check_input``).
+        x: ``[B, *input_shape]`` images in ``[0, 1]``.
+        eps: linf radius, ``> 0`` (papers/000 uses 0.05 on MNIST).
+        deltas: allowed uncovered shares, each in ``[0, 1)``.
+        labels: optional ``[B]`` int true labels. None (default, the paper's
+            MNIST setting): the safe region is each member's own clean
+            prediction, so no member is broken on the clean input. Given: the
+            safe region is the true label, and members already wrong on the
+            clean image count as covered without an attack.
+        key: PRNG key (default ``PRNGKey(0)``); chunk ``i`` uses
+            ``fold_in(key, i)``.
+        steps, step_size, restarts: joint PGD settings (Table 1 defaults;
+            ``step_size=None`` means ``eps/16``).
+        use_best: see :func:`make_attack_oracles`.
+        attack: optional prebuilt mask-driven attack with the joint PGD
+            signature (see :func:`make_attack_oracles`), built on
+            ``pool.apply``; it replaces the default joint PGD, and ``steps``,
+            ``step_size`` and ``restarts`` are then ignored. Reusing one attack
+            across calls reuses its compiled kernel.
+        chunk_size: samples per greedy run (default all). The last chunk is
+            padded to the same size (padding rows are never attacked), so the
+            attack compiles once.
+        count_clean_input, stop_when_unreachable, store_inputs, progress: see
+            :func:`sarjax.cover.greedy_sar`.
+        checkpoint_dir: if set, each chunk checkpoints every round under
+            ``chunk_<i>/`` and writes its result when done; a rerun resumes.
+
+    Returns:
+        SARResult over all ``B`` samples (round logs padded across chunks).
+
+    Raises:
+        TypeError, ValueError: bad ``eps``, ``deltas``, ``labels``, inputs or
+            ``chunk_size``.
+    """
+    if isinstance(eps, bool) or not isinstance(eps, (int, float, np.floating, np.integer)):
+        raise TypeError(f"eps must be a positive float, got {type(eps).__name__}")
+    if not np.isfinite(eps) or eps <= 0:
+        raise ValueError(f"eps must be a finite float > 0, got {eps}")
+    pool.check_input(x)
+    x = np.asarray(x, dtype=np.float32)
+    if x.min() < 0.0 or x.max() > 1.0:
+        raise ValueError(f"images must lie in [0, 1], got range [{x.min()}, {x.max()}]")
+    b, m = x.shape[0], pool.num_members
+    if b < 1:
+        raise ValueError("x must hold at least one image")
+    if labels is not None:
+        y = np.asarray(labels)
+        if not np.issubdtype(y.dtype, np.integer) or y.shape != (b,):
+            raise ValueError(f"labels must be int [{b}], got {y.dtype} {y.shape}")
+    clean_pred = pool.predict(x).T.astype(np.int32)  # [B, M]
+    if labels is None:
+        ref = clean_pred
+    else:
+        ref = np.broadcast_to(y.astype(np.int32)[:, None], (b, m)).copy()
+    clean_broken = clean_pred != ref
+    if chunk_size is None:
+        chunk_size = b
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
+    chunk_size = min(int(chunk_size), b)
+    if key is None:
+        key = jax.random.PRNGKey(0)
+    if attack is None:
+        from sarjax.attacks.joint import make_joint_pgd
+
+        attack = make_joint_pgd(pool.apply, eps=float(eps), steps=steps, step_size=step_size,
+                                restarts=restarts)
+    root = Path(checkpoint_dir) if checkpoint_dir is not None else None
+    parts = []
+    for i, start in enumerate(range(0, b, chunk_size)):
+        stop = min(start + chunk_size, b)
+        n = stop - start
+        pad = chunk_size - n
+        idx = np.concatenate([np.arange(start, stop), np.full(pad, start)])
+        valid = np.arange(chunk_size) < n
+        done_dir = root / f"chunk_{i}" / "result" if root is not None else None
+        if done_dir is not None and (done_dir / "result.json").exists():
+            part = SARResult.load(done_dir)
+        else:
+            joint, single = make_attack_oracles(
+                attack, pool.params, x[idx], ref[idx], jax.random.fold_in(key, i),
+                eps=float(eps), use_best=use_best,
+            )
+            part = greedy_sar(
+                joint,
+                single,
+                clean_broken[idx],
+                deltas,
+                valid=valid,
+                count_clean_input=count_clean_input,
+                stop_when_unreachable=stop_when_unreachable,
+                store_inputs=store_inputs,
+                checkpoint_dir=None if root is None else root / f"chunk_{i}",
+                progress=progress,
+            )
+            if done_dir is not None:
+                part.save(done_dir)
+        parts.append(part.select(np.flatnonzero(valid)))
+    return concat_results(parts)
