@@ -194,6 +194,26 @@ class SARResult:
         fall = self.fallback_covered[self.fallback[:, sample], sample]
         return np.concatenate([joint, fall], axis=0)
 
+    def coverage_curve(self) -> np.ndarray:
+        """``[B, K + 1]`` int64, members covered after ``k`` recorded inputs.
+
+        Column ``k`` counts the covered members (clean-broken included) once
+        the sample's first ``k`` inputs are recorded (K = the most inputs any
+        sample recorded; a finished sample keeps its final count). With
+        ``count_clean_input`` the clean input is not a column: shift by one.
+        The SAR for a target ``tau`` is the first ``k`` whose count reaches
+        ``tau``, divided by ``M``.
+        """
+        clean = self.clean_broken.sum(axis=1)
+        counts = clean[None, :] + np.cumsum(self.new_covered.sum(axis=2), axis=0)  # [R, B]
+        ks = np.cumsum(self.recorded, axis=0)  # [R, B]
+        k_max = int(ks[-1].max()) if self.num_rounds else 0
+        curve = np.empty((self.batch_size, k_max + 1), dtype=np.int64)
+        for k in range(k_max + 1):
+            upto = np.where(ks <= k, counts, 0)
+            curve[:, k] = np.maximum(clean, upto.max(axis=0) if self.num_rounds else clean)
+        return curve
+
     def select(self, index: Any) -> "SARResult":
         """A result with only the samples at ``index`` (``[K]`` int or ``[B]`` bool)."""
         idx = np.arange(self.batch_size)[np.asarray(index)]

@@ -434,3 +434,45 @@ def test_fallback_succeeds_only_if_it_breaks_its_target():
     res = greedy_sar(joint, single, np.zeros((1, m), bool), [0.0], stop_when_unreachable=False)
     assert res.unbreakable.all() and not res.recorded.any() and res.sar[0, 0] == 1.0
     assert res.fallback_target[:, 0].tolist() == [0, 1, 2, 3]
+
+
+def test_concat_of_chunks_equals_batched_run():
+    from sarjax.cover import concat_results
+    from sarjax.cover.result import ROUND_FIELDS
+
+    sets, visible = _random_systems(41, 7, 6, 8, p=0.3, hide=0.4)
+    clean = np.random.default_rng(6).random((7, 8)) < 0.1
+    deltas = [0.0, 0.4]
+    whole = greedy_sar(*_oracle_pair(sets, visible), clean, deltas)
+    parts = [greedy_sar(*_oracle_pair(sets[a:b], visible[a:b]), clean[a:b], deltas)
+             for a, b in [(0, 3), (3, 4), (4, 7)]]
+    assert len({p.num_rounds for p in parts}) > 1  # padding is exercised
+    joined = concat_results(parts)
+    assert joined.num_rounds == whole.num_rounds
+    for name in ROUND_FIELDS + ("sar", "k_hat", "reached", "unbreakable", "covered",
+                                "covered_round", "clean_broken", "inputs"):
+        np.testing.assert_array_equal(getattr(joined, name), getattr(whole, name), err_msg=name)
+    picked = whole.select(np.array([4, 1]))
+    np.testing.assert_array_equal(picked.sar, whole.sar[[4, 1]])
+    np.testing.assert_array_equal(picked.inputs, whole.inputs[:, [4, 1]])
+    with pytest.raises(ValueError, match="deltas"):
+        concat_results([parts[0], greedy_sar(*_oracle_pair(sets[:1], visible[:1]), clean[:1], [0.1])])
+
+
+def test_coverage_curve_determines_sar_and_plot(tmp_path):
+    from sarjax.cover.plots import plot_sar
+
+    sets, visible = _random_systems(43, 8, 6, 9, p=0.3, hide=0.4)
+    clean = np.random.default_rng(8).random((8, 9)) < 0.1
+    deltas = [0.0, 0.2, 0.5]
+    res = greedy_sar(*_oracle_pair(sets, visible), clean, deltas, stop_when_unreachable=False)
+    curve = res.coverage_curve()
+    assert (np.diff(curve, axis=1) >= 0).all()
+    np.testing.assert_array_equal(curve[:, 0], clean.sum(axis=1))
+    np.testing.assert_array_equal(curve[:, -1], res.covered.sum(axis=1))
+    for j, tau in enumerate(res.taus):
+        hit = curve >= tau
+        k = np.where(hit.any(axis=1), np.argmax(hit, axis=1), -1)
+        np.testing.assert_array_equal(k, res.k_hat[:, j])
+    out = plot_sar(res, tmp_path / "sar.png", title="toy")
+    assert out.stat().st_size > 1000

@@ -1,0 +1,60 @@
+"""Plots of a SAR run: the collective vulnerability curve and the SAR distribution."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from sarjax.cover.result import SARResult
+
+
+def plot_sar(result: SARResult, path: str | os.PathLike, title: str | None = None) -> Path:
+    """Write a two-panel figure (PNG/PDF by extension) of a SAR run.
+
+    Left: mean share of the pool covered after ``k`` distinct inputs (valid
+    samples), with the coverage targets ``tau / M`` as dashed lines (the
+    collective vulnerability curve of papers/000). Right: the distribution of
+    ``SAR_{1-delta}`` over samples, one histogram per delta.
+
+    Args:
+        result: a :class:`SARResult`.
+        path: output file.
+        title: optional figure title.
+
+    Returns:
+        The written path.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    m = result.num_members
+    v = result.valid
+    curve = result.coverage_curve()[v] / m
+    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(10, 4))
+    if curve.size:
+        ks = np.arange(curve.shape[1])
+        ax0.plot(ks, curve.mean(axis=0), marker="o", label="mean covered share")
+    for tau in sorted(set(result.taus)):
+        ax0.axhline(tau / m, linestyle="--", linewidth=0.8, color="gray")
+    ax0.set_xlabel("distinct inputs k")
+    ax0.set_ylabel("covered share of the pool")
+    ax0.set_ylim(0, 1.02)
+    ax0.legend(loc="lower right")
+    bins = (np.arange(m + 2) - 0.5) / m  # one bin per k / M, k = 0..M
+    for j, delta in enumerate(result.deltas):
+        ax1.hist(result.sar[v, j], bins=bins, alpha=0.5, label=f"delta={delta:.3g}")
+    ax1.set_xlabel("SAR (k_hat / M; 1 = target not reached)")
+    ax1.set_ylabel("samples")
+    ax1.legend()
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    plt.close(fig)
+    return out
