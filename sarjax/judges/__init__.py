@@ -1,0 +1,12 @@
+"""Judges of jailbreak success: refusal phrases (offline) and the HarmBench classifier."""
+
+from sarjax.judges.harmbench import (
+    HARMBENCH_CONTEXTUAL_PROMPT,
+    HARMBENCH_PROMPT,
+    HarmBenchClassifier,
+    classifier_prompt,
+    clip_generation,
+    encode_classifier_inputs,
+    label_from_text,
+)
+from sarjax.judges.refusal import GCG_REFUSAL_PHRASES, is_refusal, refusal_judge
