@@ -117,12 +117,34 @@ def _config(
     }
 
 
+def _atomic_savez(path: Path, **arrays: np.ndarray) -> None:
+    tmp = path.with_name(path.name + ".tmp.npz")
+    np.savez(tmp, **arrays)
+    os.replace(tmp, path)  # atomic: a crash leaves the previous file intact
+
+
 def _save_state(directory: Path, state: _State, config: dict[str, Any]) -> None:
+    """Write the finished round's logs, then the small state that points to it.
+
+    One file per round keeps the cost per round constant; the state file is
+    written last, so a crash between the two leaves the previous round's state,
+    and the orphaned round file is overwritten when that round is redone.
+    """
     directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / (_STATE_FILE + ".tmp.npz")
+    r = state.next_round - 1
+    round_arrays = {k: state.logs[k][r] for k in ROUND_FIELDS}
+    if state.inputs:
+        round_arrays["inputs"] = state.inputs[r]
+    _atomic_savez(directory / f"round_{r:05d}.npz", **round_arrays)
     meta = {"config": config, "next_round": state.next_round}
-    np.savez(tmp, meta=np.array(json.dumps(meta)), **state.arrays())
-    os.replace(tmp, directory / _STATE_FILE)  # atomic: a crash keeps the previous round
+    _atomic_savez(
+        directory / _STATE_FILE,
+        meta=np.array(json.dumps(meta)),
+        uncovered=state.uncovered,
+        covered=state.covered,
+        unbreakable=state.unbreakable,
+        covered_round=state.covered_round,
+    )
 
 
 def _load_state(
@@ -145,11 +167,15 @@ def _load_state(
         state.covered = z["covered"]
         state.unbreakable = z["unbreakable"]
         state.covered_round = z["covered_round"]
-        if state.next_round > 0:
+    for r in range(state.next_round):
+        round_path = directory / f"round_{r:05d}.npz"
+        if not round_path.exists():
+            raise ValueError(f"checkpoint in {directory} lacks {round_path.name}")
+        with np.load(round_path, allow_pickle=False) as z:
             for k in ROUND_FIELDS:
-                state.logs[k] = list(z[k])
+                state.logs[k].append(z[k])
             if "inputs" in z.files:
-                state.inputs = list(z["inputs"])
+                state.inputs.append(z["inputs"])
     return state
 
 

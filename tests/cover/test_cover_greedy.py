@@ -269,7 +269,8 @@ def test_shared_weakness_sar_is_one_over_m():
     sets[:, 2, :] = True  # one input breaks every member
     sets[:, 3, [5]] = True
     oracle = SetSystemOracle(sets)
-    res = greedy_sar(oracle.joint, oracle.single, np.zeros((3, m), bool), [0.0, 0.3, 0.6])
+    res = greedy_sar(oracle.joint, oracle.single, np.zeros((3, m), bool), [0.0, 0.3, 0.6],
+                     progress=True)
     np.testing.assert_array_equal(res.sar, np.full((3, 3), 1 / m))
     assert res.num_rounds == 1
 
@@ -361,6 +362,13 @@ def test_resume_equals_uninterrupted(tmp_path):
     for name in ("sar", "k_hat", "unbreakable", "covered_round", "new_covered", "inputs",
                  "fallback_target", "joint_queries", "fallback_queries"):
         np.testing.assert_array_equal(getattr(resumed, name), getattr(full, name), err_msg=name)
+    # A finished run resumes to the same result without attacking again.
+    idle = SetSystemOracle(sets, joint_visible=visible)
+    done = greedy_sar(idle.joint, idle.single, np.zeros((6, 9), bool), deltas,
+                      checkpoint_dir=tmp_path, progress=True)
+    assert idle.joint_calls == [] and idle.single_calls == []
+    np.testing.assert_array_equal(done.sar, full.sar)
+    np.testing.assert_array_equal(done.inputs, full.inputs)
     with pytest.raises(ValueError, match="configuration"):
         greedy_sar(fresh.joint, fresh.single, np.zeros((6, 9), bool), [0.1], checkpoint_dir=tmp_path)
 
