@@ -26,6 +26,11 @@ class SetSystemOracle:
             find (default all). Hiding inputs makes the joint attack fail so the
             fallback fires; the single attack always sees every input.
         queries_per_call: queries charged per attacked sample and call.
+        alpha: ``0 < alpha <= 1``. 1 (default): the joint attack returns the
+            input with the largest marginal coverage. Below 1: an adversarial
+            alpha-approximate attack (papers/000, Theorem 1) that returns the
+            input with the *smallest* marginal coverage that is still at least
+            ``alpha`` times the largest (ties: lowest index).
 
     Candidate ``x_adv`` is ``[B, 1]`` int64: the chosen input's index (-1 for
     none). ``joint`` objective per member: the number of visible inputs that
@@ -33,7 +38,9 @@ class SetSystemOracle:
     with most visible ways to break it.
     """
 
-    def __init__(self, sets: Any, joint_visible: Any = None, queries_per_call: int = 1):
+    def __init__(
+        self, sets: Any, joint_visible: Any = None, queries_per_call: int = 1, alpha: float = 1.0
+    ):
         s = np.asarray(sets)
         if s.dtype != np.bool_ or s.ndim != 3:
             raise TypeError(f"sets must be a bool array [B, N, M], got {s.dtype} {s.shape}")
@@ -47,6 +54,9 @@ class SetSystemOracle:
                 raise ValueError(f"joint_visible must be bool [{b}, {n}], got {vis.dtype} {vis.shape}")
         self.joint_visible = vis
         self.queries_per_call = int(queries_per_call)
+        if not 0.0 < float(alpha) <= 1.0:
+            raise ValueError(f"alpha must satisfy 0 < alpha <= 1, got {alpha}")
+        self.alpha = float(alpha)
         self.joint_calls: list[int] = []
         self.single_calls: list[int] = []
 
@@ -73,6 +83,11 @@ class SetSystemOracle:
         unc = np.asarray(uncovered)
         marginal = (self.sets & unc[:, None, :]).sum(axis=2)  # [B, N]
         idx, found = self._pick(marginal, self.joint_visible)
+        if self.alpha < 1.0:
+            best = np.where(self.joint_visible, marginal, 0).max(axis=1, keepdims=True)
+            ok = self.joint_visible & (marginal > 0) & (marginal >= self.alpha * best)
+            worst = np.argmin(np.where(ok, marginal, np.iinfo(np.int64).max), axis=1)
+            idx = np.where(found, worst, -1)
         objective = (self.sets & self.joint_visible[:, :, None]).sum(axis=1) + 0.5 * unc
         return self._candidates(idx, found, unc.any(axis=1), objective.astype(np.float64))
 

@@ -92,6 +92,30 @@ def test_greedy_within_theorem1_of_brute_force():
     assert n_checked > 60
 
 
+@pytest.mark.parametrize("alpha", [0.5, 0.34])
+def test_alpha_approximate_oracle_within_theorem1(alpha):
+    """Adversarial alpha-oracle: k* <= k_hat <= (1 + ln(tau) / alpha) k*, no fallback."""
+    rng = np.random.default_rng(int(alpha * 100))
+    worse = 0
+    for trial in range(8):
+        m = int(rng.integers(6, 13))
+        sets = rng.random((4, 7, m)) < rng.uniform(0.25, 0.5)
+        exact = greedy_sar(*_oracle_pair(sets, None), np.zeros((4, m), bool), [0.0, 0.25])
+        o = SetSystemOracle(sets, alpha=alpha)
+        res = greedy_sar(o.joint, o.single, np.zeros((4, m), bool), [0.0, 0.25])
+        for b in range(4):
+            if brute_force_partial_cover(sets[b], m).k is not None:
+                assert not res.fallback_fired[b]  # feasible: the fallback never runs
+            for j, d in enumerate(res.deltas):
+                tau = coverage_target(d, m)
+                k_star = brute_force_partial_cover(sets[b], tau).k
+                if k_star is None:
+                    continue
+                assert k_star <= res.k_hat[b, j] <= (1 + math.log(tau) / alpha) * k_star
+                worse += res.k_hat[b, j] > exact.k_hat[b, j]
+    assert worse > 0  # the weaker oracle does cost inputs somewhere
+
+
 def test_classic_gap_instance_k_hat_3_versus_k_star_2():
     # Two rows of 7 (the optimum, k* = 2) and column blocks of 8, 4, 2 that the
     # greedy prefers: it needs 3 inputs. The discovered sets only contain the
