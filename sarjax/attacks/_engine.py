@@ -226,23 +226,26 @@ def clean_source(apply, params, x0):
 
 
 @partial(jax.jit, static_argnums=0)
-def gradient_kernel(cfg: Config, params, x0, ref, mask, eps, cap, key) -> AttackResult:
+def gradient_kernel(cfg: Config, params, x0, ref, mask, eps, cap, key, x_init, has_init) -> AttackResult:
     """Batch kernel of the step-rule attacks (FGSM, PGD, MI-FGSM, joint PGD).
 
     Args:
       cfg: static :class:`Config`.
       params: model parameters (pytree), passed to ``cfg.apply``.
       x0: ``[B, *S]``; ref: ``[B, M]`` int32; mask: ``[B, M]`` float32;
-      eps: ``[B]``; cap: ``[B]`` int32; key: PRNG key.
+      eps: ``[B]``; cap: ``[B]`` int32; key: PRNG key;
+      x_init: ``[B, *S]`` warm start for the first restart, used where the
+      scalar bool ``has_init`` is set, after projection onto the ball of x0.
     """
     evaluate = make_evaluate(cfg.apply, cfg.loss, cfg.targeted)
     vg = jax.value_and_grad(evaluate, argnums=1, has_aux=True)
     p, box = cfg.p, cfg.box
 
-    def one(x0, ref, mask, eps, cap, key):
+    def one(x0, ref, mask, eps, cap, key, x_init):
         M = ref.shape[0]
         n_sel = jnp.sum(mask > 0).astype(jnp.int32)
         live = n_sel > 0
+        warm = G.project(x_init, x0, eps, p, box)  # always inside the ball of x0
         src = clean_source(cfg.apply, params, x0)
         _, ev0 = evaluate(params, x0, ref, mask, src)
         count = jnp.asarray(M, jnp.int32)
@@ -255,6 +258,7 @@ def gradient_kernel(cfg: Config, params, x0, ref, mask, eps, cap, key) -> Attack
                 x_start = G.random_in_ball(jax.random.fold_in(key, r), x0, eps, p, box)
             else:
                 x_start = x0
+            x_start = jnp.where(has_init & (r == 0), warm, x_start)
 
             def body(c, t):
                 x, state, count, best = c
@@ -281,7 +285,7 @@ def gradient_kernel(cfg: Config, params, x0, ref, mask, eps, cap, key) -> Attack
                             best_success=best.ev.success, best_objective=best.ev.obj)
 
     keys = jax.random.split(key, x0.shape[0])
-    return jax.vmap(one)(x0, ref, mask, eps, cap, keys)
+    return jax.vmap(one)(x0, ref, mask, eps, cap, keys, x_init)
 
 
 def public(kernel, *, name, p, default_eps, box, audit_output=True):
@@ -290,12 +294,20 @@ def public(kernel, *, name, p, default_eps, box, audit_output=True):
 
     """Wraps a batch kernel into the validated, audited public entry point."""
 
-    def fn(params, x0, ref, mask=None, key=None, *, eps=None, max_queries=None) -> AttackResult:
+    def fn(params, x0, ref, mask=None, key=None, *, eps=None, max_queries=None,
+           x_init=None) -> AttackResult:
         x0n, refn, maskn, eps_arr = normalize_inputs(x0, ref, mask, eps, default_eps, box, p)
         if key is None:
             key = jax.random.PRNGKey(0)
         cap = Q.normalize_cap(max_queries, x0n.shape[0])
-        res = kernel(params, x0n, refn, maskn, eps_arr, cap, key)
+        if x_init is None:
+            xi, has = x0n, jnp.asarray(False)
+        else:
+            xi = jnp.asarray(x_init, jnp.float32)
+            if xi.shape != x0n.shape:
+                raise ValueError(f"x_init must have the shape of x0 {x0n.shape}, got {xi.shape}")
+            has = jnp.asarray(True)
+        res = kernel(params, x0n, refn, maskn, eps_arr, cap, key, xi, has)
         if audit_output:
             threat = Threat(p, np.asarray(eps_arr), box)
             check(x0n, res.x_adv, threat, what=f"{name} (x_adv)")

@@ -72,7 +72,7 @@ def _losses(cfg, z, leave, target):
 
 
 @partial(jax.jit, static_argnums=0)
-def apgd_kernel(cfg: ApgdConfig, params, x0, ref, mask, eps, cap, key) -> AttackResult:
+def apgd_kernel(cfg: ApgdConfig, params, x0, ref, mask, eps, cap, key, x_init, has_init) -> AttackResult:
     """Batch APGD / APGD-T kernel; arguments as :func:`sarjax.attacks._engine.gradient_kernel`."""
     p, box = cfg.p, cfg.box
     k0 = max(int(math.ceil(0.22 * cfg.n_iter)), 1)
@@ -97,8 +97,9 @@ def apgd_kernel(cfg: ApgdConfig, params, x0, ref, mask, eps, cap, key) -> Attack
             return G.sparse_l1_direction(g, x, cfg.l1_sparsity, box)
         return G.steepest(g, p)
 
-    def one(x0, ref, mask, eps, cap, key):
+    def one(x0, ref, mask, eps, cap, key, x_init):
         M = ref.shape[0]
+        warm = G.project(x_init, x0, eps, p, box)  # always inside the ball of x0
         n_sel = jnp.sum(mask > 0).astype(jnp.int32)
         live = n_sel > 0
         cost = M + n_sel
@@ -120,6 +121,7 @@ def apgd_kernel(cfg: ApgdConfig, params, x0, ref, mask, eps, cap, key) -> Attack
             kr = jax.random.fold_in(key, r)
             ok0 = live & Q.allowed(count, cost, cap)
             x = G.random_in_ball(kr, x0, eps, p, box)
+            x = jnp.where(has_init & (r == 0), warm, x)
             (f, ev), g = vg(params, x, ref, mask, leave, target)
             count = Q.charge(count, cost, ok0)
             best = E.update_best(best, x, ev, ok0)
@@ -174,7 +176,7 @@ def apgd_kernel(cfg: ApgdConfig, params, x0, ref, mask, eps, cap, key) -> Attack
                             best_objective=best.ev.obj)
 
     keys = jax.random.split(key, x0.shape[0])
-    return jax.vmap(one)(x0, ref, mask, eps, cap, keys)
+    return jax.vmap(one)(x0, ref, mask, eps, cap, keys, x_init)
 
 
 def make_apgd(apply: Callable, *, norm="linf", eps=None, n_iter: int = 100, restarts: int = 1,
@@ -258,10 +260,10 @@ def make_apgd_t(apply: Callable, *, norm="linf", eps=None, n_iter: int = 100, n_
                     audit_output=audit)
 
 
-def _apgd_t_kernel(cfg, params, x0, ref, mask, eps, cap, key):
+def _apgd_t_kernel(cfg, params, x0, ref, mask, eps, cap, key, x_init, has_init):
     # n_targets is capped at C - 1 once C is known (trace time).
     C = jax.eval_shape(lambda x: E.member_logits(cfg.apply, params, x), x0[0]).shape[-1]
     return apgd_kernel(cfg._replace(n_targets=min(cfg.n_targets, C - 1)), params, x0, ref, mask, eps,
-                       cap, key)
+                       cap, key, x_init, has_init)
 
 

@@ -1,0 +1,104 @@
+"""Joint PGD on pools, mask handling without recompilation, query accounting and caps."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sarjax.attacks.joint import make_joint_pgd
+from sarjax.attacks.pgd import make_pgd
+
+from _attacks_affine import D, pool_apply
+
+M = 5
+
+
+def common_direction_pool(batch, seed=0):
+    """M binary affine members sharing one adversarial direction v (plus small noise);
+    every member needs about the same linf budget along sign(v).  Returns params, x0,
+    the linf budget that breaks the member needing the most (1.15x margin)."""
+    rng = np.random.default_rng(seed)
+    v = rng.uniform(0.5, 1.5, D) * rng.choice([-1.0, 1.0], D)
+    W = np.zeros((M, D, 4))
+    b = np.zeros((M, 4))
+    x0 = rng.uniform(0.4, 0.6, (batch, D)).astype(np.float32)
+    need = np.zeros((batch, M))
+    for m in range(M):
+        w = v + rng.normal(0, 0.05, D)
+        margin = rng.uniform(0.5, 1.0)  # f_m(x0) must be positive: choose c per member
+        c = margin - (x0 @ w).min()
+        W[m, :, 0], W[m, :, 1] = w / 2, -w / 2
+        b[m] = [c / 2, -c / 2, -100.0, -101.0]
+        need[:, m] = (x0 @ w + c) / np.abs(w).sum()  # linf distance of member m
+    params = {"W": jnp.asarray(W, jnp.float32), "b": jnp.asarray(b, jnp.float32)}
+    return params, jnp.asarray(x0), need
+
+
+def test_joint_pgd_breaks_every_member_with_one_input():
+    B = 4
+    params, x0, need = common_direction_pool(B)
+    eps = 1.15 * need.max(axis=1)
+    assert eps.max() < 0.35  # the box does not interfere
+    ref = jnp.zeros((B, M), jnp.int32)  # every member predicts class 0 on x0
+    assert bool(jnp.all(jnp.argmax(pool_apply(params, x0), -1) == 0))
+    attack = make_joint_pgd(pool_apply)
+    res = attack(params, x0, ref, jnp.ones((B, M)), jax.random.PRNGKey(0), eps=eps)
+    assert res.success.shape == (B, M) and res.member_loss.shape == (B, M)
+    assert bool(jnp.all(res.success)), np.asarray(res.success)
+    # one input per sample: re-evaluating x_adv on the pool shows every member fooled
+    z = pool_apply(params, res.x_adv)
+    assert bool(jnp.all(jnp.argmax(z, -1) != 0))
+    # with 0.9x the smallest member's distance no member can be fooled
+    res_lo = attack(params, x0, ref, jnp.ones((B, M)), jax.random.PRNGKey(0), eps=0.9 * need.min(axis=1))
+    assert not bool(jnp.any(res_lo.success))
+
+
+def test_mask_changes_do_not_recompile_and_select_members():
+    B = 3
+    params, x0, need = common_direction_pool(B, seed=1)
+    traces = []
+
+    def counting_apply(p, x):
+        traces.append(1)  # runs at trace time only
+        return pool_apply(p, x)
+
+    attack = make_joint_pgd(counting_apply, steps=5, restarts=1)
+    ref = jnp.zeros((B, M), jnp.int32)
+    eps = 0.5 * need.min(axis=1)
+    masks = [np.ones((B, M)), np.eye(B, M), np.zeros((B, M)), (np.arange(M) % 2 == 0)[None].repeat(B, 0)]
+    results = []
+    for mask in masks:
+        results.append(attack(params, x0, ref, jnp.asarray(mask, jnp.float32), jax.random.PRNGKey(2), eps=eps))
+        n_after_first = len(traces) if len(results) == 1 else n_after_first
+    assert len(traces) == n_after_first > 0, "a new mask re-traced the kernel"
+    # the objective is the mean loss of the selected members only
+    for mask, res in zip(masks, results):
+        m = np.asarray(mask, np.float32)
+        want = (m * np.asarray(res.member_loss)).sum(1) / np.maximum(m.sum(1), 1)
+        np.testing.assert_allclose(np.asarray(res.objective), want, rtol=1e-5, atol=1e-6)
+    # an all-zero mask (a covered sample) takes no step and only pays the clean evaluation
+    np.testing.assert_array_equal(np.asarray(results[2].x_adv), np.asarray(x0))
+    np.testing.assert_array_equal(np.asarray(results[2].queries), np.full(B, M))
+
+
+def test_query_count_is_exact_and_cap_freezes_samples():
+    B, steps, restarts = 3, 6, 2
+    params, x0, need = common_direction_pool(B, seed=2)
+    ref = jnp.zeros((B, M), jnp.int32)
+    mask = jnp.asarray([[1, 1, 1, 1, 1], [1, 0, 1, 0, 0], [0, 0, 0, 0, 1]], jnp.float32)
+    n_sel = np.asarray(mask).sum(1).astype(int)
+    eps = 0.8 * need.min(axis=1)
+    attack = make_pgd(pool_apply, norm="linf", steps=steps, restarts=restarts)
+    res = attack(params, x0, ref, mask, jax.random.PRNGKey(3), eps=eps)
+    # clean evaluation M + per restart: steps x (M forwards + n_sel backwards) + final M forwards
+    want = M + restarts * (steps * (M + n_sel) + M)
+    np.testing.assert_array_equal(np.asarray(res.queries), want)
+
+    # a cap that allows exactly 2 steps of the first restart (and no second restart)
+    # reproduces the 2-step, 1-restart attack
+    short = make_pgd(pool_apply, norm="linf", steps=2, restarts=1)
+    cap = M + 2 * (M + n_sel) + M
+    capped = attack(params, x0, ref, mask, jax.random.PRNGKey(3), eps=eps, max_queries=cap)
+    ref_run = short(params, x0, ref, mask, jax.random.PRNGKey(3), eps=eps)
+    assert np.all(np.asarray(capped.queries) <= cap)
+    np.testing.assert_array_equal(np.asarray(capped.queries), np.asarray(ref_run.queries))
+    np.testing.assert_array_equal(np.asarray(capped.x_adv), np.asarray(ref_run.x_adv))
