@@ -6,6 +6,7 @@ import jax
 import numpy as np
 import pytest
 
+from sarjax.attacks.apgd import make_apgd, make_apgd_t
 from sarjax.attacks.fgsm import make_fgsm
 from sarjax.attacks.mifgsm import make_mifgsm
 from sarjax.attacks.pgd import make_pgd
@@ -17,6 +18,10 @@ FACTORIES = {
     "fgsm": lambda norm, targeted: make_fgsm(affine_apply, norm=norm, targeted=targeted),
     "pgd": lambda norm, targeted: make_pgd(affine_apply, norm=norm, targeted=targeted, restarts=2),
     "mifgsm": lambda norm, targeted: make_mifgsm(affine_apply, norm=norm, targeted=targeted),
+    "apgd-ce": lambda norm, targeted: make_apgd(affine_apply, norm=norm, targeted=targeted),
+    "apgd-dlr": lambda norm, targeted: make_apgd(affine_apply, norm=norm, targeted=targeted, loss="dlr"),
+    # APGD-T is untargeted in its success criterion (misclassification), targets chosen inside
+    "apgd-t": lambda norm, targeted: make_apgd_t(affine_apply, norm=norm),
 }
 
 CASES = []
@@ -53,6 +58,11 @@ def run_known_answer(attack, norm, targeted, batch, seed):
     again = attack(params, x0, ref, key=key, eps=1.01 * opt)
     np.testing.assert_array_equal(np.asarray(again.x_adv), np.asarray(hi.x_adv))
     np.testing.assert_array_equal(np.asarray(again.queries), np.asarray(hi.queries))
+
+
+# APGD compiles are the slowest: one case per norm, modes and batch sizes spread across them.
+CASES += [("apgd-ce", "linf", False, 1), ("apgd-ce", "l2", True, 3), ("apgd-ce", "l1", False, 8),
+          ("apgd-dlr", "linf", True, 3), ("apgd-t", "l2", False, 8)]
 
 
 @pytest.mark.parametrize("name,norm,targeted,batch", CASES)
