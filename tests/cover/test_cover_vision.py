@@ -17,10 +17,17 @@ ARCH = mlp((8,), input_shape=(4, 4, 1), num_classes=3)
 
 
 def _pool(m, same=False):
+    # Params drawn in numpy in the structure of ARCH.init (eval_shape compiles nothing;
+    # a jitted init costs seconds of XLA compile on a loaded CPU).
+    shapes = jax.eval_shape(ARCH.init, jax.random.PRNGKey(0))
+    rng = np.random.default_rng(0)
+    params = jax.tree.map(
+        lambda s: (rng.standard_normal((m,) + s.shape) / np.sqrt(s.shape[0])).astype(np.float32),
+        shapes,
+    )
     if same:
-        p = jax.tree.map(np.asarray, ARCH.init(jax.random.PRNGKey(0)))
-        return Pool([Stack.from_members(ARCH, [p] * m, [f"m{i}" for i in range(m)])])
-    return Pool([Stack.from_keys(ARCH, jax.random.split(jax.random.PRNGKey(0), m))])
+        params = jax.tree.map(lambda a: np.repeat(a[:1], m, axis=0), params)
+    return Pool([Stack(ARCH, params, tuple(f"m{i}" for i in range(m)))])
 
 
 _POOL3 = _pool(3)
