@@ -25,7 +25,7 @@ import numpy as np
 
 from sarjax.cover.metrics import coverage_target
 from sarjax.cover.result import ROUND_FIELDS, SARResult, derive_sar
-from sarjax.cover.types import Candidates, JointAttack, SingleAttack
+from sarjax.cover.types import JointAttack, SingleAttack
 
 _STATE_FILE = "greedy_state.npz"
 
