@@ -1,0 +1,257 @@
+"""The main job: SAR of the three MNIST diversity pools (``sarjax demo``) and SAR of a saved
+pool (``sarjax sar``).
+
+papers/000, "Vision pools": low / medium / high diversity pools of M=20 models, joint PGD of its
+Table 1 (40 steps, step eps/16, 3 restarts), the safe region = each member's own clean
+prediction, SAR_{1-delta} for 1-delta in {0.5, 0.75, 0.85, 1.0} at eps = 0.05.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+
+from sarjax.cover.metrics import asr as asr_metric
+from sarjax.cover.plots import plot_sar
+from sarjax.cover.result import SARResult
+from sarjax.cover.vision import run_sar
+from sarjax.data.mnist import Split, load_mnist
+from sarjax.models.checkpoint import CheckpointError, load_pool, save_pool
+from sarjax.models.pool import Pool
+from sarjax.models.presets import PRESETS, preset_members, preset_names
+from sarjax.models.train import TrainConfig, train_pool
+
+COVERAGES = (0.5, 0.75, 0.85, 1.0)  # 1 - delta
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    """What one demo run does (the defaults are the paper's; ``quick()`` is the 3-minute run)."""
+
+    members: int = 20
+    epochs: int = 10
+    samples: int = 100
+    eps: float = 0.05
+    steps: int = 40
+    restarts: int = 3
+    seed: int = 0
+    quick: bool = False
+
+    @classmethod
+    def quick_settings(cls, seed: int = 0) -> "DemoSettings":
+        return cls(members=8, epochs=3, samples=24, steps=20, restarts=1, seed=seed, quick=True)
+
+
+def validate_sar_args(eps: float, deltas: Sequence[float]) -> None:
+    """Raise ValueError for eps <= 0 or a delta outside [0, 1)."""
+    if not np.isfinite(eps) or eps <= 0:
+        raise ValueError(f"eps must be > 0, got {eps}")
+    for d in deltas:
+        if not 0.0 <= d < 1.0:
+            raise ValueError(f"delta must be in [0, 1), got {d}")
+
+
+def get_pool(preset: str, data: Split, s: DemoSettings, cache_dir: Path | None, progress: bool = True) -> tuple[Pool, dict]:
+    """Load a preset pool from the cache directory, or train it (and cache it)."""
+    digest = hashlib.sha1(data.source.encode()).hexdigest()[:8]
+    tag = f"{preset}-m{s.members}-e{s.epochs}-s{s.seed}-{digest}"
+    path = cache_dir / tag if cache_dir is not None else None
+    if path is not None and (path / "pool.json").exists():
+        try:
+            pool, cfg = load_pool(path)
+            print(f"[{preset}] loaded cached pool {path}")
+            return pool, cfg
+        except CheckpointError as e:
+            print(f"[{preset}] cache unusable ({e}); retraining")
+    t0 = time.time()
+    pool, info = train_pool(preset_members(preset, s.members, s.seed), data.x_train, data.y_train,
+                            config=TrainConfig(epochs=s.epochs), names=preset_names(preset, s.members), progress=progress)
+    cfg = {"preset": preset, "members": s.members, "epochs": s.epochs, "seed": s.seed, "data": data.source,
+           "history": info, "train_seconds": time.time() - t0}
+    if path is not None:
+        save_pool(pool, path, cfg)
+    return pool, cfg
+
+
+def evaluate_pool(pool: Pool, x: np.ndarray, eps: float, deltas: Sequence[float], *, steps: int, restarts: int,
+                  key: jax.Array, progress: bool = True, checkpoint_dir: Path | None = None) -> tuple[SARResult, np.ndarray]:
+    """SAR (joint PGD greedy) and per-member ASR (the same PGD on each member alone).
+
+    Returns:
+      (SAR result, per-member ASR [M]).
+    """
+    from sarjax.attacks.members import attack_members
+    from sarjax.attacks.pgd import make_pgd
+
+    validate_sar_args(eps, deltas)
+    clean = pool.predict(x)  # [M, B]
+    single = attack_members(pool, make_pgd, x, clean, jax.random.fold_in(key, 1), eps=eps, norm="linf",
+                            steps=steps, restarts=restarts, rel_step=1.0 / 16)
+    member_asr = asr_metric(np.asarray(single.success).T)
+    result = run_sar(pool, x, eps, deltas, key=jax.random.fold_in(key, 2), steps=steps, restarts=restarts,
+                     progress=progress, checkpoint_dir=checkpoint_dir)
+    return result, member_asr
+
+
+def khat_histogram(result: SARResult, j: int) -> dict[str, int]:
+    """{k: count} of k_hat over valid samples for delta index j ("SAR=1" for unreached)."""
+    v = result.valid
+    reached = result.reached[v, j]
+    ks = result.k_hat[v, j][reached]
+    hist = {str(int(k)): int((ks == k).sum()) for k in np.unique(ks)}
+    if (~reached).any():
+        hist["SAR=1"] = int((~reached).sum())
+    return hist
+
+
+def pool_record(pool: Pool, acc: np.ndarray, member_asr: np.ndarray, result: SARResult) -> dict[str, Any]:
+    sar = {f"{c:g}": float(result.sar[result.valid, j].mean()) for j, c in enumerate(1.0 - np.asarray(result.deltas))}
+    return {
+        "members": pool.num_members,
+        "names": list(pool.names),
+        "accuracy": float(acc.mean()),
+        "member_accuracy": acc.tolist(),
+        "asr": float(member_asr.mean()),
+        "member_asr": member_asr.tolist(),
+        "sar": sar,
+        "k_hat_histogram": {f"{1 - d:g}": khat_histogram(result, j) for j, d in enumerate(result.deltas)},
+        "share_fallback": float(result.fallback_fired[result.valid].mean()),
+        "mean_queries_per_sample": float(result.queries[result.valid].mean()),
+        "summary": result.summary(),
+    }
+
+
+def plot_demo(records: dict[str, dict], out: Path) -> Path:
+    """Mean SAR per coverage target for each pool, with 1 - ASR as a reference line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, rec in records.items():
+        cov = [float(c) for c in rec["sar"]]
+        line = ax.plot(cov, list(rec["sar"].values()), marker="o", label=f"{name} SAR")[0]
+        ax.axhline(1 - rec["asr"], ls=":", color=line.get_color(), label=f"{name} 1-ASR")
+    ax.set_xlabel("coverage target 1 - delta")
+    ax.set_ylabel("mean SAR (k_hat / M)")
+    ax.set_ylim(0, 1.05)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = out / "sar_by_pool.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def print_table(records: dict[str, dict], eps: float) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"SAR at eps={eps:g} (joint PGD, safe region = own clean prediction)")
+    t.add_column("pool")
+    t.add_column("M", justify="right")
+    t.add_column("test acc", justify="right")
+    t.add_column("mean ASR", justify="right")
+    for c in COVERAGES:
+        t.add_column(f"SAR {c:g}", justify="right")
+    t.add_column("k_hat histogram at 1-delta=0.85 (k: samples)")
+    for name, r in records.items():
+        hist = r["k_hat_histogram"].get("0.85", {})
+        t.add_row(name, str(r["members"]), f"{r['accuracy']:.4f}", f"{r['asr']:.3f}",
+                  *[f"{r['sar'][f'{c:g}']:.3f}" for c in COVERAGES], " ".join(f"{k}:{v}" for k, v in hist.items()))
+    Console().print(t)
+
+
+def run_demo(out: str | Path = "sarjax-demo", *, quick: bool = False, cache_dir: str | Path | None = None,
+             samples: int | None = None, seed: int = 0, data_dir: str | None = None, progress: bool = True) -> dict:
+    """Train (or load) the three diversity pools, measure SAR and ASR, write results.json and plots.
+
+    Args:
+      out: output directory (results.json, sar_by_pool.png, sar_<pool>.png).
+      quick: the 3-minute version (8 members, 3 epochs, 24 samples, 20 steps, 1 restart).
+      cache_dir: where trained pools are cached (default ``<out>/pools``).
+      samples: override the number of test images attacked.
+      seed: seed of the pools and the attacks.
+      data_dir: MNIST IDX directory (default: the embedded 5,000 digits).
+
+    Returns:
+      The results dict written to ``results.json``.
+    """
+    s = DemoSettings.quick_settings(seed) if quick else DemoSettings(seed=seed)
+    if samples is not None:
+        if samples < 1:
+            raise ValueError(f"samples must be >= 1, got {samples}")
+        s = DemoSettings(**{**s.__dict__, "samples": samples})
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    cache = Path(cache_dir) if cache_dir is not None else out / "pools"
+    t0 = time.time()
+    data = load_mnist(data_dir)
+    if s.quick:
+        print(f"QUICK MODE: {s.members} members per pool, {s.epochs} epochs, {s.samples} test images, "
+              f"{s.steps} PGD steps x {s.restarts} restart(s) (the paper: 20 members, 40 steps x 3 restarts)")
+    print(f"data: {data.summary()}; attacking the first {s.samples} test images at eps={s.eps}")
+    x = data.x_test[: s.samples]
+    deltas = [round(1.0 - c, 10) for c in COVERAGES]
+    records, results = {}, {}
+    for preset in PRESETS:
+        pool, _ = get_pool(preset, data, s, cache, progress)
+        acc = pool.accuracy(data.x_test, data.y_test)
+        print(f"[{preset}] {pool}: mean test accuracy {acc.mean():.4f}")
+        res, member_asr = evaluate_pool(pool, x, s.eps, deltas, steps=s.steps, restarts=s.restarts,
+                                        key=jax.random.key(s.seed), progress=progress)
+        records[preset] = pool_record(pool, acc, member_asr, res)
+        results[preset] = res
+        res.save(out / f"sar_{preset}")
+        plot_sar(res, out / f"sar_{preset}.png", title=f"{preset} diversity pool, eps={s.eps}")
+    doc = {
+        "eps": s.eps,
+        "coverages": list(COVERAGES),
+        "settings": s.__dict__,
+        "data": data.source,
+        "samples": s.samples,
+        "attack": {"name": "joint PGD (papers/000 Table 1)", "steps": s.steps, "step_size": "eps/16", "restarts": s.restarts},
+        "pools": records,
+        "seconds": time.time() - t0,
+    }
+    (out / "results.json").write_text(json.dumps(doc, indent=2))
+    plot_demo(records, out)
+    print_table(records, s.eps)
+    print(f"wrote {out / 'results.json'} and plots in {out} ({time.time() - t0:.0f}s)")
+    return doc
+
+
+def run_sar_on_saved_pool(pool_dir: str, eps: float, delta: float, *, samples: int = 100, out: str = "sarjax-sar",
+                          data_dir: str | None = None, steps: int = 40, restarts: int = 3, seed: int = 0,
+                          progress: bool = True) -> dict:
+    """SAR_{1-delta} of a saved pool on the first ``samples`` MNIST test images; writes OUT/results.json."""
+    validate_sar_args(eps, [delta])
+    if samples < 1:
+        raise ValueError(f"samples must be >= 1, got {samples}")
+    pool, cfg = load_pool(pool_dir)
+    data = load_mnist(data_dir)
+    if tuple(pool.input_shape) != data.x_test.shape[1:]:
+        raise ValueError(f"the pool takes inputs of shape {pool.input_shape}, the data has {data.x_test.shape[1:]}")
+    x = data.x_test[:samples]
+    outp = Path(out)
+    outp.mkdir(parents=True, exist_ok=True)
+    res, member_asr = evaluate_pool(pool, x, eps, [delta], steps=steps, restarts=restarts, key=jax.random.key(seed),
+                                    progress=progress, checkpoint_dir=outp / "checkpoint")
+    acc = pool.accuracy(data.x_test, data.y_test)
+    rec = pool_record(pool, acc, member_asr, res)
+    doc = {"pool": str(pool_dir), "eps": eps, "delta": delta, "samples": samples, "steps": steps, "restarts": restarts, **rec}
+    res.save(outp / "sar")
+    plot_sar(res, outp / "sar.png", title=f"{pool_dir}: eps={eps}, 1-delta={1 - delta:g}")
+    (outp / "results.json").write_text(json.dumps(doc, indent=2))
+    print(f"{pool}: accuracy {acc.mean():.4f}, mean ASR {member_asr.mean():.3f}, "
+          f"SAR_{1 - delta:g} = {doc['sar'][f'{1 - delta:g}']:.4f} over {samples} images; wrote {outp / 'results.json'}")
+    return doc
