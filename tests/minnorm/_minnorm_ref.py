@@ -96,11 +96,29 @@ def brute_force_l0(W, b, x0, y):
     return math.inf
 
 
-def make_affine(seed, shape, C=5, B=8, scale=1.0):
+def make_affine(seed, shape, C=5, B=8, scale=1.0, nearest_is_runner_up=None):
+    """Random affine classifier and B inputs in [0.2, 0.8], labelled by the model.
+
+    With ``nearest_is_runner_up=p`` the inputs are drawn (by rejection) so that the
+    class whose boundary is nearest in lp is also the runner-up class at x0: an
+    untargeted local search that follows the runner-up can then reach the optimum
+    (otherwise the minimum over classes is a global, combinatorial question that
+    the targeted runs answer).
+    """
     rng = np.random.default_rng(seed)
     d = int(np.prod(shape))
     W = (rng.normal(size=(d, C)) * scale / np.sqrt(d)).astype(np.float32)
     b = (rng.normal(size=(C,)) * 0.1).astype(np.float32)
-    x0 = rng.uniform(0.2, 0.8, size=(B,) + tuple(shape)).astype(np.float32)
+    xs = []
+    while len(xs) < B:
+        x = rng.uniform(0.2, 0.8, size=tuple(shape)).astype(np.float32)
+        s = x.reshape(-1) @ W + b
+        yy = int(np.argmax(s))
+        if nearest_is_runner_up is not None:
+            runner = int(np.argsort(s)[-2])
+            if affine_min_norm(W, b, x, yy, nearest_is_runner_up)[1] != runner:
+                continue
+        xs.append(x)
+    x0 = np.stack(xs)
     y = np.argmax(x0.reshape(B, -1) @ W + b, axis=1).astype(np.int32)
     return W, b, x0, y

@@ -1,0 +1,163 @@
+"""Trajectory, query cap, determinism, NaN safety, pool vmap, validation and audit."""
+import math
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _minnorm_ref import affine_min_norm, make_affine  # noqa: E402
+
+from sarjax.attacks import alma, apgd_min, ddn, fmn, pdgd, pdpgd, sigma_zero  # noqa: E402
+from sarjax.attacks import minnorm as mn  # noqa: E402
+
+ALL = [(fmn.spec(), 2), (fmn.spec(), 0), (ddn.spec(), 2), (apgd_min.spec(), math.inf),
+       (apgd_min.spec(loss="dlr"), 1), (alma.spec(), 2), (pdgd.spec(), 2), (pdpgd.spec(), 0),
+       (sigma_zero.spec(), 0)]
+
+
+def _affine(seed, shape, B, temperature=10.0, C=5):
+    W, b, x0, y = make_affine(seed, shape, C=C, B=B)
+    Wj, bj = jnp.asarray(W) * temperature, jnp.asarray(b) * temperature
+    return W, b, x0, y, (lambda x: x.reshape(-1) @ Wj + bj)
+
+
+def test_trajectory_cap_restarts_and_determinism():
+    W, b, x0, y, f = _affine(1, (4, 6), 3)
+    kw = dict(norm=2, max_queries=300, restarts=2, init_eps=0.5)
+    r1 = fmn.fmn(f, x0, y, jax.random.key(7), **kw)
+    r2 = fmn.fmn(f, x0, y, jax.random.key(7), **kw)
+    for a, c in zip(r1, r2):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(c))
+    traj = np.asarray(r1.trajectory)
+    assert traj.shape == (3, 30)
+    fin = np.where(np.isinf(traj), 1e30, traj)
+    assert (np.diff(fin, axis=1) <= 0).all(), "trajectory must be non-increasing"
+    assert (np.asarray(r1.queries) == 300).all()  # 3 runs x 50 steps x 2 queries
+    # after the last query the trajectory holds the returned (best over restarts) norm
+    np.testing.assert_allclose(traj[:, -1], np.asarray(r1.norm), rtol=1e-6)
+    # every sample succeeds and the result is audited (run raises otherwise)
+    assert np.asarray(r1.success).all()
+
+
+@pytest.mark.parametrize("k", range(len(ALL)), ids=[f"{s.name}-l{p}" for s, p in ALL])
+def test_zero_gradient_no_nan_and_odd_cap(k):
+    spec, p = ALL[k]
+    bias = jnp.asarray([3.0, 1.0, 0.0, -1.0], jnp.float32)
+    f = lambda x: bias + 0.0 * jnp.sum(x)  # constant logits: zero gradient, never adversarial
+    x0 = np.random.default_rng(0).uniform(0, 1, (2, 3)).astype(np.float32)
+    y = np.zeros(2, np.int32)
+    T = 37  # odd: a 2-query step cannot land exactly on the cap, which stays hard
+    r = mn.run(spec, f, x0, y, jax.random.key(0), norm=p, max_queries=T)
+    q = np.asarray(r.queries)
+    assert (q <= T).all() and (q >= T - 2).all()
+    assert r.trajectory.shape == (2, T // 10)
+    assert not np.asarray(r.success).any()
+    assert np.isinf(np.asarray(r.norm)).all() and np.isinf(np.asarray(r.trajectory)).all()
+    np.testing.assert_array_equal(np.asarray(r.x_adv), x0)
+    assert np.isfinite(np.asarray(r.x_adv)).all()
+
+
+def test_stack_vmap_matches_single_member():
+    M, B, shape, C = 3, 4, (4, 6), 5
+    rng = np.random.default_rng(3)
+    params = {"W": jnp.asarray(rng.normal(size=(M, 24, C)) * 2.0, jnp.float32),
+              "b": jnp.asarray(rng.normal(size=(M, C)) * 0.1, jnp.float32)}
+    apply = lambda p, x: x.reshape(x.shape[0], -1) @ p["W"] + p["b"]
+    x0 = rng.uniform(0.2, 0.8, (B,) + shape).astype(np.float32)
+    y = np.asarray(jnp.argmax(apply({"W": params["W"][0], "b": params["b"][0]}, x0), -1), np.int32)
+    res = mn.run_stack(fmn.spec(), apply, params, x0, y, jax.random.key(0), norm=2, max_queries=200)
+    assert res.x_adv.shape == (M, B) + shape and res.norm.shape == (M, B)
+    assert res.trajectory.shape == (M, B, 20) and res.queries.shape == (M, B)
+    m = 1
+    pm = {"W": params["W"][m], "b": params["b"][m]}
+    one = mn.run(fmn.spec(), lambda x: apply(pm, x[None])[0], x0, y, jax.random.key(0), norm=2, max_queries=200)
+    np.testing.assert_allclose(np.asarray(res.norm[m]), np.asarray(one.norm), rtol=1e-4)
+    # each member's norm is within 1.05x of that member's exact optimum where y is its prediction
+    pred = np.asarray(jnp.argmax(apply(pm, x0), -1))
+    Wm, bm = np.asarray(pm["W"]), np.asarray(pm["b"])
+    for i in range(B):
+        if pred[i] == y[i]:
+            opt = affine_min_norm(Wm, bm, x0[i], y[i], 2)[0]
+            assert np.asarray(res.norm[m, i]) <= 1.05 * opt + 1e-6
+        else:
+            assert np.asarray(res.norm[m, i]) == 0.0  # already misclassified: x0 itself
+
+
+def test_run_pool_on_zoo_mlp_pool():
+    from sarjax.models import zoo
+    from sarjax.models.pool import Pool, Stack
+    arch = zoo.mlp(widths=(16,))
+    stack = Stack.from_keys(arch, jax.random.split(jax.random.key(0), 2))
+    pool = Pool((stack,))
+    x0 = np.random.default_rng(0).uniform(0, 1, (2, 28, 28, 1)).astype(np.float32)
+    y = np.asarray(pool.predict(x0))[0]
+    res = mn.run_pool(ddn.spec(), pool, x0, y, jax.random.key(0), norm=2, max_queries=60)
+    assert res.norm.shape == (2, 2) and res.x_adv.shape == (2, 2, 28, 28, 1)
+    assert np.asarray(res.success)[0].all()  # member 0 labels are its own predictions; DDN flips them
+
+
+def test_strict_target_reaches_the_target():
+    W, b, x0, y, f = _affine(5, (8,), 3, C=4)
+    # target = the least likely class: strictly targeted success must predict it
+    s = x0.reshape(3, -1) @ W + b
+    t = np.argmin(s, axis=1).astype(np.int32)
+    r = fmn.fmn(f, x0, y, jax.random.key(0), norm=2, max_queries=400, targets=t, strict_target=True)
+    ok = np.asarray(r.success)
+    assert ok.any()
+    pred = np.asarray(jax.vmap(f)(r.x_adv)).argmax(-1)
+    np.testing.assert_array_equal(pred[ok], t[ok])
+
+
+def test_validation_errors():
+    W, b, x0, y, f = _affine(0, (8,), 2)
+    key = jax.random.key(0)
+    with pytest.raises(ValueError, match="supports norms"):
+        ddn.ddn(f, x0, y, key, norm=1)
+    with pytest.raises(ValueError, match="box"):
+        fmn.fmn(f, x0 + 2.0, y, key)
+    with pytest.raises(ValueError, match="target equals"):
+        fmn.fmn(f, x0, y, key, targets=y)
+    with pytest.raises(ValueError, match="init_eps"):
+        fmn.fmn(f, x0, y, key, restarts=1)
+    with pytest.raises(ValueError, match="too small"):
+        fmn.fmn(f, x0, y, key, max_queries=5)
+    with pytest.raises(ValueError, match="labels"):
+        fmn.fmn(f, x0, y + 7, key)
+    with pytest.raises(ValueError, match="at least 3 classes"):
+        f2 = lambda x: jnp.stack([jnp.sum(x), -jnp.sum(x)])
+        apgd_min.apgd_min(f2, x0, np.zeros(2, np.int32), key, loss="dlr")
+    with pytest.raises(ValueError, match="norm must be"):
+        fmn.fmn(f, x0, y, key, norm=3)
+    with pytest.raises(ValueError, match="loss"):
+        apgd_min.spec(loss="hinge")
+
+
+def test_audit_catches_wrong_results():
+    W, b, x0, y, f = _affine(0, (8,), 2)
+    r = fmn.fmn(f, x0, y, jax.random.key(0), norm=2, max_queries=100)
+    assert np.asarray(r.success).all()
+    under = r._replace(norm=r.norm * 0.5)  # reported norm smaller than realized
+    with pytest.raises(ValueError, match="bound audit"):
+        mn._audit(under, jnp.asarray(x0), 2.0, "doctored")
+    clean = r._replace(x_adv=jnp.asarray(x0) + 1e-3, norm=jnp.full((2,), np.sqrt(8) * 1e-3, jnp.float32))
+    with pytest.raises(ValueError, match="not adversarial"):
+        mn._audit(clean, jnp.asarray(x0), 2.0, "doctored", jax.vmap(f), jnp.asarray(y), jnp.full((2,), -1), False)
+
+
+def test_trajectory_bookkeeping_known_answer():
+    hist = jnp.asarray([jnp.inf, jnp.inf, 5.0, 6.0, 3.0, 3.0, 2.0], jnp.float32)
+    spent = jnp.asarray([3, 5, 7, 9, 11, 23, 25], jnp.int32)
+    traj = mn._trajectory(hist, spent, 30)
+    np.testing.assert_array_equal(np.asarray(traj), [5.0, 3.0, 2.0])  # after 10, 20, 30 queries
+
+
+def test_top_k_targets():
+    logits = jnp.asarray([[0.0, 5.0, 1.0, 3.0], [9.0, 2.0, 8.0, 7.0]])
+    t = mn.top_k_targets(logits, jnp.asarray([1, 0]), k=2)
+    np.testing.assert_array_equal(np.asarray(t), [[3, 2], [2, 3]])
+    with pytest.raises(ValueError):
+        mn.top_k_targets(logits, jnp.asarray([1, 0]), k=4)
