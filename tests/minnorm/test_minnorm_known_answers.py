@@ -11,7 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from _minnorm_ref import affine_min_norm, brute_force_l0, make_affine  # noqa: E402
 
-from sarjax.attacks import alma, apgd_min, ddn, fmn, pdgd, pdpgd, sigma_zero  # noqa: E402
+from sarjax.attacks import alma, apgd_min, ddn, fab, fmn, pdgd, pdpgd, sigma_zero  # noqa: E402
 from sarjax.attacks import minnorm as mn  # noqa: E402
 
 # (batch, input shape) combinations, rotated over the cases so that every attack family
@@ -41,6 +41,9 @@ CASES = [
     ("pdpgd", pdpgd.spec(), 1, 1000, 1.05),
     ("pdpgd", pdpgd.spec(), 0, 1000, 1.5),
     ("sigma_zero", sigma_zero.spec(), 0, 1000, 1.5),
+    ("fab", fab.spec(), 2, 300, 1.05),
+    ("fab-t", fab.spec(targeted=True), math.inf, 300, 1.05),
+    ("fab", fab.spec(), 1, 300, 1.05),
 ]
 
 

@@ -11,12 +11,12 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from _minnorm_ref import affine_min_norm, make_affine  # noqa: E402
 
-from sarjax.attacks import alma, apgd_min, ddn, fmn, pdgd, pdpgd, sigma_zero  # noqa: E402
+from sarjax.attacks import alma, apgd_min, ddn, fab, fmn, pdgd, pdpgd, sigma_zero  # noqa: E402
 from sarjax.attacks import minnorm as mn  # noqa: E402
 
 ALL = [(fmn.spec(), 2), (fmn.spec(), 0), (ddn.spec(), 2), (apgd_min.spec(), math.inf),
        (apgd_min.spec(loss="dlr"), 1), (alma.spec(), 2), (pdgd.spec(), 2), (pdpgd.spec(), 0),
-       (sigma_zero.spec(), 0)]
+       (sigma_zero.spec(), 0), (fab.spec(), 2), (fab.spec(targeted=True), 1)]
 
 
 def _affine(seed, shape, B, temperature=10.0, C=5):
@@ -50,7 +50,7 @@ def test_zero_gradient_no_nan_and_odd_cap(k):
     f = lambda x: bias + 0.0 * jnp.sum(x)  # constant logits: zero gradient, never adversarial
     x0 = np.random.default_rng(0).uniform(0, 1, (2, 3)).astype(np.float32)
     y = np.zeros(2, np.int32)
-    T = 37  # odd: a 2-query step cannot land exactly on the cap, which stays hard
+    T = 47  # odd: a 2-query step cannot land exactly on the cap, which stays hard
     r = mn.run(spec, f, x0, y, jax.random.key(0), norm=p, max_queries=T)
     q = np.asarray(r.queries)
     assert (q <= T).all() and (q >= T - 2).all()
@@ -161,3 +161,24 @@ def test_top_k_targets():
     np.testing.assert_array_equal(np.asarray(t), [[3, 2], [2, 3]])
     with pytest.raises(ValueError):
         mn.top_k_targets(logits, jnp.asarray([1, 0]), k=4)
+
+
+@pytest.mark.parametrize("p", [1.0, 2.0, math.inf])
+def test_fab_hyperplane_box_projection_is_exact(p):
+    from _minnorm_ref import halfspace_min
+    from sarjax.attacks.fab import hyperplane_box_step
+    rng = np.random.default_rng(int(p) if p != math.inf else 9)
+    xs = rng.uniform(0.1, 0.9, (6, 12)).astype(np.float32)
+    ws = rng.normal(size=(6, 12)).astype(np.float32)
+    bs = (np.sum(ws * xs, 1) + rng.uniform(-1.5, 1.5, 6)).astype(np.float32)
+    d = np.asarray(jax.jit(jax.vmap(lambda x, w, b: hyperplane_box_step(x, w, b, p)))(xs, ws, bs), np.float64)
+    for i in range(6):
+        c = float(ws[i] @ xs[i]) - float(bs[i])
+        a = -np.sign(c) * ws[i].astype(np.float64) if c != 0 else ws[i].astype(np.float64)
+        opt = halfspace_min(a, abs(c), xs[i], p)
+        got = np.abs(d[i]).sum() if p == 1.0 else (np.sqrt(d[i] @ d[i]) if p == 2.0 else np.abs(d[i]).max())
+        z = xs[i] + d[i]
+        assert (z >= -1e-6).all() and (z <= 1 + 1e-6).all()
+        if math.isfinite(opt):
+            assert float(ws[i] @ z) == pytest.approx(float(bs[i]), abs=1e-4)
+            assert got == pytest.approx(opt, rel=1e-4, abs=1e-6)
