@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--data-dir", default=None, help="directory with MNIST IDX files (default: the embedded 5,000 digits)")
     t.add_argument("--members", type=_positive_int, default=20, help="pool size M (default 20)")
     t.add_argument("--epochs", type=_positive_int, default=10, help="maximum epochs (default 10)")
-    t.add_argument("--batch-size", type=_positive_int, default=128)
+    t.add_argument("--batch-size", type=_positive_int, default=32, help="per-member batch size (default 32)")
     t.add_argument("--patience", type=int, default=3, help="early-stopping patience in epochs (0 = off)")
     t.add_argument("--seed", type=int, default=0)
     t.set_defaults(func=cmd_train_pool)

@@ -60,7 +60,7 @@ def preset_members(name: str, members: int = 20, seed: int = 0) -> list[tuple[Ar
         cfg = MemberConfig(
             seed=s,
             data_seed=s,
-            lr=float(np.exp(rng.uniform(np.log(5e-4), np.log(3e-3)))),
+            lr=float(np.exp(rng.uniform(np.log(1e-3), np.log(4e-3)))),
             weight_decay=float(rng.choice([0.0, 1e-4, 5e-4])),
             label_smoothing=float(rng.uniform(0.0, 0.1)),
             dropout=float(rng.uniform(0.0, 0.3)),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -40,7 +40,7 @@ class MemberConfig:
 
     seed: int = 0
     data_seed: int = 0
-    lr: float = 1e-3
+    lr: float = 2e-3
     weight_decay: float = 0.0
     label_smoothing: float = 0.0
     dropout: float = 0.0
@@ -71,7 +71,7 @@ class TrainConfig:
     """
 
     epochs: int = 10
-    batch_size: int = 128
+    batch_size: int = 32
     patience: int = 3
     val_fraction: float = 0.1
     val_seed: int = 0
@@ -157,6 +157,7 @@ def train_stack(
     names: Sequence[str] | None = None,
     progress: bool = True,
     label: str = "",
+    callback: Callable[[int, Any], None] | None = None,
 ) -> tuple[Stack, TrainHistory]:
     """Train every member of one architecture at once.
 
@@ -172,6 +173,8 @@ def train_stack(
       names: member names.
       progress: show a progress bar per epoch with mean/min validation accuracy.
       label: progress-bar label.
+      callback: called after every epoch as ``callback(epoch, params)`` with the epoch number
+        (1-based) and the current stacked params (e.g. to snapshot students during distillation).
 
     Returns:
       (stack with each member's best-validation params, history).
@@ -250,6 +253,8 @@ def train_stack(
             best_acc = np.where(improved, acc, best_acc)
             since = np.where(improved, 0, since + 1)
             hist.val_acc.append(acc.tolist())
+            if callback is not None:
+                callback(ep + 1, params)
             if config.patience > 0:
                 stop = active & (since >= config.patience)
                 for i in np.flatnonzero(stop):
