@@ -1,0 +1,239 @@
+"""sarjax minimum-norm attacks vs adv-lib (PyTorch, CPU) on MNIST pool members.
+
+Trains two MLP members on the embedded MNIST split (one standard, one
+adversarially trained with sarjax's PGD, linf eps 0.1), exports the same
+weights to a PyTorch module, and runs every attack both libraries share, per
+norm, on the same correctly classified test samples at the same query cap:
+median best norm (``inf`` counts as failure), success rate and wall time.
+sarjax attacks both members in one vmapped call (``minnorm.run_stack``);
+adv-lib loops over them.  sarjax is timed warm (a first call compiles), the
+two libraries alternately in the same run.
+
+``--affine`` also runs both libraries on the known-answer affine instances
+of the tests (exact optimum known) and prints norm / optimum.
+
+Needs ``pip install adv-lib torch==2.13.0`` (adv-lib's optional visdom /
+torchvision imports are stubbed when missing: no attack used here needs them).
+
+Usage:
+  python benchmarks/minnorm_vs_advlib.py [--n 64] [--queries 1000] [--out minnorm_vs_advlib.json] [--affine]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+import types
+from pathlib import Path
+
+import numpy as np
+
+
+def _import_advlib():
+    for name in ("torchvision", "visdom"):
+        try:
+            __import__(name)
+        except Exception:  # adv-lib imports these at module level for LPIPS / logging only
+            m = types.ModuleType(name)
+            m.models = None
+            m.Visdom = object
+            sys.modules[name] = m
+    import torch
+    from adv_lib.attacks import alma, ddn, fab, fmn, pdgd, pdpgd, sigma_zero
+    return torch, dict(alma=alma, ddn=ddn, fab=fab, fmn=fmn, pdgd=pdgd, pdpgd=pdpgd, sigma_zero=sigma_zero)
+
+
+def _norm(d, p):
+    d = d.reshape(d.shape[0], -1).astype(np.float64)
+    if p == 0:
+        return (np.abs(d) > 0).sum(1).astype(np.float64)
+    if p == 1:
+        return np.abs(d).sum(1)
+    if p == 2:
+        return np.sqrt((d * d).sum(1))
+    return np.abs(d).max(1)
+
+
+def train_members(seed=0, epochs=4, at_eps=0.1):
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from sarjax.attacks.pgd import make_pgd
+    from sarjax.data.mnist import load_mnist
+    from sarjax.models import zoo
+
+    data = load_mnist()
+    arch = zoo.mlp(widths=(128,))
+    tx = optax.adam(1e-3)
+
+    def loss(params, x, y):
+        logits = arch.apply(params, x)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+    @jax.jit
+    def step(params, opt, x, y):
+        g = jax.grad(loss)(params, x, y)
+        upd, opt = tx.update(g, opt, params)
+        return optax.apply_updates(params, upd), opt
+
+    pgd = make_pgd(lambda p, x: arch.apply(p, x), norm="linf", eps=at_eps, steps=10, audit=False)
+    members = []
+    for adv in (False, True):
+        params = arch.init(jax.random.key(seed + int(adv)))
+        opt = tx.init(params)
+        rng = np.random.default_rng(seed)
+        for ep in range(epochs):
+            perm = rng.permutation(len(data.y_train))
+            for i in range(0, len(perm) - 127, 128):
+                idx = perm[i:i + 128]
+                x, y = data.x_train[idx], data.y_train[idx]
+                if adv and ep > 0:  # one clean warm-up epoch, then PGD-AT (Madry et al. 2018)
+                    x = np.asarray(pgd(params, x, y, key=jax.random.key(ep * 10000 + i)).x_adv)
+                params, opt = step(params, opt, jnp.asarray(x), jnp.asarray(y))
+        acc = float((np.asarray(arch.apply(params, data.x_test)).argmax(-1) == data.y_test).mean())
+        members.append((params, acc))
+    return arch, members, data
+
+
+def torch_mlp(torch, params):
+    W0, b0 = (torch.tensor(np.asarray(params["dense0"][k])) for k in ("w", "b"))
+    W1, b1 = (torch.tensor(np.asarray(params["out"][k])) for k in ("w", "b"))
+    return lambda x: torch.relu(x.flatten(1) @ W0 + b0) @ W1 + b1
+
+
+# attack name -> (sarjax module name, norms, sarjax spec kwargs, adv-lib call builder)
+def _cases(C, T):
+    fab_iter = (T - 1) // (C + 1)
+    s2 = T // 2
+    return [
+        ("fmn", [0, 1, 2, math.inf], {}, lambda a, p: dict(fn=a["fmn"], kw=dict(norm=p, steps=s2))),
+        ("ddn", [2], {}, lambda a, p: dict(fn=a["ddn"], kw=dict(steps=s2, levels=None))),
+        ("alma", [1, 2], {}, lambda a, p: dict(fn=a["alma"], kw=dict(distance=f"l{int(p)}", num_steps=s2))),
+        ("pdgd", [2], {}, lambda a, p: dict(fn=a["pdgd"], kw=dict(num_steps=s2))),
+        ("pdpgd", [0, 1, 2, math.inf], {}, lambda a, p: dict(
+            fn=a["pdpgd"], kw=dict(norm=p, num_steps=s2, **({"proximal_operator": 23} if p == 0 else {})))),
+        ("sigma_zero", [0], {}, lambda a, p: dict(fn=a["sigma_zero"], kw=dict(num_steps=s2))),
+        ("fab", [1, 2, math.inf], {}, lambda a, p: dict(fn=a["fab"], kw=dict(norm=p, n_iter=fab_iter))),
+    ]
+
+
+def _spec(name, **kw):
+    import importlib
+    return importlib.import_module(f"sarjax.attacks.{name}").spec(**kw)
+
+
+def run_mnist(args, torch, adv):
+    import jax
+    import jax.numpy as jnp
+
+    from sarjax.attacks import minnorm as mn
+
+    t0 = time.time()
+    arch, members, data = train_members()
+    print(f"trained 2 MLP members in {time.time() - t0:.0f}s: test acc standard {members[0][1]:.3f}, "
+          f"PGD-AT {members[1][1]:.3f}")
+    params = jax.tree.map(lambda *xs: jnp.stack(xs), *[m[0] for m in members])
+    tmods = [torch_mlp(torch, m[0]) for m in members]
+    x_all, y_all = data.x_test, data.y_test
+    ok = np.ones(len(y_all), bool)
+    for m, tm in zip(members, tmods):
+        pj = np.asarray(arch.apply(m[0], x_all))
+        pt = tm(torch.tensor(x_all)).detach().numpy()
+        assert np.abs(pj - pt).max() < 1e-3, "exported weights disagree"
+        ok &= pj.argmax(-1) == y_all
+    idx = np.flatnonzero(ok)[: args.n]
+    x0, y = x_all[idx], y_all[idx].astype(np.int32)
+    T = args.queries
+    rows = []
+    for name, norms, skw, tcall in _cases(10, T):
+        for p in norms:
+            spec = _spec(name, **skw)
+            kw = dict(norm=p, max_queries=T)
+            # warm-up (compile), then alternate adv-lib / sarjax
+            mn.run_stack(spec, arch.apply, params, x0, y, jax.random.key(0), **kw)
+            ta = 0.0
+            a_norm = []
+            for tm in tmods:
+                call = tcall(adv, p)
+                t1 = time.time()
+                xa = call["fn"](tm, torch.tensor(x0), torch.tensor(y).long(), **call["kw"]).detach()
+                ta += time.time() - t1
+                succ = (tm(xa).argmax(1).numpy() != y)
+                a_norm.append(np.where(succ, _norm(xa.numpy() - x0, p), np.inf))
+            t1 = time.time()
+            res = mn.run_stack(spec, arch.apply, params, x0, y, jax.random.key(0), **kw)
+            jax.block_until_ready(res)
+            ts = time.time() - t1
+            for m in range(2):
+                sn = np.asarray(res.norm[m], np.float64)
+                an = a_norm[m]
+                row = dict(member=["standard", "pgd-at"][m], attack=name, norm="linf" if p == math.inf else f"l{int(p)}",
+                           queries=T, n=len(y), sarjax_median=float(np.median(sn)), advlib_median=float(np.median(an)),
+                           sarjax_success=float(np.isfinite(sn).mean()), advlib_success=float(np.isfinite(an).mean()),
+                           sarjax_time_s=ts / 2, advlib_time_s=ta / 2)
+                row["median_ratio"] = row["sarjax_median"] / row["advlib_median"] if row["advlib_median"] > 0 else float("nan")
+                row["speedup"] = row["advlib_time_s"] / max(row["sarjax_time_s"], 1e-9)
+                rows.append(row)
+                print(f"{row['member']:9s} {name:10s} {row['norm']:5s} median sarjax {row['sarjax_median']:.4g} "
+                      f"adv-lib {row['advlib_median']:.4g} (x{row['median_ratio']:.3f})  success "
+                      f"{row['sarjax_success']:.2f}/{row['advlib_success']:.2f}  time {row['sarjax_time_s']:.2f}s/"
+                      f"{row['advlib_time_s']:.2f}s (x{row['speedup']:.1f} faster)", flush=True)
+    return rows
+
+
+def run_affine(torch, adv):
+    import jax
+    import jax.numpy as jnp
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "minnorm"))
+    from _minnorm_ref import affine_min_norm, make_affine
+
+    from sarjax.attacks import minnorm as mn
+
+    rows = []
+    T = 1000
+    for name, norms, skw, tcall in _cases(5, T):
+        for p in norms:
+            for k, (B, shape) in enumerate([(3, (4, 6)), (8, (5, 7, 7, 1))]):
+                W, b, x0, y = make_affine(300 + k, shape, C=5, B=B, nearest_is_runner_up=p)
+                opt = np.array([affine_min_norm(W, b, x0[i], y[i], p)[0] for i in range(B)])
+                Wj, bj = jnp.asarray(W) * 10, jnp.asarray(b) * 10
+                f = lambda x, Wj=Wj, bj=bj: x.reshape(-1) @ Wj + bj
+                r = mn.run(_spec(name, **skw), f, x0, y, jax.random.key(0), norm=p, max_queries=T)
+                Wt, bt = torch.tensor(W) * 10, torch.tensor(b) * 10
+                model = lambda x, Wt=Wt, bt=bt: x.flatten(1) @ Wt + bt
+                call = tcall(adv, p)
+                xa = call["fn"](model, torch.tensor(x0), torch.tensor(y).long(), **call["kw"]).detach()
+                succ = model(xa).argmax(1).numpy() != y
+                an = np.where(succ, _norm(xa.numpy() - x0, p), np.inf)
+                rows.append(dict(attack=name, norm=str(p), case=k, sarjax_worst=float((np.asarray(r.norm) / opt).max()),
+                                 advlib_worst=float((an / opt).max())))
+                print(f"affine {name:10s} l{p} case {k}: worst norm/optimum sarjax {rows[-1]['sarjax_worst']:.3f} "
+                      f"adv-lib {rows[-1]['advlib_worst']:.3f}", flush=True)
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=64, help="test samples (correctly classified by both members)")
+    ap.add_argument("--queries", type=int, default=1000, help="query cap T per sample (papers/001: 1000)")
+    ap.add_argument("--out", default="minnorm_vs_advlib.json")
+    ap.add_argument("--affine", action="store_true", help="also compare on the affine known-answer instances")
+    ap.add_argument("--skip-mnist", action="store_true")
+    args = ap.parse_args()
+    torch, adv = _import_advlib()
+    out = dict(command=" ".join(sys.argv), n=args.n, queries=args.queries)
+    if args.affine:
+        out["affine"] = run_affine(torch, adv)
+    if not args.skip_mnist:
+        out["mnist"] = run_mnist(args, torch, adv)
+    Path(args.out).write_text(json.dumps(out, indent=1))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
