@@ -88,3 +88,14 @@ def build_tokenizer(chat_template=None):
         fast.chat_template = chat_template
     assert len(vocab) <= VOCAB
     return fast
+
+
+@pytest.fixture(autouse=True)
+def _fast_compiles():
+    """These tests are compile-bound on tiny shapes: skip most XLA optimizations, then restore."""
+    import jax
+
+    old = jax.config.read("jax_disable_most_optimizations")
+    jax.config.update("jax_disable_most_optimizations", True)
+    yield
+    jax.config.update("jax_disable_most_optimizations", old)

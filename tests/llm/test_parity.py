@@ -29,13 +29,14 @@ def test_logit_parity(checkpoints, kind):
     cfg, params = loader.load_model(path)
     rng = np.random.default_rng(1)
     ids = rng.integers(0, cfg.vocab_size, size=(2, 11))
+    fwd = jax.jit(jax.vmap(lambda i, m: decoder.logits(params, cfg, i, m)))
     want = _torch_logits(model, ids)
-    got = jax.vmap(lambda i: decoder.logits(params, cfg, i))(jnp.asarray(ids))
+    got = fwd(jnp.asarray(ids), jnp.ones(ids.shape, jnp.int32))
     assert np.max(np.abs(np.asarray(got) - want)) <= 1e-4
     # left padding: the padded rows' real tokens must match too
     mask = np.ones_like(ids)
     mask[0, :3] = 0
     want = _torch_logits(model, ids, mask)
-    got = jax.vmap(lambda i, m: decoder.logits(params, cfg, i, m))(jnp.asarray(ids), jnp.asarray(mask))
+    got = fwd(jnp.asarray(ids), jnp.asarray(mask))
     sel = mask.astype(bool)
     assert np.max(np.abs(np.asarray(got)[sel] - want[sel])) <= 1e-4
