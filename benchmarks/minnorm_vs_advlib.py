@@ -46,6 +46,14 @@ def _import_advlib():
     return torch, dict(alma=alma, ddn=ddn, fab=fab, fmn=fmn, pdgd=pdgd, pdpgd=pdpgd, sigma_zero=sigma_zero)
 
 
+def _advlib_call(call, model, x0, y, torch):
+    """Runs an adv-lib attack; on an adv-lib exception returns x0 (counted as failures)."""
+    try:
+        return call["fn"](model, torch.tensor(x0), torch.tensor(y).long(), **call["kw"]).detach(), ""
+    except Exception as e:  # e.g. adv-lib's FMN-l0 topk(k=0) when every radius collapsed to 0
+        return torch.tensor(x0), f"{type(e).__name__}: {e}"
+
+
 def _norm(d, p):
     d = d.reshape(d.shape[0], -1).astype(np.float64)
     if p == 0:
@@ -160,8 +168,10 @@ def run_mnist(args, torch, adv):
             for tm in tmods:
                 call = tcall(adv, p)
                 t1 = time.time()
-                xa = call["fn"](tm, torch.tensor(x0), torch.tensor(y).long(), **call["kw"]).detach()
+                xa, err = _advlib_call(call, tm, x0, y, torch)
                 ta += time.time() - t1
+                if err:
+                    print(f"  adv-lib {name} l{p} raised {err[:120]}")
                 succ = (tm(xa).argmax(1).numpy() != y)
                 a_norm.append(np.where(succ, _norm(xa.numpy() - x0, p), np.inf))
             t1 = time.time()
@@ -207,7 +217,9 @@ def run_affine(torch, adv):
                 Wt, bt = torch.tensor(W) * 10, torch.tensor(b) * 10
                 model = lambda x, Wt=Wt, bt=bt: x.flatten(1) @ Wt + bt
                 call = tcall(adv, p)
-                xa = call["fn"](model, torch.tensor(x0), torch.tensor(y).long(), **call["kw"]).detach()
+                xa, err = _advlib_call(call, model, x0, y, torch)
+                if err:
+                    print(f"  adv-lib {name} l{p} raised {err[:120]}")
                 succ = model(xa).argmax(1).numpy() != y
                 an = np.where(succ, _norm(xa.numpy() - x0, p), np.inf)
                 rows.append(dict(attack=name, norm=str(p), case=k, sarjax_worst=float((np.asarray(r.norm) / opt).max()),
