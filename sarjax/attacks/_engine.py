@@ -75,6 +75,54 @@ def make_evaluate(apply: Callable, loss: str, targeted: bool):
     return evaluate
 
 
+def batch_logits(apply: Callable, params, x: jax.Array) -> jax.Array:
+    """Logits ``[B, M, C]`` of every member on a batch ``x: [B, *S]``.
+
+    ``apply`` is evaluated ONCE on the whole batch (the model is naturally
+    batched; XLA runs it faster than a per-example vmap of ``apply(x[None])``).
+    """
+    z = apply(params, x)
+    if z.ndim == 2:
+        z = z[None]
+    if z.ndim != 3 or z.shape[1] != x.shape[0]:
+        raise ValueError(f"apply must return logits [M, B, C] or [B, C] with B={x.shape[0]}, got {z.shape}")
+    return jnp.swapaxes(z, 0, 1)
+
+
+def make_batch_evaluate(apply: Callable, per_example: Callable):
+    """Batched evaluation built from a per-example scorer.
+
+    ``per_example(z [M, C], ref [M], mask [M], *extra) -> (obj, Evaluation)``
+    is vmapped over the batch; the returned ``evaluate(params, x [B, *S], ref
+    [B, M], mask [B, M], *extra) -> (sum of obj, Evaluation with batch axis)``
+    has the per-sample gradients as its gradient in ``x`` (samples are
+    independent).
+    """
+
+    def evaluate(params, x, ref, mask, *extra):
+        z = batch_logits(apply, params, x)
+        if z.shape[1] != ref.shape[1]:
+            raise ValueError(f"apply returned {z.shape[1]} members but ref/mask have {ref.shape[1]}")
+        obj, ev = jax.vmap(per_example)(z, ref, mask, *extra)
+        return jnp.sum(obj), ev
+
+    return evaluate
+
+
+def scorer(loss: str, targeted: bool) -> Callable:
+    """Per-example ``(z [M, C], ref [M], mask [M], source [M]) -> (obj, Evaluation)``."""
+
+    def score(z, ref, mask, source):
+        losses = member_loss(z, ref, loss, targeted, source)
+        succ = fooled(z, ref, targeted)
+        w = mask.astype(z.dtype)
+        obj = jnp.sum(w * losses) / jnp.maximum(jnp.sum(w), 1.0)
+        n = jnp.sum(succ & (mask > 0)).astype(jnp.int32)
+        return obj, Evaluation(obj, losses, succ, n)
+
+    return score
+
+
 class Best(NamedTuple):
     """Best-so-far point of one example, ranked by (n_fooled, obj)."""
 
@@ -219,73 +267,74 @@ def check_step(step_size):
 
 # ---------------------------------------------------------------- the kernel
 
-def clean_source(apply, params, x0):
-    """Clean prediction ``[M]`` of every member on one example (no queries charged:
-    it is the same forward as the clean evaluation)."""
-    return jnp.argmax(member_logits(apply, params, x0), axis=-1).astype(jnp.int32)
-
-
 @partial(jax.jit, static_argnums=0)
 def gradient_kernel(cfg: Config, params, x0, ref, mask, eps, cap, key, x_init, has_init) -> AttackResult:
     """Batch kernel of the step-rule attacks (FGSM, PGD, MI-FGSM, joint PGD).
+
+    The model runs once per step on the whole batch; the update, projection,
+    best-so-far bookkeeping and query accounting are written per example and
+    vmapped.
 
     Args:
       cfg: static :class:`Config`.
       params: model parameters (pytree), passed to ``cfg.apply``.
       x0: ``[B, *S]``; ref: ``[B, M]`` int32; mask: ``[B, M]`` float32;
-      eps: ``[B]``; cap: ``[B]`` int32; key: PRNG key;
+      eps: ``[B]``; cap: ``[B]`` int32; key: PRNG key (sample b uses
+      ``fold_in(split(key, B)[b], restart)``);
       x_init: ``[B, *S]`` warm start for the first restart, used where the
       scalar bool ``has_init`` is set, after projection onto the ball of x0.
     """
-    evaluate = make_evaluate(cfg.apply, cfg.loss, cfg.targeted)
-    vg = jax.value_and_grad(evaluate, argnums=1, has_aux=True)
     p, box = cfg.p, cfg.box
+    B, M = ref.shape
+    evaluate = make_batch_evaluate(cfg.apply, scorer(cfg.loss, cfg.targeted))
+    vg = jax.value_and_grad(evaluate, argnums=1, has_aux=True)
+    step = jax.vmap(partial(pgd_step, cfg))
+    upd = jax.vmap(update_best)
+    pick = jax.vmap(select)
 
-    def one(x0, ref, mask, eps, cap, key, x_init):
-        M = ref.shape[0]
-        n_sel = jnp.sum(mask > 0).astype(jnp.int32)
-        live = n_sel > 0
-        warm = G.project(x_init, x0, eps, p, box)  # always inside the ball of x0
-        src = clean_source(cfg.apply, params, x0)
-        _, ev0 = evaluate(params, x0, ref, mask, src)
-        count = jnp.asarray(M, jnp.int32)
-        cost = M + n_sel
+    n_sel = jnp.sum(mask > 0, axis=1).astype(jnp.int32)
+    live = n_sel > 0
+    cost = M + n_sel
+    src = jnp.argmax(batch_logits(cfg.apply, params, x0), axis=-1).astype(jnp.int32)  # same forward
+    _, ev0 = evaluate(params, x0, ref, mask, src)
+    count = jnp.full((B,), M, jnp.int32)
+    keys = jax.random.split(key, B)
+    proj = jax.vmap(lambda x, c, e: G.project(x, c, e, p, box))
+    warm = proj(x_init, x0, eps)  # always inside the ball of x0
 
-        def restart(carry, r):
-            count, best, final = carry
-            run = live & Q.allowed(count, M, cap)
-            if cfg.random_start:
-                x_start = G.random_in_ball(jax.random.fold_in(key, r), x0, eps, p, box)
-            else:
-                x_start = x0
-            x_start = jnp.where(has_init & (r == 0), warm, x_start)
+    def restart(carry, r):
+        count, best, final = carry
+        run = live & Q.allowed(count, M, cap)
+        if cfg.random_start:
+            kr = jax.vmap(lambda k: jax.random.fold_in(k, r))(keys)
+            x_start = jax.vmap(lambda k, c, e: G.random_in_ball(k, c, e, p, box))(kr, x0, eps)
+        else:
+            x_start = x0
+        x_start = jnp.where(has_init & (r == 0), warm, x_start)
 
-            def body(c, t):
-                x, state, count, best = c
-                ok = run & Q.allowed(count, cost + M, cap)
-                (_, ev), g = vg(params, x, ref, mask, src)
-                best = update_best(best, x, ev, ok)
-                state2, x2 = pgd_step(cfg, state, x, g, x0, eps)
-                x = jnp.where(ok, x2, x)
-                state = jnp.where(ok, state2, state)
-                return (x, state, Q.charge(count, cost, ok), best), None
+        def body(c, t):
+            x, state, count, best = c
+            ok = run & Q.allowed(count, cost + M, cap)
+            (_, ev), g = vg(params, x, ref, mask, src)
+            best = upd(best, x, ev, ok)
+            state2, x2 = step(state, x, g, x0, eps)
+            x = Q.freeze(ok, x2, x)
+            state = Q.freeze(ok, state2, state)
+            return (x, state, Q.charge(count, cost, ok), best), None
 
-            init = (x_start, jnp.zeros_like(x0), count, best)
-            (x, _, count, best), _ = jax.lax.scan(body, init, jnp.arange(cfg.steps))
-            _, ev = evaluate(params, x, ref, mask, src)
-            count = Q.charge(count, M, run)
-            best = update_best(best, x, ev, run)
-            final = select(run & (ev.obj > final[1].obj), (x, ev), final)
-            return (count, best, final), None
+        init = (x_start, jnp.zeros_like(x0), count, best)
+        (x, _, count, best), _ = jax.lax.scan(body, init, jnp.arange(cfg.steps))
+        _, ev = evaluate(params, x, ref, mask, src)
+        count = Q.charge(count, M, run)
+        best = upd(best, x, ev, run)
+        final = pick(run & (ev.obj > final[1].obj), (x, ev), final)
+        return (count, best, final), None
 
-        carry = (count, Best(x0, ev0), (x0, ev0))
-        (count, best, (x_fin, ev_fin)), _ = jax.lax.scan(restart, carry, jnp.arange(cfg.restarts))
-        return AttackResult(x_adv=x_fin, success=ev_fin.success, objective=ev_fin.obj,
-                            member_loss=ev_fin.losses, queries=count, best_x=best.x,
-                            best_success=best.ev.success, best_objective=best.ev.obj)
-
-    keys = jax.random.split(key, x0.shape[0])
-    return jax.vmap(one)(x0, ref, mask, eps, cap, keys, x_init)
+    carry = (count, Best(x0, ev0), (x0, ev0))
+    (count, best, (x_fin, ev_fin)), _ = jax.lax.scan(restart, carry, jnp.arange(cfg.restarts))
+    return AttackResult(x_adv=x_fin, success=ev_fin.success, objective=ev_fin.obj,
+                        member_loss=ev_fin.losses, queries=count, best_x=best.x,
+                        best_success=best.ev.success, best_objective=best.ev.obj)
 
 
 def public(kernel, *, name, p, default_eps, box, audit_output=True):

@@ -1,0 +1,280 @@
+"""Joint PGD throughput: sarjax vs PyTorch on M=20 pools of MLPs and small CNNs.
+
+Measures member-sample-steps per second (M * B * steps / seconds) of joint
+linf PGD (the SAR paper's Table 1 attack: mean CE of the selected members,
+sign steps of eps/16, projection around x0) for
+
+  * sarjax ``make_joint_pgd`` over ``Pool.apply`` (one compiled call; conv
+    formulations ``im2col`` and ``xla`` from ``sarjax.models.zoo``, plus an
+    alternative written here, ``shared``: the first layer on the shared input
+    is one matmul for all members),
+  * (a) a PyTorch loop over the 20 models, and
+  * (b) ``torch.func`` vmap over stacked PyTorch models,
+
+with identical weights exported from JAX, the same steps, on the same cores
+(PyTorch is run with 1 thread and with all CPU threads, since OpenMP
+spin-waiting makes multi-threaded torch much slower on an oversubscribed
+machine; the baseline is the fastest of the four torch variants), measured
+alternately in one run (round-robin repetitions; the median of each is
+reported).  Ratios are against the fastest PyTorch baseline.  Writes JSON.
+
+Usage:
+  python benchmarks/joint_attack_throughput.py --steps 10 --reps 3 --out bench_joint.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sarjax.attacks.joint import make_joint_pgd
+from sarjax.models import zoo
+from sarjax.models.pool import Pool, Stack
+
+M = 20
+EPS = 0.1
+
+
+# ----------------------------------------------------------------------------- JAX side
+
+def build_pool(family: str, conv_impl: str, seed: int = 0) -> Pool:
+    arch = zoo.mlp() if family == "mlp" else zoo.cnn(conv_impl=conv_impl)
+    return Pool((Stack.from_keys(arch, jax.random.split(jax.random.PRNGKey(seed), M)),))
+
+
+def shared_first_layer_apply(arch):
+    """CNN pool apply where layer 1 (on the input, shared by all members in a joint attack)
+    is ONE im2col matmul against all members' kernels, then per-member im2col matmuls."""
+    f = zoo.ACTIVATIONS[arch.act]
+
+    def im2col(x, k):
+        b, h, w, _ = x.shape
+        pad = k // 2
+        xp = jnp.pad(x, ((0, 0), (pad, k - 1 - pad), (pad, k - 1 - pad), (0, 0)))
+        return jnp.concatenate([xp[:, i:i + h, j:j + w, :] for i in range(k) for j in range(k)], axis=-1)
+
+    def apply(params, x):
+        (p,) = params
+        k = arch.kernel
+        w0 = p["conv0"]["w"]                                    # [M, k, k, cin, c0]
+        Mm, _, _, cin, c0 = w0.shape
+        cols = im2col(x, k)                                     # [B, H, W, k*k*cin]
+        z = jnp.einsum("bhwk,kn->bhwn", cols, w0.reshape(Mm, k * k * cin, c0).transpose(1, 0, 2)
+                       .reshape(k * k * cin, Mm * c0))
+        z = z.reshape(*z.shape[:3], Mm, c0) + p["conv0"]["b"]  # [B, H, W, M, c0]
+        z = jnp.moveaxis(z, 3, 0)                               # [M, B, H, W, c0]
+
+        def rest(pm, z):
+            z = zoo.max_pool2(f(z))
+            for i in range(1, len(arch.widths)):
+                z = zoo.max_pool2(f(zoo.conv2d(z, pm[f"conv{i}"], "im2col")))
+            b = z.shape[0]
+            z = f(z.reshape(b, -1) @ pm["dense"]["w"] + pm["dense"]["b"])
+            return z @ pm["out"]["w"] + pm["out"]["b"]
+
+        return jax.vmap(rest)(p, z)
+
+    return apply
+
+
+# ----------------------------------------------------------------------------- torch side
+
+def torch_models(pool: Pool, family: str):
+    import torch
+    from torch import nn
+
+    (stack,) = pool.stacks
+    P = jax.tree.map(np.asarray, stack.params)
+    arch = stack.arch
+    models = []
+    for m in range(M):
+        if family == "mlp":
+            layers, fan = [nn.Flatten()], 28 * 28
+            for i, w in enumerate(arch.widths):
+                lin = nn.Linear(fan, w)
+                lin.weight.data = torch.tensor(P[f"dense{i}"]["w"][m].T.copy())
+                lin.bias.data = torch.tensor(P[f"dense{i}"]["b"][m].copy())
+                layers += [lin, nn.ReLU()]
+                fan = w
+            out = nn.Linear(fan, 10)
+            out.weight.data = torch.tensor(P["out"]["w"][m].T.copy())
+            out.bias.data = torch.tensor(P["out"]["b"][m].copy())
+            model = nn.Sequential(*layers, out)
+        else:
+            layers, cin = [], 1
+            for i, c in enumerate(arch.widths):
+                conv = nn.Conv2d(cin, c, arch.kernel, padding=arch.kernel // 2)
+                conv.weight.data = torch.tensor(P[f"conv{i}"]["w"][m].transpose(3, 2, 0, 1).copy())
+                conv.bias.data = torch.tensor(P[f"conv{i}"]["b"][m].copy())
+                layers += [conv, nn.ReLU(), nn.MaxPool2d(2)]
+                cin = c
+            dense = nn.Linear(7 * 7 * cin, arch.dense)
+            dense.weight.data = torch.tensor(P["dense"]["w"][m].T.copy())
+            dense.bias.data = torch.tensor(P["dense"]["b"][m].copy())
+            out = nn.Linear(arch.dense, 10)
+            out.weight.data = torch.tensor(P["out"]["w"][m].T.copy())
+            out.bias.data = torch.tensor(P["out"]["b"][m].copy())
+            model = nn.Sequential(*layers, NHWCFlatten(), dense, nn.ReLU(), out)
+        for q in model.parameters():
+            q.requires_grad_(False)
+        models.append(model.eval())
+    return models
+
+
+class _NHWCFlattenBase:
+    pass
+
+
+def _make_nhwc_flatten():
+    from torch import nn
+
+    class NHWCFlatten(nn.Module):
+        """Flatten NCHW activations in JAX's NHWC order (so dense weights match)."""
+
+        def forward(self, z):
+            return z.permute(0, 2, 3, 1).reshape(z.shape[0], -1)
+
+    return NHWCFlatten
+
+
+NHWCFlatten = None
+
+
+def to_torch_input(x, family):
+    import torch
+    x = torch.tensor(np.asarray(x))
+    return x.permute(0, 3, 1, 2).contiguous() if family == "cnn" else x
+
+
+def torch_joint_pgd_loop(models, x0, ref, steps, eps, alpha, gen):
+    import torch
+    import torch.nn.functional as F
+    x = (x0 + (torch.rand(x0.shape, generator=gen) * 2 - 1) * eps).clamp(0, 1)
+    for _ in range(steps):
+        x.requires_grad_(True)
+        loss = sum(F.cross_entropy(m(x), ref[:, i], reduction="sum") for i, m in enumerate(models)) / len(models)
+        (g,) = torch.autograd.grad(loss, x)
+        with torch.no_grad():
+            x = torch.min(torch.max(x + alpha * g.sign(), x0 - eps), x0 + eps).clamp(0, 1)
+    return x.detach()
+
+
+def torch_joint_pgd_vmap(models, x0, ref, steps, eps, alpha, gen):
+    import torch
+    import torch.nn.functional as F
+    from torch.func import functional_call, stack_module_state, vmap
+    params, buffers = stack_module_state(models)
+    base = models[0]
+
+    def one(p, b, x):
+        return functional_call(base, (p, b), (x,))
+
+    fwd = vmap(one, in_dims=(0, 0, None))
+    x = (x0 + (torch.rand(x0.shape, generator=gen) * 2 - 1) * eps).clamp(0, 1)
+    for _ in range(steps):
+        x.requires_grad_(True)
+        logits = fwd(params, buffers, x)                      # [M, B, C]
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ref.T.reshape(-1),
+                               reduction="sum") / len(models)
+        (g,) = torch.autograd.grad(loss, x)
+        with torch.no_grad():
+            x = torch.min(torch.max(x + alpha * g.sign(), x0 - eps), x0 + eps).clamp(0, 1)
+    return x.detach()
+
+
+# ----------------------------------------------------------------------------- main
+
+def main():
+    global NHWCFlatten
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--batches", type=int, nargs="+", default=[64, 256])
+    ap.add_argument("--families", nargs="+", default=["mlp", "cnn"])
+    ap.add_argument("--out", default="bench_joint_attack_throughput.json")
+    args = ap.parse_args()
+
+    import torch
+    NHWCFlatten = _make_nhwc_flatten()
+    threads = os.cpu_count() or 1
+    torch.set_num_threads(threads)
+    print(f"jax {jax.__version__} ({jax.devices()[0].platform}), torch {torch.__version__}, "
+          f"threads {threads}, M={M}, steps={args.steps}, reps={args.reps}")
+    results = []
+    for family in args.families:
+        pools = {"im2col": build_pool(family, "im2col")}
+        if family == "cnn":
+            pools["xla"] = build_pool(family, "xla")
+        base_pool = pools["im2col"]
+        models = torch_models(base_pool, family)
+        for B in args.batches:
+            x0 = jax.random.uniform(jax.random.PRNGKey(B), (B, 28, 28, 1))
+            ref = jnp.argmax(base_pool.logits(x0), -1).T.astype(jnp.int32)    # [B, M] own predictions
+            mask = jnp.ones((B, M), jnp.float32)
+            runners = {}
+            for impl, pool in pools.items():
+                atk = make_joint_pgd(pool.apply, eps=EPS, steps=args.steps, restarts=1)
+                runners[f"sarjax[{impl}]"] = (lambda atk=atk, pool=pool: jax.block_until_ready(
+                    atk(pool.params, x0, ref, mask, jax.random.PRNGKey(1)).x_adv))
+            if family == "cnn":
+                sh_apply = shared_first_layer_apply(base_pool.stacks[0].arch)
+                atk = make_joint_pgd(sh_apply, eps=EPS, steps=args.steps, restarts=1)
+                runners["sarjax[shared]"] = (lambda atk=atk: jax.block_until_ready(
+                    atk(base_pool.params, x0, ref, mask, jax.random.PRNGKey(1)).x_adv))
+            tx0 = to_torch_input(x0, family)
+            tref = torch.tensor(np.asarray(ref)).long()
+            gen = torch.Generator().manual_seed(0)
+            for th in sorted({1, threads}):
+                def loop(th=th):
+                    torch.set_num_threads(th)
+                    return torch_joint_pgd_loop(models, tx0, tref, args.steps, EPS, EPS / 16, gen)
+
+                def fvmap(th=th):
+                    torch.set_num_threads(th)
+                    return torch_joint_pgd_vmap(models, tx0, tref, args.steps, EPS, EPS / 16, gen)
+
+                runners[f"torch_loop[t{th}]"] = loop
+                runners[f"torch_func_vmap[t{th}]"] = fvmap
+            # parity check of the formulations (logits), then warm-up (compiles)
+            zj = np.asarray(base_pool.logits(x0))
+            with torch.no_grad():
+                zt = np.stack([m(tx0).numpy() for m in models])
+            parity = float(np.abs(zj - zt).max())
+            if family == "cnn":
+                zs = np.asarray(jax.jit(shared_first_layer_apply(base_pool.stacks[0].arch))(base_pool.params, x0))
+                parity = max(parity, float(np.abs(zj - zs).max()))
+            for r in runners.values():
+                r()
+            times = {k: [] for k in runners}
+            for _ in range(args.reps):   # alternate: one of each per repetition
+                for k, r in runners.items():
+                    t = time.perf_counter()
+                    r()
+                    times[k].append(time.perf_counter() - t)
+            work = M * B * args.steps
+            med = {k: statistics.median(v) for k, v in times.items()}
+            thr = {k: work / v for k, v in med.items()}
+            best_torch = max(v for k, v in thr.items() if k.startswith("torch"))
+            row = {"family": family, "B": B, "M": M, "steps": args.steps, "logit_parity_maxabs": parity,
+                   "seconds_median": med, "member_sample_steps_per_s": thr,
+                   "ratio_vs_faster_torch": {k: thr[k] / best_torch for k in thr if k.startswith("sarjax")}}
+            results.append(row)
+            print(f"{family:4s} B={B:4d} | " + " | ".join(f"{k} {thr[k]:,.0f}/s" for k in thr)
+                  + " | ratio vs faster torch: "
+                  + ", ".join(f"{k} {v:.2f}x" for k, v in row["ratio_vs_faster_torch"].items())
+                  + f" | parity {parity:.1e}", flush=True)
+    with open(args.out, "w") as fh:
+        json.dump({"jax": jax.__version__, "torch": torch.__version__, "threads": threads,
+                   "results": results}, fh, indent=2)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
