@@ -23,7 +23,12 @@ GPT = DecoderConfig(
 
 def _params(cfg, seed):
     # std 0.02 * 15 = 0.3: peaked logits, so greedy choices are far from ties
-    return jax.tree.map(lambda x: x * 15.0, decoder.init_params(cfg, jax.random.key(seed)))
+    return _scaled_init(cfg, jax.random.key(seed), 15.0)
+
+
+@partial(jax.jit, static_argnames=("cfg",))
+def _scaled_init(cfg, key, scale):
+    return jax.tree.map(lambda x: x * scale, decoder.init_params(cfg, key))
 
 
 BUF = 16  # one fixed buffer length: one compile of the reference forward per config
@@ -136,7 +141,7 @@ def test_shared_prefix_matches_concatenation():
 
 def test_one_hot_gradient_matches_finite_differences():
     # a milder scale than _params: the loss must be smooth at the finite-difference step
-    params = jax.tree.map(lambda x: x * 5.0, decoder.init_params(CFG, jax.random.key(3)))
+    params = _scaled_init(CFG, jax.random.key(3), 5.0)
     ids = jnp.asarray([5, 6, 7, 8])
     target = jnp.asarray([9, 10])
     mask = jnp.ones(4, jnp.int32)

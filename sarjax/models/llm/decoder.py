@@ -28,6 +28,7 @@ Parameter tree (gpt2)::
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, NamedTuple, Sequence
 
 import jax
@@ -301,6 +302,7 @@ def init_params(cfg: DecoderConfig, key, dtype=jnp.float32) -> Params:
     """Random parameters (normal, std 0.02; norms at 1) with the loader's tree layout.
 
     The std 0.02 is transformers' ``initializer_range`` default for Llama and GPT-2.
+    Compiled once per (cfg, dtype); vmap it over keys to initialise a stack.
 
     Args:
       cfg: configuration.
@@ -310,6 +312,11 @@ def init_params(cfg: DecoderConfig, key, dtype=jnp.float32) -> Params:
     Returns:
       The parameter tree (per-layer weights stacked on [L, ...]).
     """
+    return _init_params(cfg, key, jnp.dtype(dtype))
+
+
+@partial(jax.jit, static_argnames=("cfg", "dtype"))
+def _init_params(cfg: DecoderConfig, key, dtype) -> Params:
     L, d, F, V = cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
     H, Hk, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     shapes: dict[str, tuple[int, ...]]
@@ -336,23 +343,24 @@ def init_params(cfg: DecoderConfig, key, dtype=jnp.float32) -> Params:
         if cfg.mlp_bias:
             shapes.update(b_gate=(L, F), b_up=(L, F), b_down=(L, d))
         ones = {"attn_norm", "mlp_norm"}
-    keys = jax.random.split(key, len(shapes) + 3)
-    layers = {}
-    for i, (name, shp) in enumerate(sorted(shapes.items())):
-        if name in ones:
-            layers[name] = jnp.ones(shp, dtype)
-        elif name in zeros:
-            layers[name] = jnp.zeros(shp, dtype)
-        else:
-            layers[name] = (0.02 * jax.random.normal(keys[i], shp)).astype(dtype)
-    params: Params = {
-        "embed": (0.02 * jax.random.normal(keys[-1], (V, d))).astype(dtype),
-        "final_norm": jnp.ones((d,), dtype),
-        "layers": layers,
-    }
+    normal = {name: shp for name, shp in sorted(shapes.items()) if name not in ones and name not in zeros}
+    top = {"embed": (V, d)}
     if cfg.family == "gpt2":
-        params["pos_embed"] = (0.02 * jax.random.normal(keys[-2], (cfg.max_position_embeddings, d))).astype(dtype)
+        top["pos_embed"] = (cfg.max_position_embeddings, d)
+    if not cfg.tie_word_embeddings:
+        top["lm_head"] = (d, V)
+    # one random draw for everything, then sliced: a single RNG kernel to compile
+    sizes = [int(np.prod(s)) for s in list(normal.values()) + list(top.values())]
+    flat = 0.02 * jax.random.normal(key, (sum(sizes),))
+    pieces = jnp.split(flat, np.cumsum(sizes)[:-1])
+    drawn = {n: p.reshape(s).astype(dtype) for (n, s), p in zip(list(normal.items()) + list(top.items()), pieces)}
+    layers = {n: drawn[n] for n in normal}
+    layers.update({n: jnp.ones(shapes[n], dtype) for n in ones})
+    layers.update({n: jnp.zeros(shapes[n], dtype) for n in zeros})
+    params: Params = {"embed": drawn["embed"], "final_norm": jnp.ones((d,), dtype), "layers": layers}
+    if cfg.family == "gpt2":
+        params["pos_embed"] = drawn["pos_embed"]
         params["final_norm_b"] = jnp.zeros((d,), dtype)
     if not cfg.tie_word_embeddings:
-        params["lm_head"] = (0.02 * jax.random.normal(keys[-3], (d, V))).astype(dtype)
+        params["lm_head"] = drawn["lm_head"]
     return params
