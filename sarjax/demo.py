@@ -84,6 +84,8 @@ def evaluate_pool(pool: Pool, x: np.ndarray, eps: float, deltas: Sequence[float]
                   key: jax.Array, progress: bool = True, checkpoint_dir: Path | None = None) -> tuple[SARResult, np.ndarray]:
     """SAR (joint PGD greedy) and per-member ASR (the same PGD on each member alone).
 
+    The per-member attacks double as Algorithm 1's single-member fallback (looked up, not rerun).
+
     Returns:
       (SAR result, per-member ASR [M]).
     """
@@ -96,7 +98,8 @@ def evaluate_pool(pool: Pool, x: np.ndarray, eps: float, deltas: Sequence[float]
                             steps=steps, restarts=restarts, rel_step=1.0 / 16)
     member_asr = asr_metric(np.asarray(single.success).T)
     result = run_sar(pool, x, eps, deltas, key=jax.random.fold_in(key, 2), steps=steps, restarts=restarts,
-                     progress=progress, checkpoint_dir=checkpoint_dir)
+                     progress=progress, checkpoint_dir=checkpoint_dir,
+                     member_attacks=(np.asarray(single.x_adv), np.asarray(single.queries)))
     return result, member_asr
 
 

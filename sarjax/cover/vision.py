@@ -88,6 +88,50 @@ def make_attack_oracles(
     return joint, single
 
 
+def precomputed_single(pool: Any, x_adv: Any, queries: Any, ref: Any) -> SingleAttack:
+    """A fallback oracle that looks up per-member attacks already run.
+
+    The fallback of Algorithm 1 attacks one uncovered member alone. When every member was
+    attacked alone anyway (the per-member ASR), those inputs ARE the single-member attacks: the
+    fallback for member ``j`` on sample ``b`` returns ``x_adv[j, b]`` at no new attack cost, and
+    ASR and the fallback agree by construction. The coverage set of each such input is its effect
+    on the whole pool (one forward pass of every member, charged as ``M`` queries on top of the
+    member attack's own queries).
+
+    Args:
+        pool: the pool (``predict``, ``num_members``).
+        x_adv: ``[M, B, *S]`` member ``j``'s single-model adversarial input for sample ``b``.
+        queries: ``[M, B]`` queries each member attack spent.
+        ref: ``[B, M]`` reference labels (a member is covered when it leaves its reference).
+
+    Returns:
+        A :class:`SingleAttack`.
+    """
+    x_adv = np.asarray(x_adv)
+    m, b = x_adv.shape[:2]
+    ref = np.asarray(ref)
+    if ref.shape != (b, m) or np.shape(queries) != (m, b):
+        raise ValueError(f"expected x_adv [M={m}, B={b}, ...], queries [{m}, {b}], ref [{b}, {m}]; "
+                         f"got {x_adv.shape}, {np.shape(queries)}, {ref.shape}")
+    preds = pool.predict(x_adv.reshape(m * b, *x_adv.shape[2:])).reshape(m, m, b)  # [evaluated, source, B]
+    covered_all = preds.transpose(1, 2, 0) != ref[None]  # [source j, B, evaluated member]
+    q = np.asarray(queries, np.int64) + m
+
+    def single(target: np.ndarray, active: np.ndarray, round_index: int) -> Candidates:
+        del round_index  # the member attacks are fixed inputs
+        t = np.asarray(target)
+        rows = np.arange(b)
+        act = np.asarray(active, bool)
+        return Candidates(
+            x_adv[t, rows],
+            covered_all[t, rows] & act[:, None],
+            np.where(act, q[t, rows], 0),
+            np.zeros((b, m)),
+        )
+
+    return single
+
+
 def run_sar(
     pool: Any,
     x: Any,
@@ -107,6 +151,7 @@ def run_sar(
     store_inputs: bool = True,
     checkpoint_dir: str | os.PathLike | None = None,
     progress: bool = False,
+    member_attacks: tuple[Any, Any] | None = None,
 ) -> SARResult:
     """SAR_{1-delta} of a vision pool on a batch of images with joint linf PGD.
 
@@ -142,6 +187,9 @@ def run_sar(
             :func:`sarjax.cover.greedy_sar`.
         checkpoint_dir: if set, each chunk checkpoints every round under
             ``chunk_<i>/`` and writes its result when done; a rerun resumes.
+        member_attacks: optional ``(x_adv [M, B, *S], queries [M, B])`` of single-model
+            attacks already run on every member (e.g. for the per-member ASR); the fallback
+            then looks them up (:func:`precomputed_single`) instead of attacking again.
 
     Returns:
         SARResult over all ``B`` samples (round logs padded across chunks).
@@ -199,6 +247,9 @@ def run_sar(
                 attack, pool.params, x[idx], ref[idx], jax.random.fold_in(key, i),
                 eps=float(eps), use_best=use_best,
             )
+            if member_attacks is not None:
+                single = precomputed_single(pool, np.asarray(member_attacks[0])[:, idx],
+                                            np.asarray(member_attacks[1])[:, idx], ref[idx])
             part = greedy_sar(
                 joint,
                 single,

@@ -1,0 +1,57 @@
+"""The fallback oracle that looks up per-member attacks (sarjax.cover.vision.precomputed_single)."""
+
+import jax
+import numpy as np
+
+from sarjax.attacks.joint import make_joint_pgd
+from sarjax.attacks.members import attack_members
+from sarjax.attacks.pgd import make_pgd
+from sarjax.cover.vision import precomputed_single, run_sar
+from sarjax.models.pool import Pool, Stack
+from sarjax.models.zoo import mlp
+
+ARCH = mlp((8,), input_shape=(4, 4, 1), num_classes=3)
+
+
+def _pool(m):
+    shapes = jax.eval_shape(ARCH.init, jax.random.PRNGKey(0))
+    rng = np.random.default_rng(0)
+    params = jax.tree.map(lambda s: (rng.standard_normal((m,) + s.shape) / np.sqrt(s.shape[0])).astype(np.float32), shapes)
+    return Pool([Stack(ARCH, params, tuple(f"m{i}" for i in range(m)))])
+
+
+def test_lookup_returns_member_attack_and_its_pool_coverage():
+    pool = _pool(3)
+    rng = np.random.default_rng(1)
+    x_adv = rng.random((3, 4, 4, 4, 1), dtype=np.float32)  # [M, B, *S]
+    queries = np.arange(12).reshape(3, 4)
+    ref = pool.predict(rng.random((4, 4, 4, 1), dtype=np.float32)).T  # [B, M]
+    single = precomputed_single(pool, x_adv, queries, ref)
+    target = np.array([2, 0, 1, 2])
+    active = np.array([True, True, False, True])
+    c = single(target, active, 7)
+    for b in range(4):
+        np.testing.assert_array_equal(c.x_adv[b], x_adv[target[b], b])
+        want = pool.predict(x_adv[target[b], b][None])[:, 0] != ref[b]
+        np.testing.assert_array_equal(c.covered[b], want & active[b])
+        assert c.queries[b] == (queries[target[b], b] + 3 if active[b] else 0)
+
+
+def test_run_sar_with_member_attacks_marks_individually_robust_members_unbreakable():
+    pool = _pool(3)
+    x = np.random.default_rng(2).random((4, 4, 4, 1), dtype=np.float32)
+    clean = pool.predict(x)
+    eps = 0.15
+    single = attack_members(pool, make_pgd, x, clean, jax.random.PRNGKey(0), eps=eps, steps=5, restarts=1)
+    att = make_joint_pgd(pool.apply, eps=eps, steps=5, restarts=1)
+    res = run_sar(pool, x, eps, [0.0], attack=att, member_attacks=(np.asarray(single.x_adv), np.asarray(single.queries)))
+    succ = np.asarray(single.success)  # [M, B]
+    assert res.recorded.any() and res.unbreakable.any()  # the instance exercises both paths
+    # a member is marked unbreakable only if its own single-model attack failed
+    for b in range(4):
+        for j in np.flatnonzero(res.unbreakable[b]):
+            assert not succ[j, b]
+    # every recorded input stays inside the eps-ball of the clean image
+    rec = res.inputs[res.recorded]
+    xs = np.broadcast_to(x[None], res.inputs.shape)[res.recorded]
+    assert np.abs(rec - xs).max() <= eps * (1 + 1e-6)
