@@ -14,7 +14,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from sarjax.attacks import geometry
 from sarjax.attacks import minnorm as mn
 
 

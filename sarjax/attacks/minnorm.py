@@ -33,7 +33,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -199,6 +199,22 @@ def cosine(i, steps, start, end):
     """Cosine annealing from ``start`` (i = 0) to ``end`` (i = steps)."""
     c = 0.5 * (1.0 + jnp.cos(jnp.pi * i / steps))
     return end + (start - end) * c
+
+
+def hash_direction(key, i, shape):
+    """A cheap pseudo-random unit-l2 direction from ``key`` and step ``i``.
+
+    Used where an attack needs a random direction on a zero gradient; a hash
+    of the key data avoids compiling a threefry generator into every step.
+    """
+    raw = jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key
+    kd = jnp.ravel(raw).astype(jnp.float32)
+    seed = jnp.sum(kd * jnp.asarray([1e-6, 3e-7])[: kd.shape[-1]]) + 0.618 * i
+    n = int(np.prod(shape))
+    v = jnp.sin((jnp.arange(n, dtype=jnp.float32) + 1.0) * 12.9898 + seed * 78.233) * 43758.5453
+    v = (v - jnp.floor(v)) - 0.5
+    v = v / jnp.maximum(jnp.sqrt(jnp.sum(v * v)), 1e-12)
+    return v.reshape(shape)
 
 
 def worst_norm(x0, p, box=(0.0, 1.0)):
