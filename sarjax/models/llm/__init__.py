@@ -16,6 +16,14 @@ from sarjax.models.llm.decoder import (
     positions_from_mask,
     prefill,
 )
+from sarjax.models.llm.finetune import (
+    SFTData,
+    make_sft_data,
+    restore_params,
+    save_params,
+    sft_loss,
+    sft_pool,
+)
 from sarjax.models.llm.generate import greedy_generate, greedy_one, stack_greedy_generate
 from sarjax.models.llm.loader import load_config, load_model, load_params
 from sarjax.models.llm.pool import (
@@ -27,6 +35,14 @@ from sarjax.models.llm.pool import (
     stack_params,
     tokenizer_fingerprint,
     unstack_params,
+)
+from sarjax.models.llm.prompts import (
+    PromptSlices,
+    build_prompt,
+    load_tokenizer,
+    retokenization_mask,
+    retokenizes,
+    split_chat_template,
 )
 from sarjax.models.llm.scoring import (
     stack_prefix_cache,

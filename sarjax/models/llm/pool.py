@@ -70,7 +70,7 @@ def tokenizer_fingerprint(tokenizer) -> str | None:
 
 def _shape_key(params) -> tuple:
     leaves, tree = jax.tree_util.tree_flatten(params)
-    return (str(tree),) + tuple((tuple(np.shape(x)), str(jnp.asarray(x).dtype)) for x in leaves)
+    return (str(tree),) + tuple((tuple(np.shape(x)), str(x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype)) for x in leaves)
 
 
 def stack_params(members: Sequence[Any]):

@@ -81,15 +81,9 @@ def _batch_nll(params, cfg, ids, mask, target, target_mask, prefix):
 
 @partial(jax.jit, static_argnames=("cfg",))
 def _stack_nll(params, cfg, ids, mask, target, target_mask, prefix):
-    pre_axes = None if prefix is None else 0
-    pre = () if prefix is None else (prefix,)
-
-    def one(p, blocks):
-        return _batch_nll(p, cfg, ids, mask, target, target_mask, tuple(blocks))
-
     if prefix is None:
-        return jax.vmap(lambda p: one(p, ()))(params)
-    return jax.vmap(one, in_axes=(0, pre_axes))(params, pre)
+        return jax.vmap(lambda p: _batch_nll(p, cfg, ids, mask, target, target_mask, ()))(params)
+    return jax.vmap(lambda p, pre: _batch_nll(p, cfg, ids, mask, target, target_mask, (pre,)))(params, prefix)
 
 
 def _check_ids(name, a, ndim):
