@@ -1,5 +1,6 @@
 """KV-cache greedy decoding, stacked-pool NLL, shared prefix, differentiable access."""
 
+import dataclasses
 from functools import partial
 
 import jax
@@ -68,18 +69,22 @@ def _recompute_greedy(params, prompt, n, cfg=CFG):
     return out
 
 
+# Mistral-style sliding window (4 < prompt + new tokens): the cache path must apply it too
+CFG_W = dataclasses.replace(CFG, sliding_window=4)
+
+
 def test_kv_cache_greedy_matches_recompute_and_batching():
     params = _params(CFG, 0)
     rng = np.random.default_rng(0)
     prompts = [list(rng.integers(1, 50, size=k)) for k in (7, 4, 1)]
     n = 9
     # the reference runs each prompt alone, unpadded, without a cache
-    ref = [_recompute_greedy(params, p, n) for p in prompts]
+    ref = [_recompute_greedy(params, p, n, cfg=CFG_W) for p in prompts]
     assert len({tuple(r) for r in ref}) == 3  # the prompts must lead to different outputs
     ids, mask = pool.left_pad(prompts, pad_id=0)
-    batched = np.asarray(generate.greedy_generate(params, CFG, ids, mask, max_new_tokens=n))
+    batched = np.asarray(generate.greedy_generate(params, CFG_W, ids, mask, max_new_tokens=n))
     np.testing.assert_array_equal(batched, np.asarray(ref))
-    alone = generate.greedy_generate(params, CFG, np.asarray([prompts[1]]), max_new_tokens=n)
+    alone = generate.greedy_generate(params, CFG_W, np.asarray([prompts[1]]), max_new_tokens=n)
     np.testing.assert_array_equal(np.asarray(alone)[0], ref[1])
 
 
