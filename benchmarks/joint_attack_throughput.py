@@ -20,6 +20,7 @@ reported).  Ratios are against the fastest PyTorch baseline.  Writes JSON.
 
 Usage:
   python benchmarks/joint_attack_throughput.py --steps 10 --reps 3 --out bench_joint.json
+  python benchmarks/joint_attack_throughput.py --jax-single-thread ...   # XLA on one thread
 """
 
 from __future__ import annotations
@@ -28,7 +29,12 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
+
+if "--jax-single-thread" in sys.argv:  # must be set before JAX initialises its CPU backend
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                               + " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
 
 import jax
 import jax.numpy as jnp
@@ -199,6 +205,8 @@ def main():
     ap.add_argument("--batches", type=int, nargs="+", default=[64, 256])
     ap.add_argument("--families", nargs="+", default=["mlp", "cnn"])
     ap.add_argument("--out", default="bench_joint_attack_throughput.json")
+    ap.add_argument("--jax-single-thread", action="store_true",
+                    help="run XLA's CPU backend single-threaded (faster on an oversubscribed machine)")
     args = ap.parse_args()
 
     import torch
@@ -272,6 +280,7 @@ def main():
                   + f" | parity {parity:.1e}", flush=True)
     with open(args.out, "w") as fh:
         json.dump({"jax": jax.__version__, "torch": torch.__version__, "threads": threads,
+                   "jax_single_thread": args.jax_single_thread, "command": " ".join(sys.argv),
                    "results": results}, fh, indent=2)
     print(f"wrote {args.out}")
 

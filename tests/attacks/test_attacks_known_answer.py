@@ -68,3 +68,22 @@ CASES += [("apgd-ce", "linf", False, 1), ("apgd-ce", "l2", True, 3), ("apgd-ce",
 @pytest.mark.parametrize("name,norm,targeted,batch", CASES)
 def test_known_answer(name, norm, targeted, batch):
     run_known_answer(FACTORIES[name](norm, targeted), norm, targeted, batch, seed=batch)
+
+
+class _ImageView:
+    """Presents the flat affine problem as images [B, 2, 4, 1] (Square needs H, W, C)."""
+
+    def __init__(self, attack):
+        self.attack = attack
+
+    def __call__(self, params, x0, ref, key=None, eps=None):
+        res = self.attack(params, x0.reshape(-1, 2, 4, 1), ref, key=key, eps=eps)
+        flat = lambda a: a.reshape(a.shape[0], -1)
+        return res._replace(x_adv=flat(res.x_adv), best_x=flat(res.best_x))
+
+
+@pytest.mark.parametrize("targeted,batch", [(False, 8), (True, 3)])
+def test_known_answer_square_linf(targeted, batch):
+    from sarjax.attacks.square import make_square
+    attack = _ImageView(make_square(affine_apply, targeted=targeted, n_queries=300))
+    run_known_answer(attack, "linf", targeted, batch, seed=batch)
