@@ -1,12 +1,28 @@
-"""sarjax.attacks: pure, jitted attacks on model pools, threat models and the bound audit."""
+"""sarjax.attacks: pure, jitted attacks on model pools, threat models and the bound audit.
+
+See docs/attacks.md.  Every public attack is a factory (optax-style) that
+closes over hyperparameters and returns
+``fn(params, x0, ref, mask=None, key=None, *, eps=None, max_queries=None, x_init=None)
+-> AttackResult``, audited against ``x0``.
+"""
 
 from sarjax.attacks import geometry, queries
+from sarjax.attacks.apgd import make_apgd, make_apgd_t
 from sarjax.attacks.audit import AuditReport, audit, check
+from sarjax.attacks.fgsm import make_fgsm
 from sarjax.attacks.geometry import dual_norm, norm, project, random_in_ball, steepest
+from sarjax.attacks.joint import make_joint_pgd
+from sarjax.attacks.members import attack_members, make_member_attack
+from sarjax.attacks.mifgsm import make_mifgsm
+from sarjax.attacks.pgd import make_pgd
 from sarjax.attacks.result import AttackResult
+from sarjax.attacks.rounds import make_rounds
+from sarjax.attacks.square import make_square
 from sarjax.attacks.threat import Threat, canonical_norm
 
 __all__ = [
-    "AttackResult", "AuditReport", "Threat", "audit", "canonical_norm", "check", "dual_norm",
-    "geometry", "norm", "project", "queries", "random_in_ball", "steepest",
+    "AttackResult", "AuditReport", "Threat", "attack_members", "audit", "canonical_norm", "check",
+    "dual_norm", "geometry", "make_apgd", "make_apgd_t", "make_fgsm", "make_joint_pgd",
+    "make_member_attack", "make_mifgsm", "make_pgd", "make_rounds", "make_square", "norm",
+    "project", "queries", "random_in_ball", "steepest",
 ]
