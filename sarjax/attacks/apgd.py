@@ -73,16 +73,18 @@ def _losses(cfg, z, leave, target):
 
 @partial(jax.jit, static_argnums=0)
 def apgd_kernel(cfg: ApgdConfig, params, x0, ref, mask, eps, cap, key, x_init, has_init) -> AttackResult:
-    """Batch APGD / APGD-T kernel; arguments as :func:`sarjax.attacks._engine.gradient_kernel`."""
+    """Batch APGD / APGD-T kernel; arguments as :func:`sarjax.attacks._engine.gradient_kernel`.
+
+    The model runs once per iteration on the whole batch; the step, the
+    checkpoint logic and the bookkeeping are written per example and vmapped.
+    """
     p, box = cfg.p, cfg.box
+    B, M = ref.shape
     k0 = max(int(math.ceil(0.22 * cfg.n_iter)), 1)
     size_decr = max(int(math.ceil(0.03 * cfg.n_iter)), 1)
     k_min = max(int(math.ceil(0.06 * cfg.n_iter)), 1)
 
-    def evaluate(params, x, ref, mask, leave, target):
-        z = E.member_logits(cfg.apply, params, x)
-        if z.shape[0] != ref.shape[0]:
-            raise ValueError(f"apply returned {z.shape[0]} members but ref/mask have {ref.shape[0]}")
+    def score(z, ref, mask, leave, target):
         losses = _losses(cfg, z, leave, target)
         w = mask.astype(z.dtype)
         obj = jnp.sum(w * losses) / jnp.maximum(jnp.sum(w), 1.0)
@@ -90,6 +92,7 @@ def apgd_kernel(cfg: ApgdConfig, params, x0, ref, mask, eps, cap, key, x_init, h
         n = jnp.sum(succ & (mask > 0)).astype(jnp.int32)
         return obj, E.Evaluation(obj, losses, succ, n)
 
+    evaluate = E.make_batch_evaluate(cfg.apply, score)
     vg = jax.value_and_grad(evaluate, argnums=1, has_aux=True)
 
     def direction(g, x):
@@ -97,86 +100,90 @@ def apgd_kernel(cfg: ApgdConfig, params, x0, ref, mask, eps, cap, key, x_init, h
             return G.sparse_l1_direction(g, x, cfg.l1_sparsity, box)
         return G.steepest(g, p)
 
-    def one(x0, ref, mask, eps, cap, key, x_init):
-        M = ref.shape[0]
-        warm = G.project(x_init, x0, eps, p, box)  # always inside the ball of x0
-        n_sel = jnp.sum(mask > 0).astype(jnp.int32)
-        live = n_sel > 0
-        cost = M + n_sel
-        z0 = E.member_logits(cfg.apply, params, x0)
-        order = jnp.argsort(-z0, axis=-1)  # [M, C] classes by clean logit
-        # user targets: ref is the target, leave the clean prediction; else leave ref
-        leave = order[:, 0].astype(jnp.int32) if cfg.hit_target else ref
-        _, ev0 = evaluate(params, x0, ref, mask, leave, ref)
-        count = jnp.asarray(M, jnp.int32)
+    n_sel = jnp.sum(mask > 0, axis=1).astype(jnp.int32)
+    live = n_sel > 0
+    cost = M + n_sel
+    z0 = E.batch_logits(cfg.apply, params, x0)                 # [B, M, C], same forward as ev0
+    order = jnp.argsort(-z0, axis=-1)
+    # user targets: ref is the target, leave the clean prediction; else leave ref
+    leave = order[..., 0].astype(jnp.int32) if cfg.hit_target else ref
+    _, ev0 = evaluate(params, x0, ref, mask, leave, ref)
+    count = jnp.full((B,), M, jnp.int32)
+    keys = jax.random.split(key, B)
+    warm = jax.vmap(lambda x, c, e: G.project(x, c, e, p, box))(x_init, x0, eps)
+    zo = jnp.where(jax.nn.one_hot(ref, z0.shape[-1], dtype=bool), -jnp.inf, z0)
+    ranked = jnp.argsort(-zo, axis=-1).astype(jnp.int32)     # other classes by clean logit
 
-        def run(carry, r):
-            count, best, final = carry
-            if cfg.n_targets:
-                # the (r % n_targets + 1)-th most likely class other than ref, per member
-                zo = jnp.where(jax.nn.one_hot(ref, z0.shape[-1], dtype=bool), -jnp.inf, z0)
-                target = jnp.argsort(-zo, axis=-1)[:, r % cfg.n_targets].astype(jnp.int32)
-            else:
-                target = ref
-            kr = jax.random.fold_in(key, r)
-            ok0 = live & Q.allowed(count, cost, cap)
-            x = G.random_in_ball(kr, x0, eps, p, box)
-            x = jnp.where(has_init & (r == 0), warm, x)
-            (f, ev), g = vg(params, x, ref, mask, leave, target)
-            count = Q.charge(count, cost, ok0)
-            best = E.update_best(best, x, ev, ok0)
-            eta = cfg.step0 * eps
-            st = dict(x=x, x_old=x, g=g, f=f, fmax=f, xmax=x, gmax=g, eta=eta, ctr=0, k=k0, inc=0,
-                      f_last=f, reduced=False, count=count, best=best)
+    def pre(st, i, x0, eps):
+        x, x_old = st["x"], st["x_old"]
+        a = jnp.where(i > 0, cfg.alpha, 1.0)
+        z1 = G.project(x + st["eta"] * direction(st["g"], x), x0, eps, p, box)
+        return G.project(x + a * (z1 - x) + (1.0 - a) * (x - x_old), x0, eps, p, box)
 
-            def body(st, i):
-                ok = ok0 & Q.allowed(st["count"], cost, cap)
-                x, x_old = st["x"], st["x_old"]
-                a = jnp.where(i > 0, cfg.alpha, 1.0)
-                z1 = G.project(x + st["eta"] * direction(st["g"], x), x0, eps, p, box)
-                x1 = G.project(x + a * (z1 - x) + (1.0 - a) * (x - x_old), x0, eps, p, box)
-                (f1, ev1), g1 = vg(params, x1, ref, mask, leave, target)
-                new = dict(st)
-                new["best"] = E.update_best(st["best"], x1, ev1, ok)
-                new["x_old"], new["x"], new["g"], new["f"] = x, x1, g1, f1
-                new["inc"] = st["inc"] + (f1 > st["f"]).astype(jnp.int32)
-                improved = f1 > st["fmax"]
-                new["fmax"] = jnp.where(improved, f1, st["fmax"])
-                new["xmax"] = jnp.where(improved, x1, st["xmax"])
-                new["gmax"] = jnp.where(improved, g1, st["gmax"])
-                ctr = st["ctr"] + 1
-                at_ckpt = ctr == st["k"]
-                osc = new["inc"] <= cfg.rho * st["k"]
-                no_impr = (~st["reduced"]) & (st["f_last"] >= new["fmax"])
-                halve = at_ckpt & (osc | no_impr)
-                new["eta"] = jnp.where(halve, st["eta"] / 2, st["eta"])
-                new["x"] = jnp.where(halve, new["xmax"], new["x"])
-                new["g"] = jnp.where(halve, new["gmax"], new["g"])
-                new["reduced"] = jnp.where(at_ckpt, halve, st["reduced"])
-                new["f_last"] = jnp.where(at_ckpt, new["fmax"], st["f_last"])
-                new["inc"] = jnp.where(at_ckpt, 0, new["inc"])
-                new["k"] = jnp.where(at_ckpt, jnp.maximum(st["k"] - size_decr, k_min), st["k"])
-                new["ctr"] = jnp.where(at_ckpt, 0, ctr)
-                new["count"] = Q.charge(st["count"], cost, ok)
-                out = E.select(ok, new, st)
-                return out, None
+    def post(st, x1, f1, g1, ev1, ok, cost):
+        new = dict(st)
+        new["best"] = E.update_best(st["best"], x1, ev1, ok)
+        new["x_old"], new["x"], new["g"], new["f"] = st["x"], x1, g1, f1
+        new["inc"] = st["inc"] + (f1 > st["f"]).astype(jnp.int32)
+        improved = f1 > st["fmax"]
+        new["fmax"] = jnp.where(improved, f1, st["fmax"])
+        new["xmax"] = jnp.where(improved, x1, st["xmax"])
+        new["gmax"] = jnp.where(improved, g1, st["gmax"])
+        ctr = st["ctr"] + 1
+        at_ckpt = ctr == st["k"]
+        osc = new["inc"] <= cfg.rho * st["k"]
+        no_impr = (~st["reduced"]) & (st["f_last"] >= new["fmax"])
+        halve = at_ckpt & (osc | no_impr)
+        new["eta"] = jnp.where(halve, st["eta"] / 2, st["eta"])
+        new["x"] = jnp.where(halve, new["xmax"], new["x"])
+        new["g"] = jnp.where(halve, new["gmax"], new["g"])
+        new["reduced"] = jnp.where(at_ckpt, halve, st["reduced"])
+        new["f_last"] = jnp.where(at_ckpt, new["fmax"], st["f_last"])
+        new["inc"] = jnp.where(at_ckpt, 0, new["inc"])
+        new["k"] = jnp.where(at_ckpt, jnp.maximum(st["k"] - size_decr, k_min), st["k"])
+        new["ctr"] = jnp.where(at_ckpt, 0, ctr)
+        new["count"] = Q.charge(st["count"], cost, ok)
+        return E.select(ok, new, st)
 
-            st, _ = jax.lax.scan(body, st, jnp.arange(cfg.n_iter))
-            xm = st["xmax"]
-            _, evm = evaluate(params, xm, ref, mask, leave, target)  # re-derive evaluation (no query: seen before)
-            take = ok0 & (evm.obj > final[1].obj)
-            final = E.select(take, (xm, evm), final)
-            return (st["count"], st["best"], final), None
+    vpre = jax.vmap(pre, in_axes=(0, None, 0, 0))
+    vpost = jax.vmap(post)
+    upd = jax.vmap(E.update_best)
 
-        n_runs = cfg.restarts * max(cfg.n_targets, 1)  # run r targets class r % n_targets
-        carry = (count, E.Best(x0, ev0), (x0, ev0))
-        (count, best, (xf, evf)), _ = jax.lax.scan(run, carry, jnp.arange(n_runs))
-        return AttackResult(x_adv=xf, success=evf.success, objective=evf.obj, member_loss=evf.losses,
-                            queries=count, best_x=best.x, best_success=best.ev.success,
-                            best_objective=best.ev.obj)
+    def run(carry, r):
+        count, best, final = carry
+        # APGD-T: run r targets the (r % n_targets + 1)-th most likely other class, per member
+        target = ranked[..., r % cfg.n_targets] if cfg.n_targets else ref
+        ok0 = live & Q.allowed(count, cost, cap)
+        kr = jax.vmap(lambda k: jax.random.fold_in(k, r))(keys)
+        x = jax.vmap(lambda k, c, e: G.random_in_ball(k, c, e, p, box))(kr, x0, eps)
+        x = jnp.where(has_init & (r == 0), warm, x)
+        (_, ev), g = vg(params, x, ref, mask, leave, target)
+        f = ev.obj
+        count = Q.charge(count, cost, ok0)
+        best = upd(best, x, ev, ok0)
+        zeros = jnp.zeros((B,), jnp.int32)
+        st = dict(x=x, x_old=x, g=g, f=f, fmax=f, xmax=x, gmax=g, eta=cfg.step0 * eps, ctr=zeros,
+                  k=zeros + k0, inc=zeros, f_last=f, reduced=jnp.zeros((B,), bool), count=count,
+                  best=best)
 
-    keys = jax.random.split(key, x0.shape[0])
-    return jax.vmap(one)(x0, ref, mask, eps, cap, keys, x_init)
+        def body(st, i):
+            ok = ok0 & Q.allowed(st["count"], cost, cap)
+            x1 = vpre(st, i, x0, eps)
+            (_, ev1), g1 = vg(params, x1, ref, mask, leave, target)
+            return vpost(st, x1, ev1.obj, g1, ev1, ok, cost), None
+
+        st, _ = jax.lax.scan(body, st, jnp.arange(cfg.n_iter))
+        xm = st["xmax"]
+        _, evm = evaluate(params, xm, ref, mask, leave, target)  # re-derived (seen before: no query)
+        final = jax.vmap(E.select)(ok0 & (evm.obj > final[1].obj), (xm, evm), final)
+        return (st["count"], st["best"], final), None
+
+    n_runs = cfg.restarts * max(cfg.n_targets, 1)
+    carry = (count, E.Best(x0, ev0), (x0, ev0))
+    (count, best, (xf, evf)), _ = jax.lax.scan(run, carry, jnp.arange(n_runs))
+    return AttackResult(x_adv=xf, success=evf.success, objective=evf.obj, member_loss=evf.losses,
+                        queries=count, best_x=best.x, best_success=best.ev.success,
+                        best_objective=best.ev.obj)
 
 
 def make_apgd(apply: Callable, *, norm="linf", eps=None, n_iter: int = 100, restarts: int = 1,
@@ -262,7 +269,7 @@ def make_apgd_t(apply: Callable, *, norm="linf", eps=None, n_iter: int = 100, n_
 
 def _apgd_t_kernel(cfg, params, x0, ref, mask, eps, cap, key, x_init, has_init):
     # n_targets is capped at C - 1 once C is known (trace time).
-    C = jax.eval_shape(lambda x: E.member_logits(cfg.apply, params, x), x0[0]).shape[-1]
+    C = jax.eval_shape(lambda x: E.batch_logits(cfg.apply, params, x), x0[:1]).shape[-1]
     return apgd_kernel(cfg._replace(n_targets=min(cfg.n_targets, C - 1)), params, x0, ref, mask, eps,
                        cap, key, x_init, has_init)
 
