@@ -171,7 +171,7 @@ def positions_from_mask(mask, offset=0):
       offset: int scalar, number of real tokens before this block (e.g. a prefix).
 
     Returns:
-      [T] int32; pad slots get the position of the next real token (unused).
+      [T] int32; left-pad slots get ``offset`` (their outputs are never used).
     """
     m = mask.astype(jnp.int32)
     return offset + jnp.maximum(jnp.cumsum(m) - 1, 0) * (jnp.sum(m) > 0)

@@ -111,6 +111,11 @@ def _validate(cfg, ids, mask, max_new_tokens):
         raise ValueError(f"max_new_tokens: expected a positive int, got {max_new_tokens!r}")
     if ids.min() < 0 or ids.max() >= cfg.vocab_size:
         raise ValueError(f"token ids must lie in [0, {cfg.vocab_size})")
+    if cfg.family == "gpt2" and ids.shape[1] + max_new_tokens > cfg.max_position_embeddings:
+        raise ValueError(
+            f"prompt length {ids.shape[1]} + max_new_tokens {max_new_tokens} exceeds GPT-2's "
+            f"{cfg.max_position_embeddings} learned positions"
+        )
     return jnp.asarray(ids, jnp.int32), jnp.asarray(mask, jnp.int32)
 
 
