@@ -102,3 +102,20 @@ def test_query_count_is_exact_and_cap_freezes_samples():
     assert np.all(np.asarray(capped.queries) <= cap)
     np.testing.assert_array_equal(np.asarray(capped.queries), np.asarray(ref_run.queries))
     np.testing.assert_array_equal(np.asarray(capped.x_adv), np.asarray(ref_run.x_adv))
+
+
+def test_joint_pgd_on_a_heterogeneous_pool_reports_consistent_success():
+    from sarjax.models import zoo
+    from sarjax.models.pool import Pool, Stack
+
+    pool = Pool((Stack.from_keys(zoo.mlp(widths=(16,)), jax.random.split(jax.random.PRNGKey(0), 2)),
+                 Stack.from_keys(zoo.mlp(widths=(8, 8)), jax.random.split(jax.random.PRNGKey(1), 3))))
+    x0 = jax.random.uniform(jax.random.PRNGKey(2), (3, 28, 28, 1))
+    ref = jnp.argmax(pool.logits(x0), -1).T.astype(jnp.int32)          # [B, M] own predictions
+    mask = jnp.asarray([[1, 1, 1, 1, 1], [0, 1, 0, 1, 0], [1, 0, 0, 0, 0]], jnp.float32)
+    res = make_joint_pgd(pool.apply, steps=4, restarts=2)(pool.params, x0, ref, mask,
+                                                         jax.random.PRNGKey(3), eps=0.3)
+    for x, succ in ((res.x_adv, res.success), (res.best_x, res.best_success)):
+        pred = np.asarray(jnp.argmax(pool.logits(x), -1)).T                 # [B, M]
+        np.testing.assert_array_equal(np.asarray(succ), pred != np.asarray(ref))
+    assert np.abs(np.asarray(res.x_adv) - np.asarray(x0)).max() <= 0.3 + 1e-7
