@@ -189,6 +189,7 @@ def hidden_states(
     mask,
     pos,
     prefix: Sequence[KVBlock] = (),
+    return_kv: bool = True,
 ):
     """Runs the decoder stack on ONE sequence of input embeddings.
 
@@ -199,9 +200,11 @@ def hidden_states(
       mask: [T] 0/1, real (1) vs padding (0) tokens of this block.
       pos: [T] int32 positions of this block's tokens.
       prefix: read-only KV blocks of earlier tokens (shared prefix, decoding cache).
+      return_kv: static; False skips collecting this block's keys/values (scoring).
 
     Returns:
-      (h, (k, v)): h [T, d] after the final norm; k, v [L, T, Hkv, D] of this block.
+      (h, (k, v)): h [T, d] after the final norm; k, v [L, T, Hkv, D] of this block
+      (None when ``return_kv`` is False).
     """
     mask = mask.astype(bool)
     t = x.shape[0]
@@ -220,8 +223,10 @@ def hidden_states(
         p, eks, evs = xs
         ext = [(ek, ev, al) for ek, ev, al in zip(eks, evs, ext_allowed)]
         if cfg.family == "gpt2":
-            return _gpt2_layer(cfg, p, x, self_allowed, ext)
-        return _llama_layer(cfg, p, x, cos, sin, self_allowed, ext)
+            x, kv = _gpt2_layer(cfg, p, x, self_allowed, ext)
+        else:
+            x, kv = _llama_layer(cfg, p, x, cos, sin, self_allowed, ext)
+        return x, (kv if return_kv else None)
 
     xs = (params["layers"], tuple(b.k for b in prefix), tuple(b.v for b in prefix))
     x, kv = jax.lax.scan(body, x, xs)
@@ -255,7 +260,7 @@ def logits_from_embeds(params: Params, cfg: DecoderConfig, x, mask=None, prefix:
         mask = jnp.ones(x.shape[:1], jnp.int32)
     offset = sum((jnp.sum(b.mask.astype(jnp.int32)) for b in prefix), 0)
     pos = positions_from_mask(mask, offset)
-    h, _ = hidden_states(params, cfg, x, mask, pos, prefix)
+    h, _ = hidden_states(params, cfg, x, mask, pos, prefix, return_kv=False)
     return lm_head(params, cfg, h)
 
 

@@ -51,7 +51,7 @@ def target_nll_from_embeds(
     full_mask = jnp.concatenate([mask.astype(jnp.int32), target_mask.astype(jnp.int32)])
     offset = sum((jnp.sum(b.mask.astype(jnp.int32)) for b in prefix), 0)
     pos = decoder.positions_from_mask(full_mask, offset)
-    h, _ = decoder.hidden_states(params, cfg, xs, full_mask, pos, prefix)
+    h, _ = decoder.hidden_states(params, cfg, xs, full_mask, pos, prefix, return_kv=False)
     lg = decoder.lm_head(params, cfg, jax.lax.dynamic_slice_in_dim(h, t - 1, tt, axis=0))
     nll = jax.nn.logsumexp(lg, axis=-1) - jnp.take_along_axis(lg, target[:, None], axis=-1)[:, 0]
     return nll * target_mask.astype(nll.dtype)
