@@ -134,10 +134,6 @@ def torch_models(pool: Pool, family: str):
     return models
 
 
-class _NHWCFlattenBase:
-    pass
-
-
 def _make_nhwc_flatten():
     from torch import nn
 
@@ -205,6 +201,8 @@ def main():
     ap.add_argument("--batches", type=int, nargs="+", default=[64, 256])
     ap.add_argument("--families", nargs="+", default=["mlp", "cnn"])
     ap.add_argument("--out", default="bench_joint_attack_throughput.json")
+    ap.add_argument("--torch-threads", type=int, nargs="+", default=[1, os.cpu_count() or 1],
+                    help="torch.set_num_threads variants measured (the fastest is the baseline)")
     ap.add_argument("--jax-single-thread", action="store_true",
                     help="run XLA's CPU backend single-threaded (faster on an oversubscribed machine)")
     args = ap.parse_args()
@@ -239,7 +237,7 @@ def main():
             tx0 = to_torch_input(x0, family)
             tref = torch.tensor(np.asarray(ref)).long()
             gen = torch.Generator().manual_seed(0)
-            for th in sorted({1, threads}):
+            for th in args.torch_threads:
                 def loop(th=th):
                     torch.set_num_threads(th)
                     return torch_joint_pgd_loop(models, tx0, tref, args.steps, EPS, EPS / 16, gen)

@@ -1,6 +1,8 @@
 """Shared machinery of the fixed-budget attacks (internal).
 
-Everything is written for ONE example and vmapped over the batch; steps run
+The model runs once per step on the whole batch (``apply(params, x [B, *S])``);
+the per-sample logic (losses, steps, projections, best-so-far, query
+accounting) is written for ONE example and vmapped over the batch; steps run
 in ``lax.scan``; restarts run in an outer ``lax.scan`` and every restart
 starts from ``x0`` (random start inside the ball of ``x0``), never from a
 previous restart's output.  Restarts are combined by final objective; the
@@ -16,7 +18,6 @@ evaluation reserved; samples with no selected member take no steps.
 
 from __future__ import annotations
 
-import math
 from functools import partial
 from typing import Callable, NamedTuple
 
@@ -29,7 +30,7 @@ from sarjax.attacks import queries as Q
 from sarjax.attacks.audit import check
 from sarjax.attacks.losses import LOSSES, fooled, member_loss
 from sarjax.attacks.result import AttackResult
-from sarjax.attacks.threat import Threat, canonical_norm
+from sarjax.attacks.threat import Threat
 
 
 class Evaluation(NamedTuple):
@@ -39,40 +40,6 @@ class Evaluation(NamedTuple):
     losses: jax.Array   # [M]
     success: jax.Array  # [M] bool
     n_fooled: jax.Array  # [] int32, selected members fooled
-
-
-def member_logits(apply: Callable, params, x: jax.Array) -> jax.Array:
-    """Logits ``[M, C]`` of every member on one example ``x: [*S]``.
-
-    ``apply(params, x[None])`` may return ``[M, 1, C]`` (a pool) or
-    ``[1, C]`` (a single model, M = 1).
-    """
-    z = apply(params, x[None])
-    if z.ndim == 2:
-        z = z[None]
-    if z.ndim != 3:
-        raise ValueError(f"apply must return logits [M, B, C] or [B, C], got shape {z.shape}")
-    return z[:, 0]
-
-
-def make_evaluate(apply: Callable, loss: str, targeted: bool):
-    """Returns ``evaluate(params, x [*S], ref [M], mask [M], source [M]) -> (obj, Evaluation)``.
-
-    ``source`` is the label to leave in targeted DLR (the clean prediction).
-    """
-
-    def evaluate(params, x, ref, mask, source):
-        z = member_logits(apply, params, x)
-        if z.shape[0] != ref.shape[0]:
-            raise ValueError(f"apply returned {z.shape[0]} members but ref/mask have {ref.shape[0]}")
-        losses = member_loss(z, ref, loss, targeted, source)
-        succ = fooled(z, ref, targeted)
-        w = mask.astype(z.dtype)
-        obj = jnp.sum(w * losses) / jnp.maximum(jnp.sum(w), 1.0)
-        n = jnp.sum(succ & (mask > 0)).astype(jnp.int32)
-        return obj, Evaluation(obj, losses, succ, n)
-
-    return evaluate
 
 
 def batch_logits(apply: Callable, params, x: jax.Array) -> jax.Array:
@@ -295,7 +262,10 @@ def gradient_kernel(cfg: Config, params, x0, ref, mask, eps, cap, key, x_init, h
     n_sel = jnp.sum(mask > 0, axis=1).astype(jnp.int32)
     live = n_sel > 0
     cost = M + n_sel
-    src = jnp.argmax(batch_logits(cfg.apply, params, x0), axis=-1).astype(jnp.int32)  # same forward
+    if cfg.loss == "dlr" and cfg.targeted:  # targeted DLR leaves the clean prediction
+        src = jnp.argmax(batch_logits(cfg.apply, params, x0), axis=-1).astype(jnp.int32)
+    else:
+        src = jnp.zeros_like(ref)
     _, ev0 = evaluate(params, x0, ref, mask, src)
     count = jnp.full((B,), M, jnp.int32)
     keys = jax.random.split(key, B)

@@ -29,8 +29,7 @@ def _core(f, x0, y, t, x_init, key, *, budget, p, strict, hp):
         adv = mn.is_success(logits, y, t, strict)
         bx, bn, _ = mn.track(bx, bn, x, x0, adv, 2.0)
         gn = jnp.sqrt(jnp.sum(g * g))
-        rnd = jax.random.normal(jax.random.fold_in(key, i.astype(jnp.int32)), x.shape)
-        rnd = rnd / jnp.maximum(jnp.sqrt(jnp.sum(rnd * rnd)), 1e-12)
+        rnd = mn.hash_direction(key, i, x.shape)
         direction = jnp.where(gn < 1e-12, rnd, -g / jnp.maximum(gn, 1e-12))  # descend the objective
         alpha = mn.cosine(i, steps, hp["alpha_init"], hp["alpha_final"])
         delta = (x - x0) + alpha * direction
