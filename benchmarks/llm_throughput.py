@@ -22,7 +22,20 @@ import sys
 import tempfile
 import time
 
-sys.modules.setdefault("torchvision", None)  # an unmatched torchvision must not break transformers
+
+
+def _hide_broken_torchvision():
+    """A torchvision built for another torch fails on import and breaks transformers' lazy
+    imports; hide it (only when it is broken) since no vision code is needed here."""
+    try:
+        import torchvision  # noqa: F401
+    except Exception:
+        for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+            del sys.modules[name]
+        sys.modules["torchvision"] = None
+
+
+_hide_broken_torchvision()
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import jax

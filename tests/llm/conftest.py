@@ -3,9 +3,19 @@
 import os
 import sys
 
-# A torchvision that does not match torch 2.13 may be installed in the shared
-# environment; transformers would import it and fail. These tests need no vision.
-sys.modules.setdefault("torchvision", None)
+
+def _hide_broken_torchvision():
+    """A torchvision built for another torch fails on import and breaks transformers' lazy
+    imports; hide it (only when it is broken) since no vision code is needed here."""
+    try:
+        import torchvision  # noqa: F401
+    except Exception:
+        for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+            del sys.modules[name]
+        sys.modules["torchvision"] = None
+
+
+_hide_broken_torchvision()
 
 import numpy as np
 import pytest
