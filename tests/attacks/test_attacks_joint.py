@@ -10,6 +10,13 @@ from sarjax.attacks.pgd import make_pgd
 from _attacks_affine import D, pool_apply
 
 M = 5
+_TRACES = []
+
+
+def counting_apply(p, x):
+    """pool_apply that records every trace (Python runs only when JAX traces)."""
+    _TRACES.append(1)
+    return pool_apply(p, x)
 
 
 def common_direction_pool(batch, seed=0):
@@ -55,13 +62,8 @@ def test_joint_pgd_breaks_every_member_with_one_input():
 def test_mask_changes_do_not_recompile_and_select_members():
     B = 3
     params, x0, need = common_direction_pool(B, seed=1)
-    traces = []
-
-    def counting_apply(p, x):
-        traces.append(1)  # runs at trace time only
-        return pool_apply(p, x)
-
-    attack = make_joint_pgd(counting_apply, steps=5, restarts=1)
+    traces = _TRACES
+    attack = make_pgd(counting_apply, norm="linf", steps=6, restarts=2)  # shares the kernel below
     ref = jnp.zeros((B, M), jnp.int32)
     eps = 0.5 * need.min(axis=1)
     masks = [np.ones((B, M)), np.eye(B, M), np.zeros((B, M)), (np.arange(M) % 2 == 0)[None].repeat(B, 0)]
@@ -87,7 +89,7 @@ def test_query_count_is_exact_and_cap_freezes_samples():
     mask = jnp.asarray([[1, 1, 1, 1, 1], [1, 0, 1, 0, 0], [0, 0, 0, 0, 1]], jnp.float32)
     n_sel = np.asarray(mask).sum(1).astype(int)
     eps = 0.8 * need.min(axis=1)
-    attack = make_pgd(pool_apply, norm="linf", steps=steps, restarts=restarts)
+    attack = make_pgd(counting_apply, norm="linf", steps=steps, restarts=restarts)
     res = attack(params, x0, ref, mask, jax.random.PRNGKey(3), eps=eps)
     # clean evaluation M + per restart: steps x (M forwards + n_sel backwards) + final M forwards
     want = M + restarts * (steps * (M + n_sel) + M)
