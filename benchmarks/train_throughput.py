@@ -450,6 +450,8 @@ def main(argv=None) -> dict:
 
     import torch
 
+    torch.set_num_threads(a.threads)
+    torch_info = torch.__config__.parallel_info().splitlines()[:8]  # before the 1-thread contender changes it
     data = load_mnist()
     t0 = time.time()
     load0 = os.getloadavg()
@@ -477,7 +479,7 @@ def main(argv=None) -> dict:
         "members": a.members, "steps": a.steps, "batch_size": BATCH, "repeats": a.repeats, "families": fams,
         "optimizer": f"AdamW lr={LR} weight_decay=0 betas=(0.9,0.999) eps=1e-8", "loss": "softmax cross-entropy",
         "torch_threads": a.threads, "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-        "torch_parallel_info": torch.__config__.parallel_info().splitlines()[:8], "quick": a.quick, "with_scan_loop": a.with_scan_loop,
+        "torch_parallel_info": torch_info, "quick": a.quick, "with_scan_loop": a.with_scan_loop,
         "data": f"{data.source}, train split {len(data.y_train)} images",
         "command": " ".join(["python", "benchmarks/train_throughput.py", *(argv if argv is not None else sys.argv[1:])]),
     }
