@@ -201,6 +201,8 @@ def main():
     ap.add_argument("--batches", type=int, nargs="+", default=[64, 256])
     ap.add_argument("--families", nargs="+", default=["mlp", "cnn"])
     ap.add_argument("--out", default="bench_joint_attack_throughput.json")
+    ap.add_argument("--conv-impls", nargs="+", default=["im2col", "xla", "shared"],
+                    help="CNN formulations measured besides im2col: xla, shared")
     ap.add_argument("--torch-threads", type=int, nargs="+", default=[1, os.cpu_count() or 1],
                     help="torch.set_num_threads variants measured (the fastest is the baseline)")
     ap.add_argument("--jax-single-thread", action="store_true",
@@ -216,7 +218,7 @@ def main():
     results = []
     for family in args.families:
         pools = {"im2col": build_pool(family, "im2col")}
-        if family == "cnn":
+        if family == "cnn" and "xla" in args.conv_impls:
             pools["xla"] = build_pool(family, "xla")
         base_pool = pools["im2col"]
         models = torch_models(base_pool, family)
@@ -229,7 +231,7 @@ def main():
                 atk = make_joint_pgd(pool.apply, eps=EPS, steps=args.steps, restarts=1)
                 runners[f"sarjax[{impl}]"] = (lambda atk=atk, pool=pool: jax.block_until_ready(
                     atk(pool.params, x0, ref, mask, jax.random.PRNGKey(1)).x_adv))
-            if family == "cnn":
+            if family == "cnn" and "shared" in args.conv_impls:
                 sh_apply = shared_first_layer_apply(base_pool.stacks[0].arch)
                 atk = make_joint_pgd(sh_apply, eps=EPS, steps=args.steps, restarts=1)
                 runners["sarjax[shared]"] = (lambda atk=atk: jax.block_until_ready(
