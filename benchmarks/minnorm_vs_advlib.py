@@ -157,7 +157,10 @@ def run_mnist(args, torch, adv):
     x0, y = x_all[idx], y_all[idx].astype(np.int32)
     T = args.queries
     rows = []
+    only = {a for a in args.attacks.split(",") if a}
     for name, norms, skw, tcall in _cases(10, T):
+        if only and name not in only:
+            continue
         for p in norms:
             spec = _spec(name, **skw)
             kw = dict(norm=p, max_queries=T)
@@ -236,6 +239,7 @@ def main():
     ap.add_argument("--out", default="minnorm_vs_advlib.json")
     ap.add_argument("--affine", action="store_true", help="also compare on the affine known-answer instances")
     ap.add_argument("--skip-mnist", action="store_true")
+    ap.add_argument("--attacks", default="", help="comma-separated subset, e.g. pdpgd,fab (default: all)")
     args = ap.parse_args()
     torch, adv = _import_advlib()
     out = dict(command=" ".join(sys.argv), n=args.n, queries=args.queries)

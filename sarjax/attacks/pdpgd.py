@@ -17,7 +17,6 @@ import math
 import jax
 import jax.numpy as jnp
 
-from sarjax.attacks import geometry
 from sarjax.attacks import minnorm as mn
 from sarjax.attacks.pdgd import adam, default_hp, dual_init, dual_update
 
@@ -38,11 +37,21 @@ def prox_l2(x, lam):
     return x * jnp.maximum(1.0 - lam / jnp.maximum(n, 1e-12), 0.0)
 
 
+def _project_l1_ball(v, radius=1.0):
+    """Euclidean projection onto the (box-free) l1 ball by sorting (Duchi et al. 2008)."""
+    a = jnp.abs(v).ravel()
+    u = jnp.sort(a)[::-1]
+    css = jnp.cumsum(u)
+    k = jnp.arange(1, a.size + 1, dtype=v.dtype)
+    rho = jnp.max(jnp.where(u - (css - radius) / k > 0, jnp.arange(1, a.size + 1), 1))
+    theta = (css[rho - 1] - radius) / rho
+    w = jnp.sign(v) * jnp.maximum(jnp.abs(v) - theta, 0.0)
+    return jnp.where(jnp.sum(a) <= radius, v, w)
+
+
 def prox_linf(x, lam):
-    """Moreau: ``x - lam * P_{B1(1)}(x / lam)``."""
-    big = 1e30
-    z = geometry.project(x / jnp.maximum(lam, 1e-12), jnp.zeros_like(x), 1.0, 1, box=(-big, big))
-    return x - lam * z
+    """Moreau: ``x - lam * P_{B1(1)}(x / lam)``; the l1 projection by sorting, once per call."""
+    return x - lam * _project_l1_ball(x / jnp.maximum(lam, 1e-12))
 
 
 def prox_l23(x, lam):
