@@ -240,7 +240,7 @@ class Setup:
 def make_sarjax(st: Setup):
     """sarjax's vmapped trainer: the compiled epoch kernel of ``train_stack``."""
     tx = _tx()
-    epoch = _make_epoch_fn(st.arch, False, tx)
+    epoch = _make_epoch_fn(st.arch, False, tx, dropout=False)  # as train_stack when every dropout rate is 0
     m = st.members
     opt0 = jax.vmap(lambda p: _init_opt(tx, p))(st.params0)
     hp = {"aug": jnp.zeros(m), "ls": jnp.zeros(m), "dropout": jnp.zeros(m)}
@@ -249,7 +249,7 @@ def make_sarjax(st: Setup):
     jax.block_until_ready((opt0, idx))
 
     def run():
-        p, _, loss = epoch(st.params0, opt0, st.xd, st.yd, idx, st.keys, hp, active)
+        p, _, loss = epoch(st.params0, opt0, st.xd, st.yd, idx, st.keys, hp, active, masked=False)
         jax.block_until_ready((p, loss))
         return [jax.tree.map(lambda a, i=i: np.asarray(a[i]), p) for i in range(m)]
 
@@ -264,7 +264,8 @@ def make_jax_loop(st: Setup, scan: bool = False):
         xb, yb = x[ib], y[ib]
 
         def loss_fn(p):
-            return _xent(arch.apply(p, xb, key=jax.random.fold_in(key, 2), dropout=0.0), yb)
+            del key  # no dropout: as the sarjax trainer when every rate is 0
+            return _xent(arch.apply(p, xb), yb)
 
         loss, grads = jax.value_and_grad(loss_fn)(params)
         updates, opt_state = tx.update(grads, opt_state, params)

@@ -103,36 +103,46 @@ def _member_order(cfgs: Sequence[MemberConfig], n: int, epoch: int) -> np.ndarra
     return out
 
 
-def _make_epoch_fn(arch: Arch, augment: bool, tx: optax.GradientTransformation):
-    def member_step(params, opt_state, xb, yb, key, hp, active):
+def _make_epoch_fn(arch: Arch, augment: bool, tx: optax.GradientTransformation, dropout: bool = True):
+    """The jitted epoch: ``lax.scan`` over steps of a member step vmapped over the stack.
+
+    ``masked`` (static) selects the variant that keeps stopped members' params and optimizer
+    state (a ``where`` over every leaf each step); while all members are active the unmasked
+    variant runs. ``dropout=False`` skips drawing dropout masks when every rate is 0.
+    """
+
+    def member_step(params, opt_state, xb, yb, key, hp, active, masked):
         if augment:
             ka = jax.random.split(jax.random.fold_in(key, 1), xb.shape[0])
             xb = jax.vmap(lambda k, im: random_affine(k, im, hp["aug"]))(ka, xb)
         target = yb * (1.0 - hp["ls"]) + hp["ls"] / yb.shape[-1]
 
         def loss_fn(p):
-            return _soft_xent(arch.apply(p, xb, key=jax.random.fold_in(key, 2), dropout=hp["dropout"]), target)
+            dkey = jax.random.fold_in(key, 2) if dropout else None
+            return _soft_xent(arch.apply(p, xb, key=dkey, dropout=hp["dropout"]), target)
 
         loss, grads = jax.value_and_grad(loss_fn)(params)
         updates, new_state = tx.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
+        if not masked:
+            return new_params, new_state, loss
         keep = lambda new, old: jnp.where(active, new, old)
         return jax.tree.map(keep, new_params, params), jax.tree.map(keep, new_state, opt_state), loss
 
-    stack_step = jax.vmap(member_step, in_axes=(0, 0, 0, 0, 0, 0, 0))
+    stack_step = jax.vmap(member_step, in_axes=(0, 0, 0, 0, 0, 0, 0, None))
 
-    def epoch(params, opt_state, x, y, idx, keys, hp, active):
+    def epoch(params, opt_state, x, y, idx, keys, hp, active, masked):
         # idx: [steps, K, bs]; keys: [steps, K]
         def body(carry, inp):
             p, s = carry
             ib, kb = inp
-            p, s, loss = stack_step(p, s, x[ib], y[ib], kb, hp, active)
+            p, s, loss = stack_step(p, s, x[ib], y[ib], kb, hp, active, masked)
             return (p, s), loss
 
         (params, opt_state), losses = jax.lax.scan(body, (params, opt_state), (idx, keys))
         return params, opt_state, losses.mean(0)
 
-    return jax.jit(epoch)
+    return jax.jit(epoch, static_argnames="masked")
 
 
 def _eval_fn(arch: Arch):
@@ -227,7 +237,7 @@ def train_stack(
         return s
 
     opt_state = jax.vmap(init_state)(init_params, lrs, wds)
-    epoch_fn = _make_epoch_fn(arch, any(c.aug_strength > 0 for c in cfgs), tx)
+    epoch_fn = _make_epoch_fn(arch, any(c.aug_strength > 0 for c in cfgs), tx, dropout=any(c.dropout > 0 for c in cfgs))
     eval_fn = _eval_fn(arch)
     xd, yd = jnp.asarray(x), jnp.asarray(y_soft)
     xv, yv = jnp.asarray(x_val), jnp.asarray(y_val)
@@ -246,7 +256,8 @@ def train_stack(
         for ep in range(config.epochs):
             order = _member_order(cfgs, len(x), ep)[:, : steps * bs].reshape(k, steps, bs).transpose(1, 0, 2)
             keys = jax.vmap(lambda kk: jax.vmap(lambda s: jax.random.fold_in(jax.random.fold_in(kk, ep), s))(jnp.arange(steps)))(base_keys)
-            params, opt_state, _ = epoch_fn(params, opt_state, xd, yd, jnp.asarray(order), keys.transpose(1, 0), hp, jnp.asarray(active))
+            params, opt_state, _ = epoch_fn(params, opt_state, xd, yd, jnp.asarray(order), keys.transpose(1, 0), hp,
+                                            jnp.asarray(active), masked=not bool(active.all()))
             acc = np.asarray(eval_fn(params, xv, yv))
             improved = (acc > best_acc) & active
             best = jax.tree.map(lambda b, p: jnp.where(improved.reshape((-1,) + (1,) * (p.ndim - 1)), p, b), best, params)
