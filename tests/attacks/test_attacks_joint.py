@@ -110,9 +110,21 @@ def test_joint_pgd_on_a_heterogeneous_pool_reports_consistent_success():
     from sarjax.models import zoo
     from sarjax.models.pool import Pool, Stack
 
-    pool = Pool((Stack.from_keys(zoo.mlp(widths=(16,)), jax.random.split(jax.random.PRNGKey(0), 2)),
-                 Stack.from_keys(zoo.mlp(widths=(8, 8)), jax.random.split(jax.random.PRNGKey(1), 3))))
-    x0 = jax.random.uniform(jax.random.PRNGKey(2), (3, 28, 28, 1))
+    small = dict(input_shape=(6, 6, 1))
+
+    rng = np.random.default_rng(0)
+
+    def dense(n, fan_in, fan_out):  # numpy init: no compile (Arch.init would compile per stack)
+        return {"w": jnp.asarray(rng.normal(0, fan_in ** -0.5, (n, fan_in, fan_out)), jnp.float32),
+                "b": jnp.asarray(rng.normal(0, 0.1, (n, fan_out)), jnp.float32)}
+
+    mlp, cnn = zoo.mlp(widths=(16,), **small), zoo.cnn(channels=(4,), dense=8, **small)
+    conv = {"w": jnp.asarray(rng.normal(0, 1 / 3, (3, 3, 3, 1, 4)), jnp.float32),
+            "b": jnp.zeros((3, 4), jnp.float32)}
+    pool = Pool((Stack(mlp, {"dense0": dense(2, 36, 16), "out": dense(2, 16, 10)}, ("m0", "m1")),
+                 Stack(cnn, {"conv0": conv, "dense": dense(3, 36, 8), "out": dense(3, 8, 10)},
+                       ("c0", "c1", "c2"))))
+    x0 = jax.random.uniform(jax.random.PRNGKey(2), (3, 6, 6, 1))
     ref = jnp.argmax(pool.logits(x0), -1).T.astype(jnp.int32)          # [B, M] own predictions
     mask = jnp.asarray([[1, 1, 1, 1, 1], [0, 1, 0, 1, 0], [1, 0, 0, 0, 0]], jnp.float32)
     res = make_joint_pgd(pool.apply, steps=4, restarts=2)(pool.params, x0, ref, mask,
