@@ -261,11 +261,11 @@ def make_jax_loop(st: Setup, scan: bool = False):
     tx, arch = _tx(), st.arch
 
     def member_step(params, opt_state, x, y, ib, key):
+        del key  # no dropout draw (every rate is 0)
         xb, yb = x[ib], y[ib]
 
         def loss_fn(p):
-            del key  # no dropout: as the sarjax trainer when every rate is 0
-            return _xent(arch.apply(p, xb), yb)
+            return _xent(arch.apply(p, xb), yb)  # no dropout: as the sarjax trainer when every rate is 0
 
         loss, grads = jax.value_and_grad(loss_fn)(params)
         updates, opt_state = tx.update(grads, opt_state, params)

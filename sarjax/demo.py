@@ -37,7 +37,7 @@ class DemoSettings:
 
     members: int = 20
     epochs: int = 10
-    samples: int = 100
+    samples: int = 50
     eps: float = 0.05
     steps: int = 40
     restarts: int = 3

@@ -20,9 +20,14 @@ from sarjax.attacks.rounds import make_rounds
 from sarjax.attacks.square import make_square
 from sarjax.attacks.threat import Threat, canonical_norm
 
+# minimum-norm attacks (docs/minnorm.md): each module has spec(**hp) and an attack of its name, e.g. fmn.fmn(f, x0, y, key, *, norm)
+from sarjax.attacks import alma, apgd_min, ddn, fab, fmn, minnorm, pdgd, pdpgd, sigma_zero  # noqa: E402
+from sarjax.attacks.minnorm import MinNormResult  # noqa: E402
+
 __all__ = [
     "AttackResult", "AuditReport", "Threat", "attack_members", "audit", "canonical_norm", "check",
     "dual_norm", "geometry", "make_apgd", "make_apgd_t", "make_fgsm", "make_joint_pgd",
     "make_member_attack", "make_mifgsm", "make_pgd", "make_rounds", "make_square", "norm",
     "project", "queries", "random_in_ball", "steepest",
+    "MinNormResult", "alma", "apgd_min", "ddn", "fab", "fmn", "minnorm", "pdgd", "pdpgd", "sigma_zero",
 ]
