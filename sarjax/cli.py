@@ -84,9 +84,9 @@ def cmd_sar(args: argparse.Namespace) -> int:
 def _register_demo(sub) -> None:
     d = sub.add_parser("demo", help="the main job: SAR of the three MNIST diversity pools (trains or loads them)")
     d.add_argument("--out", default="sarjax-demo", help="output directory (default ./sarjax-demo)")
-    d.add_argument("--quick", action="store_true", help="3-minute version: 8 members, 3 epochs, 24 images, 20 steps, 1 restart")
+    d.add_argument("--quick", action="store_true", help="3-minute version: 6 members, 2 epochs, 12 images, 20 steps, 1 restart")
     d.add_argument("--cache", default=None, help="trained-pool cache directory (default OUT/pools)")
-    d.add_argument("--samples", type=_positive_int, default=None, help="test images to attack (default 50, quick 24)")
+    d.add_argument("--samples", type=_positive_int, default=None, help="test images to attack (default 20, quick 12)")
     d.add_argument("--data-dir", default=None, help="directory with MNIST IDX files (default: the embedded 5,000 digits)")
     d.add_argument("--seed", type=int, default=0)
     d.set_defaults(func=cmd_demo)

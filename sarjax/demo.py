@@ -37,7 +37,7 @@ class DemoSettings:
 
     members: int = 20
     epochs: int = 10
-    samples: int = 50
+    samples: int = 20
     eps: float = 0.05
     steps: int = 40
     restarts: int = 3
@@ -46,7 +46,7 @@ class DemoSettings:
 
     @classmethod
     def quick_settings(cls, seed: int = 0) -> "DemoSettings":
-        return cls(members=8, epochs=3, samples=24, steps=20, restarts=1, seed=seed, quick=True)
+        return cls(members=6, epochs=2, samples=12, steps=20, restarts=1, seed=seed, quick=True)
 
 
 def validate_sar_args(eps: float, deltas: Sequence[float]) -> None:
@@ -171,7 +171,7 @@ def print_table(records: dict[str, dict], eps: float) -> None:
         hist = r["k_hat_histogram"].get("0.85", {})
         t.add_row(name, str(r["members"]), f"{r['accuracy']:.4f}", f"{r['asr']:.3f}",
                   *[f"{r['sar'][f'{c:g}']:.3f}" for c in COVERAGES], " ".join(f"{k}:{v}" for k, v in hist.items()))
-    Console().print(t)
+    Console(width=160).print(t)
 
 
 def run_demo(out: str | Path = "sarjax-demo", *, quick: bool = False, cache_dir: str | Path | None = None,
@@ -180,7 +180,7 @@ def run_demo(out: str | Path = "sarjax-demo", *, quick: bool = False, cache_dir:
 
     Args:
       out: output directory (results.json, sar_by_pool.png, sar_<pool>.png).
-      quick: the 3-minute version (8 members, 3 epochs, 24 samples, 20 steps, 1 restart).
+      quick: the 3-minute version (6 members, 2 epochs, 12 samples, 20 steps, 1 restart).
       cache_dir: where trained pools are cached (default ``<out>/pools``).
       samples: override the number of test images attacked.
       seed: seed of the pools and the attacks.
