@@ -9,6 +9,7 @@ per-member ASR matrix the cover metrics need.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any, Callable
 
 import jax
@@ -105,7 +106,7 @@ def attack_members(pool, factory: Callable, x0, labels, key=None, *, eps, norm="
     lab = jnp.asarray(labels)
     outs, start = [], 0
     for i, stack in enumerate(pool.stacks):
-        fn = make_member_attack(stack.arch.apply, factory, norm=norm, **hp)
+        fn = _cached_member_attack(stack.arch.apply, factory, norm, hp)
         lab_i = lab if lab.ndim == 1 else lab[start:start + stack.size]
         outs.append(fn(stack.params, x0, lab_i, jax.random.fold_in(key, i), eps=eps,
                        max_queries=max_queries))
@@ -113,3 +114,31 @@ def attack_members(pool, factory: Callable, x0, labels, key=None, *, eps, norm="
     if len(outs) == 1:
         return outs[0]
     return jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=0), *outs)
+
+
+_KERNELS: "OrderedDict[Any, Callable]" = OrderedDict()
+_KERNELS_MAX = 32
+
+
+def _cached_member_attack(member_apply: Callable, factory: Callable, norm, hp: dict) -> Callable:
+    """``make_member_attack`` memoised on (apply, factory, norm, hyperparameters).
+
+    eps, labels, keys and the query cap are traced arguments of the compiled
+    kernel, so reusing the built function means a second call on the same pool
+    (another eps, other samples of the same batch size) does not recompile.
+    Unhashable hyperparameters fall back to building a new function.
+    """
+    try:
+        cache_key = (member_apply, factory, canonical_norm(norm), tuple(sorted(hp.items())))
+        hash(cache_key)
+    except TypeError:
+        return make_member_attack(member_apply, factory, norm=norm, **hp)
+    fn = _KERNELS.get(cache_key)
+    if fn is None:
+        fn = make_member_attack(member_apply, factory, norm=norm, **hp)
+        _KERNELS[cache_key] = fn
+        while len(_KERNELS) > _KERNELS_MAX:
+            _KERNELS.popitem(last=False)
+    else:
+        _KERNELS.move_to_end(cache_key)
+    return fn

@@ -32,3 +32,37 @@ def test_member_mode_matches_analytic_distances():
     assert res.success.shape == (K, B) and res.x_adv.shape == (K, B, D)
     np.testing.assert_array_equal(np.asarray(res.success), dist < eps[None])
     assert 0 < np.asarray(res.success).mean() < 1  # the test separates members
+
+
+_TRACES = []
+
+
+def _counting_affine_apply(params, x):
+    _TRACES.append(1)  # runs only while JAX traces (a Python side effect)
+    return affine_apply(params, x)
+
+
+def test_attack_members_reuses_its_compiled_kernel_across_eps():
+    from types import SimpleNamespace
+
+    from sarjax.attacks.members import attack_members
+    from sarjax.attacks.pgd import make_pgd
+
+    rng = np.random.default_rng(1)
+    K, B, D = 3, 4, 8
+    params = {"W": jnp.asarray(rng.normal(size=(K, D, 4)), jnp.float32), "b": jnp.zeros((K, 4), jnp.float32)}
+    stack = SimpleNamespace(arch=SimpleNamespace(apply=_counting_affine_apply), params=params, size=K)
+    pool = SimpleNamespace(stacks=[stack])
+    x0 = jnp.asarray(rng.uniform(0.3, 0.7, (B, D)), jnp.float32)
+    lab = jnp.zeros((B,), jnp.int32)
+    _TRACES.clear()
+    r1 = attack_members(pool, make_pgd, x0, lab, jax.random.PRNGKey(0), eps=0.05, steps=3)
+    n_first = len(_TRACES)
+    assert n_first > 0
+    r2 = attack_members(pool, make_pgd, x0, lab, jax.random.PRNGKey(0), eps=0.1, steps=3)
+    assert len(_TRACES) == n_first, "a second eps re-traced the member attack"
+    d1 = np.abs(np.asarray(r1.x_adv) - np.asarray(x0)).max()
+    d2 = np.abs(np.asarray(r2.x_adv) - np.asarray(x0)).max()
+    assert d1 <= 0.05 * (1 + 1e-6) and 0.05 < d2 <= 0.1 * (1 + 1e-6)  # the new eps took effect
+    attack_members(pool, make_pgd, x0, lab, jax.random.PRNGKey(0), eps=0.1, steps=4)
+    assert len(_TRACES) > n_first  # other hyperparameters build another kernel
