@@ -156,3 +156,161 @@ def test_threat_validation():
         Threat("linf", 0.1, box=(1.0, 0.0))
     with pytest.raises(TypeError):
         Threat(None, 0.1)
+
+
+# --- The previous implementations (48-step bisection, double argsort), kept verbatim as the
+# --- reference the sort-based projections must reproduce (and for benchmarks/projection_speed.py).
+
+_REF_BISECT_ITERS = 48
+
+
+def _ref_project_l2(x, x0, eps, box):
+    delta = x - x0
+    lo_d, hi_d = box[0] - x0, box[1] - x0
+
+    def size(t):
+        d = jnp.clip(t * delta, lo_d, hi_d)
+        return jnp.sum(d * d)
+
+    eps2 = eps * eps
+
+    def body(_, bracket):
+        a, b = bracket
+        m = 0.5 * (a + b)
+        ok = size(m) <= eps2
+        return jnp.where(ok, m, a), jnp.where(ok, b, m)
+
+    inside = size(jnp.ones((), x.dtype)) <= eps2
+    a, _ = jax.lax.fori_loop(0, _REF_BISECT_ITERS, body, (jnp.zeros((), x.dtype), jnp.ones((), x.dtype)))
+    t = jnp.where(inside, 1.0, a)
+    return x0 + jnp.clip(t * delta, lo_d, hi_d)
+
+
+def _ref_project_l1(x, x0, eps, box):
+    delta = x - x0
+    cap = jnp.where(delta >= 0, box[1] - x0, x0 - box[0])
+    mag = jnp.abs(delta)
+
+    def size(tau):
+        return jnp.sum(jnp.clip(mag - tau, 0.0, cap))
+
+    def body(_, bracket):
+        a, b = bracket
+        m = 0.5 * (a + b)
+        ok = size(m) <= eps
+        return jnp.where(ok, a, m), jnp.where(ok, m, b)
+
+    hi_tau = jnp.max(mag)
+    inside = size(jnp.zeros((), x.dtype)) <= eps
+    _, b = jax.lax.fori_loop(0, _REF_BISECT_ITERS, body, (jnp.zeros((), x.dtype), hi_tau))
+    tau = jnp.where(inside, 0.0, b)
+    return x0 + jnp.sign(delta) * jnp.clip(mag - tau, 0.0, cap)
+
+
+def _ref_project_l0(x, x0, eps, box):
+    xc = jnp.clip(x, box[0], box[1])
+    gain = jnp.ravel((x - x0) ** 2 - (x - xc) ** 2)
+    k = jnp.floor(eps + 1e-6).astype(jnp.int32)
+    rank = jnp.argsort(jnp.argsort(-gain, stable=True), stable=True)
+    keep = (rank < k) & (gain > 0)
+    return jnp.where(keep.reshape(x.shape), xc, x0)
+
+
+def _ref_project(x, x0, eps, p, box=(0.0, 1.0)):
+    fn = {0: _ref_project_l0, 1: _ref_project_l1, 2: _ref_project_l2}[p]
+    return fn(x, x0, jnp.asarray(eps, x.dtype), box)
+
+
+_batched = jax.jit(jax.vmap(G.project, in_axes=(0, 0, 0, None, None)), static_argnums=(3, 4))
+_batched_ref = jax.jit(jax.vmap(_ref_project, in_axes=(0, 0, 0, None, None)), static_argnums=(3, 4))
+
+
+def _hard_cases(p, d=40, seed=0):
+    """[B, d] float32 inputs with per-sample eps covering the boundary cases.
+
+    Rows: random in/out of the ball at several scales; a point already inside
+    (eps above its clipped norm); eps = 0; huge eps; v with many exact zeros;
+    x0 on the box faces (0 and 1) pushed outwards and inwards; v = 0.
+    """
+    rng = np.random.default_rng(seed)
+    B = 48
+    x0 = rng.uniform(0, 1, (B, d))
+    x0[:, : d // 4] = rng.integers(0, 2, (B, d // 4))             # x0 on the faces
+    x = x0 + rng.normal(0, 1, (B, d)) * rng.choice([0.01, 0.1, 0.5, 2.0], (B, 1))
+    x[::3, d // 4: d // 2] = x0[::3, d // 4: d // 2]               # v with exact zeros
+    x[5] = x0[5]                                                   # v = 0
+    x0, x = x0.astype(np.float32), x.astype(np.float32)
+    clipped = np.linalg.norm(np.clip(x, 0, 1).astype(np.float64) - x0, ord=p, axis=1)
+    eps = clipped * rng.uniform(0.02, 1.2, B)                      # inside and outside
+    eps[0], eps[1], eps[2], eps[3] = 0.0, 1e9, np.inf, clipped[3] * 1.0001
+    eps[4] = clipped[4]                                            # exactly on the sphere
+    eps[6] = 1e-4                                                  # tiny radius
+    return jnp.asarray(x), jnp.asarray(x0), jnp.asarray(eps, jnp.float32)
+
+
+@pytest.mark.parametrize("p", [1, 2])
+@pytest.mark.parametrize("d", [9, 784])
+def test_sort_projection_matches_old_bisection(p, d):
+    x, x0, eps = _hard_cases(p, d, seed=d + p)
+    if d == 9:  # images [B, H, W, C]: all elements form one vector, shape and dtype kept
+        x, x0 = x.reshape(-1, 3, 3, 1), x0.reshape(-1, 3, 3, 1)
+    got = np.asarray(_batched(x, x0, eps, p, (0.0, 1.0)))
+    want = np.asarray(_batched_ref(x, x0, eps, p, (0.0, 1.0)))
+    assert got.shape == x.shape and got.dtype == np.float32
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+    np.testing.assert_array_equal(got[0], np.asarray(x0[0]))           # eps = 0 -> x0
+    for i in (1, 2, 3):                                                 # eps >= clipped norm
+        np.testing.assert_allclose(got[i], np.clip(np.asarray(x[i]), 0, 1), atol=1e-7, rtol=0)
+    outside = np.linalg.norm((np.clip(np.asarray(x), 0, 1) - np.asarray(x0)).reshape(len(x), -1),
+                             ord=p, axis=1) > np.asarray(eps) * 1.01
+    assert outside.sum() >= 10  # the cases exercise the active constraint
+    np.testing.assert_array_equal(got[5], np.asarray(x0[5]))           # v = 0
+
+
+@pytest.mark.parametrize("p", [1, 2])
+def test_sort_projection_never_leaves_the_ball(p):
+    # x0 = 0 inside the box (-1, 1): x0 + d == d exactly, so the float64 norm of the output is the
+    # norm the projection produced, with no write-back rounding: it must be <= eps * (1 + 1e-6).
+    rng = np.random.default_rng(10 + p)
+    d = 300
+    v = (rng.normal(0, 1, (64, d)) * rng.choice([1e-3, 0.05, 0.3, 3.0], (64, 1))).astype(np.float32)
+    v[::4, :100] = 0.0
+    x0 = np.zeros_like(v)
+    n = np.linalg.norm(np.clip(v, -1, 1).astype(np.float64), ord=p, axis=1)
+    eps = (n * rng.uniform(0.001, 0.999, 64)).astype(np.float32)
+    got = np.asarray(_batched(jnp.asarray(v), jnp.asarray(x0), jnp.asarray(eps), p, (-1.0, 1.0)), np.float64)
+    real = np.linalg.norm(got, ord=p, axis=1)
+    assert (real <= eps.astype(np.float64) * (1 + 1e-6)).all(), (real / eps).max()
+    assert (real >= eps * (1 - 1e-5)).all()  # and it is on the sphere (the constraint is active)
+    assert np.abs(got).max() <= 1.0
+
+
+@pytest.mark.parametrize("p", [1, 2])
+def test_sort_projection_passes_the_audit(p):
+    from sarjax.attacks.audit import audit
+
+    x, x0, eps = _hard_cases(p, 784, seed=3)
+    eps = jnp.where(jnp.isfinite(eps), eps, 1e9)
+    got = _batched(x, x0, eps, p, (0.0, 1.0))
+    rep = audit(x0, got, Threat(p, np.asarray(eps)))
+    assert rep.ok, rep.describe()
+
+
+def test_l0_single_sort_matches_double_argsort_with_ties():
+    rng = np.random.default_rng(7)
+    B, d = 40, 12
+    x0 = rng.uniform(0, 1, (B, d)).astype(np.float32)  # reshaped to [B, 3, 4, 1] below
+    step = rng.choice([-0.5, 0.0, 0.25, 0.5, 1.5], (B, d)).astype(np.float32)  # many equal gains
+    x0[:, :3] = 0.25
+    x = x0 + step
+    k = rng.integers(0, d + 3, B).astype(np.float32)   # k = 0 ... > d
+    k[0], k[1] = 2.9999999, 3.5                          # floored with the 1e-6 tolerance
+    args = (jnp.asarray(x).reshape(B, 3, 4, 1), jnp.asarray(x0).reshape(B, 3, 4, 1), jnp.asarray(k), 0,
+            (0.0, 1.0))
+    got, want = np.asarray(_batched(*args)).reshape(B, d), np.asarray(_batched_ref(*args)).reshape(B, d)
+    np.testing.assert_array_equal(got, want)
+    changed = (got != x0).sum(axis=1)
+    assert (changed <= np.floor(k + 1e-6)).all()
+    assert changed[0] <= 3 and changed[1] <= 3
+
