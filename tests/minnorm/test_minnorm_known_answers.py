@@ -27,10 +27,10 @@ CASES = [
     ("ddn", ddn.spec(), 2, 400, 1.05),
     ("apgd_min-ce", apgd_min.spec(), 2, 400, 1.05),
     ("apgd_min-ce", apgd_min.spec(), math.inf, 400, 1.05),
-    # l1-APGD's sparse sign steps move the top-k elements by equal amounts, so the iterate
-    # settles on a 2-3 element split of the one-element affine optimum (measured <= 1.13x)
-    ("apgd_min-ce", apgd_min.spec(), 1, 400, 1.15),
-    ("apgd_min-dlr", apgd_min.spec(loss="dlr"), 1, 400, 1.15),
+    # l1: the sign step's element count rounds to nearest (k = 1 reachable), see apgd_min's
+    # module doc; with AutoAttack's round-up these two measured up to 1.13x (1.34x over 120 draws)
+    ("apgd_min-ce", apgd_min.spec(), 1, 400, 1.05),
+    ("apgd_min-dlr", apgd_min.spec(loss="dlr"), 1, 400, 1.05),
     ("alma", alma.spec(), 2, 1000, 1.05),
     # ALMA's l1 subgradient steps stall on sparse affine optima; adv-lib's ALMA returns the
     # norms within ~10% on these inputs (benchmarks/minnorm_vs_advlib.py --affine), up to 3.6x
