@@ -22,6 +22,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from sarjax.attacks.joint import make_joint_pgd
 from sarjax.data.mnist import load_mnist
 from sarjax.demo import COVERAGES, DemoSettings, evaluate_pool, get_pool
 from sarjax.models.presets import PRESETS
@@ -32,10 +33,16 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=100)
     ap.add_argument("--members", type=int, default=20)
     ap.add_argument("--epochs", type=int, default=10)
-    ap.add_argument("--eps", type=float, nargs="+", default=[0.02, 0.05, 0.1, 0.15, 0.2])
+    ap.add_argument("--eps", type=float, nargs="+", default=[0.05, 0.1, 0.2, 0.02, 0.15],
+                    help="radii, run in this order (0.05, the paper's headline, first)")
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--restarts", type=int, default=3)
     ap.add_argument("--cache", default="sarjax-demo/pools", help="trained-pool cache (shared with sarjax demo)")
+    ap.add_argument("--no-cache", action="store_true", help="train the pools in memory, write no cache")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="start no new eps after this many seconds (the JSON is rewritten after every pool x eps)")
+    ap.add_argument("--precision", default=None, choices=["default", "high", "highest"],
+                    help="jax_default_matmul_precision (on GPUs 'default' may use TF32)")
     ap.add_argument("--out", default="benchmarks/results/sar_diversity")
     ap.add_argument("--data-dir", default=None)
     ap.add_argument("--seed", type=int, default=0)
@@ -43,35 +50,60 @@ def main() -> None:
     a = ap.parse_args()
     if a.quick:
         a.samples, a.members, a.epochs, a.eps, a.steps, a.restarts = 16, 6, 2, [0.05, 0.15], 10, 1
+    if a.precision:
+        jax.config.update("jax_default_matmul_precision", a.precision)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     data = load_mnist(a.data_dir)
     x = data.x_test[: a.samples]
     s = DemoSettings(members=a.members, epochs=a.epochs, samples=a.samples, seed=a.seed)
     deltas = [round(1 - c, 10) for c in COVERAGES]
-    doc = {"settings": vars(a), "data": data.source, "coverages": list(COVERAGES), "pools": {}}
+    doc = {"settings": vars(a), "data": data.source, "samples": int(len(x)), "coverages": list(COVERAGES),
+           "device": str(jax.devices()[0]), "jax": jax.__version__, "pools": {}, "complete": False}
     t0 = time.time()
-    per_sample = {}
+    pools, attacks = {}, {}
     for preset in PRESETS:
-        pool, _ = get_pool(preset, data, s, Path(a.cache))
+        t1 = time.time()
+        pool, cfg = get_pool(preset, data, s, None if a.no_cache else Path(a.cache))
+        pools[preset] = pool
+        attacks[preset] = make_joint_pgd(pool.apply, steps=a.steps, restarts=a.restarts)
         acc = pool.accuracy(data.x_test, data.y_test)
-        rec = {"accuracy": float(acc.mean()), "eps": {}}
-        for eps in a.eps:
+        doc["pools"][preset] = {"accuracy": float(acc.mean()), "member_accuracy": acc.tolist(),
+                                "train_seconds": cfg.get("train_seconds", time.time() - t1), "eps": {}}
+        print(f"{preset:6s} M={pool.num_members} mean test accuracy {acc.mean():.4f} ({time.time() - t0:.0f}s)", flush=True)
+    per_sample = {}
+    done_eps = []
+    for eps in a.eps:
+        if a.budget_s is not None and time.time() - t0 > a.budget_s:
+            print(f"budget of {a.budget_s:.0f}s spent: skipping eps >= this one ({eps:g})", flush=True)
+            break
+        for preset, pool in pools.items():
+            t1 = time.time()
             res, member_asr = evaluate_pool(pool, x, eps, deltas, steps=a.steps, restarts=a.restarts,
-                                            key=jax.random.key(a.seed), progress=False)
+                                            key=jax.random.key(a.seed), progress=False, attack=attacks[preset])
             v = res.valid
-            rec["eps"][f"{eps:g}"] = {
+            rec = {
                 "asr": float(member_asr.mean()),
+                "member_asr": member_asr.tolist(),
                 "sar": {f"{c:g}": float(res.sar[v, j].mean()) for j, c in enumerate(COVERAGES)},
+                "sar_sem": {f"{c:g}": float(res.sar[v, j].std(ddof=1) / np.sqrt(v.sum())) if v.sum() > 1 else None
+                            for j, c in enumerate(COVERAGES)},
                 "share_sar_one": {f"{c:g}": float((res.sar[v, j] >= 1).mean()) for j, c in enumerate(COVERAGES)},
                 "share_fallback": float(res.fallback_fired[v].mean()),
+                "mean_queries_per_sample": float(res.queries[v].mean()),
+                "seconds": time.time() - t1,
             }
+            doc["pools"][preset]["eps"][f"{eps:g}"] = rec
             per_sample[(preset, eps)] = res.sar[v]
-            print(f"{preset:6s} eps={eps:<5g} acc={acc.mean():.4f} ASR={member_asr.mean():.3f} "
-                  + " ".join(f"SAR{c:g}={rec['eps'][f'{eps:g}']['sar'][f'{c:g}']:.3f}" for c in COVERAGES)
-                  + f"  ({time.time() - t0:.0f}s)", flush=True)
-        doc["pools"][preset] = rec
-    e05 = "0.05" if "0.05" in doc["pools"]["high"]["eps"] else f"{a.eps[0]:g}"
+            print(f"{preset:6s} eps={eps:<5g} ASR={member_asr.mean():.3f} "
+                  + " ".join(f"SAR{c:g}={rec['sar'][f'{c:g}']:.3f}" for c in COVERAGES)
+                  + f"  ({rec['seconds']:.0f}s, total {time.time() - t0:.0f}s)", flush=True)
+            doc["seconds"] = time.time() - t0
+            (out / "sar_diversity.json").write_text(json.dumps(doc, indent=2))
+        done_eps.append(eps)
+    doc["complete"] = len(done_eps) == len(a.eps)
+    doc["eps_done"] = sorted(done_eps)
+    e05 = "0.05" if 0.05 in done_eps else f"{done_eps[0]:g}"
     doc["claim_check"] = {
         f"high_minus_{p}_at_eps_{e05}": {c: doc["pools"]["high"]["eps"][e05]["sar"][c] - doc["pools"][p]["eps"][e05]["sar"][c]
                                         for c in doc["pools"]["high"]["eps"][e05]["sar"]}
@@ -79,7 +111,7 @@ def main() -> None:
     }
     doc["seconds"] = time.time() - t0
     (out / "sar_diversity.json").write_text(json.dumps(doc, indent=2))
-    plot(doc, per_sample, a.eps, out)
+    plot(doc, per_sample, sorted(done_eps), out)
     print(json.dumps(doc["claim_check"], indent=1))
     print(f"wrote {out}/sar_diversity.json and plots ({doc['seconds']:.0f}s)")
 

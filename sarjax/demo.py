@@ -76,15 +76,22 @@ def get_pool(preset: str, data: Split, s: DemoSettings, cache_dir: Path | None, 
     cfg = {"preset": preset, "members": s.members, "epochs": s.epochs, "seed": s.seed, "data": data.source,
            "history": info, "train_seconds": time.time() - t0}
     if path is not None:
-        save_pool(pool, path, cfg)
+        try:
+            save_pool(pool, path, cfg)
+        except Exception as e:  # a cache that cannot be written must not lose the trained pool
+            print(f"[{preset}] could not cache the pool in {path} ({type(e).__name__}: {e}); continuing")
     return pool, cfg
 
 
 def evaluate_pool(pool: Pool, x: np.ndarray, eps: float, deltas: Sequence[float], *, steps: int, restarts: int,
-                  key: jax.Array, progress: bool = True, checkpoint_dir: Path | None = None) -> tuple[SARResult, np.ndarray]:
+                  key: jax.Array, progress: bool = True, checkpoint_dir: Path | None = None,
+                  attack=None) -> tuple[SARResult, np.ndarray]:
     """SAR (joint PGD greedy) and per-member ASR (the same PGD on each member alone).
 
     The per-member attacks double as Algorithm 1's single-member fallback (looked up, not rerun).
+    Pass ``attack=make_joint_pgd(pool.apply, steps=..., restarts=...)`` built once per pool to
+    reuse its compiled kernel across several eps (eps is a traced argument); the per-member
+    kernel is memoised by :func:`sarjax.attacks.members.attack_members` already.
 
     Returns:
       (SAR result, per-member ASR [M]).
@@ -98,7 +105,7 @@ def evaluate_pool(pool: Pool, x: np.ndarray, eps: float, deltas: Sequence[float]
                             steps=steps, restarts=restarts, rel_step=1.0 / 16)
     member_asr = asr_metric(np.asarray(single.success).T)
     result = run_sar(pool, x, eps, deltas, key=jax.random.fold_in(key, 2), steps=steps, restarts=restarts,
-                     progress=progress, checkpoint_dir=checkpoint_dir,
+                     progress=progress, attack=attack, checkpoint_dir=checkpoint_dir,
                      member_attacks=(np.asarray(single.x_adv), np.asarray(single.queries)))
     return result, member_asr
 
