@@ -1,18 +1,48 @@
-"""Square attack (linf): score-based black-box random search (Andriushchenko et al., ECCV 2020).
+"""Square attack (linf and l2): score-based black-box random search (Andriushchenko et al., ECCV 2020).
 
-Defaults from the paper and AutoAttack's configuration: 5,000 queries,
-``p_init = 0.8``, the piecewise-constant schedule of the square's area share
-``p`` (halved at 10, 50, 200, 500, 1000, 2000, 4000, 6000, 8000 of 10,000
-iterations, rescaled to ``n_queries``), vertical-stripe initialisation,
-margin loss (untargeted) or cross-entropy to the target (targeted), a
-proposal accepted only if it improves the loss, and early stop per sample.
+Shared defaults (paper Sec. 3-4 and AutoAttack's configuration of its Square
+member): 5,000 queries, ``p_init = 0.8`` (AutoAttack's value for both norms),
+the piecewise-constant schedule of the window's area share ``p`` (halved at
+10, 50, 200, 500, 1000, 2000, 4000, 6000, 8000 of 10,000 iterations,
+rescaled to ``n_queries``), margin loss (untargeted) or cross-entropy to the
+target (targeted), a proposal accepted only if it improves the loss, and
+early stop per sample once every selected member is fooled.
+
+linf (paper Alg. 2): vertical-stripe initialisation ``x0 +- eps``; every
+proposal sets one ``s x s`` window (side ``round(sqrt(p * n / C))``, in
+``[1, H - 1]``) to ``x0 +- eps`` with one random sign per channel.
+
+l2 (paper Alg. 3 and Sec. 4.2, the authors' ``square_attack_l2``):
+
+* initialisation: a grid of ``H // 5``-sided tiles, each filled with the
+  centred-square pattern ``eta`` times a random sign per channel, the whole
+  perturbation scaled to l2 norm ``eps`` and clipped to the box;
+* ``eta(s)``: an ``s x s`` window split into two halves (rows, or columns with
+  probability 1/2) of opposite sign, each half a stack of concentric
+  rectangles whose value at Chebyshev distance ``d`` from the half's centre
+  is ``sum_{k = d + 1}^{s // 2 + 1} 1 / k^2``; each half has unit l2 norm and
+  the window is renormalised to unit l2 norm;
+* every proposal picks two windows W1, W2 of side ``s = round(sqrt(p * n /
+  C))`` (at least 3 and odd, as the paper; capped at ``min(H, W) - 1`` for
+  tiny inputs); per channel, W1's perturbation becomes ``eta * sign +
+  delta_W1 / ||delta_W1||``, rescaled to carry the mass of W1 ∪ W2 plus an
+  equal share of the unused budget, ``sqrt(max(eps^2 - ||delta||^2, 0) / C +
+  ||delta_{W1 ∪ W2}||^2)``; W2 is zeroed (the mass moves from W2 to W1);
+  the whole perturbation is rescaled to ``||delta||_2 = eps`` and the point
+  clipped to the box (clipping only moves elements towards ``x0``, so the
+  point stays in the ball).
+
+Deviations (documented): window positions are uniform over every position
+that fits (the reference draws the top-left corner from ``[0, H - s)``,
+never touching the last row); the l2 ``eta`` transpose and the signs are drawn
+per sample (the reference draws one transpose per batch); the per-channel
+mass follows the authors' repository (AutoAttack's port uses the mass of all
+channels of W1 ∪ W2 in each channel before the final rescaling).
 
 Only forward passes are used: each iteration costs M queries per still-active
 sample (one forward of every member).  The model runs once per iteration on
-the whole batch; proposals are drawn per example and vmapped.
-
-Not implemented: the l2 variant of the paper (its centred-square mass
-redistribution); ``make_square`` raises for ``norm != linf``.
+the whole batch; proposals are drawn per example (keys from
+``jax.random.fold_in``) and vmapped.
 """
 
 from __future__ import annotations
@@ -23,14 +53,17 @@ from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from sarjax.attacks import _engine as E
+from sarjax.attacks import geometry as G
 from sarjax.attacks import queries as Q
 from sarjax.attacks.losses import cross_entropy, fooled, margin
 from sarjax.attacks.result import AttackResult
 from sarjax.attacks.threat import canonical_norm
 
 _SCHEDULE_AT = (10, 50, 200, 500, 1000, 2000, 4000, 6000, 8000)
+_TINY = 1e-12
 
 
 def p_schedule(p_init: float, it, n_iters: int):
@@ -40,12 +73,186 @@ def p_schedule(p_init: float, it, n_iters: int):
     return p_init / (2.0 ** k)
 
 
+def l2_window_side(p, n_features: int, channels: int, max_side: int):
+    """Side of the l2 proposal windows: ``round(sqrt(p * n / C))``, at least 3, odd (paper
+    Sec. 4.2), capped at ``max_side`` (tiny inputs).
+
+    Args:
+      p: scalar area share (traced or Python float).
+      n_features: ``H * W * C``.
+      channels: ``C``.
+      max_side: largest allowed side (``max(min(H, W) - 1, 1)``).
+
+    Returns:
+      Scalar int32.
+    """
+    s = jnp.maximum(jnp.round(jnp.sqrt(p * n_features / channels)), 3.0).astype(jnp.int32)
+    s = s + (s % 2 == 0).astype(jnp.int32)
+    return jnp.minimum(s, max_side)
+
+
+def _inv_square_table(n: int) -> jnp.ndarray:
+    """``T[m] = sum_{k=1}^{m} 1 / k^2`` for ``m = 0..n`` (float32 ``[n + 1]``)."""
+    return jnp.asarray(np.concatenate([[0.0], np.cumsum(1.0 / np.arange(1, n + 1) ** 2)]), jnp.float32)
+
+
+def _halves(a, b, s, table):
+    """Unnormalised positive (first half) and negative-half magnitudes of ``eta(s)`` at
+    local coordinates ``(a, b)`` (integer arrays, broadcastable); zero outside."""
+    h1 = s // 2
+    h2 = s - h1
+    top_k = s // 2 + 1             # number of concentric rectangles (both halves)
+    cb = s // 2                    # centre column
+    inside_b = (b >= 0) & (b < s)
+    in1 = (a >= 0) & (a < h1) & inside_b
+    in2 = (a >= h1) & (a < s) & inside_b
+    d1 = jnp.maximum(jnp.abs(a - h1 // 2), jnp.abs(b - cb))
+    d2 = jnp.maximum(jnp.abs(a - h1 - h2 // 2), jnp.abs(b - cb))
+    v1 = table[top_k] - table[jnp.clip(d1, 0, top_k)]
+    v2 = table[top_k] - table[jnp.clip(d2, 0, top_k)]
+    return jnp.where(in1, v1, 0.0), jnp.where(in2, v2, 0.0)
+
+
+def centred_pattern(a, b, s, flip, max_side: int) -> jnp.ndarray:
+    """The l2 Square attack's window pattern ``eta(s)`` (paper Sec. 4.2) at local coordinates.
+
+    ``eta(s)`` is ``s x s``: the first ``s // 2`` rows hold ``+R(s // 2, s)``,
+    the others ``-R(s - s // 2, s)``, where ``R(h, w)`` is a stack of
+    concentric rectangles centred at ``(h // 2, w // 2)`` with value
+    ``sum_{k=d+1}^{s//2+1} 1/k^2`` at Chebyshev distance ``d`` from the centre,
+    scaled to unit l2 norm; the window is then scaled to unit l2 norm.  With
+    ``flip`` the pattern is transposed (halves split by columns).
+
+    Args:
+      a, b: int arrays (broadcastable), row and column relative to the
+        window's top-left corner; entries outside ``[0, s)^2`` give 0.
+      s: scalar int (traced allowed), the window side, ``1 <= s <= max_side``.
+      flip: bool, broadcastable with ``a`` and ``b``: transpose.
+      max_side: static upper bound on ``s`` (sizes the norm computation).
+
+    Returns:
+      float32 array of the broadcast shape of ``a, b, flip``.
+    """
+    table = _inv_square_table(max_side + 1)
+    g = jnp.arange(max_side)
+    n1, n2 = _halves(g[:, None], g[None, :], s, table)
+    n1 = jnp.sqrt(jnp.sum(n1 * n1))
+    n2 = jnp.sqrt(jnp.sum(n2 * n2))
+    # both halves are unit vectors on disjoint supports: the window norm is
+    # sqrt(2), or 1 when s == 1 (no first half)
+    total = jnp.sqrt((n1 > 0).astype(jnp.float32) + (n2 > 0).astype(jnp.float32))
+    aa, bb = jnp.where(flip, b, a), jnp.where(flip, a, b)
+    v1, v2 = _halves(aa, bb, s, table)
+    return (v1 / jnp.maximum(n1, _TINY) - v2 / jnp.maximum(n2, _TINY)) / total
+
+
+def l2_init_perturbation(key, shape, eps) -> jnp.ndarray:
+    """The l2 initialisation (paper Sec. 4.2): tiles of side ``max(H // 5, 1)`` from row and
+    column ``max((H - 5 * side) // 2, 0)``, each ``eta(side)`` (random transpose) times a random
+    sign per channel, scaled to l2 norm ``eps`` (before any box clipping).
+
+    Args:
+      key: PRNG key.
+      shape: ``(H, W, C)``.
+      eps: scalar radius.
+
+    Returns:
+      ``[H, W, C]`` float32 perturbation of l2 norm ``eps`` (0 if ``eps == 0``).
+    """
+    H, W, C = shape
+    side = max(H // 5, 1)
+    start = max((H - 5 * side) // 2, 0)
+    nh, nw = H // side, W // side
+    k1, k2 = jax.random.split(key)
+    flips = jax.random.bernoulli(k1, 0.5, (nh, nw))
+    signs = jax.random.choice(k2, jnp.asarray([-1.0, 1.0]), (nh, nw, C))
+    i = jnp.arange(H) - start
+    j = jnp.arange(W) - start
+    ti, tj = jnp.floor_divide(i, side), jnp.floor_divide(j, side)
+    valid = ((i >= 0) & (ti < nh))[:, None] & ((j >= 0) & (tj < nw))[None, :]
+    ti, tj = jnp.clip(ti, 0, nh - 1), jnp.clip(tj, 0, nw - 1)
+    a, b = (i - ti * side)[:, None], (j - tj * side)[None, :]
+    pat = centred_pattern(a, b, side, flips[ti[:, None], tj[None, :]], max(side, 1))
+    delta = jnp.where(valid, pat, 0.0)[..., None] * signs[ti[:, None], tj[None, :]]
+    return delta * (eps / jnp.maximum(jnp.sqrt(jnp.sum(delta * delta)), _TINY))
+
+
+def l2_window_update(delta, r1, c1, r2, c2, s, flip, sign, eps, max_side: int) -> jnp.ndarray:
+    """The l2 Square update (paper Alg. 3) for given windows and draws, one example.
+
+    Per channel, window W1 (top-left ``(r1, c1)``, side ``s``) becomes ``eta(s)
+    * sign + delta_W1 / ||delta_W1||``, rescaled to l2 mass ``sqrt(max(eps^2 -
+    ||delta||^2, 0) / C + ||delta_{W1 ∪ W2}||^2)``; W2 (top-left ``(r2, c2)``)
+    outside W1 is zeroed; the result is rescaled to ``||.||_2 = eps``.
+
+    Args:
+      delta: ``[H, W, C]`` current perturbation ``x - x0``.
+      r1, c1, r2, c2: scalar ints, window corners (``0 <= r <= H - s``).
+      s: scalar int window side.
+      flip: scalar bool, transpose ``eta``.
+      sign: ``[C]`` in ``{-1, 1}``.
+      eps: scalar radius.
+      max_side: static bound on ``s``.
+
+    Returns:
+      ``[H, W, C]`` new perturbation with l2 norm ``eps`` (0 if ``eps == 0``);
+      no box clipping.
+    """
+    H, W, _ = delta.shape
+    C = delta.shape[-1]
+    ii = jnp.arange(H)[:, None]
+    jj = jnp.arange(W)[None, :]
+    w1 = ((ii >= r1) & (ii < r1 + s) & (jj >= c1) & (jj < c1 + s))[..., None]   # [H, W, 1]
+    w2 = ((ii >= r2) & (ii < r2 + s) & (jj >= c2) & (jj < c2 + s))[..., None]
+    sq = delta * delta
+    norm_img = jnp.sqrt(jnp.sum(sq))
+    norm_w1 = jnp.sqrt(jnp.sum(jnp.where(w1, sq, 0.0), axis=(0, 1)))              # [C]
+    norm_union = jnp.sqrt(jnp.sum(jnp.where(w1 | w2, sq, 0.0), axis=(0, 1)))      # [C]
+    pat = centred_pattern(ii - r1, jj - c1, s, flip, max_side)[..., None]          # [H, W, 1]
+    new = jnp.where(w1, pat * sign + delta / (norm_w1 + _TINY), 0.0)
+    new_norm = jnp.sqrt(jnp.sum(new * new, axis=(0, 1)))                           # [C]
+    mass = jnp.sqrt(jnp.maximum(eps * eps - norm_img * norm_img, 0.0) / C + norm_union * norm_union)
+    new = new * (mass / jnp.maximum(new_norm, _TINY))
+    d = jnp.where(w1, new, jnp.where(w2, 0.0, delta))
+    return d * (eps / jnp.maximum(jnp.sqrt(jnp.sum(d * d)), _TINY))
+
+
+def l2_proposal(key, x, x0, eps, p, box=(0.0, 1.0)) -> jnp.ndarray:
+    """One l2 Square proposal for one example: random windows, transpose and signs, then
+    :func:`l2_window_update` and box clipping.
+
+    Args:
+      key: PRNG key.
+      x: ``[H, W, C]`` current point (inside the l2 ball of ``x0`` and the box).
+      x0: ``[H, W, C]`` clean input.
+      eps: scalar radius.
+      p: scalar area share from :func:`p_schedule`.
+      box: element bounds.
+
+    Returns:
+      ``[H, W, C]`` the proposed point, ``||. - x0||_2 <= eps`` and inside the box.
+    """
+    H, W, C = x0.shape
+    max_side = max(min(H, W) - 1, 1)
+    s = l2_window_side(p, H * W * C, C, max_side)
+    k1, k2, k3, k4, k5, k6 = jax.random.split(key, 6)
+    r1 = jax.random.randint(k1, (), 0, H - s + 1)
+    c1 = jax.random.randint(k2, (), 0, W - s + 1)
+    r2 = jax.random.randint(k3, (), 0, H - s + 1)
+    c2 = jax.random.randint(k4, (), 0, W - s + 1)
+    flip = jax.random.bernoulli(k5, 0.5)
+    sign = jax.random.choice(k6, jnp.asarray([-1.0, 1.0]), (C,))
+    d = l2_window_update(x - x0, r1, c1, r2, c2, s, flip, sign, eps, max_side)
+    return jnp.clip(x0 + d, box[0], box[1])
+
+
 class SquareConfig(NamedTuple):
     apply: Callable
     n_queries: int
     p_init: float
     targeted: bool
     box: tuple
+    p: float = math.inf
 
 
 def _score(targeted):
@@ -62,7 +269,7 @@ def _score(targeted):
 @partial(jax.jit, static_argnums=0)
 def square_kernel(cfg: SquareConfig, params, x0, ref, mask, eps, cap, key, x_init, has_init):
     """Batch kernel; arguments as :func:`sarjax.attacks._engine.gradient_kernel` (``x_init``
-    replaces the stripe initialisation where ``has_init``)."""
+    replaces the initialisation where ``has_init``, after projection onto ball ∩ box)."""
     lo, hi = cfg.box
     B, M = ref.shape
     if x0.ndim != 4:
@@ -77,9 +284,12 @@ def square_kernel(cfg: SquareConfig, params, x0, ref, mask, eps, cap, key, x_ini
     count = jnp.full((B,), M, jnp.int32)
 
     def init_one(k, x0, eps, xi):
-        stripes = jax.random.choice(k, jnp.asarray([-1.0, 1.0]), (1, W, C))
-        x = jnp.clip(x0 + eps * stripes, lo, hi)
-        warm = jnp.clip(jnp.clip(xi, x0 - eps, x0 + eps), lo, hi)
+        if cfg.p == math.inf:
+            stripes = jax.random.choice(k, jnp.asarray([-1.0, 1.0]), (1, W, C))
+            x = jnp.clip(x0 + eps * stripes, lo, hi)
+        else:
+            x = jnp.clip(x0 + l2_init_perturbation(k, (H, W, C), eps), lo, hi)
+        warm = G.project(xi, x0, eps, cfg.p, cfg.box)
         return jnp.where(has_init, warm, x)
 
     x = jax.vmap(init_one)(jax.vmap(lambda k: jax.random.fold_in(k, 0))(keys), x0, eps, x_init)
@@ -90,7 +300,7 @@ def square_kernel(cfg: SquareConfig, params, x0, ref, mask, eps, cap, key, x_ini
     ev = jax.vmap(E.select)(ok0, ev, ev0)
     best = upd(E.Best(x0, ev0), x, ev, ok0)
 
-    def propose(k, x, x0, eps, it):
+    def propose_linf(k, x, x0, eps, it):
         p = p_schedule(cfg.p_init, it, cfg.n_queries)
         s = jnp.clip(jnp.round(jnp.sqrt(p * n_feat / C)), 1, H - 1).astype(jnp.int32)
         k1, k2, k3 = jax.random.split(k, 3)
@@ -102,6 +312,11 @@ def square_kernel(cfg: SquareConfig, params, x0, ref, mask, eps, cap, key, x_ini
         signs = jax.random.choice(k3, jnp.asarray([-1.0, 1.0]), (1, 1, C))
         xn = jnp.where(win, x0 + eps * signs, x)
         return jnp.clip(jnp.clip(xn, x0 - eps, x0 + eps), lo, hi)
+
+    def propose_l2(k, x, x0, eps, it):
+        return l2_proposal(k, x, x0, eps, p_schedule(cfg.p_init, it, cfg.n_queries), cfg.box)
+
+    propose = propose_linf if cfg.p == math.inf else propose_l2
 
     def body(c, it):
         x, ev, count, best = c
@@ -124,28 +339,37 @@ def square_kernel(cfg: SquareConfig, params, x0, ref, mask, eps, cap, key, x_ini
 
 def make_square(apply: Callable, *, norm="linf", eps=None, n_queries: int = 5000, p_init: float = 0.8,
                 targeted: bool = False, box=(0.0, 1.0), audit: bool = True) -> Callable:
-    """Square attack (linf), the black-box member of the suite.
+    """Square attack (linf or l2), the black-box member of the suite.
 
     Args:
       apply: ``apply(params, x [B, H, W, C]) -> logits [M, B, C]`` (or ``[B, C]``).
-      norm: ``"linf"`` only (see module docstring).
+      norm: ``"linf"`` or ``"l2"`` (see the module docstring for each variant).
       eps: default radius (scalar or ``[B]``).
-      n_queries: iterations (one forward of every member each; 5,000 per paper/AutoAttack).
-      p_init: initial square area share (0.8 per AutoAttack's linf setting).
+      n_queries: iterations (one forward of every member each; 5,000 per
+        AutoAttack's Square configuration).
+      p_init: initial window area share (0.8, AutoAttack's setting for linf
+        and l2; the authors' repository suggests 0.05 / 0.1 for undefended
+        ImageNet models).
       targeted: minimise cross-entropy to ``ref`` instead of the margin of ``ref``.
       box, audit: as in :func:`sarjax.attacks.pgd.make_pgd`.
 
     Returns:
       ``fn(params, x0 [B, H, W, C], ref, mask=None, key=None, *, eps=None,
       max_queries=None, x_init=None) -> AttackResult``; ``objective`` is the
-      negated mean margin (untargeted) or negated CE to the target.
+      mean margin of the selected members (untargeted) or their negated mean
+      CE to the target; ``queries`` counts M per evaluated point (clean,
+      initialisation, then every iteration while the sample is active).
+
+    Raises:
+      ValueError: for a norm other than linf / l2, ``n_queries < 1`` or
+        ``p_init`` outside ``(0, 1]``.
     """
     p = canonical_norm(norm)
-    if p != math.inf:
-        raise ValueError(f"Square attack is implemented for linf only, got {norm!r}")
+    if p not in (math.inf, 2.0):
+        raise ValueError(f"Square attack supports norm 'linf' or 'l2', got {norm!r}")
     n_queries = E.check_positive_int("n_queries", n_queries)
     if not 0.0 < p_init <= 1.0:
         raise ValueError(f"p_init must be in (0, 1], got {p_init!r}")
-    cfg = SquareConfig(apply, n_queries, float(p_init), bool(targeted), tuple(float(b) for b in box))
-    return E.public(partial(square_kernel, cfg), name="square", p=p, default_eps=eps, box=box,
-                    audit_output=audit)
+    cfg = SquareConfig(apply, n_queries, float(p_init), bool(targeted), tuple(float(b) for b in box), p)
+    return E.public(partial(square_kernel, cfg), name="square" if p == math.inf else "square-l2",
+                    p=p, default_eps=eps, box=box, audit_output=audit)

@@ -19,24 +19,26 @@ def pool_apply(params, x):
     return jnp.einsum("bd,mdc->mbc", x.reshape(x.shape[0], -1), params["W"]) + params["b"][:, None]
 
 
-def binary_problem(norm, batch, seed=0):
+def binary_problem(norm, batch, seed=0, d=D):
     """Class 0 vs 1 separated by the hyperplane w.x + c = 0; x0 on the class-0 side at
     lp distance opt[i] = f(x0_i) / ||w||_q with opt in [0.05, 0.2] and the optimum interior.
 
-    Returns params, x0 [B, D] float32, opt [B] (float64).
+    ``d`` input elements (default D).
+
+    Returns params, x0 [B, d] float32, opt [B] (float64).
     """
     p = canonical_norm(norm)
     q = {1.0: np.inf, 2.0: 2.0, np.inf: 1.0}[p]
     rng = np.random.default_rng(seed)
-    w = rng.uniform(0.5, 1.5, D) * rng.choice([-1.0, 1.0], D)
+    w = rng.uniform(0.5, 1.5, d) * rng.choice([-1.0, 1.0], d)
     w[0] = 1.6 * np.sign(w[0])  # unique largest |w| for a unique l1 optimum
     c = -w.sum() * 0.5
-    u = rng.uniform(0.4, 0.6, (batch, D))
+    u = rng.uniform(0.4, 0.6, (batch, d))
     z = u - ((u @ w + c) / (w @ w))[:, None] * w
     r = rng.uniform(0.05, 0.2, batch)
     t = r * np.linalg.norm(w, ord=q)
     x0 = (z + (t / (w @ w))[:, None] * w).astype(np.float32)
-    W = np.zeros((D, C))
+    W = np.zeros((d, C))
     W[:, 0], W[:, 1] = w / 2, -w / 2
     b = np.array([c / 2, -c / 2, -100.0, -101.0])
     f = x0.astype(np.float64) @ w + c
