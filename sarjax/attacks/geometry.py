@@ -6,9 +6,15 @@ count as one vector) with a scalar ``eps``; ``jax.vmap`` them for batches.
 
 Projections return the Euclidean-nearest point of
 ``{x' : ||x' - x0||_p <= eps} ∩ [lo, hi]^d`` (``x0`` is assumed to lie in the
-box).  linf and l0 are solved in closed form; l2 and l1 by bisection on the
-scalar KKT multiplier, which keeps the feasible end of the bracket so the
-result never leaves the ball.
+box).  linf is closed form; l0 keeps the ``floor(eps)`` best coordinates (one
+stable sort).  l2 and l1 solve the scalar KKT equation exactly by piecewise
+Newton (one fused O(d) pass per step, 2-9 steps measured on 784-dim inputs;
+the iteration ends on the exact root of the piecewise quadratic / linear
+norm function), then rescale so the result never leaves the ball.  Exact
+O(d log d) sort-based solvers of the same equations (``_project_l2_sort``,
+``_project_l1_sort``) are kept as an independent check and for accelerators:
+XLA's CPU sort of 784 elements costs more than 48 bisection passes, so on
+CPU the Newton solvers are the fast ones (``benchmarks/projection_speed.py``).
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ import jax.numpy as jnp
 from sarjax.attacks.threat import canonical_norm
 
 _SHRINK = 2.0 ** -22  # final rescale lands a few ulps inside the ball
+_NEWTON_ITERS = 64  # cap; 2-9 steps are typical on 784-dim inputs (measured)
+_FREE_NEWTON = 16  # l1: unguarded Newton steps before the bracket must halve every other step
 _TINY = 1e-12
 
 
@@ -78,6 +86,16 @@ def _clip_box(x, box):
 def project(x: jnp.ndarray, x0: jnp.ndarray, eps, p, box=(0.0, 1.0)) -> jnp.ndarray:
     """Nearest point (Euclidean) of ``{x' : ||x' - x0||_p <= eps} ∩ [box]``.
 
+    linf: clip.  l2 / l1: the exact KKT solution ``clip(t (x - x0))`` /
+    soft-threshold-and-cap, found by piecewise Newton (see
+    :func:`_project_l2_newton`, :func:`_project_l1_newton`); the realized
+    ``||x' - x0||_p`` never exceeds ``eps`` by more than float32 rounding of
+    the final ``x0 + d`` (a last rescale keeps ``||d|| <= eps``).  l0: the
+    ``floor(eps)`` coordinates whose move to ``clip(x)`` saves the most
+    squared distance, ties to the lower index.  ``eps = 0`` returns ``x0``;
+    ``eps`` at or above the norm of the box-clipped move (``inf`` too)
+    returns ``clip(x)``.
+
     Args:
       x: ``[*S]`` point to project.
       x0: ``[*S]`` centre of the ball, inside the box.
@@ -95,9 +113,9 @@ def project(x: jnp.ndarray, x0: jnp.ndarray, eps, p, box=(0.0, 1.0)) -> jnp.ndar
     if p == math.inf:
         return jnp.clip(x, jnp.maximum(x0 - eps, lo), jnp.minimum(x0 + eps, hi))
     if p == 2.0:
-        return _project_l2(x, x0, eps, box)
+        return _project_l2_newton(x, x0, eps, box)
     if p == 1.0:
-        return _project_l1(x, x0, eps, box)
+        return _project_l1_newton(x, x0, eps, box)
     return _project_l0(x, x0, eps, box)
 
 
@@ -113,7 +131,7 @@ def _feasible_end(d, eps, p):
     return d * scale
 
 
-def _project_l2(x, x0, eps, box):
+def _project_l2_sort(x, x0, eps, box):
     r"""Exact l2-ball ∩ box projection by one sort (O(d log d)).
 
     Problem: ``min_d 1/2 ||d - v||^2`` s.t. ``||d||_2 <= eps``, ``a <= d <= b``
@@ -166,7 +184,7 @@ def _project_l2(x, x0, eps, box):
     return x0 + d.reshape(x.shape)
 
 
-def _project_l1(x, x0, eps, box):
+def _project_l1_sort(x, x0, eps, box):
     r"""Exact l1-ball ∩ box projection by one sort (O(d log d)).
 
     KKT (multiplier ``lam >= 0`` for ``||d||_1 <= eps``): coordinate-wise
@@ -204,6 +222,106 @@ def _project_l1(x, x0, eps, box):
     lam = jnp.clip(lam, lam_lo, es[i])
     inside = jnp.sum(jnp.minimum(mag, cap)) <= eps
     lam = jnp.where(inside, 0.0, jnp.maximum(lam, 0.0))
+    d = _feasible_end(jnp.sign(v) * jnp.clip(mag - lam, 0.0, cap), eps, 1.0)
+    return x0 + d.reshape(x.shape)
+
+
+def _project_l2_newton(x, x0, eps, box):
+    r"""Exact l2-ball ∩ box projection by monotone piecewise Newton (no sort).
+
+    Same KKT form as :func:`_project_l2_sort`: ``d(t) = clip(t v, a, b)``.
+    In ``u = t^2``, ``F(u) = ||d||^2 = sum_i min(u v_i^2, s_i^2)`` is concave,
+    nondecreasing and piecewise linear (``s_i`` the saturated value).  Its
+    supporting line at ``u_c``, ``S(u_c) + u R(u_c)`` (``S`` the saturated
+    squares, ``R`` the free ``v_i^2`` at ``u_c``), lies above ``F``, so its root
+    ``t_n = sqrt((eps^2 - S) / R)`` satisfies ``F(t_n^2) <= eps^2``: every
+    iterate is feasible, they increase, and each one passes at least the next
+    breakpoint below the solution (where the line is exact), so the iteration
+    ends exactly in at most (breakpoints below ``t*``) + 1 steps.  In practice
+    3-9 steps on 784-dim inputs (measured), each one fused O(d) pass: on CPU
+    this is several times faster than the sort (XLA's CPU sort of 784
+    elements costs more than 48 such passes).
+    """
+    v = jnp.ravel(x - x0)
+    a = jnp.ravel(box[0] - x0)
+    b = jnp.ravel(box[1] - x0)
+    pos, neg = v > 0, v < 0
+    sat = jnp.where(pos, b, jnp.where(neg, a, 0.0))
+    den = jnp.where(pos | neg, v, 1.0)
+    tb = jnp.where(pos | neg, sat / den, jnp.inf)             # saturation breakpoints
+    s2, v2 = sat * sat, v * v
+    eps2 = eps * eps
+
+    def line_root(t):
+        saturated = tb <= t
+        S = jnp.sum(jnp.where(saturated, s2, 0.0))
+        R = jnp.sum(jnp.where(saturated, 0.0, v2))
+        return jnp.minimum(jnp.sqrt(jnp.maximum(eps2 - S, 0.0) / jnp.maximum(R, _TINY)), 1.0)
+
+    def cond(c):
+        t, t_prev, i = c
+        return (t > t_prev) & (i < _NEWTON_ITERS)
+
+    def body(c):
+        t, _, i = c
+        return jnp.maximum(line_root(t), t), t, i + 1
+
+    zero = jnp.zeros((), v.dtype)
+    t, _, _ = jax.lax.while_loop(cond, body, (line_root(zero), zero, 1))
+    inside = jnp.sum(jnp.clip(v, a, b) ** 2) <= eps2
+    t = jnp.where(inside, 1.0, t)
+    d = _feasible_end(jnp.clip(t * v, a, b), eps, 2.0)
+    return x0 + d.reshape(x.shape)
+
+
+def _project_l1_newton(x, x0, eps, box):
+    r"""Exact l1-ball ∩ box projection by safeguarded piecewise Newton (no sort).
+
+    Same KKT form as :func:`_project_l1_sort`; ``g(lam) = ||d(lam)||_1`` is
+    piecewise linear and nonincreasing with slope ``-(number of coordinates
+    strictly between their cap and 0)``.  A bracket ``[lo, hi]`` with
+    ``g(lo) > eps >= g(hi)`` is kept; each step evaluates ``g`` and its slope
+    at ``c`` (one fused O(d) pass) and takes the Newton point, which is the
+    exact root as soon as ``c`` lies on the root's linear piece, or the
+    bracket midpoint when the Newton point leaves the bracket or the slope is
+    0; after 16 steps also when the last step did not halve the bracket (so
+    from then on it at least halves every two steps, as in the bisection it
+    replaces).  Ends when the Newton
+    step is below float32 resolution; 2-9 steps measured on 784-dim inputs.
+    """
+    v = jnp.ravel(x - x0)
+    x0f = jnp.ravel(x0)
+    cap = jnp.where(v >= 0, box[1] - x0f, x0f - box[0])
+    mag = jnp.abs(v)
+
+    def value_slope(lam):
+        r = mag - lam
+        return jnp.sum(jnp.clip(r, 0.0, cap)), jnp.sum(((r > 0) & (r < cap)).astype(v.dtype))
+
+    g0 = jnp.sum(jnp.minimum(mag, cap))
+    top = jnp.max(mag)
+    tol = 2.0 ** -22
+
+    def cond(s):
+        return ~s[6] & (s[5] < _NEWTON_ITERS)
+
+    def body(s):
+        c, lo, hi, width, _, i, _ = s
+        gc, n_active = value_slope(c)
+        feasible = gc <= eps
+        lo, hi = jnp.where(feasible, lo, c), jnp.where(feasible, c, hi)
+        newton = c + (gc - eps) / jnp.maximum(n_active, 1.0)
+        converged = (n_active > 0) & (jnp.abs(newton - c) <= tol * jnp.abs(c))
+        use_newton = (n_active > 0) & (newton > lo) & (newton < hi) & ((i < _FREE_NEWTON) | (hi - lo <= 0.5 * width))
+        c_next = jnp.where(converged | use_newton, newton, 0.5 * (lo + hi))
+        done = converged | (hi - lo <= tol * hi)
+        return c_next, lo, hi, hi - lo, gc, i + 1, done
+
+    zero = jnp.zeros((), v.dtype)
+    trivial = (g0 <= eps) | (eps <= 0)                        # inside, or lam = max |v|
+    init = (jnp.where(eps <= 0, top, zero), zero, top, 2.0 * top, g0, 0, trivial)
+    c, lo, hi, _, _, _, _ = jax.lax.while_loop(cond, body, init)
+    lam = jnp.where(g0 <= eps, 0.0, jnp.where(eps <= 0, top, jnp.clip(c, lo, hi)))
     d = _feasible_end(jnp.sign(v) * jnp.clip(mag - lam, 0.0, cap), eps, 1.0)
     return x0 + d.reshape(x.shape)
 

@@ -159,7 +159,7 @@ def test_threat_validation():
 
 
 # --- The previous implementations (48-step bisection, double argsort), kept verbatim as the
-# --- reference the sort-based projections must reproduce (and for benchmarks/projection_speed.py).
+# --- reference the new projections must reproduce (and for benchmarks/projection_speed.py).
 
 _REF_BISECT_ITERS = 48
 
@@ -222,6 +222,9 @@ def _ref_project(x, x0, eps, p, box=(0.0, 1.0)):
 
 
 _batched = jax.jit(jax.vmap(G.project, in_axes=(0, 0, 0, None, None)), static_argnums=(3, 4))
+_SORT = {1: G._project_l1_sort, 2: G._project_l2_sort}
+_batched_sort = jax.jit(jax.vmap(lambda x, x0, e, p, box: _SORT[p](x, x0, e, box), in_axes=(0, 0, 0, None, None)),
+                        static_argnums=(3, 4))
 _batched_ref = jax.jit(jax.vmap(_ref_project, in_axes=(0, 0, 0, None, None)), static_argnums=(3, 4))
 
 
@@ -239,6 +242,10 @@ def _hard_cases(p, d=40, seed=0):
     x = x0 + rng.normal(0, 1, (B, d)) * rng.choice([0.01, 0.1, 0.5, 2.0], (B, 1))
     x[::3, d // 4: d // 2] = x0[::3, d // 4: d // 2]               # v with exact zeros
     x[5] = x0[5]                                                   # v = 0
+    t = np.geomspace(1e-2, 1.5, d)                                 # breakpoints spread over decades:
+    for i in (7, 8):                                               # many Newton pieces to cross
+        x0[i] = 0.5
+        x[i] = 0.5 + 0.5 / rng.permutation(t) * rng.choice([-1, 1], d)
     x0, x = x0.astype(np.float32), x.astype(np.float32)
     clipped = np.linalg.norm(np.clip(x, 0, 1).astype(np.float64) - x0, ord=p, axis=1)
     eps = clipped * rng.uniform(0.02, 1.2, B)                      # inside and outside
@@ -249,12 +256,14 @@ def _hard_cases(p, d=40, seed=0):
 
 
 @pytest.mark.parametrize("p", [1, 2])
-@pytest.mark.parametrize("d", [9, 784])
-def test_sort_projection_matches_old_bisection(p, d):
+@pytest.mark.parametrize("d,solver", [(9, "project"), (784, "project"), (784, "sort")])
+def test_projection_matches_old_bisection(p, d, solver):
+    # geometry.project (piecewise Newton) and the sort-based solver both reproduce the old
+    # 48-step bisection to 1e-5 on every boundary case of _hard_cases.
     x, x0, eps = _hard_cases(p, d, seed=d + p)
     if d == 9:  # images [B, H, W, C]: all elements form one vector, shape and dtype kept
         x, x0 = x.reshape(-1, 3, 3, 1), x0.reshape(-1, 3, 3, 1)
-    got = np.asarray(_batched(x, x0, eps, p, (0.0, 1.0)))
+    got = np.asarray((_batched if solver == "project" else _batched_sort)(x, x0, eps, p, (0.0, 1.0)))
     want = np.asarray(_batched_ref(x, x0, eps, p, (0.0, 1.0)))
     assert got.shape == x.shape and got.dtype == np.float32
     assert np.isfinite(got).all()
@@ -269,7 +278,7 @@ def test_sort_projection_matches_old_bisection(p, d):
 
 
 @pytest.mark.parametrize("p", [1, 2])
-def test_sort_projection_never_leaves_the_ball(p):
+def test_projection_never_leaves_the_ball(p):
     # x0 = 0 inside the box (-1, 1): x0 + d == d exactly, so the float64 norm of the output is the
     # norm the projection produced, with no write-back rounding: it must be <= eps * (1 + 1e-6).
     rng = np.random.default_rng(10 + p)
@@ -287,7 +296,7 @@ def test_sort_projection_never_leaves_the_ball(p):
 
 
 @pytest.mark.parametrize("p", [1, 2])
-def test_sort_projection_passes_the_audit(p):
+def test_projection_passes_the_audit(p):
     from sarjax.attacks.audit import audit
 
     x, x0, eps = _hard_cases(p, 784, seed=3)
