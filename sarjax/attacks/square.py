@@ -163,9 +163,9 @@ def l2_init_perturbation(key, shape, eps) -> jnp.ndarray:
     side = max(H // 5, 1)
     start = max((H - 5 * side) // 2, 0)
     nh, nw = H // side, W // side
-    k1, k2 = jax.random.split(key)
-    flips = jax.random.bernoulli(k1, 0.5, (nh, nw))
-    signs = jax.random.choice(k2, jnp.asarray([-1.0, 1.0]), (nh, nw, C))
+    u = jax.random.uniform(key, (nh, nw, 1 + C))
+    flips = u[..., 0] < 0.5
+    signs = jnp.where(u[..., 1:] < 0.5, -1.0, 1.0)
     i = jnp.arange(H) - start
     j = jnp.arange(W) - start
     ti, tj = jnp.floor_divide(i, side), jnp.floor_divide(j, side)
@@ -175,6 +175,11 @@ def l2_init_perturbation(key, shape, eps) -> jnp.ndarray:
     pat = centred_pattern(a, b, side, flips[ti[:, None], tj[None, :]], max(side, 1))
     delta = jnp.where(valid, pat, 0.0)[..., None] * signs[ti[:, None], tj[None, :]]
     return delta * (eps / jnp.maximum(jnp.sqrt(jnp.sum(delta * delta)), _TINY))
+
+
+def _uniform_int(u, n):
+    """``floor(u * n)`` in ``[0, n - 1]`` for ``u`` uniform in ``[0, 1)``."""
+    return jnp.minimum(jnp.floor(u * n).astype(jnp.int32), n - 1)
 
 
 def l2_window_update(delta, r1, c1, r2, c2, s, flip, sign, eps, max_side: int) -> jnp.ndarray:
@@ -235,13 +240,12 @@ def l2_proposal(key, x, x0, eps, p, box=(0.0, 1.0)) -> jnp.ndarray:
     H, W, C = x0.shape
     max_side = max(min(H, W) - 1, 1)
     s = l2_window_side(p, H * W * C, C, max_side)
-    k1, k2, k3, k4, k5, k6 = jax.random.split(key, 6)
-    r1 = jax.random.randint(k1, (), 0, H - s + 1)
-    c1 = jax.random.randint(k2, (), 0, W - s + 1)
-    r2 = jax.random.randint(k3, (), 0, H - s + 1)
-    c2 = jax.random.randint(k4, (), 0, W - s + 1)
-    flip = jax.random.bernoulli(k5, 0.5)
-    sign = jax.random.choice(k6, jnp.asarray([-1.0, 1.0]), (C,))
+    # one uniform draw per proposal (cheaper to compile than several randint/choice calls)
+    u = jax.random.uniform(key, (6 + C,))
+    r1, c1, r2, c2 = (_uniform_int(u[i], n) for i, n in enumerate((H - s + 1, W - s + 1,
+                                                                    H - s + 1, W - s + 1)))
+    flip = u[4] < 0.5
+    sign = jnp.where(u[6:] < 0.5, -1.0, 1.0)
     d = l2_window_update(x - x0, r1, c1, r2, c2, s, flip, sign, eps, max_side)
     return jnp.clip(x0 + d, box[0], box[1])
 
@@ -285,7 +289,7 @@ def square_kernel(cfg: SquareConfig, params, x0, ref, mask, eps, cap, key, x_ini
 
     def init_one(k, x0, eps, xi):
         if cfg.p == math.inf:
-            stripes = jax.random.choice(k, jnp.asarray([-1.0, 1.0]), (1, W, C))
+            stripes = jnp.where(jax.random.uniform(k, (1, W, C)) < 0.5, -1.0, 1.0)
             x = jnp.clip(x0 + eps * stripes, lo, hi)
         else:
             x = jnp.clip(x0 + l2_init_perturbation(k, (H, W, C), eps), lo, hi)
@@ -303,13 +307,13 @@ def square_kernel(cfg: SquareConfig, params, x0, ref, mask, eps, cap, key, x_ini
     def propose_linf(k, x, x0, eps, it):
         p = p_schedule(cfg.p_init, it, cfg.n_queries)
         s = jnp.clip(jnp.round(jnp.sqrt(p * n_feat / C)), 1, H - 1).astype(jnp.int32)
-        k1, k2, k3 = jax.random.split(k, 3)
-        rh = jax.random.randint(k1, (), 0, H - s + 1)
-        rw = jax.random.randint(k2, (), 0, W - s + 1)
+        u = jax.random.uniform(k, (2 + C,))
+        rh = _uniform_int(u[0], H - s + 1)
+        rw = _uniform_int(u[1], W - s + 1)
         ii = jnp.arange(H)[:, None, None]
         jj = jnp.arange(W)[None, :, None]
         win = (ii >= rh) & (ii < rh + s) & (jj >= rw) & (jj < rw + s)
-        signs = jax.random.choice(k3, jnp.asarray([-1.0, 1.0]), (1, 1, C))
+        signs = jnp.where(u[2:] < 0.5, -1.0, 1.0)
         xn = jnp.where(win, x0 + eps * signs, x)
         return jnp.clip(jnp.clip(xn, x0 - eps, x0 + eps), lo, hi)
 
