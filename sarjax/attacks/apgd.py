@@ -12,10 +12,23 @@ best point if (1) the loss increased in at most ``rho`` of the steps since
 the last checkpoint, or (2) the step was not reduced at the last checkpoint
 and the best loss has not improved since.
 
-Deviation (documented): for l1 the step direction is the sparse SLIDE-style
-direction of :func:`sarjax.attacks.geometry.sparse_l1_direction` with a fixed
-sparsity ``l1_sparsity`` instead of AutoAttack's adaptive sparsity (Croce &
-Hein 2021); the projection is the exact l1-ball ∩ box projection.
+l1 follows l1-APGD (Croce & Hein, "Mind the box: l1-APGD for sparse
+adversarial attacks on image classifiers", ICML 2021) as implemented in
+AutoAttack's ``autopgd_base.py``: no momentum; the step direction is the sparse
+sign direction of the top-``k`` coordinates of ``|grad|``
+(:func:`sarjax.attacks.geometry.sparse_l1_direction`, box-aware), with ``k =
+ceil(topk * d)`` adapted per sample; the projection is the exact l1-ball ∩
+box projection.  ``topk`` starts at 0.2 (or, for a warm start, at the warm
+start's sparsity / d / 1.5) and checkpoints come every ``max(floor(0.04 *
+n_iter), 1)`` iterations; at each one (:func:`l1_sparsity_update`), with
+``sp`` the number of non-zero elements of the current highest-loss point:
+
+* ``topk <- sp / d / 1.5``;
+* if ``sp < 0.95 * sp_last`` (the best point became sparser by more than 5%)
+  the step is reset to its initial ``eps`` and the iterate restarts from the
+  highest-loss point; otherwise the step is divided by 1.5;
+* the step is kept within ``[eps / 10, eps]`` (times ``step0``) and
+  ``sp_last <- sp``.
 """
 
 from __future__ import annotations
@@ -33,6 +46,40 @@ from sarjax.attacks import queries as Q
 from sarjax.attacks.losses import cross_entropy, dlr, dlr_targeted, fooled
 from sarjax.attacks.result import AttackResult
 from sarjax.attacks.threat import canonical_norm
+
+
+L1_TOPK = 0.2          # initial top-k share (AutoAttack autopgd_base.py, l1)
+L1_CHECK_EVERY = 0.04  # checkpoint period as a share of n_iter (idem)
+L1_SPARSER = 0.95      # "sparser" threshold on sp / sp_last (idem)
+L1_SHRINK = 1.5        # topk = sp / d / 1.5 and step / 1.5 (idem, adasp_redstep)
+L1_MIN_STEP = 10.0     # step >= initial step / 10 (idem, adasp_minstep)
+
+
+def l1_sparsity_update(sp_best, sp_last, eta, eta0, n_features):
+    """l1-APGD's checkpoint rule for one sample (Croce & Hein 2021; AutoAttack defaults).
+
+    Args:
+      sp_best: scalar, number of non-zero elements of ``x_best - x0`` (the
+        highest-loss point so far).
+      sp_last: scalar, the same count at the previous checkpoint (``d`` before
+        the first one).
+      eta: scalar, current step size.
+      eta0: scalar, initial step size (``step0 * eps``; AutoAttack: ``eps``).
+      n_features: ``d``, number of input elements.
+
+    Returns:
+      ``(topk, eta, sp_last, restart)``: the new top-k share ``sp_best / d /
+      1.5``; the step (reset to ``eta0`` if ``restart`` else divided by 1.5,
+      clipped to ``[eta0 / 10, eta0]``); ``sp_best`` as the next ``sp_last``;
+      ``restart = sp_best < 0.95 * sp_last`` (the iterate goes back to the best
+      point).
+    """
+    sp_best = jnp.asarray(sp_best, jnp.float32)
+    restart = sp_best < L1_SPARSER * sp_last
+    topk = sp_best / n_features / L1_SHRINK
+    eta = jnp.where(restart, eta0, eta / L1_SHRINK)
+    eta = jnp.clip(eta, eta0 / L1_MIN_STEP, eta0)
+    return topk, eta, sp_best, restart
 
 
 def checkpoints(n_iter: int) -> list[int]:
@@ -57,7 +104,7 @@ class ApgdConfig(NamedTuple):
     alpha: float
     step0: float         # initial step as a multiple of eps
     box: tuple
-    l1_sparsity: float
+    l1_topk: float       # l1: initial top-k share of the sparse steps
 
 
 def _losses(cfg, z, leave, target):
@@ -80,7 +127,10 @@ def apgd_kernel(cfg: ApgdConfig, params, x0, ref, mask, eps, cap, key, x_init, h
     """
     p, box = cfg.p, cfg.box
     B, M = ref.shape
+    n_feat = math.prod(x0.shape[1:])
     k0 = max(int(math.ceil(0.22 * cfg.n_iter)), 1)
+    if p == 1.0:
+        k0 = max(int(L1_CHECK_EVERY * cfg.n_iter), 1)
     size_decr = max(int(math.ceil(0.03 * cfg.n_iter)), 1)
     k_min = max(int(math.ceil(0.06 * cfg.n_iter)), 1)
 
@@ -95,9 +145,9 @@ def apgd_kernel(cfg: ApgdConfig, params, x0, ref, mask, eps, cap, key, x_init, h
     evaluate = E.make_batch_evaluate(cfg.apply, score)
     vg = jax.value_and_grad(evaluate, argnums=1, has_aux=True)
 
-    def direction(g, x):
+    def direction(g, x, topk):
         if p == 1.0:
-            return G.sparse_l1_direction(g, x, cfg.l1_sparsity, box)
+            return G.sparse_l1_direction(g, x, 1.0 - topk, box)
         return G.steepest(g, p)
 
     n_sel = jnp.sum(mask > 0, axis=1).astype(jnp.int32)
@@ -116,11 +166,13 @@ def apgd_kernel(cfg: ApgdConfig, params, x0, ref, mask, eps, cap, key, x_init, h
 
     def pre(st, i, x0, eps):
         x, x_old = st["x"], st["x_old"]
+        z1 = G.project(x + st["eta"] * direction(st["g"], x, st["topk"]), x0, eps, p, box)
+        if p == 1.0:  # l1-APGD takes no momentum step
+            return z1
         a = jnp.where(i > 0, cfg.alpha, 1.0)
-        z1 = G.project(x + st["eta"] * direction(st["g"], x), x0, eps, p, box)
         return G.project(x + a * (z1 - x) + (1.0 - a) * (x - x_old), x0, eps, p, box)
 
-    def post(st, x1, f1, g1, ev1, ok, cost):
+    def post(st, x1, f1, g1, ev1, ok, cost, x0, eps):
         new = dict(st)
         new["best"] = E.update_best(st["best"], x1, ev1, ok)
         new["x_old"], new["x"], new["g"], new["f"] = st["x"], x1, g1, f1
@@ -131,16 +183,25 @@ def apgd_kernel(cfg: ApgdConfig, params, x0, ref, mask, eps, cap, key, x_init, h
         new["gmax"] = jnp.where(improved, g1, st["gmax"])
         ctr = st["ctr"] + 1
         at_ckpt = ctr == st["k"]
-        osc = new["inc"] <= cfg.rho * st["k"]
-        no_impr = (~st["reduced"]) & (st["f_last"] >= new["fmax"])
-        halve = at_ckpt & (osc | no_impr)
-        new["eta"] = jnp.where(halve, st["eta"] / 2, st["eta"])
+        if p == 1.0:
+            sp = G.norm(new["xmax"] - x0, 0)
+            topk, eta, sp_last, back = l1_sparsity_update(sp, st["sp_last"], st["eta"],
+                                                          cfg.step0 * eps, n_feat)
+            halve = at_ckpt & back
+            new["eta"] = jnp.where(at_ckpt, eta, st["eta"])
+            new["topk"] = jnp.where(at_ckpt, topk, st["topk"])
+            new["sp_last"] = jnp.where(at_ckpt, sp_last, st["sp_last"])
+        else:
+            osc = new["inc"] <= cfg.rho * st["k"]
+            no_impr = (~st["reduced"]) & (st["f_last"] >= new["fmax"])
+            halve = at_ckpt & (osc | no_impr)
+            new["eta"] = jnp.where(halve, st["eta"] / 2, st["eta"])
+            new["reduced"] = jnp.where(at_ckpt, halve, st["reduced"])
+            new["f_last"] = jnp.where(at_ckpt, new["fmax"], st["f_last"])
+            new["k"] = jnp.where(at_ckpt, jnp.maximum(st["k"] - size_decr, k_min), st["k"])
         new["x"] = jnp.where(halve, new["xmax"], new["x"])
         new["g"] = jnp.where(halve, new["gmax"], new["g"])
-        new["reduced"] = jnp.where(at_ckpt, halve, st["reduced"])
-        new["f_last"] = jnp.where(at_ckpt, new["fmax"], st["f_last"])
         new["inc"] = jnp.where(at_ckpt, 0, new["inc"])
-        new["k"] = jnp.where(at_ckpt, jnp.maximum(st["k"] - size_decr, k_min), st["k"])
         new["ctr"] = jnp.where(at_ckpt, 0, ctr)
         new["count"] = Q.charge(st["count"], cost, ok)
         return E.select(ok, new, st)
@@ -162,15 +223,20 @@ def apgd_kernel(cfg: ApgdConfig, params, x0, ref, mask, eps, cap, key, x_init, h
         count = Q.charge(count, cost, ok0)
         best = upd(best, x, ev, ok0)
         zeros = jnp.zeros((B,), jnp.int32)
+        # l1: AutoAttack starts from topk = 0.2 (sp_last = d), or from a warm start's sparsity
+        warm_run = has_init & (r == 0)
+        sp0 = jax.vmap(lambda a, b: G.norm(a - b, 0))(x, x0)
+        topk0 = jnp.where(warm_run, sp0 / n_feat / L1_SHRINK, cfg.l1_topk)
+        sp_last0 = jnp.where(warm_run, sp0, float(n_feat))
         st = dict(x=x, x_old=x, g=g, f=f, fmax=f, xmax=x, gmax=g, eta=cfg.step0 * eps, ctr=zeros,
                   k=zeros + k0, inc=zeros, f_last=f, reduced=jnp.zeros((B,), bool), count=count,
-                  best=best)
+                  best=best, topk=topk0.astype(jnp.float32), sp_last=sp_last0.astype(jnp.float32))
 
         def body(st, i):
             ok = ok0 & Q.allowed(st["count"], cost, cap)
             x1 = vpre(st, i, x0, eps)
             (_, ev1), g1 = vg(params, x1, ref, mask, leave, target)
-            return vpost(st, x1, ev1.obj, g1, ev1, ok, cost), None
+            return vpost(st, x1, ev1.obj, g1, ev1, ok, cost, x0, eps), None
 
         st, _ = jax.lax.scan(body, st, jnp.arange(cfg.n_iter))
         xm = st["xmax"]
@@ -188,7 +254,7 @@ def apgd_kernel(cfg: ApgdConfig, params, x0, ref, mask, eps, cap, key, x_init, h
 
 def make_apgd(apply: Callable, *, norm="linf", eps=None, n_iter: int = 100, restarts: int = 1,
               loss: str = "ce", targeted: bool = False, rho: float = 0.75, momentum: float = 0.75,
-              step0: float | None = None, l1_sparsity: float = 0.99, box=(0.0, 1.0),
+              step0: float | None = None, l1_topk: float = L1_TOPK, box=(0.0, 1.0),
               audit: bool = True) -> Callable:
     """APGD-CE / APGD-DLR (untargeted) or targeted APGD with user-given targets.
 
@@ -202,10 +268,11 @@ def make_apgd(apply: Callable, *, norm="linf", eps=None, n_iter: int = 100, rest
       targeted: if True, ``ref`` holds targets (loss: CE toward the target, or
         targeted DLR leaving the clean prediction) and success = prediction ==
         target.  For AutoAttack's APGD-T use :func:`make_apgd_t`.
-      rho: checkpoint condition threshold (0.75).
-      momentum: alpha (0.75).
+      rho: checkpoint condition threshold (0.75; linf and l2).
+      momentum: alpha (0.75; linf and l2, l1-APGD takes no momentum step).
       step0: initial step / eps (2 for linf and l2, 1 for l1).
-      l1_sparsity: sparse l1 direction quantile (see module docstring).
+      l1_topk: l1 only, initial share of coordinates in a sparse step (0.2,
+        AutoAttack), adapted at the checkpoints (see the module docstring).
       box, audit: as in :func:`sarjax.attacks.pgd.make_pgd`.
 
     Returns:
@@ -226,14 +293,14 @@ def make_apgd(apply: Callable, *, norm="linf", eps=None, n_iter: int = 100, rest
         step0 = 1.0 if p == 1.0 else 2.0
     kind = (loss + "-targeted") if targeted else loss
     cfg = ApgdConfig(apply, p, n_iter, restarts, kind, 0, targeted, float(rho), float(momentum),
-                     float(step0), tuple(float(b) for b in box), float(l1_sparsity))
+                     float(step0), tuple(float(b) for b in box), _check_topk(l1_topk))
     return E.public(partial(apgd_kernel, cfg), name=f"apgd-{kind}", p=p, default_eps=eps, box=box,
                     audit_output=audit)
 
 
 def make_apgd_t(apply: Callable, *, norm="linf", eps=None, n_iter: int = 100, n_targets: int = 9,
                 restarts: int = 1, rho: float = 0.75, momentum: float = 0.75,
-                step0: float | None = None, l1_sparsity: float = 0.99, box=(0.0, 1.0),
+                step0: float | None = None, l1_topk: float = L1_TOPK, box=(0.0, 1.0),
                 audit: bool = True) -> Callable:
     """APGD-T (AutoAttack): targeted DLR toward each of the top ``n_targets`` other classes.
 
@@ -246,7 +313,7 @@ def make_apgd_t(apply: Callable, *, norm="linf", eps=None, n_iter: int = 100, n_
 
     Args:
       apply: ``apply(params, x [B, *S]) -> logits [M, B, C]`` (or ``[B, C]``).
-      norm, eps, n_iter, rho, momentum, step0, l1_sparsity, box, audit: see :func:`make_apgd`.
+      norm, eps, n_iter, rho, momentum, step0, l1_topk, box, audit: see :func:`make_apgd`.
       n_targets: number of target classes.
       restarts: runs per target.
 
@@ -262,9 +329,15 @@ def make_apgd_t(apply: Callable, *, norm="linf", eps=None, n_iter: int = 100, n_
     if step0 is None:
         step0 = 1.0 if p == 1.0 else 2.0
     cfg = ApgdConfig(apply, p, n_iter, restarts, "dlr-targeted", n_targets, False, float(rho),
-                     float(momentum), float(step0), tuple(float(b) for b in box), float(l1_sparsity))
+                     float(momentum), float(step0), tuple(float(b) for b in box), _check_topk(l1_topk))
     return E.public(partial(_apgd_t_kernel, cfg), name="apgd-t", p=p, default_eps=eps, box=box,
                     audit_output=audit)
+
+
+def _check_topk(topk):
+    if isinstance(topk, bool) or not isinstance(topk, (int, float)) or not 0.0 < topk <= 1.0:
+        raise ValueError(f"l1_topk must be a float in (0, 1], got {topk!r}")
+    return float(topk)
 
 
 def _apgd_t_kernel(cfg, params, x0, ref, mask, eps, cap, key, x_init, has_init):
