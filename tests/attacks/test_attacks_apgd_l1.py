@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sarjax.attacks.apgd import l1_sparsity_update, make_apgd
+from sarjax.attacks.apgd import l1_sparsity_update, make_apgd, sparse_sign_direction
 
 from _attacks_affine import affine_apply, binary_problem
 
@@ -41,11 +41,11 @@ def test_l1_apgd_adapts_sparsity_per_sample_along_a_hand_computed_trajectory():
     * step 2 (k = 8): top 8 at 0.1125 + 0.04167, next 4 at 0.01: l1 1.273 -> the projection
       subtracts 0.0292 and drops the 4 -> top 8 at 0.125.  Checkpoint: sp 8 < 0.95 * 12 ->
       topk = 8 / 16 / 1.5 = 1/3, eta reset to 0.5, restart from this (best) point.
-    * step 3 (k = ceil(16 / 3) = 6): top 6 at 0.125 + 0.5 / 6, 2 at 0.125: l1 1.5 -> minus
-      0.0625 -> top 6 at 0.125 + 0.5 / 24, 2 at 0.0625.  Highest loss: returned.
+    * step 3 (k = floor(16 / 3) = 5): top 5 at 0.125 + 0.5 / 5, 3 at 0.125: l1 1.5 -> minus
+      0.0625 -> top 5 at 0.1625, 3 at 0.0625.  Highest loss: returned.
 
     The old fixed sparsity (k = 1), a topk that never adapts (k = 8 again: step 3 returns to the
-    uniform 0.125) or a step that is not reset (eta 0.222: 0.1343 / 0.0972) all give other points.
+    uniform 0.125) or a step that is not reset (eta 0.222: 0.1528 / 0.0972) all give other points.
     """
     batch = 2
     params, x0, opt = binary_problem("l1", batch, seed=4, d=16)
@@ -60,13 +60,27 @@ def test_l1_apgd_adapts_sparsity_per_sample_along_a_hand_computed_trajectory():
     res = attack(params, x0, np.zeros(batch, np.int32), key=jax.random.PRNGKey(0), eps=eps,
                  x_init=warm.astype(np.float32))
     want = np.zeros((batch, 16))
-    want[:, order[:6]] = 0.125 + 0.5 / 24
-    want[:, order[6:8]] = 0.0625
+    want[:, order[:5]] = 0.1625
+    want[:, order[5:8]] = 0.0625
     want = want * s * eps[:, None]
     got = np.asarray(res.x_adv, np.float64) - np.asarray(x0, np.float64)
     np.testing.assert_allclose(got, want, atol=2e-6)
     # 2 forwards per evaluation (M = 1 forward + 1 backward), start + 3 steps, plus the clean one
     np.testing.assert_array_equal(np.asarray(res.queries), 1 + 2 * 4)
+
+
+def test_sparse_sign_direction_keeps_floor_topk_coordinates():
+    g = jnp.asarray([0.1, -3.0, 2.0, -0.5, 1.0, 0.0, 4.0, -2.5])
+    x = jnp.full((8,), 0.5)
+    fn = jax.jit(sparse_sign_direction)
+    # floor(0.2 * 8) = 1, floor(0.375 * 8) = 3, floor(0.49 * 8) = 3, tiny share -> at least 1
+    np.testing.assert_array_equal(np.asarray(fn(g, x, 0.2)), [0, 0, 0, 0, 0, 0, 1, 0])
+    np.testing.assert_allclose(np.asarray(fn(g, x, 0.375)), np.array([0, -1, 0, 0, 0, 0, 1, -1]) / 3)
+    np.testing.assert_allclose(np.asarray(fn(g, x, 0.49)), np.array([0, -1, 0, 0, 0, 0, 1, -1]) / 3)
+    np.testing.assert_array_equal(np.asarray(fn(g, x, 0.01)), [0, 0, 0, 0, 0, 0, 1, 0])
+    # a coordinate on the box face the gradient pushes into cannot move: the next one is used
+    x_stuck = x.at[6].set(1.0)
+    np.testing.assert_array_equal(np.asarray(fn(g, x_stuck, 0.2)), [0, -1, 0, 0, 0, 0, 0, 0])
 
 
 def test_l1_topk_is_validated():
