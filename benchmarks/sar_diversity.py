@@ -47,7 +47,13 @@ def main() -> None:
     ap.add_argument("--data-dir", default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                    help="merge the eps results of several runs' sar_diversity.json (same pools and samples) "
+                         "into OUT/sar_diversity.json and redraw OUT/sar_vs_eps.png; runs nothing")
     a = ap.parse_args()
+    if a.merge:
+        merge(a.merge, Path(a.out))
+        return
     if a.quick:
         a.samples, a.members, a.epochs, a.eps, a.steps, a.restarts = 16, 6, 2, [0.05, 0.15], 10, 1
     if a.precision:
@@ -95,6 +101,7 @@ def main() -> None:
             }
             doc["pools"][preset]["eps"][f"{eps:g}"] = rec
             per_sample[(preset, eps)] = res.sar[v]
+            rec["per_sample_sar"] = np.round(res.sar[v], 4).tolist()  # [N, 4]: the distribution plot's data
             print(f"{preset:6s} eps={eps:<5g} ASR={member_asr.mean():.3f} "
                   + " ".join(f"SAR{c:g}={rec['sar'][f'{c:g}']:.3f}" for c in COVERAGES)
                   + f"  ({rec['seconds']:.0f}s, total {time.time() - t0:.0f}s)", flush=True)
@@ -103,17 +110,47 @@ def main() -> None:
         done_eps.append(eps)
     doc["complete"] = len(done_eps) == len(a.eps)
     doc["eps_done"] = sorted(done_eps)
-    e05 = "0.05" if 0.05 in done_eps else f"{done_eps[0]:g}"
-    doc["claim_check"] = {
-        f"high_minus_{p}_at_eps_{e05}": {c: doc["pools"]["high"]["eps"][e05]["sar"][c] - doc["pools"][p]["eps"][e05]["sar"][c]
-                                        for c in doc["pools"]["high"]["eps"][e05]["sar"]}
-        for p in ("low", "medium")
-    }
+    doc["claim_check"] = claim_check(doc, sorted(done_eps))
     doc["seconds"] = time.time() - t0
     (out / "sar_diversity.json").write_text(json.dumps(doc, indent=2))
     plot(doc, per_sample, sorted(done_eps), out)
     print(json.dumps(doc["claim_check"], indent=1))
     print(f"wrote {out}/sar_diversity.json and plots ({doc['seconds']:.0f}s)")
+
+
+def claim_check(doc: dict, eps_done: list[float]) -> dict:
+    """SAR(high) - SAR(low|medium) per coverage at eps = 0.05 (or the first eps done)."""
+    e = "0.05" if 0.05 in eps_done else f"{eps_done[0]:g}"
+    hi = doc["pools"]["high"]["eps"][e]["sar"]
+    return {f"high_minus_{p}_at_eps_{e}": {c: hi[c] - doc["pools"][p]["eps"][e]["sar"][c] for c in hi}
+            for p in ("low", "medium")}
+
+
+def merge(paths: list[str], out: Path) -> None:
+    """Merge the per-eps results of several runs (e.g. GPU sessions cut by a time budget)."""
+    docs = [json.loads(Path(p).read_text()) for p in paths]
+    base = docs[0]
+    for d in docs[1:]:
+        if d["samples"] != base["samples"] or d["settings"]["members"] != base["settings"]["members"]:
+            raise ValueError(f"runs differ in samples or members: {d['samples']} vs {base['samples']}")
+        for preset, rec in d["pools"].items():
+            if abs(rec["accuracy"] - base["pools"][preset]["accuracy"]) > 1e-6:
+                raise ValueError(f"pool {preset} differs between runs (accuracy {rec['accuracy']} vs "
+                                 f"{base['pools'][preset]['accuracy']}): not the same trained pool")
+            base["pools"][preset]["eps"].update(rec["eps"])
+    eps_done = sorted({float(e) for rec in base["pools"].values() for e in rec["eps"]})
+    base["eps_done"] = eps_done
+    base["merged_from"] = [str(p) for p in paths]
+    base["seconds"] = sum(d.get("seconds", 0.0) for d in docs)
+    base["complete"] = len(eps_done) == 5
+    base["claim_check"] = claim_check(base, eps_done)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sar_diversity.json").write_text(json.dumps(base, indent=2))
+    per_sample = {(p, float(e)): np.asarray(r["per_sample_sar"]) for p, rec in base["pools"].items()
+                  for e, r in rec["eps"].items() if "per_sample_sar" in r}
+    plot(base, per_sample, eps_done, out)
+    print(json.dumps(base["claim_check"], indent=1))
+    print(f"merged {len(paths)} runs (eps {eps_done}) into {out}/sar_diversity.json")
 
 
 def plot(doc: dict, per_sample: dict, eps_list: list[float], out: Path) -> None:
@@ -139,6 +176,8 @@ def plot(doc: dict, per_sample: dict, eps_list: list[float], out: Path) -> None:
     plt.close(fig)
 
     e = 0.05 if 0.05 in eps_list else eps_list[0]
+    if not all((preset, e) in per_sample for preset in doc["pools"]):
+        return  # per-sample SAR not recorded (older runs): no distribution plot
     fig, ax = plt.subplots(figsize=(5, 3.6))
     j = COVERAGES.index(0.85)
     bins = np.linspace(0, 1, 21)
