@@ -32,9 +32,12 @@ CASES = [
     ("apgd_min-ce", apgd_min.spec(), 1, 400, 1.05),
     ("apgd_min-dlr", apgd_min.spec(loss="dlr"), 1, 400, 1.05),
     ("alma", alma.spec(), 2, 1000, 1.05),
-    # ALMA's l1 subgradient steps stall on sparse affine optima; adv-lib's ALMA returns the
-    # norms within ~10% on these inputs (benchmarks/minnorm_vs_advlib.py --affine), up to 3.6x
-    ("alma", alma.spec(), 1, 2000, 4.0),
+    # ALMA l1 at the paper's setting (first step 0.5 in l1).  Its step sizes are absolute, tuned
+    # for MNIST-scale l1 norms (5-15); on these instances (optima 0.01-0.5) the RMSProp
+    # subgradient steps leave residual mass on every element.  Measured 2.36-2.51x worst here
+    # (adv-lib's default setting: 3.6x; adv-lib gives the same norms, see docs/minnorm.md);
+    # test_alma_l1_paper_setting_mnist_scale checks the 1.05x regime
+    ("alma-paper", alma.spec(init_lr_distance="paper"), 1, 2000, 3.0),
     ("pdgd", pdgd.spec(), 2, 1000, 1.05),
     ("pdpgd", pdpgd.spec(), 2, 1000, 1.05),
     ("pdpgd", pdpgd.spec(), math.inf, 1000, 1.05),
@@ -97,3 +100,58 @@ def test_reference_l2_closed_form_inside_box():
     expect = (s[y] - s[1 - y]) / np.linalg.norm(a)
     assert affine_min_norm(W, b, x0, y, 2)[0] == pytest.approx(expect, rel=1e-6)
     assert affine_min_norm(W, b, x0, y, math.inf)[0] == pytest.approx((s[y] - s[1 - y]) / np.abs(a).sum(), rel=1e-6)
+
+
+def _mnist_scale_affine(seed, B, lo=5.0, hi=15.0, draws=16):
+    # 28x28x1 inputs, 10 classes, weights scaled so that the l1 optima fall in MNIST's range
+    # (the benchmark's ALMA l1 medians: 8.1 standard, 12 PGD-AT); of `draws` inputs, the
+    # first B whose optimum lies in [lo, hi]
+    W, b, x0, y = make_affine(seed, (28, 28, 1), C=10, B=draws, scale=0.1, nearest_is_runner_up=1)
+    ref = [affine_min_norm(W, b, x0[i], y[i], 1) for i in range(draws)]
+    opt, tgt = np.array([r[0] for r in ref]), np.array([r[1] for r in ref])
+    keep = np.flatnonzero((opt >= lo) & (opt <= hi))[:B]
+    return W, b, x0[keep], y[keep], tgt[keep], opt[keep]
+
+
+def test_alma_l1_paper_setting_mnist_scale():
+    # At MNIST-scale optima, ALMA l1 with the paper's first-step distance reaches the optimum;
+    # adv-lib's default setting (lr 0.1) stops 1.17-1.29x above it on this draw.
+    # Over 8 draws (16 samples) measured median 1.009x, worst 1.12x; this draw holds the worst.
+    W, b, x0, y, tgt, opt = _mnist_scale_affine(4, 3)
+    t = np.where(np.arange(len(y)) % 2 == 1, tgt, -1).astype(np.int32)
+    res = mn.run(alma.spec(init_lr_distance="paper"), _affine_fn(W, b), x0, y, jax.random.key(4),
+                 norm=1, max_queries=2000, targets=t)
+    assert np.asarray(res.success).all()
+    r = np.asarray(res.norm) / opt
+    assert r.size == 3 and (r >= 1 - 1e-4).all(), r
+    # two of three within 1.02x, none above 1.2x (measured 1.006, 1.012, 1.12)
+    assert np.sort(r)[1] <= 1.02 and (r <= 1.2).all(), f"norm/optimum {r}"
+
+
+def test_alma_init_lr_finder_known_answer():
+    # x0 = 0.5, g = 1: the step clip(x0 - lr g) has l1 size d * lr and l2 size sqrt(d) * lr
+    # (while lr < 0.5), so the first step moves exactly `target` at lr = target / d (l1) or
+    # target / sqrt(d) (l2); the doubling phase must also pass lr = 1 (target above d * 0.5
+    # is out of reach: the largest lr is kept, no NaN)
+    d = 24
+    x0, g = jnp.full((4, 6), 0.5), jnp.ones((4, 6))
+    # 20 bisection steps from the bracket [0, 1]: lr to within 2^-20
+    assert float(alma._init_lr(x0, g, 1.0, 0.5)) == pytest.approx(0.5 / d, abs=2.0 ** -20)
+    assert float(alma._init_lr(x0, g, 2.0, 0.1)) == pytest.approx(0.1 / np.sqrt(d), abs=2.0 ** -20)
+    assert np.isfinite(float(alma._init_lr(x0, g, 1.0, 100.0)))
+
+
+def test_alma_init_lr_distance_validation_and_zero_gradient():
+    for bad in (0.0, -1.0, float("nan"), "l1", True):
+        with pytest.raises(ValueError, match="init_lr_distance"):
+            alma.spec(init_lr_distance=bad)
+    assert dict(alma.spec(init_lr_distance=1).hp)["init_lr_distance"] == 1.0
+    # zero gradient: the first step takes a random direction, the rest stays finite and unsuccessful
+    bias = jnp.asarray([3.0, 1.0, 0.0, -1.0], jnp.float32)
+    f = lambda x: bias + 0.0 * jnp.sum(x)
+    x0 = np.random.default_rng(0).uniform(0, 1, (2, 3)).astype(np.float32)
+    r = alma.alma(f, x0, np.zeros(2, np.int32), jax.random.key(0), norm=1, max_queries=41,
+                  init_lr_distance="paper")
+    assert not np.asarray(r.success).any() and np.isinf(np.asarray(r.trajectory)).all()
+    assert (np.asarray(r.queries) <= 41).all()
+    np.testing.assert_array_equal(np.asarray(r.x_adv), x0)
