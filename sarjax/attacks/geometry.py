@@ -286,8 +286,8 @@ def _project_l1_newton(x, x0, eps, box):
     bracket midpoint when the Newton point leaves the bracket or the slope is
     0; after 16 steps also when the last step did not halve the bracket (so
     from then on it at least halves every two steps, as in the bisection it
-    replaces).  Ends when the Newton
-    step is below float32 resolution; 2-9 steps measured on 784-dim inputs.
+    replaces).  Ends when the Newton step is below float32 resolution; 2-9
+    steps measured on 784-dim inputs.
     """
     v = jnp.ravel(x - x0)
     x0f = jnp.ravel(x0)
@@ -303,24 +303,25 @@ def _project_l1_newton(x, x0, eps, box):
     tol = 2.0 ** -22
 
     def cond(s):
-        return ~s[6] & (s[5] < _NEWTON_ITERS)
+        return ~s[5] & (s[4] < _NEWTON_ITERS)
 
     def body(s):
-        c, lo, hi, width, _, i, _ = s
+        c, lo, hi, width, i, _ = s
         gc, n_active = value_slope(c)
         feasible = gc <= eps
         lo, hi = jnp.where(feasible, lo, c), jnp.where(feasible, c, hi)
         newton = c + (gc - eps) / jnp.maximum(n_active, 1.0)
         converged = (n_active > 0) & (jnp.abs(newton - c) <= tol * jnp.abs(c))
-        use_newton = (n_active > 0) & (newton > lo) & (newton < hi) & ((i < _FREE_NEWTON) | (hi - lo <= 0.5 * width))
+        halved = hi - lo <= 0.5 * width
+        use_newton = (n_active > 0) & (newton > lo) & (newton < hi) & ((i < _FREE_NEWTON) | halved)
         c_next = jnp.where(converged | use_newton, newton, 0.5 * (lo + hi))
         done = converged | (hi - lo <= tol * hi)
-        return c_next, lo, hi, hi - lo, gc, i + 1, done
+        return c_next, lo, hi, hi - lo, i + 1, done
 
     zero = jnp.zeros((), v.dtype)
     trivial = (g0 <= eps) | (eps <= 0)                        # inside, or lam = max |v|
-    init = (jnp.where(eps <= 0, top, zero), zero, top, 2.0 * top, g0, 0, trivial)
-    c, lo, hi, _, _, _, _ = jax.lax.while_loop(cond, body, init)
+    init = (jnp.where(eps <= 0, top, zero), zero, top, 2.0 * top, 0, trivial)
+    c, lo, hi, _, _, _ = jax.lax.while_loop(cond, body, init)
     lam = jnp.where(g0 <= eps, 0.0, jnp.where(eps <= 0, top, jnp.clip(c, lo, hi)))
     d = _feasible_end(jnp.sign(v) * jnp.clip(mag - lam, 0.0, cap), eps, 1.0)
     return x0 + d.reshape(x.shape)
