@@ -47,6 +47,7 @@ the whole batch; proposals are drawn per example (keys from
 
 from __future__ import annotations
 
+import functools
 import math
 from functools import partial
 from typing import Callable, NamedTuple
@@ -91,12 +92,12 @@ def l2_window_side(p, n_features: int, channels: int, max_side: int):
     return jnp.minimum(s, max_side)
 
 
-def _inv_square_table(n: int) -> jnp.ndarray:
+def _inv_square_table(n: int) -> np.ndarray:
     """``T[m] = sum_{k=1}^{m} 1 / k^2`` for ``m = 0..n`` (float32 ``[n + 1]``)."""
-    return jnp.asarray(np.concatenate([[0.0], np.cumsum(1.0 / np.arange(1, n + 1) ** 2)]), jnp.float32)
+    return np.concatenate([[0.0], np.cumsum(1.0 / np.arange(1, n + 1) ** 2)]).astype(np.float32)
 
 
-def _halves(a, b, s, table):
+def _halves(a, b, s, table, xp=jnp):
     """Unnormalised positive (first half) and negative-half magnitudes of ``eta(s)`` at
     local coordinates ``(a, b)`` (integer arrays, broadcastable); zero outside."""
     h1 = s // 2
@@ -106,11 +107,24 @@ def _halves(a, b, s, table):
     inside_b = (b >= 0) & (b < s)
     in1 = (a >= 0) & (a < h1) & inside_b
     in2 = (a >= h1) & (a < s) & inside_b
-    d1 = jnp.maximum(jnp.abs(a - h1 // 2), jnp.abs(b - cb))
-    d2 = jnp.maximum(jnp.abs(a - h1 - h2 // 2), jnp.abs(b - cb))
-    v1 = table[top_k] - table[jnp.clip(d1, 0, top_k)]
-    v2 = table[top_k] - table[jnp.clip(d2, 0, top_k)]
-    return jnp.where(in1, v1, 0.0), jnp.where(in2, v2, 0.0)
+    d1 = xp.maximum(xp.abs(a - h1 // 2), xp.abs(b - cb))
+    d2 = xp.maximum(xp.abs(a - h1 - h2 // 2), xp.abs(b - cb))
+    v1 = table[top_k] - table[xp.clip(d1, 0, top_k)]
+    v2 = table[top_k] - table[xp.clip(d2, 0, top_k)]
+    return xp.where(in1, v1, 0.0), xp.where(in2, v2, 0.0)
+
+
+@functools.lru_cache(maxsize=None)
+def _half_norms(max_side: int) -> np.ndarray:
+    """l2 norms of the two unnormalised halves of ``eta(s)`` for ``s = 0..max_side``
+    (float32 ``[max_side + 1, 2]``), computed once on the host."""
+    table = _inv_square_table(max_side + 1)
+    g = np.arange(max_side)
+    out = np.zeros((max_side + 1, 2), np.float32)
+    for side in range(1, max_side + 1):
+        v1, v2 = _halves(g[:, None], g[None, :], side, table, xp=np)
+        out[side] = np.sqrt(np.sum(v1 * v1)), np.sqrt(np.sum(v2 * v2))
+    return out
 
 
 def centred_pattern(a, b, s, flip, max_side: int) -> jnp.ndarray:
@@ -128,16 +142,14 @@ def centred_pattern(a, b, s, flip, max_side: int) -> jnp.ndarray:
         window's top-left corner; entries outside ``[0, s)^2`` give 0.
       s: scalar int (traced allowed), the window side, ``1 <= s <= max_side``.
       flip: bool, broadcastable with ``a`` and ``b``: transpose.
-      max_side: static upper bound on ``s`` (sizes the norm computation).
+      max_side: static upper bound on ``s`` (sizes the table of half norms).
 
     Returns:
       float32 array of the broadcast shape of ``a, b, flip``.
     """
-    table = _inv_square_table(max_side + 1)
-    g = jnp.arange(max_side)
-    n1, n2 = _halves(g[:, None], g[None, :], s, table)
-    n1 = jnp.sqrt(jnp.sum(n1 * n1))
-    n2 = jnp.sqrt(jnp.sum(n2 * n2))
+    table = jnp.asarray(_inv_square_table(max_side + 1))
+    norms = jnp.asarray(_half_norms(max_side))          # [max_side + 1, 2], static
+    n1, n2 = norms[s, 0], norms[s, 1]
     # both halves are unit vectors on disjoint supports: the window norm is
     # sqrt(2), or 1 when s == 1 (no first half)
     total = jnp.sqrt((n1 > 0).astype(jnp.float32) + (n2 > 0).astype(jnp.float32))
