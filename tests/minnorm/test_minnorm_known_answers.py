@@ -35,7 +35,7 @@ CASES = [
     # ALMA l1 at the paper's setting (first step 0.5 in l1).  Its step sizes are absolute, tuned
     # for MNIST-scale l1 norms (5-15); on these instances (optima 0.01-0.5) the RMSProp
     # subgradient steps leave residual mass on every element.  Measured 2.36-2.51x worst here
-    # (adv-lib's default setting: 3.6x; adv-lib gives the same norms, see docs/minnorm.md);
+    # (adv-lib's default setting: 2.9-3.6x; adv-lib gives the same norms, see docs/minnorm.md);
     # test_alma_l1_paper_setting_mnist_scale checks the 1.05x regime
     ("alma-paper", alma.spec(init_lr_distance="paper"), 1, 2000, 3.0),
     ("pdgd", pdgd.spec(), 2, 1000, 1.05),
