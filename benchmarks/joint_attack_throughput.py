@@ -5,9 +5,11 @@ linf PGD (the SAR paper's Table 1 attack: mean CE of the selected members,
 sign steps of eps/16, projection around x0) for
 
   * sarjax ``make_joint_pgd`` over ``Pool.apply`` (one compiled call; conv
-    formulations ``im2col`` and ``xla`` from ``sarjax.models.zoo``, plus an
-    alternative written here, ``shared``: the first layer on the shared input
-    is one matmul for all members),
+    formulations ``im2col`` and ``xla`` from ``sarjax.models.zoo``: ``xla`` is
+    ``zoo._member_conv``, ordinary XLA convolutions per member instead of the
+    grouped convolution that vmap makes; optionally ``shared``, written here:
+    the first layer on the shared input as one im2col matmul for all members,
+    which is what vmap already produces),
   * (a) a PyTorch loop over the 20 models, and
   * (b) ``torch.func`` vmap over stacked PyTorch models,
 
@@ -19,8 +21,10 @@ alternately in one run (round-robin repetitions; the median of each is
 reported).  Ratios are against the fastest PyTorch baseline.  Writes JSON.
 
 Usage:
-  python benchmarks/joint_attack_throughput.py --steps 10 --reps 3 --out bench_joint.json
-  python benchmarks/joint_attack_throughput.py --jax-single-thread ...   # XLA on one thread
+  PYTHONPATH=. python benchmarks/joint_attack_throughput.py --steps 5 --reps 3
+  PYTHONPATH=. python benchmarks/joint_attack_throughput.py --jax-single-thread ...   # XLA on one thread
+Default output: benchmarks/results/joint_attack_throughput.json (load averages before
+and after are recorded: the machine is shared, compare only ratios from one run).
 """
 
 from __future__ import annotations
@@ -200,9 +204,10 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--batches", type=int, nargs="+", default=[64, 256])
     ap.add_argument("--families", nargs="+", default=["mlp", "cnn"])
-    ap.add_argument("--out", default="bench_joint_attack_throughput.json")
-    ap.add_argument("--conv-impls", nargs="+", default=["im2col", "xla", "shared"],
-                    help="CNN formulations measured besides im2col: xla, shared")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                   "results", "joint_attack_throughput.json"))
+    ap.add_argument("--conv-impls", nargs="+", default=["im2col", "xla"],
+                    help="CNN formulations measured: im2col, xla (zoo._member_conv), shared")
     ap.add_argument("--torch-threads", type=int, nargs="+", default=[1, os.cpu_count() or 1],
                     help="torch.set_num_threads variants measured (the fastest is the baseline)")
     ap.add_argument("--jax-single-thread", action="store_true",
@@ -215,12 +220,16 @@ def main():
     torch.set_num_threads(threads)
     print(f"jax {jax.__version__} ({jax.devices()[0].platform}), torch {torch.__version__}, "
           f"threads {threads}, M={M}, steps={args.steps}, reps={args.reps}")
+    load_before = os.getloadavg()
     results = []
     for family in args.families:
-        pools = {"im2col": build_pool(family, "im2col")}
+        base_pool = build_pool(family, "im2col")
+        if family == "mlp":
+            pools = {"dense": base_pool}
+        else:
+            pools = {"im2col": base_pool} if "im2col" in args.conv_impls else {}
         if family == "cnn" and "xla" in args.conv_impls:
-            pools["xla"] = build_pool(family, "xla")
-        base_pool = pools["im2col"]
+            pools["xla"] = build_pool(family, "xla")   # same keys -> same weights
         models = torch_models(base_pool, family)
         for B in args.batches:
             x0 = jax.random.uniform(jax.random.PRNGKey(B), (B, 28, 28, 1))
@@ -255,7 +264,9 @@ def main():
             with torch.no_grad():
                 zt = np.stack([m(tx0).numpy() for m in models])
             parity = float(np.abs(zj - zt).max())
-            if family == "cnn":
+            for pool in pools.values():
+                parity = max(parity, float(np.abs(zj - np.asarray(pool.logits(x0))).max()))
+            if family == "cnn" and "shared" in args.conv_impls:
                 zs = np.asarray(jax.jit(shared_first_layer_apply(base_pool.stacks[0].arch))(base_pool.params, x0))
                 parity = max(parity, float(np.abs(zj - zs).max()))
             for r in runners.values():
@@ -277,10 +288,11 @@ def main():
             print(f"{family:4s} B={B:4d} | " + " | ".join(f"{k} {thr[k]:,.0f}/s" for k in thr)
                   + " | ratio vs faster torch: "
                   + ", ".join(f"{k} {v:.2f}x" for k, v in row["ratio_vs_faster_torch"].items())
-                  + f" | parity {parity:.1e}", flush=True)
+                  + f" | parity {parity:.1e} | load {os.getloadavg()[0]:.1f}", flush=True)
     with open(args.out, "w") as fh:
         json.dump({"jax": jax.__version__, "torch": torch.__version__, "threads": threads,
-                   "jax_single_thread": args.jax_single_thread, "command": " ".join(sys.argv),
+                   "jax_single_thread": args.jax_single_thread, "xla_flags": os.environ.get("XLA_FLAGS", ""),
+                   "command": " ".join(sys.argv), "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
                    "results": results}, fh, indent=2)
     print(f"wrote {args.out}")
 

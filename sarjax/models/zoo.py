@@ -7,11 +7,14 @@ Params are plain dicts of arrays, so members stack with ``jax.vmap(arch.init)(ke
 Convolutions default to ``conv_impl="im2col"``: the k*k shifted slices of the padded input
 are concatenated on the channel axis and multiplied by the reshaped kernel (one matmul).
 XLA on CPU runs convolution *gradients* slowly and matmuls well (DESIGN.md, "Measured facts");
-``conv_impl="xla"`` uses ``lax.conv_general_dilated`` instead (faster on accelerators).
+``conv_impl="xla"`` uses ``lax.conv_general_dilated`` instead, through a convolution whose
+batching rule keeps XLA's convolutions ungrouped when a pool's members are stacked (see
+:func:`_member_conv`); on CPU it runs a CNN pool's joint attack faster than ``im2col``.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,13 +46,106 @@ def _conv_init(key, k, cin, cout, gain=2.0):
     return {"w": w, "b": jnp.zeros((cout,), jnp.float32)}
 
 
+_DIMS = ("NHWC", "HWIO", "NHWC")
+_MAX_UNROLL = 64  # larger stacked axes fall back to one grouped convolution
+
+
+def _lax_conv(x, w, pad):
+    return jax.lax.conv_general_dilated(x, w, (1, 1), pad, dimension_numbers=_DIMS)
+
+
+@functools.lru_cache(maxsize=None)
+def _batched_conv(pad: tuple) -> Any:
+    """Stride-1 convolution with static padding ``pad`` whose vmap rule avoids grouped convolutions.
+
+    ``jax.vmap`` of ``lax.conv_general_dilated`` over stacked members (inputs and kernels both
+    batched) becomes ONE grouped convolution (``feature_group_count = M``), which XLA runs
+    slowly on CPU (measured: ~5x slower than M ordinary convolutions, see
+    benchmarks/joint_attack_throughput.py).  The rule instead: folds a batched input with a
+    shared kernel into the batch dimension; stacks batched kernels on a shared input (the first
+    layer of a joint attack, where every member sees the same ``x``) into one convolution with
+    ``M * Cout`` output channels; and, with both batched, issues one ordinary convolution per
+    member on CPU (a grouped one elsewhere, or past ``_MAX_UNROLL`` members).
+    """
+
+    @jax.custom_batching.custom_vmap
+    def conv(x, w):
+        return _lax_conv(x, w, pad)
+
+    @conv.def_vmap
+    def _rule(axis_size, in_batched, x, w):
+        xb, wb = in_batched
+        if xb and not wb:
+            n = x.shape[1]
+            y = conv(x.reshape(axis_size * n, *x.shape[2:]), w)
+            return y.reshape(axis_size, n, *y.shape[1:]), True
+        if wb and not xb:
+            kh, kw, cin, cout = w.shape[1:]
+            y = conv(x, jnp.moveaxis(w, 0, 3).reshape(kh, kw, cin, axis_size * cout))
+            return jnp.moveaxis(y.reshape(*y.shape[:3], axis_size, cout), 3, 0), True
+        if jax.default_backend() == "cpu" and axis_size <= _MAX_UNROLL:
+            return jnp.stack([conv(x[i], w[i]) for i in range(axis_size)]), True
+        return jax.vmap(lambda a, b: _lax_conv(a, b, pad))(x, w), True
+
+    return conv
+
+
+@functools.lru_cache(maxsize=None)
+def _conv_with_vjp(pad: tuple) -> Any:
+    """:func:`_batched_conv` with its gradients written as convolutions of the same kind
+    (``custom_vmap`` functions are not reverse-differentiable on their own)."""
+    prim = _batched_conv(pad)
+    (lh, hh), (lw, hw) = pad
+
+    @jax.custom_vjp
+    def conv(x, w):
+        return prim(x, w)
+
+    def fwd(x, w):
+        return prim(x, w), (x, w)
+
+    def bwd(res, g):
+        x, w = res
+        kh, kw = w.shape[:2]
+        # input gradient: the flipped, transposed kernel with the complementary padding
+        w_t = jnp.flip(w, (0, 1)).swapaxes(2, 3)
+        dx = _batched_conv(((kh - 1 - lh, kh - 1 - hh), (kw - 1 - lw, kw - 1 - hw)))(g, w_t)
+        # kernel gradient dw[i, j, c, o] = sum_{b,h,w} xp[b, h+i, w+j, c] g[b, h, w, o]: a VALID
+        # convolution with channels as the batch and the batch as the contracted channel
+        xp = jnp.pad(x, ((0, 0), (lh, hh), (lw, hw), (0, 0)))
+        dw = _batched_conv(((0, 0), (0, 0)))(xp.transpose(3, 1, 2, 0), g.transpose(1, 2, 0, 3))
+        return dx, dw.transpose(1, 2, 0, 3)
+
+    conv.defvjp(fwd, bwd)
+    return conv
+
+
+def _member_conv(x: jax.Array, w: jax.Array, padding: tuple) -> jax.Array:
+    """Stride-1 convolution ``lax.conv_general_dilated(x, w, (1, 1), padding)`` (NHWC, HWIO) that
+    stays an ordinary (ungrouped) convolution under ``jax.vmap`` over stacked members.
+
+    Numerically a plain XLA convolution; differentiable in ``x`` and ``w`` (reverse mode only:
+    the gradients are custom convolutions, so ``jax.jvp``/``jacfwd`` do not apply).
+
+    Args:
+      x: [B, H, W, Cin].
+      w: [kh, kw, Cin, Cout].
+      padding: ``((lo_h, hi_h), (lo_w, hi_w))`` ints (static).
+
+    Returns:
+      [B, H + lo_h + hi_h - kh + 1, W + lo_w + hi_w - kw + 1, Cout].
+    """
+    pad = tuple((int(a), int(b)) for a, b in padding)
+    return _conv_with_vjp(pad)(x, w)
+
+
 def conv2d(x: jax.Array, p: Params, impl: str = "im2col") -> jax.Array:
     """Stride-1 SAME convolution. x: [B, H, W, Cin]; p["w"]: [k, k, Cin, Cout] -> [B, H, W, Cout]."""
     w = p["w"]
     k, _, cin, cout = w.shape
     if impl == "xla":
-        y = jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
-        return y + p["b"]
+        lo = (k - 1) // 2  # XLA's "SAME" for stride 1
+        return _member_conv(x, w, ((lo, k - 1 - lo), (lo, k - 1 - lo))) + p["b"]
     pad = k // 2
     b, h, wd, _ = x.shape
     xp = jnp.pad(x, ((0, 0), (pad, k - 1 - pad), (pad, k - 1 - pad), (0, 0)))
