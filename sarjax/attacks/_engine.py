@@ -319,6 +319,10 @@ def public(kernel, *, name, p, default_eps, box, audit_output=True):
         if key is None:
             key = jax.random.PRNGKey(0)
         cap = Q.normalize_cap(max_queries, x0n.shape[0])
+        m = int(refn.shape[-1]) if refn.ndim == 2 else 1
+        if max_queries is not None and int(np.min(np.asarray(cap))) < m:
+            raise ValueError(f"max_queries must be >= M = {m} per sample: the clean evaluation of every "
+                             f"member is charged M queries before any step; got {max_queries!r}")
         if x_init is None:
             xi, has = x0n, jnp.asarray(False)
         else:

@@ -106,6 +106,20 @@ def test_query_count_is_exact_and_cap_freezes_samples():
     np.testing.assert_array_equal(np.asarray(capped.x_adv), np.asarray(ref_run.x_adv))
 
 
+def test_cap_below_the_clean_evaluation_is_refused():
+    import pytest
+
+    B = 3
+    params, x0, need = common_direction_pool(B, seed=2)
+    ref = jnp.zeros((B, M), jnp.int32)
+    attack = make_pgd(pool_apply, norm="linf", steps=2)
+    with pytest.raises(ValueError, match=f"max_queries must be >= M = {M}"):
+        attack(params, x0, ref, None, jax.random.PRNGKey(0), eps=0.1, max_queries=M - 1)
+    ok = attack(params, x0, ref, None, jax.random.PRNGKey(0), eps=0.1, max_queries=M)
+    np.testing.assert_array_equal(np.asarray(ok.queries), M)  # only the clean evaluation fits
+    np.testing.assert_array_equal(np.asarray(ok.x_adv), np.asarray(x0))
+
+
 def test_joint_pgd_on_a_heterogeneous_pool_reports_consistent_success():
     from sarjax.models import zoo
     from sarjax.models.pool import Pool, Stack
