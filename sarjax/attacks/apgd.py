@@ -107,13 +107,8 @@ def sparse_sign_direction(g, x, topk, box=(0.0, 1.0)):
     Returns:
       ``[*S]`` direction with unit l1 norm (zeros if no coordinate can move).
     """
-    stuck = ((x <= box[0]) & (g < 0)) | ((x >= box[1]) & (g > 0))
-    a = jnp.ravel(jnp.where(stuck, 0.0, jnp.abs(g)))
-    n = a.shape[0]
-    k = jnp.clip(jnp.floor(topk * n + 1e-4).astype(jnp.int32), 1, n)
-    thresh = jnp.sort(a)[n - k]
-    d = jnp.where((a >= thresh) & (a > 0), jnp.sign(jnp.ravel(g)), 0.0)
-    return (d / jnp.maximum(jnp.sum(jnp.abs(d)), 1.0)).reshape(g.shape)
+    n = math.prod(jnp.shape(g))
+    return G.sparse_sign_top_k(g, x, jnp.floor(topk * n + 1e-4).astype(jnp.int32), box)
 
 
 def checkpoints(n_iter: int) -> list[int]:

@@ -105,10 +105,9 @@ def _core(f, x0, y, t, x_init, key, *, budget, p, strict, hp):
         x, eps, eta = s["x"], s["eps"], s["eta"]
         gamma = mn.cosine(i, steps, g0, g1)
         if p == 1.0:
-            # keep round(topk * d) >= 1 elements (see module doc); the -0.5 makes the
-            # ceil inside sparse_l1_direction land on that integer
-            k = jnp.maximum(jnp.round(s["topk"] * d), 1.0)
-            direction = geometry.sparse_l1_direction(s["g"], x, 1.0 - (k - 0.5) / d)
+            # keep round(topk * d) >= 1 elements (see module doc)
+            k = jnp.round(s["topk"] * d).astype(jnp.int32)
+            direction = geometry.sparse_sign_top_k(s["g"], x, k)
             x_new = geometry.project(x + eta * direction, x0, eps, p)
         else:
             a = jnp.where(i == 0, 1.0, 0.75)

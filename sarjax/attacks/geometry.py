@@ -388,12 +388,34 @@ def sparse_l1_direction(g: jnp.ndarray, x: jnp.ndarray, q: float, box=(0.0, 1.0)
     Returns:
       ``[*S]`` direction with unit l1 norm (zeros if ``g`` is zero).
     """
+    n = math.prod(jnp.shape(g))
+    k = jnp.maximum(jnp.ceil((1.0 - q) * n), 1.0).astype(jnp.int32)
+    return sparse_sign_top_k(g, x, k, box)
+
+
+def sparse_sign_top_k(g: jnp.ndarray, x: jnp.ndarray, k, box=(0.0, 1.0)) -> jnp.ndarray:
+    """Signs of the ``k`` largest ``|g|`` (ties at the threshold all kept), unit l1 norm.
+
+    The shared core of the sparse l1 steps: :func:`sparse_l1_direction` (k from a
+    quantile, rounded up), l1-APGD's :func:`sarjax.attacks.apgd.sparse_sign_direction`
+    (rounded down) and APGD-min's l1 step (rounded to nearest).  Coordinates on the
+    box face the gradient pushes into are ignored.
+
+    Args:
+      g: ``[*S]`` gradient.
+      x: ``[*S]`` current point.
+      k: int (traced allowed), clipped to ``[1, d]``.
+      box: element bounds.
+
+    Returns:
+      ``[*S]`` direction with unit l1 norm (zeros if no coordinate can move).
+    """
     stuck = ((x <= box[0]) & (g < 0)) | ((x >= box[1]) & (g > 0))
     a = jnp.where(stuck, 0.0, jnp.abs(g))
     flat = jnp.ravel(a)
     n = flat.shape[0]
-    k = jnp.maximum(jnp.ceil((1.0 - q) * n), 1.0)
-    thresh = jnp.sort(flat)[n - k.astype(jnp.int32)]
+    k = jnp.clip(jnp.asarray(k, jnp.int32), 1, n)
+    thresh = jnp.sort(flat)[n - k]
     d = jnp.where((a >= thresh) & (a > 0), jnp.sign(g), 0.0)
     return d / jnp.maximum(jnp.sum(jnp.abs(d)), 1.0)
 
