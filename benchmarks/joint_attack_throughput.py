@@ -206,8 +206,9 @@ def main():
     ap.add_argument("--families", nargs="+", default=["mlp", "cnn"])
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                    "results", "joint_attack_throughput.json"))
-    ap.add_argument("--conv-impls", nargs="+", default=["im2col", "xla"],
-                    help="CNN formulations measured: im2col, xla (zoo._member_conv), shared")
+    ap.add_argument("--conv-impls", nargs="+", default=["im2col", "xla", "fused"],
+                    help="CNN formulations measured: im2col, xla (zoo._member_conv), fused "
+                         "(sarjax.models.fused), shared")
     ap.add_argument("--torch-threads", type=int, nargs="+", default=[1, os.cpu_count() or 1],
                     help="torch.set_num_threads variants measured (the fastest is the baseline)")
     ap.add_argument("--jax-single-thread", action="store_true",
@@ -228,8 +229,9 @@ def main():
             pools = {"dense": base_pool}
         else:
             pools = {"im2col": base_pool} if "im2col" in args.conv_impls else {}
-        if family == "cnn" and "xla" in args.conv_impls:
-            pools["xla"] = build_pool(family, "xla")   # same keys -> same weights
+        for impl in ("xla", "fused"):
+            if family == "cnn" and impl in args.conv_impls:
+                pools[impl] = build_pool(family, impl)   # same keys -> same weights
         models = torch_models(base_pool, family)
         for B in args.batches:
             x0 = jax.random.uniform(jax.random.PRNGKey(B), (B, 28, 28, 1))

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sarjax.models import fused
 from sarjax.models.zoo import Arch
 
 PyTree = Any
@@ -77,7 +78,14 @@ class Stack:
         return cls(arch, stack_trees(members), tuple(names))
 
     def apply(self, params: PyTree, x: jax.Array) -> jax.Array:
-        """Logits of every member of this stack. params: stacked; x: [B, *S] -> [K, B, C]."""
+        """Logits of every member of this stack. params: stacked; x: [B, *S] -> [K, B, C].
+
+        A ``zoo.cnn(conv_impl="fused")`` stack runs :func:`sarjax.models.fused.cnn_pool_apply`
+        on the CPU backend (same logits, a faster input gradient for joint attacks).
+        """
+        if (self.arch.conv_impl == "fused" and fused.supports(self.arch)
+                and jax.default_backend() == "cpu"):
+            return fused.cnn_pool_apply(self.arch, params, x)
         return jax.vmap(self.arch.apply, in_axes=(0, None))(params, x)
 
     def member(self, i: int) -> PyTree:

@@ -31,7 +31,7 @@ ACTIVATIONS = {
     "leaky_relu": jax.nn.leaky_relu,
 }
 FAMILIES = ("mlp", "cnn", "resnet")
-CONV_IMPLS = ("im2col", "xla")
+CONV_IMPLS = ("im2col", "xla", "fused")
 
 Params = dict[str, Any]
 
@@ -143,7 +143,7 @@ def conv2d(x: jax.Array, p: Params, impl: str = "im2col") -> jax.Array:
     """Stride-1 SAME convolution. x: [B, H, W, Cin]; p["w"]: [k, k, Cin, Cout] -> [B, H, W, Cout]."""
     w = p["w"]
     k, _, cin, cout = w.shape
-    if impl == "xla":
+    if impl in ("xla", "fused"):   # "fused": one member's convolutions are the "xla" ones
         lo = (k - 1) // 2  # XLA's "SAME" for stride 1
         return _member_conv(x, w, ((lo, k - 1 - lo), (lo, k - 1 - lo))) + p["b"]
     pad = k // 2
@@ -179,7 +179,8 @@ class Arch:
       dense: width of the dense layer after the convolutions (cnn, resnet).
       kernel: convolution kernel size.
       blocks: residual blocks per stage (resnet).
-      conv_impl: "im2col" or "xla".
+      conv_impl: "im2col", "xla" or "fused" (cnn: "xla" convolutions per member, and a pool
+        kernel for shared inputs, :mod:`sarjax.models.fused`; other families treat it as "xla").
       input_shape: one input's shape, default (28, 28, 1).
       num_classes: number of logits.
     """
