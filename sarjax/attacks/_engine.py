@@ -56,6 +56,20 @@ def batch_logits(apply: Callable, params, x: jax.Array) -> jax.Array:
     return jnp.swapaxes(z, 0, 1)
 
 
+def prepare(apply: Callable, params):
+    """``(apply, params)`` to use inside an attack kernel's loops.
+
+    When ``apply`` is a bound method of an object with ``prepare_apply`` (e.g. ``pool.apply``),
+    its x-independent weight layouts are computed once, here, instead of on every step (XLA does
+    not hoist them out of ``lax.scan``); any other ``apply`` is returned as is.
+    """
+    owner = getattr(apply, "__self__", None)
+    prep = getattr(owner, "prepare_apply", None)
+    if callable(prep) and getattr(apply, "__name__", "") == "apply":
+        return prep(params)
+    return apply, params
+
+
 def make_batch_evaluate(apply: Callable, per_example: Callable):
     """Batched evaluation built from a per-example scorer.
 
@@ -253,7 +267,8 @@ def gradient_kernel(cfg: Config, params, x0, ref, mask, eps, cap, key, x_init, h
     """
     p, box = cfg.p, cfg.box
     B, M = ref.shape
-    evaluate = make_batch_evaluate(cfg.apply, scorer(cfg.loss, cfg.targeted))
+    apply, params = prepare(cfg.apply, params)
+    evaluate = make_batch_evaluate(apply, scorer(cfg.loss, cfg.targeted))
     vg = jax.value_and_grad(evaluate, argnums=1, has_aux=True)
     step = jax.vmap(partial(pgd_step, cfg))
     upd = jax.vmap(update_best)
@@ -263,7 +278,7 @@ def gradient_kernel(cfg: Config, params, x0, ref, mask, eps, cap, key, x_init, h
     live = n_sel > 0
     cost = M + n_sel
     if cfg.loss == "dlr" and cfg.targeted:  # targeted DLR leaves the clean prediction
-        src = jnp.argmax(batch_logits(cfg.apply, params, x0), axis=-1).astype(jnp.int32)
+        src = jnp.argmax(batch_logits(apply, params, x0), axis=-1).astype(jnp.int32)
     else:
         src = jnp.zeros_like(ref)
     _, ev0 = evaluate(params, x0, ref, mask, src)

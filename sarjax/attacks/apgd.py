@@ -171,7 +171,8 @@ def apgd_kernel(cfg: ApgdConfig, params, x0, ref, mask, eps, cap, key, x_init, h
         n = jnp.sum(succ & (mask > 0)).astype(jnp.int32)
         return obj, E.Evaluation(obj, losses, succ, n)
 
-    evaluate = E.make_batch_evaluate(cfg.apply, score)
+    apply, params = E.prepare(cfg.apply, params)
+    evaluate = E.make_batch_evaluate(apply, score)
     vg = jax.value_and_grad(evaluate, argnums=1, has_aux=True)
 
     def direction(g, x, topk):
@@ -182,7 +183,7 @@ def apgd_kernel(cfg: ApgdConfig, params, x0, ref, mask, eps, cap, key, x_init, h
     n_sel = jnp.sum(mask > 0, axis=1).astype(jnp.int32)
     live = n_sel > 0
     cost = M + n_sel
-    z0 = E.batch_logits(cfg.apply, params, x0)                 # [B, M, C], same forward as ev0
+    z0 = E.batch_logits(apply, params, x0)                     # [B, M, C], same forward as ev0
     order = jnp.argsort(-z0, axis=-1)
     # user targets: ref is the target, leave the clean prediction; else leave ref
     leave = order[..., 0].astype(jnp.int32) if cfg.hit_target else ref

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sarjax.models import fused
-from sarjax.models.zoo import Arch
+from sarjax.models.zoo import ACTIVATIONS, Arch
 
 PyTree = Any
 
@@ -83,13 +83,43 @@ class Stack:
         A ``zoo.cnn(conv_impl="fused")`` stack runs :func:`sarjax.models.fused.cnn_pool_apply`
         on the CPU backend (same logits, a faster input gradient for joint attacks).
         """
+        return self.apply_prepared(self.prepare(params), x)
+
+    def prepare(self, params: PyTree) -> PyTree:
+        """Params laid out for :meth:`apply_prepared` (weight layouts that do not depend on ``x``).
+
+        An MLP stack gains ``"_dense0_cat"``: its first-layer weights ``[D, K * H]``, so that every
+        member's first layer on the shared input is ONE matmul.  Attack kernels call this once per
+        call, outside their step loops (XLA does not hoist the transposes out of a loop itself).
+        """
+        if self.arch.family == "mlp":
+            w = params["dense0"]["w"]                                     # [K, D, H]
+            return {**params, "_dense0_cat": jnp.moveaxis(w, 0, 1).reshape(w.shape[1], -1)}
+        return params
+
+    def apply_prepared(self, prepared: PyTree, x: jax.Array) -> jax.Array:
+        """:meth:`apply` on the output of :meth:`prepare`."""
+        if "_dense0_cat" in prepared:
+            return _mlp_shared_apply(self.arch, prepared, x)
         if (self.arch.conv_impl == "fused" and fused.supports(self.arch)
                 and jax.default_backend() == "cpu"):
-            return fused.cnn_pool_apply(self.arch, params, x)
-        return jax.vmap(self.arch.apply, in_axes=(0, None))(params, x)
+            return fused.cnn_pool_apply(self.arch, prepared, x)
+        return jax.vmap(self.arch.apply, in_axes=(0, None))(prepared, x)
 
     def member(self, i: int) -> PyTree:
         return unstack_tree(self.params, i)
+
+
+def _mlp_shared_apply(arch: Arch, p: PyTree, x: jax.Array) -> jax.Array:
+    """Logits [K, B, C] of K stacked MLP members on one shared batch (``arch.apply``'s layers)."""
+    f = ACTIVATIONS[arch.act]
+    b = x.shape[0]
+    k, _, h = p["dense0"]["w"].shape
+    z = (x.reshape(b, -1) @ p["_dense0_cat"]).reshape(b, k, h) + p["dense0"]["b"]
+    z = jnp.moveaxis(f(z), 1, 0)                                          # [K, B, H]
+    for i in range(1, len(arch.widths)):
+        z = f(jnp.einsum("kbh,khn->kbn", z, p[f"dense{i}"]["w"]) + p[f"dense{i}"]["b"][:, None])
+    return jnp.einsum("kbh,khn->kbn", z, p["out"]["w"]) + p["out"]["b"][:, None]
 
 
 class Pool:
@@ -216,6 +246,19 @@ class Pool:
           [M, B, C] float32 logits.
         """
         outs = [s.apply(p, x) for s, p in zip(self.stacks, params)]
+        return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=0)
+
+    def prepare_apply(self, params: Sequence[PyTree]) -> tuple[Callable, tuple]:
+        """``(fn, prepared)`` with ``fn(prepared, x) == self.apply(params, x)``.
+
+        The x-independent weight layouts (:meth:`Stack.prepare`) are computed here, once; attack
+        kernels call this before their step loops (:func:`sarjax.attacks._engine.prepare`).
+        """
+        return self.apply_prepared, tuple(s.prepare(p) for s, p in zip(self.stacks, params))
+
+    def apply_prepared(self, prepared: Sequence[PyTree], x: jax.Array) -> jax.Array:
+        """:meth:`apply` on the output of :meth:`prepare_apply`."""
+        outs = [s.apply_prepared(p, x) for s, p in zip(self.stacks, prepared)]
         return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=0)
 
     @cached_property

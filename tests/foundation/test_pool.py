@@ -85,3 +85,23 @@ def test_validation_errors_name_the_problem():
         pool.logits(np.zeros((2, 28, 28), np.float32))
     with pytest.raises(ValueError, match="duplicated"):
         Pool.from_members([(arch, p), (arch, p)], ["a", "a"])
+
+
+@pytest.mark.parametrize("widths", [(16,), (12, 8, 6)])
+def test_prepared_apply_equals_apply_and_member_loop(widths):
+    from sarjax.attacks import _engine as E
+    arch = zoo.mlp(widths, act="tanh")
+    keys = jax.random.split(jax.random.key(1), 3)
+    pool = Pool([Stack.from_keys(arch, keys), Stack.from_keys(ARCHS[1], keys[:2])])
+    x = _x(4)
+    fn, prepared = pool.prepare_apply(pool.params)
+    assert "_dense0_cat" in prepared[0] and prepared[0]["_dense0_cat"].shape == (784, 3 * widths[0])
+    got = np.asarray(fn(prepared, x))
+    np.testing.assert_allclose(got, np.asarray(pool.apply(pool.params, x)), atol=1e-6)
+    want = np.stack([np.asarray(arch.apply(arch.init(k), x)) for k in keys])
+    np.testing.assert_allclose(got[:3], want, atol=2e-6, rtol=1e-6)
+    # the attack engine prepares a pool's bound apply once, and leaves other callables alone
+    fn2, prep2 = E.prepare(pool.apply, pool.params)
+    assert "_dense0_cat" in prep2[0]
+    plain = lambda p, z: pool.apply(p, z)  # noqa: E731
+    assert E.prepare(plain, pool.params) == (plain, pool.params)
