@@ -242,12 +242,18 @@ def run_demo(out: str | Path = "sarjax-demo", *, quick: bool = False, cache_dir:
 
 def run_sar_on_saved_pool(pool_dir: str, eps: float, delta: float, *, samples: int = 100, out: str = "sarjax-sar",
                           data_dir: str | None = None, steps: int = 40, restarts: int = 3, seed: int = 0,
-                          progress: bool = True) -> dict:
-    """SAR_{1-delta} of a saved pool on the first ``samples`` MNIST test images; writes OUT/results.json."""
+                          progress: bool = True, conv_impl: str | None = None) -> dict:
+    """SAR_{1-delta} of a saved pool on the first ``samples`` MNIST test images; writes OUT/results.json.
+
+    ``conv_impl`` (e.g. ``"fused"``, the fastest joint attack on CPU) re-wraps the pool's
+    convolutional stacks before the attack (:meth:`Pool.with_conv_impl`); None keeps the saved one.
+    """
     validate_sar_args(eps, [delta])
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
     pool, cfg = load_pool(pool_dir)
+    if conv_impl is not None:
+        pool = pool.with_conv_impl(conv_impl)
     data = load_mnist(data_dir)
     if tuple(pool.input_shape) != data.x_test.shape[1:]:
         raise ValueError(f"the pool takes inputs of shape {pool.input_shape}, the data has {data.x_test.shape[1:]}")
@@ -258,7 +264,8 @@ def run_sar_on_saved_pool(pool_dir: str, eps: float, delta: float, *, samples: i
                                     progress=progress, checkpoint_dir=outp / "checkpoint")
     acc = pool.accuracy(data.x_test, data.y_test)
     rec = pool_record(pool, acc, member_asr, res)
-    doc = {"pool": str(pool_dir), "eps": eps, "delta": delta, "samples": samples, "steps": steps, "restarts": restarts, **rec}
+    doc = {"pool": str(pool_dir), "eps": eps, "delta": delta, "samples": samples, "steps": steps, "restarts": restarts,
+           "conv_impl": conv_impl, **rec}
     res.save(outp / "sar")
     plot_sar(res, outp / "sar.png", title=f"{pool_dir}: eps={eps}, 1-delta={1 - delta:g}")
     (outp / "results.json").write_text(json.dumps(doc, indent=2))

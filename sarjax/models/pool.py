@@ -9,6 +9,7 @@ subset never recompiles anything.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Callable, Sequence
@@ -18,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sarjax.models import fused
-from sarjax.models.zoo import ACTIVATIONS, Arch
+from sarjax.models.zoo import ACTIVATIONS, CONV_IMPLS, Arch
 
 PyTree = Any
 
@@ -219,6 +220,17 @@ class Pool:
     def with_params(self, params: Sequence[PyTree]) -> "Pool":
         """A pool with the same structure and new stacked params (e.g. after training)."""
         return Pool([Stack(s.arch, p, s.names) for s, p in zip(self.stacks, params)])
+
+    def with_conv_impl(self, conv_impl: str) -> "Pool":
+        """The same members (same params) with every convolutional stack's ``conv_impl`` replaced.
+
+        E.g. ``pool.with_conv_impl("fused")`` before a joint attack on CPU (docs/models.md); MLP
+        stacks are unchanged.  Raises ValueError for an unknown ``conv_impl``.
+        """
+        if conv_impl not in CONV_IMPLS:
+            raise ValueError(f"conv_impl must be one of {CONV_IMPLS}, got {conv_impl!r}")
+        return Pool([Stack(s.arch if s.arch.family == "mlp" else dataclasses.replace(s.arch, conv_impl=conv_impl),
+                           s.params, s.names) for s in self.stacks])
 
     def select(self, index: Sequence[int] | np.ndarray) -> "Pool":
         """A new pool with the members at ``index`` (host side, for building sub-pools; use masks in attacks)."""
