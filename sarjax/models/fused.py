@@ -11,20 +11,22 @@ replaces it:
   channels ran at about 7 GFLOP/s and wrote ``B x H x W x M x C0`` floats before pooling.  Here
   the 2x2 max-pool is folded in: the input is cut into four pooling phases of ``k*k*Cin`` taps
   (:func:`phase_taps`, computed once for all members), each phase's pre-activation is a short sum
-  of products, and only the pooled ``[B, H/2, W/2, M, C0]`` map is written, with the winning
+  of products, and only the pooled ``[M, B, H/2, W/2, C0]`` map is written, with the winning
   phase as an int8 index for the backward pass.
 * Later layers (different input per member): vmapped, they become batched matmuls or grouped
   convolutions and write every member's activations before the next layer reads them, far out
   of cache.  Here members run in ``lax.scan`` (one member's activations at a time), each layer an
-  ordinary XLA convolution followed by the pooling over strided slices.
+  ordinary XLA convolution followed by the pooling over strided slices; the scan is unrolled
+  (``MEMBER_UNROLL`` members per iteration), which lets XLA's CPU runtime run independent members
+  on different cores (1.5x on 2 cores).
 * The backward pass: XLA's transposed max-pool (``select_and_scatter`` or the tie-splitting rule
   of ``reduce_max``) and convolution gradients ran 3-10x slower than the forward pass.  Here the
   forward pass keeps only the winning phase (int8) of every pooled unit and the dense layer's
   activation derivative; the backward pass (another member scan) routes the cotangent to the
   winning phase with selects, runs the input gradient of each convolution as the convolution of
   the flipped, transposed kernel, and for layer 1 contracts the routed cotangent with all
-  members' kernels at once (one matmul over ``M * C0`` per phase) before scattering the taps
-  back onto ``x``.
+  members' kernels at once (one matmul over ``M * C0`` per phase, in blocks of ``ROUTE_CHUNK``
+  samples so the four routed copies stay in cache) before scattering the taps back onto ``x``.
 
 Gradients agree with ``jax.grad`` of the ``"xla"`` formulation except at exact ties inside a
 pooling window, where this kernel routes the whole cotangent to the first maximal phase (as
