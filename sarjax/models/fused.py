@@ -162,8 +162,8 @@ def _first_layer_taps_grad(dh1, idx0, dact0, w0, chunk):
                           for p in range(4)])
 
     chunk = max(1, min(chunk, bsz))
-    if bsz % chunk:
-        chunk = 1
+    while bsz % chunk:           # the largest block size <= chunk that divides the batch
+        chunk -= 1
     split = lambda v: None if v is None else v.reshape(bsz // chunk, chunk, *v.shape[1:])
     out = jax.lax.map(one, (split(dh1), split(idx0), split(dact0)))    # [n, 4, chunk, h, w, T]
     return jnp.moveaxis(out, 1, 0).reshape(4, bsz, ho, wo, t)
