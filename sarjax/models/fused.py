@@ -43,7 +43,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-_DIMS = ("NHWC", "HWIO", "NHWC")
+from sarjax.models.zoo import ACTIVATIONS, _lax_conv, _input_grad_conv_args, _same_padding
+
 _ELEMENTWISE_TAPS = 32   # first layer: sum of products up to this many taps, one matmul above
 ROUTE_CHUNK = 4          # samples per block when routing the first layer's cotangent
 MEMBER_UNROLL = 32       # members per iteration of the member loops (whole pools up to 32)
@@ -63,8 +64,7 @@ def phase_taps(x: jax.Array, k: int) -> jax.Array:
     """
     _, h, w, _ = x.shape
     ho, wo = h // 2, w // 2
-    lo = (k - 1) // 2
-    xp = jnp.pad(x, ((0, 0), (lo, k - 1 - lo), (lo, k - 1 - lo), (0, 0)))
+    xp = jnp.pad(x, ((0, 0), *_same_padding(k), (0, 0)))
     phases = []
     for a in (0, 1):
         for b in (0, 1):
@@ -78,6 +78,11 @@ def _max4(v):
     return jnp.maximum(jnp.maximum(v[0], v[1]), jnp.maximum(v[2], v[3]))
 
 
+def _first_max(v, m):
+    """Index (0-3) of the first of the four ``v`` equal to their maximum ``m``."""
+    return jnp.where(v[0] == m, 0, jnp.where(v[1] == m, 1, jnp.where(v[2] == m, 2, 3)))
+
+
 def _pool(zs: list, act, relu: bool):
     """Pooled activation of four phase pre-activations, with what its gradient needs.
 
@@ -87,11 +92,10 @@ def _pool(zs: list, act, relu: bool):
     """
     if relu:
         m = _max4(zs)
-        idx = jnp.where(zs[0] == m, 0, jnp.where(zs[1] == m, 1, jnp.where(zs[2] == m, 2, 3)))
-        return jax.nn.relu(m), jnp.where(m > 0, idx, -1).astype(jnp.int8), None
+        return jax.nn.relu(m), jnp.where(m > 0, _first_max(zs, m), -1).astype(jnp.int8), None
     acts = [act(z) for z in zs]
     y = _max4(acts)
-    idx = jnp.where(acts[0] == y, 0, jnp.where(acts[1] == y, 1, jnp.where(acts[2] == y, 2, 3)))
+    idx = _first_max(acts, y)
     zsel = jnp.where(idx == 0, zs[0], jnp.where(idx == 1, zs[1], jnp.where(idx == 2, zs[2], zs[3])))
     dact = jax.jvp(act, (zsel,), (jnp.ones_like(zsel),))[1]
     return y, idx.astype(jnp.int8), dact
@@ -115,19 +119,12 @@ def _unpool(g, idx, dact, h, w):
 
 
 def _conv(x, w):
-    k = w.shape[0]
-    lo = (k - 1) // 2
-    return jax.lax.conv_general_dilated(x, w, (1, 1), ((lo, k - 1 - lo), (lo, k - 1 - lo)),
-                                        dimension_numbers=_DIMS)
+    return _lax_conv(x, w, _same_padding(w.shape[0]))
 
 
 def _conv_input_grad(g, w):
-    """Input gradient of :func:`_conv`: the flipped, transposed kernel, complementary padding."""
-    k = w.shape[0]
-    lo = (k - 1) // 2
-    hi = k - 1 - lo
-    return jax.lax.conv_general_dilated(g, jnp.flip(w, (0, 1)).swapaxes(2, 3), (1, 1),
-                                        ((hi, lo), (hi, lo)), dimension_numbers=_DIMS)
+    """Input gradient of :func:`_conv` (:func:`sarjax.models.zoo._input_grad_conv_args`)."""
+    return _lax_conv(g, *_input_grad_conv_args(w, _same_padding(w.shape[0])))
 
 
 def _first_layer(arch, p0, taps):
@@ -170,7 +167,6 @@ def _first_layer_taps_grad(dh1, idx0, dact0, w0, chunk):
 
 
 def _act(arch):
-    from sarjax.models.zoo import ACTIVATIONS
     return ACTIVATIONS[arch.act]
 
 
@@ -243,9 +239,8 @@ def _kernel(arch, route_chunk: int, unroll: int) -> Any:
         batch_major = lambda v: None if v is None else jnp.moveaxis(v, 0, 3)
         dtaps = _first_layer_taps_grad(batch_major(dh1), batch_major(idx0), batch_major(dact0),
                                        w0, route_chunk)
-        _, taps_vjp = jax.vjp(lambda z: phase_taps(z, k),
-                              jnp.zeros((dh1.shape[1], *arch.input_shape), dtaps.dtype))
-        (dx,) = taps_vjp(dtaps)
+        x_spec = jax.ShapeDtypeStruct((dh1.shape[1], *arch.input_shape), dtaps.dtype)
+        (dx,) = jax.linear_transpose(lambda z: phase_taps(z, k), x_spec)(dtaps)
         return None, dx
 
     apply.defvjp(fwd, bwd, symbolic_zeros=True)

@@ -54,6 +54,21 @@ def _lax_conv(x, w, pad):
     return jax.lax.conv_general_dilated(x, w, (1, 1), pad, dimension_numbers=_DIMS)
 
 
+def _same_padding(k: int) -> tuple:
+    """XLA's SAME padding of a stride-1 ``k x k`` convolution: ``(k - 1) // 2`` before, the rest after."""
+    lo = (k - 1) // 2
+    return ((lo, k - 1 - lo), (lo, k - 1 - lo))
+
+
+def _input_grad_conv_args(w: jax.Array, pad: tuple) -> tuple:
+    """``(kernel, padding)`` of the convolution that maps an output cotangent of
+    ``_lax_conv(., w, pad)`` to its input cotangent: the flipped kernel with input and output
+    channels swapped, and the complementary padding."""
+    kh, kw = w.shape[:2]
+    (lh, hh), (lw, hw) = pad
+    return jnp.flip(w, (0, 1)).swapaxes(2, 3), ((kh - 1 - lh, kh - 1 - hh), (kw - 1 - lw, kw - 1 - hw))
+
+
 @functools.lru_cache(maxsize=None)
 def _batched_conv(pad: tuple) -> Any:
     """Stride-1 convolution with static padding ``pad`` whose vmap rule avoids grouped convolutions.
@@ -106,10 +121,8 @@ def _conv_with_vjp(pad: tuple) -> Any:
 
     def bwd(res, g):
         x, w = res
-        kh, kw = w.shape[:2]
-        # input gradient: the flipped, transposed kernel with the complementary padding
-        w_t = jnp.flip(w, (0, 1)).swapaxes(2, 3)
-        dx = _batched_conv(((kh - 1 - lh, kh - 1 - hh), (kw - 1 - lw, kw - 1 - hw)))(g, w_t)
+        w_t, pad_t = _input_grad_conv_args(w, pad)
+        dx = _batched_conv(pad_t)(g, w_t)
         # kernel gradient dw[i, j, c, o] = sum_{b,h,w} xp[b, h+i, w+j, c] g[b, h, w, o]: a VALID
         # convolution with channels as the batch and the batch as the contracted channel
         xp = jnp.pad(x, ((0, 0), (lh, hh), (lw, hw), (0, 0)))
@@ -144,8 +157,7 @@ def conv2d(x: jax.Array, p: Params, impl: str = "im2col") -> jax.Array:
     w = p["w"]
     k, _, cin, cout = w.shape
     if impl in ("xla", "fused"):   # "fused": one member's convolutions are the "xla" ones
-        lo = (k - 1) // 2  # XLA's "SAME" for stride 1
-        return _member_conv(x, w, ((lo, k - 1 - lo), (lo, k - 1 - lo))) + p["b"]
+        return _member_conv(x, w, _same_padding(k)) + p["b"]
     pad = k // 2
     b, h, wd, _ = x.shape
     xp = jnp.pad(x, ((0, 0), (pad, k - 1 - pad), (pad, k - 1 - pad), (0, 0)))
