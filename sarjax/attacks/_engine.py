@@ -322,15 +322,28 @@ def gradient_kernel(cfg: Config, params, x0, ref, mask, eps, cap, key, x_init, h
                         best_success=best.ev.success, best_objective=best.ev.obj)
 
 
-def public(kernel, *, name, p, default_eps, box, audit_output=True):
-    """Wraps ``kernel(params, x0, ref, mask, eps, cap, key)`` into the validated,
-    audited public entry point (see :func:`sarjax.attacks.pgd.make_pgd`)."""
+def members_of(apply: Callable, params, x0: jax.Array) -> int:
+    """The member count ``M`` of ``apply`` on ``x0`` (1 for ``[B, C]`` logits), found by tracing only."""
+    shape = jax.eval_shape(apply, params, x0[:1]).shape
+    return int(shape[0]) if len(shape) == 3 else 1
 
-    """Wraps a batch kernel into the validated, audited public entry point."""
+
+def public(kernel, *, name, p, default_eps, box, audit_output=True, apply=None):
+    """Wraps ``kernel(params, x0, ref, mask, eps, cap, key, x_init, has_init)`` into the validated,
+    audited public entry point (see :func:`sarjax.attacks.pgd.make_pgd`).
+
+    With ``apply`` given, labels ``[B]`` and no mask are shared by every member ``apply`` returns
+    (``ref`` is broadcast to ``[B, M]``).
+    """
 
     def fn(params, x0, ref, mask=None, key=None, *, eps=None, max_queries=None,
            x_init=None) -> AttackResult:
         x0n, refn, maskn, eps_arr = normalize_inputs(x0, ref, mask, eps, default_eps, box, p)
+        if apply is not None and refn.shape[1] == 1:
+            m_apply = members_of(apply, params, x0n)
+            if m_apply > 1:
+                refn = jnp.broadcast_to(refn, (refn.shape[0], m_apply))
+                maskn = jnp.broadcast_to(maskn, refn.shape)
         if key is None:
             key = jax.random.PRNGKey(0)
         cap = Q.normalize_cap(max_queries, x0n.shape[0])

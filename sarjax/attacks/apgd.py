@@ -325,7 +325,7 @@ def make_apgd(apply: Callable, *, norm="linf", eps=None, n_iter: int = 100, rest
     cfg = ApgdConfig(apply, p, n_iter, restarts, kind, 0, targeted, float(rho), float(momentum),
                      float(step0), tuple(float(b) for b in box), _check_topk(l1_topk))
     return E.public(partial(apgd_kernel, cfg), name=f"apgd-{kind}", p=p, default_eps=eps, box=box,
-                    audit_output=audit)
+                    audit_output=audit, apply=apply)
 
 
 def make_apgd_t(apply: Callable, *, norm="linf", eps=None, n_iter: int = 100, n_targets: int = 9,
@@ -361,7 +361,7 @@ def make_apgd_t(apply: Callable, *, norm="linf", eps=None, n_iter: int = 100, n_
     cfg = ApgdConfig(apply, p, n_iter, restarts, "dlr-targeted", n_targets, False, float(rho),
                      float(momentum), float(step0), tuple(float(b) for b in box), _check_topk(l1_topk))
     return E.public(partial(_apgd_t_kernel, cfg), name="apgd-t", p=p, default_eps=eps, box=box,
-                    audit_output=audit)
+                    audit_output=audit, apply=apply)
 
 
 def _check_topk(topk):

@@ -39,4 +39,4 @@ def make_fgsm(apply: Callable, *, norm="linf", eps=None, loss: str = "ce", targe
     cfg = E.Config(apply=apply, p=p, steps=1, restarts=1, random_start=False, loss=loss,
                    targeted=targeted, box=tuple(float(b) for b in box), rel_step=1.0, l1_sparsity=1.0 - 1e-9)
     kernel = partial(E.gradient_kernel, cfg)
-    return E.public(kernel, name="fgsm", p=p, default_eps=eps, box=box, audit_output=audit)
+    return E.public(kernel, name="fgsm", p=p, default_eps=eps, box=box, audit_output=audit, apply=apply)

@@ -39,4 +39,5 @@ def make_mifgsm(apply: Callable, *, norm="linf", eps=None, steps: int = 10, deca
                    targeted=targeted, box=tuple(float(b) for b in box), rel_step=1.0 / steps,
                    abs_step=E.check_step(step_size), momentum=float(decay))
     kernel = partial(E.gradient_kernel, cfg)
-    return E.public(kernel, name="mifgsm", p=p, default_eps=eps, box=box, audit_output=audit)
+    return E.public(kernel, name="mifgsm", p=p, default_eps=eps, box=box, audit_output=audit,
+                    apply=apply)

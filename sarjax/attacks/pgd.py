@@ -64,4 +64,4 @@ def make_pgd(apply: Callable, *, norm="linf", eps=None, steps: int = 40, step_si
                    rel_step=float(rel_step), abs_step=E.check_step(step_size),
                    l1_sparsity=float(l1_sparsity))
     kernel = partial(E.gradient_kernel, cfg)
-    return E.public(kernel, name="pgd", p=p, default_eps=eps, box=box, audit_output=audit)
+    return E.public(kernel, name="pgd", p=p, default_eps=eps, box=box, audit_output=audit, apply=apply)

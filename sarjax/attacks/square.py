@@ -388,4 +388,4 @@ def make_square(apply: Callable, *, norm="linf", eps=None, n_queries: int = 5000
         raise ValueError(f"p_init must be in (0, 1], got {p_init!r}")
     cfg = SquareConfig(apply, n_queries, float(p_init), bool(targeted), tuple(float(b) for b in box), p)
     return E.public(partial(square_kernel, cfg), name="square" if p == math.inf else "square-l2",
-                    p=p, default_eps=eps, box=box, audit_output=audit)
+                    p=p, default_eps=eps, box=box, audit_output=audit, apply=apply)

@@ -147,3 +147,34 @@ def test_joint_pgd_on_a_heterogeneous_pool_reports_consistent_success():
         pred = np.asarray(jnp.argmax(pool.logits(x), -1)).T                 # [B, M]
         np.testing.assert_array_equal(np.asarray(succ), pred != np.asarray(ref))
     assert np.abs(np.asarray(res.x_adv) - np.asarray(x0)).max() <= 0.3 + 1e-7
+
+
+def test_labels_b_are_shared_by_every_member_of_a_pool_apply():
+    """ref [B] with no mask on a pool apply means the same label for every member: the result equals
+    the explicit [B, M] call, queries count all M members, and a single-model apply keeps M = 1."""
+    from sarjax.attacks.apgd import make_apgd
+    from sarjax.attacks.square import make_square
+    from _attacks_affine import affine_apply
+
+    B, steps = 3, 4
+    params, x0, need = common_direction_pool(B, seed=4)
+    x0 = x0.reshape(B, 2, 4, 1)  # image-shaped for Square; the affine members flatten it
+    y = jnp.zeros((B,), jnp.int32)
+    y_bm = jnp.zeros((B, M), jnp.int32)
+    eps = 0.8 * need.min(axis=1)
+    for attack in (make_pgd(pool_apply, norm="linf", steps=steps),
+                   make_apgd(pool_apply, norm="linf", n_iter=steps),
+                   make_square(pool_apply, n_queries=steps)):
+        shared = attack(params, x0, y, None, jax.random.PRNGKey(5), eps=eps)
+        explicit = attack(params, x0, y_bm, None, jax.random.PRNGKey(5), eps=eps)
+        assert shared.success.shape == (B, M)
+        np.testing.assert_array_equal(np.asarray(shared.x_adv), np.asarray(explicit.x_adv))
+        np.testing.assert_array_equal(np.asarray(shared.queries), np.asarray(explicit.queries))
+    pgd = make_pgd(pool_apply, norm="linf", steps=steps, restarts=1)
+    res = pgd(params, x0, y, None, jax.random.PRNGKey(5), eps=eps)
+    np.testing.assert_array_equal(np.asarray(res.queries), M + steps * 2 * M + M)
+    one = {"W": params["W"][0], "b": params["b"][0]}
+    single = make_pgd(affine_apply, norm="linf", steps=steps, restarts=1)(one, x0, y, None, jax.random.PRNGKey(5),
+                                                                          eps=eps)
+    assert single.success.shape == (B, 1)
+    np.testing.assert_array_equal(np.asarray(single.queries), 1 + steps * 2 + 1)
