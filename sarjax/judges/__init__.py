@@ -10,3 +10,9 @@ from sarjax.judges.harmbench import (
     label_from_text,
 )
 from sarjax.judges.refusal import GCG_REFUSAL_PHRASES, is_refusal, refusal_judge
+
+__all__ = [
+    "classifier_prompt", "clip_generation", "encode_classifier_inputs", "GCG_REFUSAL_PHRASES",
+    "HARMBENCH_CONTEXTUAL_PROMPT", "HARMBENCH_PROMPT", "HarmBenchClassifier", "is_refusal",
+    "label_from_text", "refusal_judge",
+]

@@ -8,7 +8,6 @@ one CPU, on 8 fake CPU devices (``jax.config.update("jax_num_cpu_devices", 8)``)
 
 from __future__ import annotations
 
-import math
 
 import jax
 import jax.numpy as jnp

@@ -17,7 +17,6 @@ def _hide_broken_torchvision():
 
 _hide_broken_torchvision()
 
-import numpy as np
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

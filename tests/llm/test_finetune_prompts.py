@@ -1,7 +1,6 @@
 """Fine-tuning a stacked pool; chat-template slicing and retokenization."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest

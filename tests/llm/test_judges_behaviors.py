@@ -86,7 +86,6 @@ def _steer(cfg, params, token_id):
 
 def test_harmbench_classifier_end_to_end():
     from conftest import build_tokenizer
-    from tokenizers import AddedToken
 
     tok = build_tokenizer()
     tok.add_tokens(["yes", "no", "[INST]", "<<SYS>>"])

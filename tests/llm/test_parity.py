@@ -1,7 +1,5 @@
 """Logit parity of sarjax's JAX decoder with transformers' PyTorch models (f32)."""
 
-import json
-import os
 
 import jax
 import jax.numpy as jnp

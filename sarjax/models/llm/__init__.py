@@ -50,3 +50,15 @@ from sarjax.models.llm.scoring import (
     target_nll,
     target_nll_from_embeds,
 )
+
+__all__ = [
+    "build_pool", "build_prompt", "config_from_hf", "DecoderConfig", "embed_tokens",
+    "greedy_generate", "greedy_one", "hidden_states", "init_params", "KVBlock", "left_pad",
+    "LLMPool", "LLMStack", "lm_head", "load_config", "load_model", "load_params", "load_tokenizer",
+    "logits", "logits_from_embeds", "logits_from_one_hot", "make_sft_data", "pool_target_nll_text",
+    "positions_from_mask", "prefill", "PromptSlices", "restore_params", "retokenization_mask",
+    "retokenizes", "rope_inv_freq", "save_params", "sft_loss", "sft_pool", "SFTData",
+    "split_chat_template", "stack_greedy_generate", "stack_params", "stack_prefix_cache",
+    "stack_target_nll", "target_nll", "target_nll_from_embeds", "tokenizer_fingerprint",
+    "unstack_params",
+]

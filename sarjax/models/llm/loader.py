@@ -184,7 +184,7 @@ def _lm_head_aware(get, src):
         if name == "lm_head.weight":
             if name in names:
                 return src.get(name)
-            raise KeyError(f"missing tensor 'lm_head.weight' (config says tie_word_embeddings=False)")
+            raise KeyError("missing tensor 'lm_head.weight' (config says tie_word_embeddings=False)")
         return get(name)
 
     return g
