@@ -13,6 +13,10 @@ sign steps of eps/16, projection around x0) for
   * (a) a PyTorch loop over the 20 models, and
   * (b) ``torch.func`` vmap over stacked PyTorch models,
 
+and, for the MLP pools, ``xla_matmuls_only``: the same number of steps reduced to their
+matmuls (every layer's forward and input-gradient matmuls, nothing else; not an attack), an
+upper bound on what any XLA formulation of the MLP step can reach with XLA's matmuls,
+
 with identical weights exported from JAX, the same steps, on the same cores
 (PyTorch is run with 1 thread and with all CPU threads, since OpenMP
 spin-waiting makes multi-threaded torch much slower on an oversubscribed
@@ -92,6 +96,39 @@ def shared_first_layer_apply(arch):
         return jax.vmap(rest)(p, z)
 
     return apply
+
+
+def mlp_matmul_only_steps(pool: Pool, steps: int):
+    """A joint-PGD loop over an MLP pool that keeps ONLY the matmuls of each step (for reference).
+
+    Per step: the forward matmuls of every layer of every member and the backward matmuls that
+    carry the gradient to the input (no activations, loss, sign, projection or bookkeeping;
+    x moves by a small multiple of its "gradient" so that the steps stay dependent).  Its
+    throughput bounds what any XLA formulation of the step can reach with XLA's own matmuls.
+    """
+    (stack,) = pool.stacks
+    prep = stack.prepare(stack.params)
+    w1 = prep["_dense0_cat"]                                          # [D, M*H]
+    ws = [prep[f"dense{i}"]["w"] for i in range(1, len(stack.arch.widths))] + [prep["out"]["w"]]
+
+    @jax.jit
+    def run(x0):
+        b = x0.shape[0]
+
+        def body(x, _):
+            h = (x.reshape(b, -1) @ w1).reshape(b, M, -1)
+            h = jnp.moveaxis(h, 1, 0)                                   # [M, B, H]
+            for w in ws:
+                h = jnp.einsum("mbh,mhn->mbn", h, w)
+            g = h
+            for w in reversed(ws):
+                g = jnp.einsum("mbn,mhn->mbh", g, w)
+            gx = jnp.moveaxis(g, 0, 1).reshape(b, -1) @ w1.T
+            return x + 1e-6 * gx.reshape(x.shape), None
+
+        return jax.lax.scan(body, x0, None, length=steps)[0]
+
+    return run
 
 
 # ----------------------------------------------------------------------------- torch side
@@ -211,6 +248,8 @@ def main():
                          "(sarjax.models.fused), shared")
     ap.add_argument("--torch-threads", type=int, nargs="+", default=[1, os.cpu_count() or 1],
                     help="torch.set_num_threads variants measured (the fastest is the baseline)")
+    ap.add_argument("--matmul-only", action=argparse.BooleanOptionalAction, default=True,
+                    help="also time the MLP step reduced to its matmuls (xla_matmuls_only; not an attack)")
     ap.add_argument("--jax-single-thread", action="store_true",
                     help="run XLA's CPU backend single-threaded (faster on an oversubscribed machine)")
     args = ap.parse_args()
@@ -242,6 +281,9 @@ def main():
                 atk = make_joint_pgd(pool.apply, eps=EPS, steps=args.steps, restarts=1)
                 runners[f"sarjax[{impl}]"] = (lambda atk=atk, pool=pool: jax.block_until_ready(
                     atk(pool.params, x0, ref, mask, jax.random.PRNGKey(1)).x_adv))
+            if family == "mlp" and args.matmul_only:
+                mm = mlp_matmul_only_steps(base_pool, args.steps)
+                runners["xla_matmuls_only"] = lambda mm=mm: jax.block_until_ready(mm(x0))
             if family == "cnn" and "shared" in args.conv_impls:
                 sh_apply = shared_first_layer_apply(base_pool.stacks[0].arch)
                 atk = make_joint_pgd(sh_apply, eps=EPS, steps=args.steps, restarts=1)
@@ -285,7 +327,7 @@ def main():
             best_torch = max(v for k, v in thr.items() if k.startswith("torch"))
             row = {"family": family, "B": B, "M": M, "steps": args.steps, "logit_parity_maxabs": parity,
                    "seconds_median": med, "member_sample_steps_per_s": thr,
-                   "ratio_vs_faster_torch": {k: thr[k] / best_torch for k in thr if k.startswith("sarjax")}}
+                   "ratio_vs_faster_torch": {k: thr[k] / best_torch for k in thr if k.startswith(("sarjax", "xla"))}}
             results.append(row)
             print(f"{family:4s} B={B:4d} | " + " | ".join(f"{k} {thr[k]:,.0f}/s" for k in thr)
                   + " | ratio vs faster torch: "
