@@ -324,7 +324,7 @@ def gradient_kernel(cfg: Config, params, x0, ref, mask, eps, cap, key, x_init, h
 
 def members_of(apply: Callable, params, x0: jax.Array) -> int:
     """The member count ``M`` of ``apply`` on ``x0`` (1 for ``[B, C]`` logits), found by tracing only."""
-    shape = jax.eval_shape(apply, params, x0[:1]).shape
+    shape = jax.eval_shape(apply, params, x0).shape
     return int(shape[0]) if len(shape) == 3 else 1
 
 
