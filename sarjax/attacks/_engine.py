@@ -13,7 +13,9 @@ Query accounting (one forward or backward pass of one member on one sample =
 (every member is evaluated to track per-member success) plus one backward per
 selected member; a restart's final evaluation costs M.  A step or restart
 only runs if it fits under the per-sample cap, with the restart's final
-evaluation reserved; samples with no selected member take no steps.
+evaluation reserved; samples with no selected member take no steps.  With
+``eot`` draws (Expectation over Transformation) every evaluation and every
+step runs ``eot`` times and costs ``eot`` times as much.
 """
 
 from __future__ import annotations
@@ -126,6 +128,68 @@ def update_best(best: Best, x: jax.Array, ev: Evaluation, valid) -> Best:
     return select(valid & better(ev, best.ev), Best(x, ev), best)
 
 
+EOT_SALT = 0x0E07  # folded into the attack key for the EOT draws (independent of the random starts)
+
+
+def check_eot(eot) -> int:
+    """Validates the number of EOT draws (an int >= 1)."""
+    if isinstance(eot, bool) or not isinstance(eot, int) or eot < 1:
+        raise ValueError(f"eot must be an int >= 1, got {eot!r}")
+    return eot
+
+
+def make_eot_evaluators(apply: Callable, per_example: Callable, eot: int):
+    """Evaluation and gradient averaged over ``eot`` draws of a stochastic ``apply(params, x, key)``.
+
+    Draw ``d`` of a call with key ``k`` runs ``apply(params, x, fold_in(k, d))`` on the whole batch.
+    Per example and member: the loss is the mean over the draws, a member counts as fooled only if
+    it is fooled on EVERY draw (success is never claimed on a lucky draw), and the objective is the
+    mask-weighted mean of the averaged losses (= the mean of the per-draw objectives).  The
+    gradient is the mean of the per-draw gradients (EOT, Athalye et al. 2018; AutoAttack's
+    ``eot_iter`` averages gradients the same way).  Draws run in a ``lax.scan`` (memory of one).
+
+    Returns ``(evaluate, value_and_grad)`` with the signatures of :func:`make_batch_evaluate`'s
+    ``evaluate`` and its ``jax.value_and_grad(..., argnums=1, has_aux=True)``, plus a trailing key.
+    """
+
+    def draw(k):
+        return make_batch_evaluate(lambda params, x: apply(params, x, k), per_example)
+
+    def combine(mask, losses, succ):   # as scorer(): mask-weighted mean loss, selected members fooled
+        w = mask.astype(losses.dtype)
+        obj = jnp.sum(w * losses, axis=1) / jnp.maximum(jnp.sum(w, axis=1), 1.0)
+        n = jnp.sum(succ & (mask > 0), axis=1).astype(jnp.int32)
+        return Evaluation(obj, losses, succ, n)
+
+    def run(params, x, ref, mask, src, key, with_grad):
+        def one(carry, d):
+            k = jax.random.fold_in(key, d)
+            if with_grad:
+                (_, ev), g = jax.value_and_grad(draw(k), argnums=1, has_aux=True)(params, x, ref, mask, src)
+            else:
+                _, ev = draw(k)(params, x, ref, mask, src)
+                g = None
+            gs, ls, ss = carry
+            return (None if g is None else gs + g, ls + ev.losses, ss & ev.success), None
+
+        B, M = ref.shape
+        init = (jnp.zeros_like(x) if with_grad else None, jnp.zeros((B, M), jnp.float32),
+                jnp.ones((B, M), bool))
+        (gs, ls, ss), _ = jax.lax.scan(one, init, jnp.arange(eot))
+        ev = combine(mask, ls / eot, ss)
+        return ev, (None if gs is None else gs / eot)
+
+    def evaluate(params, x, ref, mask, src, key):
+        ev, _ = run(params, x, ref, mask, src, key, False)
+        return jnp.sum(ev.obj), ev
+
+    def value_and_grad(params, x, ref, mask, src, key):
+        ev, g = run(params, x, ref, mask, src, key, True)
+        return (jnp.sum(ev.obj), ev), g
+
+    return evaluate, value_and_grad
+
+
 # ---------------------------------------------------------------- step rules
 
 class Config(NamedTuple):
@@ -146,6 +210,7 @@ class Config(NamedTuple):
     abs_step: float | None = None    # or a fixed alpha
     l1_sparsity: float = 0.99
     momentum: float | None = None    # MI-FGSM decay
+    eot: int = 1                     # EOT draws per evaluation (apply(params, x, key) when > 1)
 
 
 def alpha(cfg: Config, eps):
@@ -267,29 +332,44 @@ def gradient_kernel(cfg: Config, params, x0, ref, mask, eps, cap, key, x_init, h
     """
     p, box = cfg.p, cfg.box
     B, M = ref.shape
-    apply, params = prepare(cfg.apply, params)
-    evaluate = make_batch_evaluate(apply, scorer(cfg.loss, cfg.targeted))
-    vg = jax.value_and_grad(evaluate, argnums=1, has_aux=True)
+    eot = cfg.eot
+    if eot == 1:
+        apply, params = prepare(cfg.apply, params)
+        evaluate_1 = make_batch_evaluate(apply, scorer(cfg.loss, cfg.targeted))
+        vg_1 = jax.value_and_grad(evaluate_1, argnums=1, has_aux=True)
+
+        def evaluate(params, x, ref, mask, src, k):
+            return evaluate_1(params, x, ref, mask, src)
+
+        def vg(params, x, ref, mask, src, k):
+            return vg_1(params, x, ref, mask, src)
+    else:
+        apply = cfg.apply
+        evaluate, vg = make_eot_evaluators(apply, scorer(cfg.loss, cfg.targeted), eot)
+    ekey = jax.random.fold_in(key, EOT_SALT)   # draws of restart r, step t: fold_in(fold_in(ekey, r + 1), t)
     step = jax.vmap(partial(pgd_step, cfg))
     upd = jax.vmap(update_best)
     pick = jax.vmap(select)
 
     n_sel = jnp.sum(mask > 0, axis=1).astype(jnp.int32)
     live = n_sel > 0
-    cost = M + n_sel
+    cost = eot * (M + n_sel)
+    clean_key = jax.random.fold_in(ekey, 0)
     if cfg.loss == "dlr" and cfg.targeted:  # targeted DLR leaves the clean prediction
-        src = jnp.argmax(batch_logits(apply, params, x0), axis=-1).astype(jnp.int32)
+        clean_apply = apply if eot == 1 else (lambda params, x: apply(params, x, jax.random.fold_in(clean_key, 0)))
+        src = jnp.argmax(batch_logits(clean_apply, params, x0), axis=-1).astype(jnp.int32)
     else:
         src = jnp.zeros_like(ref)
-    _, ev0 = evaluate(params, x0, ref, mask, src)
-    count = jnp.full((B,), M, jnp.int32)
+    _, ev0 = evaluate(params, x0, ref, mask, src, clean_key)
+    count = jnp.full((B,), eot * M, jnp.int32)
     keys = jax.random.split(key, B)
     proj = jax.vmap(lambda x, c, e: G.project(x, c, e, p, box))
     warm = proj(x_init, x0, eps)  # always inside the ball of x0
 
     def restart(carry, r):
         count, best, final = carry
-        run = live & Q.allowed(count, M, cap)
+        run = live & Q.allowed(count, eot * M, cap)
+        rkey = jax.random.fold_in(ekey, r + 1)
         if cfg.random_start:
             kr = jax.vmap(lambda k: jax.random.fold_in(k, r))(keys)
             x_start = jax.vmap(lambda k, c, e: G.random_in_ball(k, c, e, p, box))(kr, x0, eps)
@@ -299,8 +379,8 @@ def gradient_kernel(cfg: Config, params, x0, ref, mask, eps, cap, key, x_init, h
 
         def body(c, t):
             x, state, count, best = c
-            ok = run & Q.allowed(count, cost + M, cap)
-            (_, ev), g = vg(params, x, ref, mask, src)
+            ok = run & Q.allowed(count, cost + eot * M, cap)
+            (_, ev), g = vg(params, x, ref, mask, src, jax.random.fold_in(rkey, t))
             best = upd(best, x, ev, ok)
             state2, x2 = step(state, x, g, x0, eps)
             x = Q.freeze(ok, x2, x)
@@ -309,8 +389,8 @@ def gradient_kernel(cfg: Config, params, x0, ref, mask, eps, cap, key, x_init, h
 
         init = (x_start, jnp.zeros_like(x0), count, best)
         (x, _, count, best), _ = jax.lax.scan(body, init, jnp.arange(cfg.steps))
-        _, ev = evaluate(params, x, ref, mask, src)
-        count = Q.charge(count, M, run)
+        _, ev = evaluate(params, x, ref, mask, src, jax.random.fold_in(rkey, cfg.steps))
+        count = Q.charge(count, eot * M, run)
         best = upd(best, x, ev, run)
         final = pick(run & (ev.obj > final[1].obj), (x, ev), final)
         return (count, best, final), None
@@ -328,19 +408,21 @@ def members_of(apply: Callable, params, x0: jax.Array) -> int:
     return int(shape[0]) if len(shape) == 3 else 1
 
 
-def public(kernel, *, name, p, default_eps, box, audit_output=True, apply=None):
+def public(kernel, *, name, p, default_eps, box, audit_output=True, apply=None, eot=1):
     """Wraps ``kernel(params, x0, ref, mask, eps, cap, key, x_init, has_init)`` into the validated,
     audited public entry point (see :func:`sarjax.attacks.pgd.make_pgd`).
 
     With ``apply`` given, labels ``[B]`` and no mask are shared by every member ``apply`` returns
-    (``ref`` is broadcast to ``[B, M]``).
+    (``ref`` is broadcast to ``[B, M]``).  With ``eot > 1``, ``apply`` is stochastic,
+    ``apply(params, x, key)``.
     """
 
     def fn(params, x0, ref, mask=None, key=None, *, eps=None, max_queries=None,
            x_init=None) -> AttackResult:
         x0n, refn, maskn, eps_arr = normalize_inputs(x0, ref, mask, eps, default_eps, box, p)
         if apply is not None and refn.shape[1] == 1:
-            m_apply = members_of(apply, params, x0n)
+            m_apply = members_of(apply if eot == 1 else (lambda pr, x: apply(pr, x, jax.random.PRNGKey(0))),
+                                 params, x0n)
             if m_apply > 1:
                 refn = jnp.broadcast_to(refn, (refn.shape[0], m_apply))
                 maskn = jnp.broadcast_to(maskn, refn.shape)
@@ -348,9 +430,10 @@ def public(kernel, *, name, p, default_eps, box, audit_output=True, apply=None):
             key = jax.random.PRNGKey(0)
         cap = Q.normalize_cap(max_queries, x0n.shape[0])
         m = int(refn.shape[-1]) if refn.ndim == 2 else 1
-        if max_queries is not None and int(np.min(np.asarray(cap))) < m:
-            raise ValueError(f"max_queries must be >= M = {m} per sample: the clean evaluation of every "
-                             f"member is charged M queries before any step; got {max_queries!r}")
+        if max_queries is not None and int(np.min(np.asarray(cap))) < eot * m:
+            what = f"M = {m}" if eot == 1 else f"eot * M = {eot} * {m}"
+            raise ValueError(f"max_queries must be >= {what} per sample: the clean evaluation of every "
+                             f"member is charged before any step; got {max_queries!r}")
         if x_init is None:
             xi, has = x0n, jnp.asarray(False)
         else:

@@ -10,7 +10,7 @@ from sarjax.attacks.threat import canonical_norm
 
 
 def make_fgsm(apply: Callable, *, norm="linf", eps=None, loss: str = "ce", targeted: bool = False,
-              box=(0.0, 1.0), audit: bool = True) -> Callable:
+              box=(0.0, 1.0), audit: bool = True, eot: int = 1) -> Callable:
     """FGSM (Goodfellow et al. 2015) and its l2 / l1 analogues (fast gradient method).
 
     One step ``x0 + eps * steepest(grad, p)`` projected onto the ball and the
@@ -26,6 +26,7 @@ def make_fgsm(apply: Callable, *, norm="linf", eps=None, loss: str = "ce", targe
       targeted: move toward ``ref`` instead of away from it.
       box: input bounds.
       audit: audit outputs against x0.
+      eot: EOT draws of a stochastic ``apply(params, x, key)`` (see :func:`sarjax.attacks.pgd.make_pgd`).
 
     Returns:
       ``fn(params, x0, ref, mask=None, key=None, *, eps=None, max_queries=None)
@@ -37,6 +38,8 @@ def make_fgsm(apply: Callable, *, norm="linf", eps=None, loss: str = "ce", targe
     E.check_loss(loss, targeted)
     # l1: the plain one-hot steepest step, i.e. sparsity = all but one coordinate.
     cfg = E.Config(apply=apply, p=p, steps=1, restarts=1, random_start=False, loss=loss,
-                   targeted=targeted, box=tuple(float(b) for b in box), rel_step=1.0, l1_sparsity=1.0 - 1e-9)
+                   targeted=targeted, box=tuple(float(b) for b in box), rel_step=1.0, l1_sparsity=1.0 - 1e-9,
+                   eot=E.check_eot(eot))
     kernel = partial(E.gradient_kernel, cfg)
-    return E.public(kernel, name="fgsm", p=p, default_eps=eps, box=box, audit_output=audit, apply=apply)
+    return E.public(kernel, name="fgsm", p=p, default_eps=eps, box=box, audit_output=audit, apply=apply,
+                    eot=cfg.eot)

@@ -14,7 +14,7 @@ from sarjax.attacks.pgd import make_pgd
 
 def make_joint_pgd(apply: Callable, *, eps=None, steps: int = 40, step_size: float | None = None,
                    restarts: int = 3, norm="linf", loss: str = "ce", targeted: bool = False,
-                   box=(0.0, 1.0), audit: bool = True) -> Callable:
+                   box=(0.0, 1.0), audit: bool = True, eot: int = 1) -> Callable:
     """Joint PGD of the SAR paper's Table 1 (papers/000).
 
     Untargeted, maximises the average cross-entropy of the selected
@@ -31,7 +31,8 @@ def make_joint_pgd(apply: Callable, *, eps=None, steps: int = 40, step_size: flo
       norm: ``"linf"`` (the paper's); ``"l2"``/``"l1"`` also work.
       loss: ``"ce"`` (the paper's), ``"dlr"`` or ``"margin"``.
       targeted: if True, ``ref`` are targets.
-      box, audit: see :func:`sarjax.attacks.pgd.make_pgd`.
+      box, audit, eot: see :func:`sarjax.attacks.pgd.make_pgd` (``eot > 1``: a stochastic pool,
+        ``apply(params, x, key)``, attacked in expectation).
 
     Returns:
       ``fn(params, x0 [B, *S], ref [B, M] int32 (or [B]), mask [B, M] or [M]
@@ -41,4 +42,4 @@ def make_joint_pgd(apply: Callable, *, eps=None, steps: int = 40, step_size: flo
     """
     return make_pgd(apply, norm=norm, eps=eps, steps=steps, step_size=step_size,
                     rel_step=1.0 / 16, restarts=restarts, random_start=True, loss=loss,
-                    targeted=targeted, box=box, audit=audit)
+                    targeted=targeted, box=box, audit=audit, eot=eot)

@@ -11,7 +11,7 @@ from sarjax.attacks.threat import canonical_norm
 
 def make_mifgsm(apply: Callable, *, norm="linf", eps=None, steps: int = 10, decay: float = 1.0,
                 step_size: float | None = None, loss: str = "ce", targeted: bool = False,
-                box=(0.0, 1.0), audit: bool = True) -> Callable:
+                box=(0.0, 1.0), audit: bool = True, eot: int = 1) -> Callable:
     """MI-FGSM (Dong et al. 2018): ``g <- mu g + grad / ||grad||_1``, step along steepest(g).
 
     Defaults from Dong et al. 2018 (Sec. 3.1 / Algorithm 1): ``T = 10``
@@ -24,7 +24,7 @@ def make_mifgsm(apply: Callable, *, norm="linf", eps=None, steps: int = 10, deca
       steps: T.
       decay: mu.
       step_size: absolute step; default ``eps / steps`` per sample.
-      loss, targeted, box, audit: as in :func:`sarjax.attacks.pgd.make_pgd`.
+      loss, targeted, box, audit, eot: as in :func:`sarjax.attacks.pgd.make_pgd`.
 
     Returns:
       ``fn(params, x0, ref, mask=None, key=None, *, eps=None, max_queries=None)
@@ -37,7 +37,8 @@ def make_mifgsm(apply: Callable, *, norm="linf", eps=None, steps: int = 10, deca
     E.check_loss(loss, targeted)
     cfg = E.Config(apply=apply, p=p, steps=steps, restarts=1, random_start=False, loss=loss,
                    targeted=targeted, box=tuple(float(b) for b in box), rel_step=1.0 / steps,
-                   abs_step=E.check_step(step_size), momentum=float(decay))
+                   abs_step=E.check_step(step_size), momentum=float(decay),
+                   eot=E.check_eot(eot))
     kernel = partial(E.gradient_kernel, cfg)
     return E.public(kernel, name="mifgsm", p=p, default_eps=eps, box=box, audit_output=audit,
-                    apply=apply)
+                    apply=apply, eot=cfg.eot)

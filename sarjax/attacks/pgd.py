@@ -12,7 +12,7 @@ from sarjax.attacks.threat import canonical_norm
 def make_pgd(apply: Callable, *, norm="linf", eps=None, steps: int = 40, step_size: float | None = None,
              rel_step: float | None = None, restarts: int = 1, random_start: bool = True,
              loss: str = "ce", targeted: bool = False, l1_sparsity: float = 0.99,
-             box=(0.0, 1.0), audit: bool = True) -> Callable:
+             box=(0.0, 1.0), audit: bool = True, eot: int = 1) -> Callable:
     """PGD (Madry et al. 2018) against the mean loss of the selected members.
 
     With one member this is classic PGD; with a ``[B, M]`` mask it is the
@@ -39,6 +39,11 @@ def make_pgd(apply: Callable, *, norm="linf", eps=None, steps: int = 40, step_si
       l1_sparsity: quantile of the sparse l1 step.
       box: input bounds.
       audit: audit every output against x0 (raise on violation).
+      eot: Expectation over Transformation draws (Athalye et al. 2018). With ``eot > 1`` the
+        model is stochastic, ``apply(params, x, key) -> logits``: every evaluation runs ``eot``
+        draws, the step follows the mean gradient, losses are averaged, a member counts as fooled
+        only if fooled on every draw, and queries are charged per draw.  1 (default): a
+        deterministic ``apply(params, x)``.
 
     Returns:
       ``fn(params, x0 [B, *S], ref [B] or [B, M] int, mask [M] or [B, M] = all,
@@ -62,6 +67,7 @@ def make_pgd(apply: Callable, *, norm="linf", eps=None, steps: int = 40, step_si
     cfg = E.Config(apply=apply, p=p, steps=steps, restarts=restarts, random_start=bool(random_start),
                    loss=loss, targeted=targeted, box=tuple(float(b) for b in box),
                    rel_step=float(rel_step), abs_step=E.check_step(step_size),
-                   l1_sparsity=float(l1_sparsity))
+                   l1_sparsity=float(l1_sparsity), eot=E.check_eot(eot))
     kernel = partial(E.gradient_kernel, cfg)
-    return E.public(kernel, name="pgd", p=p, default_eps=eps, box=box, audit_output=audit, apply=apply)
+    return E.public(kernel, name="pgd", p=p, default_eps=eps, box=box, audit_output=audit, apply=apply,
+                    eot=cfg.eot)

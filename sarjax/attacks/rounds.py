@@ -33,8 +33,8 @@ def make_rounds(attack: Callable, rounds: int, *, norm, warm_start: bool = True,
     Each round uses key ``fold_in(key, r)`` (fresh random starts) and, with
     ``warm_start``, starts from the best point so far (projected onto the ball
     of ``x0`` by the attack).  Use it for rounds of an attack with restarts or
-    with randomness in ``apply`` (EOT-style): nothing can push a round out of
-    the original ball.
+    with EOT over a stochastic model (``make_pgd(apply, eot=n)``, ``apply(params, x,
+    key)``): nothing can push a round out of the original ball.
 
     Args:
       attack: a sarjax public attack ``fn(params, x0, ref, mask, key, *, eps,

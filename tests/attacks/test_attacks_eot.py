@@ -1,0 +1,123 @@
+"""Expectation over Transformation (EOT) in the gradient attacks: known answers on stochastic
+affine models, exact query accounting, conservative success, and EOT rounds that stay in the
+ball of the ORIGINAL input."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sarjax.attacks import Threat, audit, make_fgsm, make_joint_pgd, make_pgd, make_rounds
+
+from _attacks_affine import binary_problem, pool_apply
+
+M = 3
+
+
+def _pool(params):
+    """M copies of one binary affine model, as a pool: W [M, D, C], b [M, C]."""
+    return {"W": jnp.stack([params["W"]] * M), "b": jnp.stack([params["b"]] * M)}
+
+
+def test_eot_with_a_key_ignoring_apply_equals_the_deterministic_attack_and_charges_every_draw():
+    params, x0, opt = binary_problem("linf", 4, seed=1)
+    pp = _pool(params)
+    ref = jnp.zeros((4, M), jnp.int32)
+    steps, restarts, eot = 5, 2, 3
+    det = make_pgd(pool_apply, norm="linf", steps=steps, restarts=restarts)
+    sto = make_pgd(lambda p, x, k: pool_apply(p, x), norm="linf", steps=steps, restarts=restarts, eot=eot)
+    eps = 0.9 * opt
+    a = det(pp, x0, ref, None, jax.random.PRNGKey(0), eps=eps)
+    b = sto(pp, x0, ref, None, jax.random.PRNGKey(0), eps=eps)
+    # sign steps: the mean of identical gradients has the same sign, so the iterates agree exactly
+    np.testing.assert_array_equal(np.asarray(a.x_adv), np.asarray(b.x_adv))
+    np.testing.assert_array_equal(np.asarray(a.success), np.asarray(b.success))
+    np.testing.assert_allclose(np.asarray(a.objective), np.asarray(b.objective), rtol=1e-6)
+    want = eot * (M + restarts * (steps * 2 * M + M))
+    np.testing.assert_array_equal(np.asarray(b.queries), want)
+    np.testing.assert_array_equal(np.asarray(a.queries) * eot, want)
+
+
+def _masked_apply(keep):
+    """Stochastic affine pool: every input element is kept (x) w.p. ``keep`` and negated (-x)
+    otherwise, independently per sample and element, before the affine members."""
+
+    def apply(p, x, key):
+        s = jnp.where(jax.random.bernoulli(key, keep, x.shape), 1.0, -1.0)
+        return pool_apply(p, s * x)
+
+    return apply
+
+
+def test_eot_fgsm_follows_the_expected_gradient_where_one_draw_does_not():
+    """Class 0 vs 1 with W[:, 1] - W[:, 0] = -w.  For label 0 the input gradient of member m on a draw
+    s is s * p1(s) * (-w) with p1 in (0, 1): its sign is -sign(w) where s = +1 and flipped where
+    s = -1.  With keep = 0.9 the expected gradient has sign -sign(w) on every element, so FGSM with
+    many draws steps exactly to x0 - eps * sign(w); one draw flips about 10% of the elements."""
+    B = 8
+    params, x0, opt = binary_problem("linf", B, seed=3)
+    w = np.asarray(params["W"][:, 0] - params["W"][:, 1]) * 2.0       # the hyperplane normal
+    pp = _pool(params)
+    ref = jnp.zeros((B, M), jnp.int32)
+    eps = 0.05
+    want = np.clip(np.asarray(x0) - eps * np.sign(w), 0.0, 1.0)
+    many = make_fgsm(_masked_apply(0.9), eps=eps, eot=64)(pp, x0, ref, None, jax.random.PRNGKey(7))
+    np.testing.assert_allclose(np.asarray(many.x_adv), want, atol=1e-6)
+    # one draw (a fixed key, so a deterministic apply) does not follow the expected gradient
+    one_draw = make_fgsm(lambda p, x: _masked_apply(0.9)(p, x, jax.random.PRNGKey(11)), eps=eps)(
+        pp, x0, ref, None, jax.random.PRNGKey(7))
+    flipped = np.mean(np.abs(np.asarray(one_draw.x_adv) - want) > 1e-6)
+    assert 0.02 < flipped < 0.3, flipped
+    assert audit(x0, many.x_adv, Threat("linf", eps)).ok
+
+
+def test_eot_success_needs_every_draw():
+    """A member whose prediction is decided by a coin flip per draw is fooled on some draws only:
+    with 16 draws it is not counted as fooled, while a member fooled on every draw is."""
+    B = 4
+    params, x0, _ = binary_problem("linf", B, seed=5)
+    pp = _pool(params)
+    ref = jnp.zeros((B, M), jnp.int32)
+
+    def coin(p, x, key):
+        z = pool_apply(p, x)                                     # every member predicts 0 on x0
+        flip = jax.random.bernoulli(key, 0.5)                    # one coin per draw
+        bonus = jnp.where(flip, 1e3, -1e3)
+        # member 0: class 1 wins on heads only; member 1: class 1 always wins; member 2: never
+        add = jnp.stack([jnp.array([0.0, 1.0, 0, 0]) * bonus,
+                         jnp.array([0.0, 1e3, 0, 0]),
+                         jnp.zeros(4)])
+        return z + add[:, None, :]
+
+    res = make_pgd(coin, norm="linf", steps=1, eot=16)(pp, x0, ref, None, jax.random.PRNGKey(0), eps=0.0)
+    np.testing.assert_array_equal(np.asarray(res.x_adv), np.asarray(x0))
+    np.testing.assert_array_equal(np.asarray(res.success), np.tile([False, True, False], (B, 1)))
+    # the loss of the coin member is the mean over draws: between the heads and tails values
+    loss0 = np.asarray(res.member_loss)[:, 0]
+    assert np.all(loss0 > 10.0) and np.all(loss0 < 1e3 - 10.0), loss0
+
+
+def test_eot_rounds_stay_in_the_ball_of_the_original_input():
+    """papers/002's adaptive attack: rounds of EOT PGD.  Every round starts from the best point
+    so far but is projected around x0, so the realized linf norm never exceeds eps."""
+    B = 4
+    params, x0, opt = binary_problem("linf", B, seed=6)
+    pp = _pool(params)
+    ref = jnp.zeros((B, M), jnp.int32)
+    eps = 0.5 * opt
+    inner = make_joint_pgd(_masked_apply(0.9), steps=4, restarts=1, eot=4)
+    res = make_rounds(inner, 5, norm="linf")(pp, x0, ref, None, jax.random.PRNGKey(2), eps=eps)
+    rep = audit(x0, res.x_adv, Threat("linf", np.asarray(eps)))
+    assert rep.ok and np.all(rep.norm <= np.asarray(eps) * (1 + 1e-6)), rep.norm
+    assert not bool(jnp.any(res.success))                  # 0.5x the optimum cannot succeed
+
+
+def test_eot_argument_is_validated():
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="eot must be an int >= 1"):
+            make_pgd(pool_apply, eot=bad)
+    params, x0, _ = binary_problem("linf", 2, seed=0)
+    attack = make_pgd(lambda p, x, k: pool_apply(p, x), steps=1, eot=4)
+    with pytest.raises(ValueError, match="eot \\* M = 4 \\* 3"):
+        attack(_pool(params), x0, jnp.zeros((2, M), jnp.int32), None, jax.random.PRNGKey(0),
+               eps=0.1, max_queries=4 * M - 1)
