@@ -148,8 +148,10 @@ def make_eot_evaluators(apply: Callable, per_example: Callable, eot: int):
     gradient is the mean of the per-draw gradients (EOT, Athalye et al. 2018; AutoAttack's
     ``eot_iter`` averages gradients the same way).  Draws run in a ``lax.scan`` (memory of one).
 
-    Returns ``(evaluate, value_and_grad)`` with the signatures of :func:`make_batch_evaluate`'s
-    ``evaluate`` and its ``jax.value_and_grad(..., argnums=1, has_aux=True)``, plus a trailing key.
+    ``per_example`` must return the mask-weighted mean of its per-member losses as ``obj`` (as
+    :func:`scorer` does).  Returns ``(evaluate, value_and_grad)`` with the signatures of
+    :func:`make_batch_evaluate`'s ``evaluate`` and its ``jax.value_and_grad(..., argnums=1,
+    has_aux=True)``, with the draws' key as the last argument.
     """
 
     def draw(k):
@@ -161,13 +163,13 @@ def make_eot_evaluators(apply: Callable, per_example: Callable, eot: int):
         n = jnp.sum(succ & (mask > 0), axis=1).astype(jnp.int32)
         return Evaluation(obj, losses, succ, n)
 
-    def run(params, x, ref, mask, src, key, with_grad):
+    def run(params, x, ref, mask, extra, key, with_grad):
         def one(carry, d):
             k = jax.random.fold_in(key, d)
             if with_grad:
-                (_, ev), g = jax.value_and_grad(draw(k), argnums=1, has_aux=True)(params, x, ref, mask, src)
+                (_, ev), g = jax.value_and_grad(draw(k), argnums=1, has_aux=True)(params, x, ref, mask, *extra)
             else:
-                _, ev = draw(k)(params, x, ref, mask, src)
+                _, ev = draw(k)(params, x, ref, mask, *extra)
                 g = None
             gs, ls, ss = carry
             return (None if g is None else gs + g, ls + ev.losses, ss & ev.success), None
@@ -179,12 +181,14 @@ def make_eot_evaluators(apply: Callable, per_example: Callable, eot: int):
         ev = combine(mask, ls / eot, ss)
         return ev, (None if gs is None else gs / eot)
 
-    def evaluate(params, x, ref, mask, src, key):
-        ev, _ = run(params, x, ref, mask, src, key, False)
+    def evaluate(params, x, ref, mask, *extra_and_key):
+        *extra, key = extra_and_key
+        ev, _ = run(params, x, ref, mask, extra, key, False)
         return jnp.sum(ev.obj), ev
 
-    def value_and_grad(params, x, ref, mask, src, key):
-        ev, g = run(params, x, ref, mask, src, key, True)
+    def value_and_grad(params, x, ref, mask, *extra_and_key):
+        *extra, key = extra_and_key
+        ev, g = run(params, x, ref, mask, extra, key, True)
         return (jnp.sum(ev.obj), ev), g
 
     return evaluate, value_and_grad

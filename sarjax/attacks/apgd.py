@@ -134,6 +134,7 @@ class ApgdConfig(NamedTuple):
     step0: float         # initial step as a multiple of eps
     box: tuple
     l1_topk: float       # l1: initial top-k share of the sparse steps
+    eot: int = 1         # EOT draws of a stochastic apply(params, x, key) (1: deterministic)
 
 
 def _losses(cfg, z, leave, target):
@@ -171,9 +172,23 @@ def apgd_kernel(cfg: ApgdConfig, params, x0, ref, mask, eps, cap, key, x_init, h
         n = jnp.sum(succ & (mask > 0)).astype(jnp.int32)
         return obj, E.Evaluation(obj, losses, succ, n)
 
-    apply, params = E.prepare(cfg.apply, params)
-    evaluate = E.make_batch_evaluate(apply, score)
-    vg = jax.value_and_grad(evaluate, argnums=1, has_aux=True)
+    eot = cfg.eot
+    ekey = jax.random.fold_in(key, E.EOT_SALT)   # draws of run r, iteration i: fold_in(fold_in(ekey, r + 1), i + 1)
+    clean_key = jax.random.fold_in(ekey, 0)
+    if eot == 1:
+        apply, params = E.prepare(cfg.apply, params)
+        evaluate_1 = E.make_batch_evaluate(apply, score)
+        vg_1 = jax.value_and_grad(evaluate_1, argnums=1, has_aux=True)
+
+        def evaluate(params, x, ref, mask, leave, target, k):
+            return evaluate_1(params, x, ref, mask, leave, target)
+
+        def vg(params, x, ref, mask, leave, target, k):
+            return vg_1(params, x, ref, mask, leave, target)
+    else:
+        evaluate, vg = E.make_eot_evaluators(cfg.apply, score, eot)
+        # the clean logits that rank the targets / give the clean prediction: one draw
+        apply = lambda params, x: cfg.apply(params, x, jax.random.fold_in(clean_key, 0))  # noqa: E731
 
     def direction(g, x, topk):
         if p == 1.0:
@@ -182,13 +197,13 @@ def apgd_kernel(cfg: ApgdConfig, params, x0, ref, mask, eps, cap, key, x_init, h
 
     n_sel = jnp.sum(mask > 0, axis=1).astype(jnp.int32)
     live = n_sel > 0
-    cost = M + n_sel
+    cost = eot * (M + n_sel)
     z0 = E.batch_logits(apply, params, x0)                     # [B, M, C], same forward as ev0
     order = jnp.argsort(-z0, axis=-1)
     # user targets: ref is the target, leave the clean prediction; else leave ref
     leave = order[..., 0].astype(jnp.int32) if cfg.hit_target else ref
-    _, ev0 = evaluate(params, x0, ref, mask, leave, ref)
-    count = jnp.full((B,), M, jnp.int32)
+    _, ev0 = evaluate(params, x0, ref, mask, leave, ref, clean_key)
+    count = jnp.full((B,), eot * M, jnp.int32)
     keys = jax.random.split(key, B)
     warm = jax.vmap(lambda x, c, e: G.project(x, c, e, p, box))(x_init, x0, eps)
     zo = jnp.where(jax.nn.one_hot(ref, z0.shape[-1], dtype=bool), -jnp.inf, z0)
@@ -211,6 +226,8 @@ def apgd_kernel(cfg: ApgdConfig, params, x0, ref, mask, eps, cap, key, x_init, h
         new["fmax"] = jnp.where(improved, f1, st["fmax"])
         new["xmax"] = jnp.where(improved, x1, st["xmax"])
         new["gmax"] = jnp.where(improved, g1, st["gmax"])
+        if eot > 1:  # the draws that scored xmax (a re-evaluation would use new draws)
+            new["evmax"] = E.select(improved, ev1, st["evmax"])
         ctr = st["ctr"] + 1
         at_ckpt = ctr == st["k"]
         if p == 1.0:
@@ -248,7 +265,8 @@ def apgd_kernel(cfg: ApgdConfig, params, x0, ref, mask, eps, cap, key, x_init, h
         kr = jax.vmap(lambda k: jax.random.fold_in(k, r))(keys)
         x = jax.vmap(lambda k, c, e: G.random_in_ball(k, c, e, p, box))(kr, x0, eps)
         x = jnp.where(has_init & (r == 0), warm, x)
-        (_, ev), g = vg(params, x, ref, mask, leave, target)
+        rkey = jax.random.fold_in(ekey, r + 1)
+        (_, ev), g = vg(params, x, ref, mask, leave, target, jax.random.fold_in(rkey, 0))
         f = ev.obj
         count = Q.charge(count, cost, ok0)
         best = upd(best, x, ev, ok0)
@@ -261,16 +279,21 @@ def apgd_kernel(cfg: ApgdConfig, params, x0, ref, mask, eps, cap, key, x_init, h
         st = dict(x=x, x_old=x, g=g, f=f, fmax=f, xmax=x, gmax=g, eta=cfg.step0 * eps, ctr=zeros,
                   k=zeros + k0, inc=zeros, f_last=f, reduced=jnp.zeros((B,), bool), count=count,
                   best=best, topk=topk0.astype(jnp.float32), sp_last=sp_last0.astype(jnp.float32))
+        if eot > 1:
+            st["evmax"] = ev
 
         def body(st, i):
             ok = ok0 & Q.allowed(st["count"], cost, cap)
             x1 = vpre(st, i, x0, eps)
-            (_, ev1), g1 = vg(params, x1, ref, mask, leave, target)
+            (_, ev1), g1 = vg(params, x1, ref, mask, leave, target, jax.random.fold_in(rkey, i + 1))
             return vpost(st, x1, ev1.obj, g1, ev1, ok, cost, x0, eps), None
 
         st, _ = jax.lax.scan(body, st, jnp.arange(cfg.n_iter))
         xm = st["xmax"]
-        _, evm = evaluate(params, xm, ref, mask, leave, target)  # re-derived (seen before: no query)
+        if eot == 1:
+            _, evm = evaluate(params, xm, ref, mask, leave, target, None)  # re-derived (seen before: no query)
+        else:
+            evm = st["evmax"]
         final = jax.vmap(E.select)(ok0 & (evm.obj > final[1].obj), (xm, evm), final)
         return (st["count"], st["best"], final), None
 
@@ -285,7 +308,7 @@ def apgd_kernel(cfg: ApgdConfig, params, x0, ref, mask, eps, cap, key, x_init, h
 def make_apgd(apply: Callable, *, norm="linf", eps=None, n_iter: int = 100, restarts: int = 1,
               loss: str = "ce", targeted: bool = False, rho: float = 0.75, momentum: float = 0.75,
               step0: float | None = None, l1_topk: float = L1_TOPK, box=(0.0, 1.0),
-              audit: bool = True) -> Callable:
+              audit: bool = True, eot: int = 1) -> Callable:
     """APGD-CE / APGD-DLR (untargeted) or targeted APGD with user-given targets.
 
     Args:
@@ -304,6 +327,10 @@ def make_apgd(apply: Callable, *, norm="linf", eps=None, n_iter: int = 100, rest
       l1_topk: l1 only, initial share of coordinates in a sparse step (0.2,
         AutoAttack), adapted at the checkpoints (see the module docstring).
       box, audit: as in :func:`sarjax.attacks.pgd.make_pgd`.
+      eot: EOT draws of a stochastic ``apply(params, x, key)`` (AutoAttack's ``eot_iter``; its
+        randomized-defense version uses 20), as in :func:`sarjax.attacks.pgd.make_pgd`; the
+        clean logits that give the clean prediction are one draw, and the highest-objective
+        point keeps the evaluation of the draws that scored it.
 
     Returns:
       ``fn(params, x0, ref, mask=None, key=None, *, eps=None, max_queries=None)
@@ -323,15 +350,15 @@ def make_apgd(apply: Callable, *, norm="linf", eps=None, n_iter: int = 100, rest
         step0 = 1.0 if p == 1.0 else 2.0
     kind = (loss + "-targeted") if targeted else loss
     cfg = ApgdConfig(apply, p, n_iter, restarts, kind, 0, targeted, float(rho), float(momentum),
-                     float(step0), tuple(float(b) for b in box), _check_topk(l1_topk))
+                     float(step0), tuple(float(b) for b in box), _check_topk(l1_topk), E.check_eot(eot))
     return E.public(partial(apgd_kernel, cfg), name=f"apgd-{kind}", p=p, default_eps=eps, box=box,
-                    audit_output=audit, apply=apply)
+                    audit_output=audit, apply=apply, eot=cfg.eot)
 
 
 def make_apgd_t(apply: Callable, *, norm="linf", eps=None, n_iter: int = 100, n_targets: int = 9,
                 restarts: int = 1, rho: float = 0.75, momentum: float = 0.75,
                 step0: float | None = None, l1_topk: float = L1_TOPK, box=(0.0, 1.0),
-                audit: bool = True) -> Callable:
+                audit: bool = True, eot: int = 1) -> Callable:
     """APGD-T (AutoAttack): targeted DLR toward each of the top ``n_targets`` other classes.
 
     For every target (the classes with the highest clean logits other than
@@ -343,7 +370,8 @@ def make_apgd_t(apply: Callable, *, norm="linf", eps=None, n_iter: int = 100, n_
 
     Args:
       apply: ``apply(params, x [B, *S]) -> logits [M, B, C]`` (or ``[B, C]``).
-      norm, eps, n_iter, rho, momentum, step0, l1_topk, box, audit: see :func:`make_apgd`.
+      norm, eps, n_iter, rho, momentum, step0, l1_topk, box, audit, eot: see :func:`make_apgd`
+        (with EOT the targets are ranked on one draw of the clean logits).
       n_targets: number of target classes.
       restarts: runs per target.
 
@@ -359,9 +387,10 @@ def make_apgd_t(apply: Callable, *, norm="linf", eps=None, n_iter: int = 100, n_
     if step0 is None:
         step0 = 1.0 if p == 1.0 else 2.0
     cfg = ApgdConfig(apply, p, n_iter, restarts, "dlr-targeted", n_targets, False, float(rho),
-                     float(momentum), float(step0), tuple(float(b) for b in box), _check_topk(l1_topk))
+                     float(momentum), float(step0), tuple(float(b) for b in box), _check_topk(l1_topk),
+                     E.check_eot(eot))
     return E.public(partial(_apgd_t_kernel, cfg), name="apgd-t", p=p, default_eps=eps, box=box,
-                    audit_output=audit, apply=apply)
+                    audit_output=audit, apply=apply, eot=cfg.eot)
 
 
 def _check_topk(topk):
@@ -372,7 +401,8 @@ def _check_topk(topk):
 
 def _apgd_t_kernel(cfg, params, x0, ref, mask, eps, cap, key, x_init, has_init):
     # n_targets is capped at C - 1 once C is known (trace time).
-    C = jax.eval_shape(lambda x: E.batch_logits(cfg.apply, params, x), x0[:1]).shape[-1]
+    apply = cfg.apply if cfg.eot == 1 else (lambda pr, x: cfg.apply(pr, x, jax.random.PRNGKey(0)))
+    C = jax.eval_shape(lambda x: E.batch_logits(apply, params, x), x0[:1]).shape[-1]
     return apgd_kernel(cfg._replace(n_targets=min(cfg.n_targets, C - 1)), params, x0, ref, mask, eps,
                        cap, key, x_init, has_init)
 

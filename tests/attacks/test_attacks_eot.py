@@ -121,3 +121,41 @@ def test_eot_argument_is_validated():
     with pytest.raises(ValueError, match="eot \\* M = 4 \\* 3"):
         attack(_pool(params), x0, jnp.zeros((2, M), jnp.int32), None, jax.random.PRNGKey(0),
                eps=0.1, max_queries=4 * M - 1)
+
+
+def test_eot_apgd_with_a_key_ignoring_apply_equals_the_deterministic_attack():
+    """APGD and APGD-T with eot draws of a model that ignores its key: same iterates, success and
+    objective as the deterministic attack, queries eot times as many."""
+    from sarjax.attacks import make_apgd, make_apgd_t
+
+    B, n_iter, eot = 3, 6, 2
+    params, x0, opt = binary_problem("linf", B, seed=8)
+    pp = _pool(params)
+    ref = jnp.zeros((B, M), jnp.int32)
+    eps = 1.01 * opt
+    for factory in (lambda a, **k: make_apgd(a, n_iter=n_iter, **k),
+                    lambda a, **k: make_apgd_t(a, n_iter=n_iter, n_targets=2, **k)):
+        det = factory(pool_apply)(pp, x0, ref, None, jax.random.PRNGKey(1), eps=eps)
+        sto = factory(lambda p, x, k: pool_apply(p, x), eot=eot)(pp, x0, ref, None, jax.random.PRNGKey(1), eps=eps)
+        np.testing.assert_allclose(np.asarray(sto.x_adv), np.asarray(det.x_adv), atol=1e-6)
+        np.testing.assert_array_equal(np.asarray(sto.success), np.asarray(det.success))
+        np.testing.assert_allclose(np.asarray(sto.objective), np.asarray(det.objective), rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(np.asarray(sto.queries), eot * np.asarray(det.queries))
+        assert bool(jnp.all(det.success))                     # 1.01x the analytic optimum
+
+
+def test_eot_apgd_on_a_stochastic_pool_stays_in_the_ball_and_charges_every_draw():
+    """APGD-CE with 8 EOT draws on the random-negation pool (elements kept w.p. 0.95): the output
+    is inside the eps-ball of x0 and the box, and every draw of every evaluation is charged."""
+    from sarjax.attacks import make_apgd
+
+    B = 4
+    params, x0, opt = binary_problem("linf", B, seed=9)
+    pp = _pool(params)
+    ref = jnp.zeros((B, M), jnp.int32)
+    eps = np.asarray(1.5 * opt, np.float32)
+    res = make_apgd(_masked_apply(0.95), n_iter=20, eot=8)(pp, x0, ref, None, jax.random.PRNGKey(3), eps=eps)
+    assert audit(x0, res.x_adv, Threat("linf", eps)).ok
+    assert res.success.shape == (B, M)
+    # clean evaluation M, the starting gradient and 20 iterations of M forwards + M backwards, per draw
+    np.testing.assert_array_equal(np.asarray(res.queries), 8 * (M + 21 * 2 * M))
