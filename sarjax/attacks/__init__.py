@@ -9,6 +9,7 @@ closes over hyperparameters and returns
 from sarjax.attacks import geometry, queries
 from sarjax.attacks.apgd import make_apgd, make_apgd_t
 from sarjax.attacks.audit import AuditReport, audit, check
+from sarjax.attacks.eot import with_input_noise
 from sarjax.attacks.fgsm import make_fgsm
 from sarjax.attacks.geometry import dual_norm, norm, project, random_in_ball, steepest
 from sarjax.attacks.joint import make_joint_pgd
@@ -28,6 +29,6 @@ __all__ = [
     "AttackResult", "AuditReport", "Threat", "attack_members", "audit", "canonical_norm", "check",
     "dual_norm", "geometry", "make_apgd", "make_apgd_t", "make_fgsm", "make_joint_pgd",
     "make_member_attack", "make_mifgsm", "make_pgd", "make_rounds", "make_square", "norm",
-    "project", "queries", "random_in_ball", "steepest",
+    "project", "queries", "random_in_ball", "steepest", "with_input_noise",
     "MinNormResult", "alma", "apgd_min", "ddn", "fab", "fmn", "minnorm", "pdgd", "pdpgd", "sigma_zero",
 ]

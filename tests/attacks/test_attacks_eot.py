@@ -159,3 +159,26 @@ def test_eot_apgd_on_a_stochastic_pool_stays_in_the_ball_and_charges_every_draw(
     assert res.success.shape == (B, M)
     # clean evaluation M, the starting gradient and 20 iterations of M forwards + M backwards, per draw
     np.testing.assert_array_equal(np.asarray(res.queries), 8 * (M + 21 * 2 * M))
+
+
+def test_with_input_noise_known_answers():
+    """sigma = 0 is the deterministic model; for an affine binary pool the input gradient of CE is
+    p1 * (-w) on every draw whatever the noise, so EOT FGSM on the noisy pool lands exactly on
+    x0 - eps * sign(w); bad sigma raises."""
+    from sarjax.attacks import with_input_noise
+
+    B = 5
+    params, x0, _ = binary_problem("linf", B, seed=12)
+    w = np.asarray(params["W"][:, 0] - params["W"][:, 1]) * 2.0
+    pp = _pool(params)
+    np.testing.assert_array_equal(np.asarray(with_input_noise(pool_apply, 0.0)(pp, x0, jax.random.PRNGKey(0))),
+                                  np.asarray(pool_apply(pp, x0)))
+    noisy = with_input_noise(pool_apply, 0.05, clip=False)
+    z1, z2 = noisy(pp, x0, jax.random.PRNGKey(1)), noisy(pp, x0, jax.random.PRNGKey(2))
+    assert not np.allclose(np.asarray(z1), np.asarray(z2))          # it is stochastic
+    eps = 0.04
+    res = make_fgsm(noisy, eps=eps, eot=8)(pp, x0, jnp.zeros((B, M), jnp.int32), None, jax.random.PRNGKey(3))
+    np.testing.assert_allclose(np.asarray(res.x_adv), np.clip(np.asarray(x0) - eps * np.sign(w), 0, 1), atol=1e-6)
+    for bad in (-0.1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="sigma must be finite"):
+            with_input_noise(pool_apply, bad)
