@@ -172,7 +172,8 @@ def make_eot_evaluators(apply: Callable, per_example: Callable, eot: int):
                 _, ev = draw(k)(params, x, ref, mask, *extra)
                 g = None
             gs, ls, ss = carry
-            return (None if g is None else gs + g, ls + ev.losses, ss & ev.success), None
+            return (None if g is None else gs + g.astype(gs.dtype), ls + ev.losses.astype(ls.dtype),
+                    ss & ev.success), None
 
         B, M = ref.shape
         init = (jnp.zeros_like(x) if with_grad else None, jnp.zeros((B, M), jnp.float32),
