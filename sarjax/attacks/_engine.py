@@ -359,6 +359,8 @@ def gradient_kernel(cfg: Config, params, x0, ref, mask, eps, cap, key, x_init, h
     n_sel = jnp.sum(mask > 0, axis=1).astype(jnp.int32)
     live = n_sel > 0
     cost = eot * (M + n_sel)
+    # EOT: the clean evaluation and every restart's final evaluation use the SAME draws (common random
+    # numbers), so x_adv is chosen among x0 and the restarts by a paired comparison
     clean_key = jax.random.fold_in(ekey, 0)
     if cfg.loss == "dlr" and cfg.targeted:  # targeted DLR leaves the clean prediction
         clean_apply = apply if eot == 1 else (lambda params, x: apply(params, x, jax.random.fold_in(clean_key, 0)))
@@ -394,7 +396,7 @@ def gradient_kernel(cfg: Config, params, x0, ref, mask, eps, cap, key, x_init, h
 
         init = (x_start, jnp.zeros_like(x0), count, best)
         (x, _, count, best), _ = jax.lax.scan(body, init, jnp.arange(cfg.steps))
-        _, ev = evaluate(params, x, ref, mask, src, jax.random.fold_in(rkey, cfg.steps))
+        _, ev = evaluate(params, x, ref, mask, src, clean_key)   # EOT: the clean evaluation's draws (paired)
         count = Q.charge(count, eot * M, run)
         best = upd(best, x, ev, run)
         final = pick(run & (ev.obj > final[1].obj), (x, ev), final)

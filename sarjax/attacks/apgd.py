@@ -198,6 +198,7 @@ def apgd_kernel(cfg: ApgdConfig, params, x0, ref, mask, eps, cap, key, x_init, h
     n_sel = jnp.sum(mask > 0, axis=1).astype(jnp.int32)
     live = n_sel > 0
     cost = eot * (M + n_sel)
+    reserve = 0 if eot == 1 else eot * M   # EOT: each run's final re-evaluation of xmax
     z0 = E.batch_logits(apply, params, x0)                     # [B, M, C], same forward as ev0
     order = jnp.argsort(-z0, axis=-1)
     # user targets: ref is the target, leave the clean prediction; else leave ref
@@ -226,8 +227,6 @@ def apgd_kernel(cfg: ApgdConfig, params, x0, ref, mask, eps, cap, key, x_init, h
         new["fmax"] = jnp.where(improved, f1, st["fmax"])
         new["xmax"] = jnp.where(improved, x1, st["xmax"])
         new["gmax"] = jnp.where(improved, g1, st["gmax"])
-        if eot > 1:  # the draws that scored xmax (a re-evaluation would use new draws)
-            new["evmax"] = E.select(improved, ev1, st["evmax"])
         ctr = st["ctr"] + 1
         at_ckpt = ctr == st["k"]
         if p == 1.0:
@@ -261,7 +260,7 @@ def apgd_kernel(cfg: ApgdConfig, params, x0, ref, mask, eps, cap, key, x_init, h
         count, best, final = carry
         # APGD-T: run r targets the (r % n_targets + 1)-th most likely other class, per member
         target = ranked[..., r % cfg.n_targets] if cfg.n_targets else ref
-        ok0 = live & Q.allowed(count, cost, cap)
+        ok0 = live & Q.allowed(count, cost + reserve, cap)
         kr = jax.vmap(lambda k: jax.random.fold_in(k, r))(keys)
         x = jax.vmap(lambda k, c, e: G.random_in_ball(k, c, e, p, box))(kr, x0, eps)
         x = jnp.where(has_init & (r == 0), warm, x)
@@ -279,11 +278,9 @@ def apgd_kernel(cfg: ApgdConfig, params, x0, ref, mask, eps, cap, key, x_init, h
         st = dict(x=x, x_old=x, g=g, f=f, fmax=f, xmax=x, gmax=g, eta=cfg.step0 * eps, ctr=zeros,
                   k=zeros + k0, inc=zeros, f_last=f, reduced=jnp.zeros((B,), bool), count=count,
                   best=best, topk=topk0.astype(jnp.float32), sp_last=sp_last0.astype(jnp.float32))
-        if eot > 1:
-            st["evmax"] = ev
 
         def body(st, i):
-            ok = ok0 & Q.allowed(st["count"], cost, cap)
+            ok = ok0 & Q.allowed(st["count"], cost + reserve, cap)
             x1 = vpre(st, i, x0, eps)
             (_, ev1), g1 = vg(params, x1, ref, mask, leave, target, jax.random.fold_in(rkey, i + 1))
             return vpost(st, x1, ev1.obj, g1, ev1, ok, cost, x0, eps), None
@@ -292,10 +289,13 @@ def apgd_kernel(cfg: ApgdConfig, params, x0, ref, mask, eps, cap, key, x_init, h
         xm = st["xmax"]
         if eot == 1:
             _, evm = evaluate(params, xm, ref, mask, leave, target, None)  # re-derived (seen before: no query)
-        else:
-            evm = st["evmax"]
+            count_r = st["count"]
+        else:  # EOT: re-evaluated on the clean evaluation's draws (paired with x0, independent of the
+            # draws that selected xm), charged and reserved like a final evaluation
+            _, evm = evaluate(params, xm, ref, mask, leave, target, clean_key)
+            count_r = Q.charge(st["count"], reserve, ok0)
         final = jax.vmap(E.select)(ok0 & (evm.obj > final[1].obj), (xm, evm), final)
-        return (st["count"], st["best"], final), None
+        return (count_r, st["best"], final), None
 
     n_runs = cfg.restarts * max(cfg.n_targets, 1)
     carry = (count, E.Best(x0, ev0), (x0, ev0))
@@ -329,8 +329,9 @@ def make_apgd(apply: Callable, *, norm="linf", eps=None, n_iter: int = 100, rest
       box, audit: as in :func:`sarjax.attacks.pgd.make_pgd`.
       eot: EOT draws of a stochastic ``apply(params, x, key)`` (AutoAttack's ``eot_iter``; its
         randomized-defense version uses 20), as in :func:`sarjax.attacks.pgd.make_pgd`; the
-        clean logits that give the clean prediction are one draw, and the highest-objective
-        point keeps the evaluation of the draws that scored it.
+        clean logits that give the clean prediction are one draw, and each run's
+        highest-objective point is re-evaluated (``eot * M`` queries) on the clean evaluation's
+        draws before runs are compared.
 
     Returns:
       ``fn(params, x0, ref, mask=None, key=None, *, eps=None, max_queries=None)

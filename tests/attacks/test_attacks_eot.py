@@ -125,7 +125,8 @@ def test_eot_argument_is_validated():
 
 def test_eot_apgd_with_a_key_ignoring_apply_equals_the_deterministic_attack():
     """APGD and APGD-T with eot draws of a model that ignores its key: same iterates, success and
-    objective as the deterministic attack, queries eot times as many."""
+    objective as the deterministic attack, queries eot times as many plus the re-evaluation of each
+    run's best point."""
     from sarjax.attacks import make_apgd, make_apgd_t
 
     B, n_iter, eot = 3, 6, 2
@@ -133,14 +134,15 @@ def test_eot_apgd_with_a_key_ignoring_apply_equals_the_deterministic_attack():
     pp = _pool(params)
     ref = jnp.zeros((B, M), jnp.int32)
     eps = 1.01 * opt
-    for factory in (lambda a, **k: make_apgd(a, n_iter=n_iter, **k),
-                    lambda a, **k: make_apgd_t(a, n_iter=n_iter, n_targets=2, **k)):
+    for runs, factory in ((1, lambda a, **k: make_apgd(a, n_iter=n_iter, **k)),
+                          (2, lambda a, **k: make_apgd_t(a, n_iter=n_iter, n_targets=2, **k))):
         det = factory(pool_apply)(pp, x0, ref, None, jax.random.PRNGKey(1), eps=eps)
         sto = factory(lambda p, x, k: pool_apply(p, x), eot=eot)(pp, x0, ref, None, jax.random.PRNGKey(1), eps=eps)
         np.testing.assert_allclose(np.asarray(sto.x_adv), np.asarray(det.x_adv), atol=1e-6)
         np.testing.assert_array_equal(np.asarray(sto.success), np.asarray(det.success))
         np.testing.assert_allclose(np.asarray(sto.objective), np.asarray(det.objective), rtol=1e-5, atol=1e-6)
-        np.testing.assert_array_equal(np.asarray(sto.queries), eot * np.asarray(det.queries))
+        # eot x the deterministic queries, plus each run's re-evaluation of its best point (eot * M)
+        np.testing.assert_array_equal(np.asarray(sto.queries), eot * (np.asarray(det.queries) + runs * M))
         assert bool(jnp.all(det.success))                     # 1.01x the analytic optimum
 
 
@@ -157,8 +159,9 @@ def test_eot_apgd_on_a_stochastic_pool_stays_in_the_ball_and_charges_every_draw(
     res = make_apgd(_masked_apply(0.95), n_iter=20, eot=8)(pp, x0, ref, None, jax.random.PRNGKey(3), eps=eps)
     assert audit(x0, res.x_adv, Threat("linf", eps)).ok
     assert res.success.shape == (B, M)
-    # clean evaluation M, the starting gradient and 20 iterations of M forwards + M backwards, per draw
-    np.testing.assert_array_equal(np.asarray(res.queries), 8 * (M + 21 * 2 * M))
+    # clean evaluation M, the starting gradient and 20 iterations of M forwards + M backwards, and
+    # the re-evaluation of the best point, per draw
+    np.testing.assert_array_equal(np.asarray(res.queries), 8 * (M + 21 * 2 * M + M))
 
 
 def test_with_input_noise_known_answers():
@@ -182,3 +185,24 @@ def test_with_input_noise_known_answers():
     for bad in (-0.1, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="sigma must be finite"):
             with_input_noise(pool_apply, bad)
+
+
+def test_eot_in_single_model_mode_over_members():
+    """make_member_attack with a stochastic member apply and eot: every member is attacked in
+    expectation with its own draws; on noisy affine members EOT FGSM lands on x0 - eps*sign(w_m)."""
+    from sarjax.attacks import make_member_attack, with_input_noise
+    from _attacks_affine import affine_apply
+
+    B = 4
+    params, x0, _ = binary_problem("linf", B, seed=13)
+    params2, _, _ = binary_problem("linf", B, seed=14)
+    stacked = jax.tree.map(lambda a, b: jnp.stack([a, b]), params, params2)
+    eps = 0.03
+    fn = make_member_attack(with_input_noise(affine_apply, 0.05, clip=False), make_fgsm, norm="linf", eot=4)
+    res = fn(stacked, x0, jnp.zeros((B,), jnp.int32), jax.random.PRNGKey(0), eps=eps)
+    assert res.x_adv.shape == (2,) + x0.shape
+    for k, p in enumerate((params, params2)):
+        w = np.asarray(p["W"][:, 0] - p["W"][:, 1])
+        np.testing.assert_allclose(np.asarray(res.x_adv[k]), np.clip(np.asarray(x0) - eps * np.sign(w), 0, 1),
+                                   atol=1e-6)
+    np.testing.assert_array_equal(np.asarray(res.queries), 4 * (1 + 2 + 1))   # clean, step (fwd+bwd), final
