@@ -206,3 +206,25 @@ def test_eot_in_single_model_mode_over_members():
         np.testing.assert_allclose(np.asarray(res.x_adv[k]), np.clip(np.asarray(x0) - eps * np.sign(w), 0, 1),
                                    atol=1e-6)
     np.testing.assert_array_equal(np.asarray(res.queries), 4 * (1 + 2 + 1))   # clean, step (fwd+bwd), final
+
+
+def test_eot_query_caps_are_never_exceeded():
+    """With EOT every draw is charged and each run's final (re-)evaluation is reserved: no cap is
+    ever passed, and a cap that fits exactly k steps spends exactly it."""
+    from sarjax.attacks import make_apgd
+
+    B, eot = 3, 3
+    params, x0, opt = binary_problem("linf", B, seed=15)
+    pp = _pool(params)
+    ref = jnp.zeros((B, M), jnp.int32)
+    noisy = _masked_apply(0.9)
+    pgd = make_pgd(noisy, steps=6, restarts=2, eot=eot)
+    apgd = make_apgd(noisy, n_iter=6, eot=eot)
+    for cap in (eot * M, eot * M + 5, eot * (M + 2 * M + M), eot * (M + 4 * 2 * M + M) + 1, 10_000):
+        for attack in (pgd, apgd):
+            res = attack(pp, x0, ref, None, jax.random.PRNGKey(4), eps=0.5 * opt, max_queries=cap)
+            assert np.all(np.asarray(res.queries) <= cap), (cap, np.asarray(res.queries))
+    # PGD: clean + 2 steps + final fit exactly
+    exact = eot * (M + 2 * 2 * M + M)
+    res = pgd(pp, x0, ref, None, jax.random.PRNGKey(4), eps=0.5 * opt, max_queries=exact)
+    np.testing.assert_array_equal(np.asarray(res.queries), exact)
