@@ -92,16 +92,21 @@ def make_batch_evaluate(apply: Callable, per_example: Callable):
     return evaluate
 
 
+def evaluation(losses: jax.Array, succ: jax.Array, mask: jax.Array) -> Evaluation:
+    """One example's :class:`Evaluation` from its member losses ``[M]`` and success ``[M]``:
+    the objective is the mask-weighted mean loss, ``n_fooled`` counts the selected members fooled."""
+    w = mask.astype(losses.dtype)
+    obj = jnp.sum(w * losses) / jnp.maximum(jnp.sum(w), 1.0)
+    n = jnp.sum(succ & (mask > 0)).astype(jnp.int32)
+    return Evaluation(obj, losses, succ, n)
+
+
 def scorer(loss: str, targeted: bool) -> Callable:
     """Per-example ``(z [M, C], ref [M], mask [M], source [M]) -> (obj, Evaluation)``."""
 
     def score(z, ref, mask, source):
-        losses = member_loss(z, ref, loss, targeted, source)
-        succ = fooled(z, ref, targeted)
-        w = mask.astype(z.dtype)
-        obj = jnp.sum(w * losses) / jnp.maximum(jnp.sum(w), 1.0)
-        n = jnp.sum(succ & (mask > 0)).astype(jnp.int32)
-        return obj, Evaluation(obj, losses, succ, n)
+        ev = evaluation(member_loss(z, ref, loss, targeted, source), fooled(z, ref, targeted), mask)
+        return ev.obj, ev
 
     return score
 
@@ -138,6 +143,37 @@ def check_eot(eot) -> int:
     return eot
 
 
+def at_key(apply: Callable, eot: int, key) -> Callable:
+    """A deterministic ``apply(params, x)``: ``apply`` itself when ``eot == 1``, else the
+    stochastic ``apply(params, x, key)`` at the fixed ``key`` (one draw)."""
+    if eot == 1:
+        return apply
+    return lambda params, x: apply(params, x, key)
+
+
+def kernel_evaluators(apply: Callable, params, per_example: Callable, eot: int):
+    """``(apply, params, evaluate, value_and_grad)`` for an attack kernel's loops.
+
+    ``evaluate(params, x, ref, mask, *extra, key)`` and ``value_and_grad(...)`` (same arguments)
+    take the EOT draws' key last.  With ``eot == 1`` the key is ignored, ``apply`` is deterministic
+    and its weight layouts are prepared once (:func:`prepare`); otherwise they average over
+    ``eot`` draws (:func:`make_eot_evaluators`) and ``apply`` is returned as is (stochastic).
+    """
+    if eot > 1:
+        return (apply, params) + make_eot_evaluators(apply, per_example, eot)
+    apply, params = prepare(apply, params)
+    evaluate_1 = make_batch_evaluate(apply, per_example)
+    vg_1 = jax.value_and_grad(evaluate_1, argnums=1, has_aux=True)
+
+    def evaluate(params, x, ref, mask, *extra_and_key):
+        return evaluate_1(params, x, ref, mask, *extra_and_key[:-1])
+
+    def value_and_grad(params, x, ref, mask, *extra_and_key):
+        return vg_1(params, x, ref, mask, *extra_and_key[:-1])
+
+    return apply, params, evaluate, value_and_grad
+
+
 def make_eot_evaluators(apply: Callable, per_example: Callable, eot: int):
     """Evaluation and gradient averaged over ``eot`` draws of a stochastic ``apply(params, x, key)``.
 
@@ -148,20 +184,13 @@ def make_eot_evaluators(apply: Callable, per_example: Callable, eot: int):
     gradient is the mean of the per-draw gradients (EOT, Athalye et al. 2018; AutoAttack's
     ``eot_iter`` averages gradients the same way).  Draws run in a ``lax.scan`` (memory of one).
 
-    ``per_example`` must return the mask-weighted mean of its per-member losses as ``obj`` (as
-    :func:`scorer` does).  Returns ``(evaluate, value_and_grad)`` with the signatures of
+    ``per_example`` must build its Evaluation with :func:`evaluation` (as :func:`scorer` does).  Returns ``(evaluate, value_and_grad)`` with the signatures of
     :func:`make_batch_evaluate`'s ``evaluate`` and its ``jax.value_and_grad(..., argnums=1,
     has_aux=True)``, with the draws' key as the last argument.
     """
 
     def draw(k):
         return make_batch_evaluate(lambda params, x: apply(params, x, k), per_example)
-
-    def combine(mask, losses, succ):   # as scorer(): mask-weighted mean loss, selected members fooled
-        w = mask.astype(losses.dtype)
-        obj = jnp.sum(w * losses, axis=1) / jnp.maximum(jnp.sum(w, axis=1), 1.0)
-        n = jnp.sum(succ & (mask > 0), axis=1).astype(jnp.int32)
-        return Evaluation(obj, losses, succ, n)
 
     def run(params, x, ref, mask, extra, key, with_grad):
         def one(carry, d):
@@ -179,7 +208,7 @@ def make_eot_evaluators(apply: Callable, per_example: Callable, eot: int):
         init = (jnp.zeros_like(x) if with_grad else None, jnp.zeros((B, M), jnp.float32),
                 jnp.ones((B, M), bool))
         (gs, ls, ss), _ = jax.lax.scan(one, init, jnp.arange(eot))
-        ev = combine(mask, ls / eot, ss)
+        ev = jax.vmap(evaluation)(ls / eot, ss, mask)
         return ev, (None if gs is None else gs / eot)
 
     def evaluate(params, x, ref, mask, *extra_and_key):
@@ -338,19 +367,7 @@ def gradient_kernel(cfg: Config, params, x0, ref, mask, eps, cap, key, x_init, h
     p, box = cfg.p, cfg.box
     B, M = ref.shape
     eot = cfg.eot
-    if eot == 1:
-        apply, params = prepare(cfg.apply, params)
-        evaluate_1 = make_batch_evaluate(apply, scorer(cfg.loss, cfg.targeted))
-        vg_1 = jax.value_and_grad(evaluate_1, argnums=1, has_aux=True)
-
-        def evaluate(params, x, ref, mask, src, k):
-            return evaluate_1(params, x, ref, mask, src)
-
-        def vg(params, x, ref, mask, src, k):
-            return vg_1(params, x, ref, mask, src)
-    else:
-        apply = cfg.apply
-        evaluate, vg = make_eot_evaluators(apply, scorer(cfg.loss, cfg.targeted), eot)
+    apply, params, evaluate, vg = kernel_evaluators(cfg.apply, params, scorer(cfg.loss, cfg.targeted), eot)
     ekey = jax.random.fold_in(key, EOT_SALT)   # draws of restart r, step t: fold_in(fold_in(ekey, r + 1), t)
     step = jax.vmap(partial(pgd_step, cfg))
     upd = jax.vmap(update_best)
@@ -363,7 +380,7 @@ def gradient_kernel(cfg: Config, params, x0, ref, mask, eps, cap, key, x_init, h
     # numbers), so x_adv is chosen among x0 and the restarts by a paired comparison
     clean_key = jax.random.fold_in(ekey, 0)
     if cfg.loss == "dlr" and cfg.targeted:  # targeted DLR leaves the clean prediction
-        clean_apply = apply if eot == 1 else (lambda params, x: apply(params, x, jax.random.fold_in(clean_key, 0)))
+        clean_apply = at_key(apply, eot, jax.random.fold_in(clean_key, 0))
         src = jnp.argmax(batch_logits(clean_apply, params, x0), axis=-1).astype(jnp.int32)
     else:
         src = jnp.zeros_like(ref)
@@ -428,8 +445,7 @@ def public(kernel, *, name, p, default_eps, box, audit_output=True, apply=None, 
            x_init=None) -> AttackResult:
         x0n, refn, maskn, eps_arr = normalize_inputs(x0, ref, mask, eps, default_eps, box, p)
         if apply is not None and refn.shape[1] == 1:
-            m_apply = members_of(apply if eot == 1 else (lambda pr, x: apply(pr, x, jax.random.PRNGKey(0))),
-                                 params, x0n)
+            m_apply = members_of(at_key(apply, eot, jax.random.PRNGKey(0)), params, x0n)
             if m_apply > 1:
                 refn = jnp.broadcast_to(refn, (refn.shape[0], m_apply))
                 maskn = jnp.broadcast_to(maskn, refn.shape)

@@ -165,30 +165,15 @@ def apgd_kernel(cfg: ApgdConfig, params, x0, ref, mask, eps, cap, key, x_init, h
     k_min = max(int(math.ceil(0.06 * cfg.n_iter)), 1)
 
     def score(z, ref, mask, leave, target):
-        losses = _losses(cfg, z, leave, target)
-        w = mask.astype(z.dtype)
-        obj = jnp.sum(w * losses) / jnp.maximum(jnp.sum(w), 1.0)
-        succ = fooled(z, ref, cfg.hit_target)
-        n = jnp.sum(succ & (mask > 0)).astype(jnp.int32)
-        return obj, E.Evaluation(obj, losses, succ, n)
+        ev = E.evaluation(_losses(cfg, z, leave, target), fooled(z, ref, cfg.hit_target), mask)
+        return ev.obj, ev
 
     eot = cfg.eot
     ekey = jax.random.fold_in(key, E.EOT_SALT)   # draws of run r, iteration i: fold_in(fold_in(ekey, r + 1), i + 1)
     clean_key = jax.random.fold_in(ekey, 0)
-    if eot == 1:
-        apply, params = E.prepare(cfg.apply, params)
-        evaluate_1 = E.make_batch_evaluate(apply, score)
-        vg_1 = jax.value_and_grad(evaluate_1, argnums=1, has_aux=True)
-
-        def evaluate(params, x, ref, mask, leave, target, k):
-            return evaluate_1(params, x, ref, mask, leave, target)
-
-        def vg(params, x, ref, mask, leave, target, k):
-            return vg_1(params, x, ref, mask, leave, target)
-    else:
-        evaluate, vg = E.make_eot_evaluators(cfg.apply, score, eot)
-        # the clean logits that rank the targets / give the clean prediction: one draw
-        apply = lambda params, x: cfg.apply(params, x, jax.random.fold_in(clean_key, 0))  # noqa: E731
+    apply, params, evaluate, vg = E.kernel_evaluators(cfg.apply, params, score, eot)
+    # EOT: the clean logits that rank the targets / give the clean prediction are one draw
+    clean_apply = E.at_key(apply, eot, jax.random.fold_in(clean_key, 0))
 
     def direction(g, x, topk):
         if p == 1.0:
@@ -199,7 +184,7 @@ def apgd_kernel(cfg: ApgdConfig, params, x0, ref, mask, eps, cap, key, x_init, h
     live = n_sel > 0
     cost = eot * (M + n_sel)
     reserve = 0 if eot == 1 else eot * M   # EOT: each run's final re-evaluation of xmax
-    z0 = E.batch_logits(apply, params, x0)                     # [B, M, C], same forward as ev0
+    z0 = E.batch_logits(clean_apply, params, x0)               # [B, M, C], same forward as ev0
     order = jnp.argsort(-z0, axis=-1)
     # user targets: ref is the target, leave the clean prediction; else leave ref
     leave = order[..., 0].astype(jnp.int32) if cfg.hit_target else ref
@@ -402,7 +387,7 @@ def _check_topk(topk):
 
 def _apgd_t_kernel(cfg, params, x0, ref, mask, eps, cap, key, x_init, has_init):
     # n_targets is capped at C - 1 once C is known (trace time).
-    apply = cfg.apply if cfg.eot == 1 else (lambda pr, x: cfg.apply(pr, x, jax.random.PRNGKey(0)))
+    apply = E.at_key(cfg.apply, cfg.eot, jax.random.PRNGKey(0))
     C = jax.eval_shape(lambda x: E.batch_logits(apply, params, x), x0[:1]).shape[-1]
     return apgd_kernel(cfg._replace(n_targets=min(cfg.n_targets, C - 1)), params, x0, ref, mask, eps,
                        cap, key, x_init, has_init)

@@ -274,11 +274,8 @@ class SquareConfig(NamedTuple):
 def _score(targeted):
     def score(z, ref, mask):
         losses = -cross_entropy(z, ref) if targeted else margin(z, ref)  # maximise
-        succ = fooled(z, ref, targeted)
-        w = mask.astype(z.dtype)
-        obj = jnp.sum(w * losses) / jnp.maximum(jnp.sum(w), 1.0)
-        n = jnp.sum(succ & (mask > 0)).astype(jnp.int32)
-        return obj, E.Evaluation(obj, losses, succ, n)
+        ev = E.evaluation(losses, fooled(z, ref, targeted), mask)
+        return ev.obj, ev
     return score
 
 
