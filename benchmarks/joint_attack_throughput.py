@@ -17,6 +17,15 @@ and, for the MLP pools, ``xla_matmuls_only``: the same number of steps reduced t
 matmuls (every layer's forward and input-gradient matmuls, nothing else; not an attack), an
 upper bound on what any XLA formulation of the MLP step can reach with XLA's matmuls,
 
+and ``machine_sgemm_peak``: the fastest of PyTorch, JAX and NumPy on a 2048 x 2048 float32 matmul,
+timed in the same round-robin (the best repetition, not the median, so the peak is not
+understated).  With the analytic FLOPs of one member-sample-step (``step_flops``: the forward
+pass plus the gradient to the input, 2 x the forward's multiply-adds, counted as 2 FLOPs each) it
+gives the machine's ceiling, ``peak / step_flops`` member-sample-steps/s, and the largest ratio
+vs the fastest PyTorch baseline that ANY implementation doing the step's arithmetic could reach
+in this run (``ceiling_ratio_vs_faster_torch``); each runner's GFLOP/s and share of the peak are
+reported too,
+
 with identical weights exported from JAX, the same steps, on the same cores
 (PyTorch is run with 1 thread and with all CPU threads, since OpenMP
 spin-waiting makes multi-threaded torch much slower on an oversubscribed
@@ -54,6 +63,7 @@ from sarjax.models.pool import Pool, Stack
 
 M = 20
 EPS = 0.1
+SETTLE_S = 0.5   # pause after each peak matmul block: OpenBLAS/MKL workers spin for ~0.1 s after a call
 
 
 # ----------------------------------------------------------------------------- JAX side
@@ -129,6 +139,54 @@ def mlp_matmul_only_steps(pool: Pool, steps: int):
         return jax.lax.scan(body, x0, None, length=steps)[0]
 
     return run
+
+
+def step_flops(arch) -> int:
+    """FLOPs of one joint-PGD step for one member on one sample: forward + gradient to the input.
+
+    Counts the multiply-adds of every dense and convolutional layer (2 FLOPs each) of the forward
+    pass; the input gradient runs each layer's transposed product (the same multiply-adds, no
+    weight gradients), so a step is twice the forward.  Activations, pooling, the loss and the
+    projection are not counted (they are O(activations), not O(weights x activations)); the taps of
+    a "same" convolution on the zero padding are (as im2col and PyTorch compute them).  Checked
+    against XLA's cost analysis in tests/attacks/test_benchmark_flops.py.
+    """
+    h, w, c = arch.input_shape
+    macs = 0
+    if arch.family == "mlp":
+        fan = h * w * c
+        for width in arch.widths:
+            macs += fan * width
+            fan = width
+        macs += fan * arch.num_classes
+    elif arch.family == "cnn":
+        cin = c
+        for ch in arch.widths:                       # "same" convolution, then a 2x2 pool
+            macs += h * w * arch.kernel * arch.kernel * cin * ch
+            cin, h, w = ch, h // 2, w // 2
+        macs += h * w * cin * arch.dense + arch.dense * arch.num_classes
+    else:
+        raise ValueError(f"step_flops: no FLOP count for family {arch.family!r}")
+    return 2 * (2 * macs)
+
+
+def sgemm_peak_runners(n: int = 2048, calls: int = 3) -> tuple[dict, int]:
+    """Runners of ``calls`` float32 ``[n, n] @ [n, n]`` matmuls in PyTorch, JAX and NumPy (2 n^3 FLOPs each)."""
+    import torch
+    rng = np.random.default_rng(0)
+    a, b = rng.random((n, n), dtype=np.float32), rng.random((n, n), dtype=np.float32)
+    ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+    ja, jb = jnp.asarray(a), jnp.asarray(b)
+    mm = jax.jit(jnp.matmul)
+
+    def rep(f):
+        def run():
+            for _ in range(calls):
+                f()
+        return run
+
+    return {"torch": rep(lambda: ta @ tb), "jax": rep(lambda: mm(ja, jb).block_until_ready()),
+            "numpy": rep(lambda: a @ b)}, calls * 2 * n ** 3
 
 
 # ----------------------------------------------------------------------------- torch side
@@ -250,6 +308,9 @@ def main():
                     help="torch.set_num_threads variants measured (the fastest is the baseline)")
     ap.add_argument("--matmul-only", action=argparse.BooleanOptionalAction, default=True,
                     help="also time the MLP step reduced to its matmuls (xla_matmuls_only; not an attack)")
+    ap.add_argument("--peak", action=argparse.BooleanOptionalAction, default=True,
+                    help="also time a 2048^2 float32 matmul in torch, JAX and NumPy in the same round-robin: "
+                         "the machine's peak and the ceiling it implies for any implementation of the step")
     ap.add_argument("--jax-single-thread", action="store_true",
                     help="run XLA's CPU backend single-threaded (faster on an oversubscribed machine)")
     args = ap.parse_args()
@@ -262,6 +323,7 @@ def main():
           f"threads {threads}, M={M}, steps={args.steps}, reps={args.reps}")
     load_before = os.getloadavg()
     results = []
+    peak_runners, peak_flops = sgemm_peak_runners() if args.peak else ({}, 0)
     for family in args.families:
         base_pool = build_pool(family, "im2col")
         if family == "mlp":
@@ -303,6 +365,13 @@ def main():
 
                 runners[f"torch_loop[t{th}]"] = loop
                 runners[f"torch_func_vmap[t{th}]"] = fvmap
+            if args.peak:
+                for lib, f in peak_runners.items():
+                    def peak(f=f, lib=lib):
+                        if lib == "torch":
+                            torch.set_num_threads(threads)
+                        f()
+                    runners[f"machine_sgemm_peak[{lib}]"] = peak
             # parity check of the formulations (logits), then warm-up (compiles)
             zj = np.asarray(base_pool.logits(x0))
             with torch.no_grad():
@@ -321,18 +390,39 @@ def main():
                     t = time.perf_counter()
                     r()
                     times[k].append(time.perf_counter() - t)
+                    if k.startswith("machine_sgemm_peak"):
+                        time.sleep(SETTLE_S)   # untimed: let the BLAS worker threads stop spinning
             work = M * B * args.steps
+            peak_times = {k: times.pop(k) for k in list(times) if k.startswith("machine_sgemm_peak")}
             med = {k: statistics.median(v) for k, v in times.items()}
             thr = {k: work / v for k, v in med.items()}
             best_torch = max(v for k, v in thr.items() if k.startswith("torch"))
+            flops = step_flops(base_pool.stacks[0].arch)
             row = {"family": family, "B": B, "M": M, "steps": args.steps, "logit_parity_maxabs": parity,
                    "seconds_median": med, "member_sample_steps_per_s": thr,
-                   "ratio_vs_faster_torch": {k: thr[k] / best_torch for k in thr if k.startswith(("sarjax", "xla"))}}
+                   "ratio_vs_faster_torch": {k: thr[k] / best_torch for k in thr if k.startswith(("sarjax", "xla"))},
+                   "step_flops_per_member_sample": flops,
+                   "step_gflops": {k: v * flops / 1e9 for k, v in thr.items()}}
+            if peak_times:
+                peak_gflops = {k: peak_flops / min(v) / 1e9 for k, v in peak_times.items()}
+                peak = max(peak_gflops.values())
+                ceiling = peak * 1e9 / flops
+                row.update({"machine_sgemm_peak_gflops": peak_gflops,
+                            "share_of_peak": {k: v / peak for k, v in row["step_gflops"].items()},
+                            "ceiling_member_sample_steps_per_s": ceiling,
+                            "ceiling_ratio_vs_faster_torch": ceiling / best_torch})
             results.append(row)
             print(f"{family:4s} B={B:4d} | " + " | ".join(f"{k} {thr[k]:,.0f}/s" for k in thr)
                   + " | ratio vs faster torch: "
                   + ", ".join(f"{k} {v:.2f}x" for k, v in row["ratio_vs_faster_torch"].items())
                   + f" | parity {parity:.1e} | load {os.getloadavg()[0]:.1f}", flush=True)
+            if peak_times:
+                print(f"          step {flops:,} FLOPs per member-sample | GFLOP/s (share of peak): "
+                      + ", ".join(f"{k} {v:.0f} ({row['share_of_peak'][k]:.0%})" for k, v in row["step_gflops"].items())
+                      + f" | sgemm peak {peak:.0f} GFLOP/s ("
+                      + ", ".join(f"{k.split('[')[1][:-1]} {v:.0f}" for k, v in peak_gflops.items())
+                      + f") -> ceiling {ceiling:,.0f}/s = {row['ceiling_ratio_vs_faster_torch']:.2f}x the fastest torch",
+                      flush=True)
     with open(args.out, "w") as fh:
         json.dump({"jax": jax.__version__, "torch": torch.__version__, "threads": threads,
                    "jax_single_thread": args.jax_single_thread, "xla_flags": os.environ.get("XLA_FLAGS", ""),
