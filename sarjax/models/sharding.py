@@ -4,6 +4,10 @@ Each stack's members are sharded along ``pool`` (``NamedSharding(mesh, P("pool")
 leading axis of every params leaf); inputs are sharded along ``data``. Stacks and batches are
 padded to multiples of the axis sizes, and masks say which rows are real. The same code runs on
 one CPU, on 8 fake CPU devices (``jax.config.update("jax_num_cpu_devices", 8)``) and on a pod.
+
+:class:`ShardedPool` hides the padding from attacks: its ``apply`` returns the real members
+only, so any sarjax attack run through :meth:`ShardedPool.attack` reports the same members,
+success, losses and query counts as on one device.
 """
 
 from __future__ import annotations
@@ -83,3 +87,87 @@ def sharded_logits(pool: Pool, x: np.ndarray, mesh: Mesh) -> np.ndarray:
     xs, bmask = place_batch(x, mesh)
     out = jax.jit(placed.apply)(placed.params, xs)
     return np.asarray(out)[mmask][:, bmask]
+
+
+class ShardedPool:
+    """A pool placed on a mesh whose ``apply`` returns only the REAL members (padding hidden).
+
+    ``place_pool`` pads every stack to a multiple of the ``pool`` axis with copies of its first
+    member.  Attacks on that padded pool would report and charge the copies (a forward pass of a
+    padded member counted as queries, extra columns in ``success``).  Here the padded members are
+    computed (so that every device holds an equal share) but dropped from the logits, so
+    ``apply(params, x)`` is ``[M, B, C]`` for the pool's own M members, in the pool's order, and
+    the gradient flows back to the sharded params.
+
+    Attributes:
+      pool: the padded, placed pool.
+      mesh: the ``("pool", "data")`` mesh.
+      members: ``[M]`` int, the rows of the padded pool that are real members.
+      params: the placed params (pass them to attacks built on ``apply``).
+
+    Example::
+
+        jax.config.update("jax_num_cpu_devices", 8)   # or a real multi-device backend
+        sp = ShardedPool(pool, make_mesh(pool=2, data=4))
+        atk = make_joint_pgd(sp.apply, eps=0.1)
+        res = sp.attack(atk, x0, labels)               # x_adv [B, ...], success [B, M], queries [B]
+    """
+
+    def __init__(self, pool: Pool, mesh: Mesh):
+        self.mesh = mesh
+        self.pool, mask = place_pool(pool, mesh)
+        self.members = np.flatnonzero(mask)
+        self.num_members = int(len(self.members))
+
+    @property
+    def params(self) -> tuple:
+        return self.pool.params
+
+    def apply(self, params, x: jax.Array) -> jax.Array:
+        """Logits ``[M, B, C]`` of the real members (the padded pool runs sharded)."""
+        return self.pool.apply(params, x)[self.members]
+
+    def prepare_apply(self, params) -> tuple:
+        """``(fn, prepared)`` with ``fn(prepared, x) == self.apply(params, x)`` (see
+        :meth:`Pool.prepare_apply`; attack kernels call it once, outside their loops)."""
+        fn, prepared = self.pool.prepare_apply(params)
+        return (lambda prep, x: fn(prep, x)[self.members]), prepared
+
+    def logits(self, x) -> np.ndarray:
+        """``[M, B, C]`` logits of the real members on the real samples."""
+        xs, bmask = place_batch(np.asarray(x), self.mesh)
+        return np.asarray(jax.jit(self.apply)(self.params, xs))[:, bmask]
+
+    def attack(self, attack, x0, ref, mask=None, key=None, **kwargs):
+        """Run ``attack(self.params, x0, ref, mask, key, **kwargs)`` with the batch sharded on ``data``.
+
+        ``attack`` must be built on :meth:`apply` (e.g. ``make_joint_pgd(sp.apply, ...)``).  The
+        batch is padded to a multiple of the ``data`` axis with copies of its first sample (their
+        ``ref``, ``mask`` and per-sample ``eps`` / ``max_queries`` / ``x_init`` rows too); every
+        result leaf with a leading batch axis is cut back to the real samples.
+
+        Returns:
+          the attack's result for the ``B`` real samples (for an :class:`AttackResult`:
+          ``x_adv [B, *S]``, ``success [B, M]``, ``queries [B]``, ...).
+        """
+        x0 = np.asarray(x0, np.float32)
+        b = x0.shape[0]
+        multiple = self.mesh.shape["data"]
+        sharding = NamedSharding(self.mesh, P("data"))
+
+        def pad(a, per_sample):
+            if a is None or not per_sample(np.ndim(a)):
+                return a
+            if np.shape(a)[0] != b:
+                raise ValueError(f"per-sample argument has leading size {np.shape(a)[0]}, the batch has {b}")
+            padded, _ = pad_batch(np.asarray(a), multiple)
+            return jax.device_put(padded, sharding)
+
+        always = lambda ndim: True           # noqa: E731  x0, ref [B] or [B, M], x_init
+        rows = lambda ndim: ndim == 1        # noqa: E731  eps / max_queries [B] (not scalars)
+        kwargs = {k: pad(v, always if k == "x_init" else rows) if k in ("eps", "max_queries", "x_init") else v
+                  for k, v in kwargs.items()}
+        xs = pad(x0, always)
+        res = attack(self.params, xs, pad(ref, always), pad(mask, lambda ndim: ndim == 2), key, **kwargs)
+        n = xs.shape[0]
+        return jax.tree.map(lambda a: a[:b] if np.ndim(a) and a.shape[0] == n else a, res)

@@ -138,3 +138,47 @@ def test_sharded_equals_unsharded_on_8_fake_devices():
     """)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-3000:]
+
+
+def test_attacks_on_a_sharded_pool_equal_one_device_on_8_fake_devices():
+    """ShardedPool: joint PGD, APGD and Square on a pool sharded over (pool, data) meshes return the
+    single-device x_adv, success and query counts (the padded members are neither reported nor
+    charged), with per-sample eps and query caps padded along with the batch."""
+    code = textwrap.dedent("""
+        import jax
+        jax.config.update("jax_num_cpu_devices", 8)
+        import numpy as np
+        from sarjax.attacks import make_apgd, make_joint_pgd, make_square
+        from sarjax.models import zoo
+        from sarjax.models.pool import Pool, Stack
+        from sarjax.models.sharding import ShardedPool, make_mesh
+        pool = Pool([Stack.from_keys(zoo.mlp((16,)), jax.random.split(jax.random.key(0), 3)),
+                     Stack.from_keys(zoo.cnn((4, 8), dense=16), jax.random.split(jax.random.key(1), 2))])
+        x = np.random.default_rng(0).random((7, 28, 28, 1)).astype(np.float32)
+        y = np.asarray(pool.predict(x))[0]
+        eps = np.linspace(0.05, 0.15, 7).astype(np.float32)
+        cap = np.array([10_000] * 6 + [40])         # the last sample stops early
+        cases = [(make_joint_pgd, dict(eps=0.1, steps=4, restarts=2), (2, 4)),
+                 (make_apgd, dict(eps=0.1, n_iter=6), (1, 8)),
+                 (make_square, dict(eps=0.1, n_queries=30), (8, 1))]
+        for make, kw, (pm, dm) in cases:
+            call = dict(eps=eps, max_queries=cap)
+            ref = make(pool.apply, **kw)(pool.params, x, y, None, jax.random.PRNGKey(3), **call)
+            sp = ShardedPool(pool, make_mesh(pm, dm))
+            assert sp.num_members == 5 and sp.pool.num_members % pm == 0
+            got = sp.attack(make(sp.apply, **kw), x, y, None, jax.random.PRNGKey(3), **call)
+            name = (make.__name__, pm, dm)
+            assert got.x_adv.shape == x.shape and got.success.shape == (7, 5), (name, got.success.shape)
+            np.testing.assert_array_equal(np.asarray(got.x_adv), np.asarray(ref.x_adv), err_msg=str(name))
+            np.testing.assert_array_equal(np.asarray(got.success), np.asarray(ref.success), err_msg=str(name))
+            np.testing.assert_array_equal(np.asarray(got.queries), np.asarray(ref.queries), err_msg=str(name))
+            assert np.asarray(got.queries)[-1] <= 40 < np.asarray(got.queries)[0], (name, got.queries)
+            np.testing.assert_allclose(np.asarray(got.member_loss), np.asarray(ref.member_loss), atol=1e-5)
+            shards = sp.params[0]["dense0"]["w"].addressable_shards
+            assert shards[0].data.shape[0] == sp.pool.stacks[0].size // pm   # params stay sharded
+        lg = ShardedPool(pool, make_mesh(2, 4)).logits(x)
+        assert lg.shape == (5, 7, 10) and np.abs(lg - np.asarray(pool.logits(x))).max() < 1e-5
+        print("OK")
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-3000:]
