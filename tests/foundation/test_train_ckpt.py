@@ -126,8 +126,13 @@ def test_sharded_equals_unsharded_on_8_fake_devices():
         from sarjax.models.pool import Pool, Stack
         from sarjax.models.sharding import make_mesh, sharded_logits
         assert jax.device_count() == 8
-        pool = Pool([Stack.from_keys(zoo.mlp((32,)), jax.random.split(jax.random.key(0), 3)),
-                     Stack.from_keys(zoo.cnn((4, 8), dense=16), jax.random.split(jax.random.key(1), 5))])
+        def stack(arch, seed, n):   # random params from the init's shapes: no init compile (~10 s)
+            shapes = jax.eval_shape(jax.vmap(arch.init), jax.random.split(jax.random.key(seed), n))
+            rng = np.random.default_rng(seed)
+            params = jax.tree.map(lambda s: (rng.standard_normal(s.shape) / np.sqrt(np.prod(s.shape[1:-1]) or 1.0))
+                                  .astype(np.float32), shapes)
+            return Stack(arch, params, tuple(f"{arch.name}/{i}" for i in range(n)))
+        pool = Pool([stack(zoo.mlp((32,)), 0, 3), stack(zoo.cnn((4, 8), dense=16), 1, 5)])
         x = np.random.default_rng(0).random((7, 28, 28, 1)).astype(np.float32)
         ref = np.asarray(pool.logits(x))
         for pm, dm in [(8, 1), (2, 4)]:
@@ -152,8 +157,13 @@ def test_attacks_on_a_sharded_pool_equal_one_device_on_8_fake_devices():
         from sarjax.models import zoo
         from sarjax.models.pool import Pool, Stack
         from sarjax.models.sharding import ShardedPool, make_mesh
-        pool = Pool([Stack.from_keys(zoo.mlp((16,)), jax.random.split(jax.random.key(0), 3)),
-                     Stack.from_keys(zoo.cnn((4, 8), dense=16), jax.random.split(jax.random.key(1), 2))])
+        def stack(arch, seed, n):   # random params from the init's shapes: no init compile (~10 s)
+            shapes = jax.eval_shape(jax.vmap(arch.init), jax.random.split(jax.random.key(seed), n))
+            rng = np.random.default_rng(seed)
+            params = jax.tree.map(lambda s: (rng.standard_normal(s.shape) / np.sqrt(np.prod(s.shape[1:-1]) or 1.0))
+                                  .astype(np.float32), shapes)
+            return Stack(arch, params, tuple(f"{arch.name}/{i}" for i in range(n)))
+        pool = Pool([stack(zoo.mlp((16,)), 0, 3), stack(zoo.cnn((4, 8), dense=16), 1, 2)])
         x = np.random.default_rng(0).random((7, 28, 28, 1)).astype(np.float32)
         y = np.asarray(pool.predict(x))[0]
         eps = np.linspace(0.05, 0.15, 7).astype(np.float32)
