@@ -146,14 +146,14 @@ def test_sharded_equals_unsharded_on_8_fake_devices():
 
 
 def test_attacks_on_a_sharded_pool_equal_one_device_on_8_fake_devices():
-    """ShardedPool: joint PGD, APGD and Square on a pool sharded over (pool, data) meshes return the
+    """ShardedPool: joint PGD and Square on a pool sharded over (pool, data) meshes return the
     single-device x_adv, success and query counts (the padded members are neither reported nor
     charged), with per-sample eps and query caps padded along with the batch."""
     code = textwrap.dedent("""
         import jax
         jax.config.update("jax_num_cpu_devices", 8)
         import numpy as np
-        from sarjax.attacks import make_apgd, make_joint_pgd, make_square
+        from sarjax.attacks import make_joint_pgd, make_square
         from sarjax.models import zoo
         from sarjax.models.pool import Pool, Stack
         from sarjax.models.sharding import ShardedPool, make_mesh
@@ -169,7 +169,6 @@ def test_attacks_on_a_sharded_pool_equal_one_device_on_8_fake_devices():
         eps = np.linspace(0.05, 0.15, 7).astype(np.float32)
         cap = np.array([10_000] * 6 + [40])         # the last sample stops early
         cases = [(make_joint_pgd, dict(eps=0.1, steps=4, restarts=2), (2, 4)),
-                 (make_apgd, dict(eps=0.1, n_iter=6), (1, 8)),
                  (make_square, dict(eps=0.1, n_queries=30), (8, 1))]
         for make, kw, (pm, dm) in cases:
             call = dict(eps=eps, max_queries=cap)
