@@ -83,10 +83,7 @@ def place_batch(x: np.ndarray, mesh: Mesh) -> tuple[jax.Array, np.ndarray]:
 
 def sharded_logits(pool: Pool, x: np.ndarray, mesh: Mesh) -> np.ndarray:
     """[M, B, C] logits of the real members on the real samples, computed sharded over ``mesh``."""
-    placed, mmask = place_pool(pool, mesh)
-    xs, bmask = place_batch(x, mesh)
-    out = jax.jit(placed.apply)(placed.params, xs)
-    return np.asarray(out)[mmask][:, bmask]
+    return ShardedPool(pool, mesh).logits(x)
 
 
 class ShardedPool:
@@ -152,16 +149,13 @@ class ShardedPool:
         """
         x0 = np.asarray(x0, np.float32)
         b = x0.shape[0]
-        multiple = self.mesh.shape["data"]
-        sharding = NamedSharding(self.mesh, P("data"))
 
         def pad(a, per_sample):
             if a is None or not per_sample(np.ndim(a)):
                 return a
             if np.shape(a)[0] != b:
                 raise ValueError(f"per-sample argument has leading size {np.shape(a)[0]}, the batch has {b}")
-            padded, _ = pad_batch(np.asarray(a), multiple)
-            return jax.device_put(padded, sharding)
+            return place_batch(a, self.mesh)[0]
 
         always = lambda ndim: True           # noqa: E731  x0, ref [B] or [B, M], x_init
         rows = lambda ndim: ndim == 1        # noqa: E731  eps / max_queries [B] (not scalars)

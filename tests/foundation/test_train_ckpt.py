@@ -73,6 +73,12 @@ def test_distillation_students_follow_teacher(mnist, low_pool):
     assert agree.min() > 0.85, agree
 
 
+def _run_python(code: str):
+    """Run ``code`` in a fresh Python process; it must exit 0 and print OK."""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-3000:]
+
+
 def test_checkpoint_roundtrip_bit_identical_in_fresh_process(tmp_path, low_pool, mnist):
     pool = low_pool[0]
     save_pool(pool, tmp_path / "pool", {"preset": "low"})
@@ -88,8 +94,7 @@ def test_checkpoint_roundtrip_bit_identical_in_fresh_process(tmp_path, low_pool,
         assert np.array_equal(got, np.load({str(tmp_path / 'want.npy')!r})), np.abs(got - np.load({str(tmp_path / 'want.npy')!r})).max()
         print("OK", pool.names)
     """)
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-2000:]
+    _run_python(code)
 
 
 def test_checkpoint_errors_name_path_and_problem(tmp_path):
@@ -117,21 +122,31 @@ def test_checkpoint_errors_name_path_and_problem(tmp_path):
         load_pool(d)
 
 
+_EIGHT_DEVICES = textwrap.dedent("""
+    import jax
+    jax.config.update("jax_num_cpu_devices", 8)
+    import numpy as np
+    from sarjax.models import zoo
+    from sarjax.models.pool import Pool, Stack
+    assert jax.device_count() == 8
+    def stack(arch, seed, n):   # random params from the init's shapes: no init compile (~10 s)
+        shapes = jax.eval_shape(jax.vmap(arch.init), jax.random.split(jax.random.key(seed), n))
+        rng = np.random.default_rng(seed)
+        params = jax.tree.map(lambda s: (rng.standard_normal(s.shape) / np.sqrt(np.prod(s.shape[1:-1]) or 1.0))
+                              .astype(np.float32), shapes)
+        return Stack(arch, params, tuple(f"{arch.name}/{i}" for i in range(n)))
+""")
+
+
+def _run_on_8_fake_devices(body: str):
+    """Run ``body`` in a fresh process with 8 fake CPU devices, ``zoo``, ``Pool``, ``Stack`` and the
+    fast ``stack(arch, seed, n)`` defined; it must print OK."""
+    _run_python(_EIGHT_DEVICES + textwrap.dedent(body))
+
+
 def test_sharded_equals_unsharded_on_8_fake_devices():
-    code = textwrap.dedent("""
-        import jax
-        jax.config.update("jax_num_cpu_devices", 8)
-        import numpy as np
-        from sarjax.models import zoo
-        from sarjax.models.pool import Pool, Stack
+    _run_on_8_fake_devices("""
         from sarjax.models.sharding import make_mesh, sharded_logits
-        assert jax.device_count() == 8
-        def stack(arch, seed, n):   # random params from the init's shapes: no init compile (~10 s)
-            shapes = jax.eval_shape(jax.vmap(arch.init), jax.random.split(jax.random.key(seed), n))
-            rng = np.random.default_rng(seed)
-            params = jax.tree.map(lambda s: (rng.standard_normal(s.shape) / np.sqrt(np.prod(s.shape[1:-1]) or 1.0))
-                                  .astype(np.float32), shapes)
-            return Stack(arch, params, tuple(f"{arch.name}/{i}" for i in range(n)))
         pool = Pool([stack(zoo.mlp((32,)), 0, 3), stack(zoo.cnn((4, 8), dense=16), 1, 5)])
         x = np.random.default_rng(0).random((7, 28, 28, 1)).astype(np.float32)
         ref = np.asarray(pool.logits(x))
@@ -141,28 +156,15 @@ def test_sharded_equals_unsharded_on_8_fake_devices():
             assert np.abs(out - ref).max() < 1e-5, (pm, dm, np.abs(out - ref).max())
         print("OK")
     """)
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-3000:]
 
 
 def test_attacks_on_a_sharded_pool_equal_one_device_on_8_fake_devices():
     """ShardedPool: joint PGD and Square on a pool sharded over (pool, data) meshes return the
     single-device x_adv, success and query counts (the padded members are neither reported nor
     charged), with per-sample eps and query caps padded along with the batch."""
-    code = textwrap.dedent("""
-        import jax
-        jax.config.update("jax_num_cpu_devices", 8)
-        import numpy as np
+    _run_on_8_fake_devices("""
         from sarjax.attacks import make_joint_pgd, make_square
-        from sarjax.models import zoo
-        from sarjax.models.pool import Pool, Stack
         from sarjax.models.sharding import ShardedPool, make_mesh
-        def stack(arch, seed, n):   # random params from the init's shapes: no init compile (~10 s)
-            shapes = jax.eval_shape(jax.vmap(arch.init), jax.random.split(jax.random.key(seed), n))
-            rng = np.random.default_rng(seed)
-            params = jax.tree.map(lambda s: (rng.standard_normal(s.shape) / np.sqrt(np.prod(s.shape[1:-1]) or 1.0))
-                                  .astype(np.float32), shapes)
-            return Stack(arch, params, tuple(f"{arch.name}/{i}" for i in range(n)))
         pool = Pool([stack(zoo.mlp((16,)), 0, 3), stack(zoo.cnn((4, 8), dense=16), 1, 2)])
         x = np.random.default_rng(0).random((7, 28, 28, 1)).astype(np.float32)
         y = np.asarray(pool.predict(x))[0]
@@ -189,5 +191,3 @@ def test_attacks_on_a_sharded_pool_equal_one_device_on_8_fake_devices():
         assert lg.shape == (5, 7, 10) and np.abs(lg - np.asarray(pool.logits(x))).max() < 1e-5
         print("OK")
     """)
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-3000:]
