@@ -217,6 +217,25 @@ class Pool:
             start += s.size
         return tuple(out)
 
+    def content_hash(self) -> str:
+        """SHA-256 (hex) of everything that determines the pool's outputs except ``conv_impl``.
+
+        Covers the member names, each stack's architecture spec (without ``conv_impl``, which
+        changes how a convolution is computed, not its result), and every params leaf's path,
+        shape, dtype and bytes. Used to fingerprint checkpoints and resumable runs.
+        """
+        import hashlib
+
+        h = hashlib.sha256()
+        for s in self.stacks:
+            spec = {k: v for k, v in s.arch.spec().items() if k != "conv_impl"}
+            h.update(repr((sorted(spec.items()), s.names)).encode())
+            for path, leaf in jax.tree_util.tree_flatten_with_path(s.params)[0]:
+                a = np.ascontiguousarray(np.asarray(leaf))
+                h.update(repr((jax.tree_util.keystr(path), a.shape, str(a.dtype))).encode())
+                h.update(a.tobytes())
+        return h.hexdigest()
+
     def with_params(self, params: Sequence[PyTree]) -> "Pool":
         """A pool with the same structure and new stacked params (e.g. after training)."""
         return Pool([Stack(s.arch, p, s.names) for s, p in zip(self.stacks, params)])
