@@ -122,7 +122,16 @@ def khat_histogram(result: SARResult, j: int) -> dict[str, int]:
 
 
 def pool_record(pool: Pool, acc: np.ndarray, member_asr: np.ndarray, result: SARResult) -> dict[str, Any]:
-    sar = {f"{c:g}": float(result.sar[result.valid, j].mean()) for j, c in enumerate(1.0 - np.asarray(result.deltas))}
+    """One pool's results.json entry; every per-coverage dict is keyed by ``f"{1 - delta:g}"``.
+
+    ``sar`` (mean SAR, kept for older readers), ``sar_se`` (its standard error over the valid
+    samples), ``sar_singleton`` / ``sar_singleton_se`` (singleton-completed SAR, papers/000
+    Figures 7-8, docs/cover.md) and ``singleton_unbreakable_share`` (the part of it resting on
+    members the single-model attack could not break). A standard error is None for one sample.
+    """
+    keys = [f"{c:g}" for c in 1.0 - np.asarray(result.deltas)]
+    stats = result.sar_stats()
+    sar = {k: st["mean_sar"] for k, st in zip(keys, stats)}
     return {
         "members": pool.num_members,
         "names": list(pool.names),
@@ -131,6 +140,11 @@ def pool_record(pool: Pool, acc: np.ndarray, member_asr: np.ndarray, result: SAR
         "asr": float(member_asr.mean()),
         "member_asr": member_asr.tolist(),
         "sar": sar,
+        "sar_se": {k: st["se_sar"] for k, st in zip(keys, stats)},
+        "sar_singleton": {k: st["mean_sar_singleton"] for k, st in zip(keys, stats)},
+        "sar_singleton_se": {k: st["se_sar_singleton"] for k, st in zip(keys, stats)},
+        "singleton_unbreakable_share": {k: st["mean_singleton_unbreakable_share"] for k, st in zip(keys, stats)},
+        "num_samples": int(result.valid.sum()),
         "k_hat_histogram": {f"{1 - d:g}": khat_histogram(result, j) for j, d in enumerate(result.deltas)},
         "share_fallback": float(result.fallback_fired[result.valid].mean()),
         "mean_queries_per_sample": float(result.queries[result.valid].mean()),
@@ -139,19 +153,27 @@ def pool_record(pool: Pool, acc: np.ndarray, member_asr: np.ndarray, result: SAR
 
 
 def plot_demo(records: dict[str, dict], out: Path) -> Path:
-    """Mean SAR per coverage target for each pool, with 1 - ASR as a reference line."""
+    """Mean SAR (solid) and singleton-completed SAR (dashed) per coverage target for each pool,
+    with standard-error bars, and 1 - ASR as a dotted reference line."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    def err(rec: dict, key: str) -> list[float] | None:
+        return [0.0 if v is None else v for v in rec.get(key, {}).values()] or None
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
     for name, rec in records.items():
         cov = [float(c) for c in rec["sar"]]
-        line = ax.plot(cov, list(rec["sar"].values()), marker="o", label=f"{name} SAR")[0]
+        line = ax.errorbar(cov, list(rec["sar"].values()), yerr=err(rec, "sar_se"), marker="o", capsize=3,
+                           label=f"{name} SAR")[0]
+        if "sar_singleton" in rec:
+            ax.errorbar(cov, list(rec["sar_singleton"].values()), yerr=err(rec, "sar_singleton_se"), marker="s",
+                        ls="--", capsize=3, color=line.get_color(), label=f"{name} singleton-completed")
         ax.axhline(1 - rec["asr"], ls=":", color=line.get_color(), label=f"{name} 1-ASR")
     ax.set_xlabel("coverage target 1 - delta")
-    ax.set_ylabel("mean SAR (k_hat / M)")
+    ax.set_ylabel("mean SAR (k_hat / M) ± standard error")
     ax.set_ylim(0, 1.05)
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
@@ -166,19 +188,31 @@ def print_table(records: dict[str, dict], eps: float) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=f"SAR at eps={eps:g} (joint PGD, safe region = own clean prediction)")
+    def cell(r: dict, key: str, c: float) -> str:
+        mean = r.get(key, {}).get(f"{c:g}")
+        if mean is None:
+            return "-"
+        se = r.get(f"{key}_se", {}).get(f"{c:g}")
+        return f"{mean:.3f}±{se:.3f}" if se is not None else f"{mean:.3f}"
+
+    t = Table(title=f"SAR at eps={eps:g} (joint PGD, safe region = own clean prediction)",
+              caption="mean ± standard error over the images; SAR_sc = singleton-completed SAR (members still "
+                      "missing when the target is out of reach cost one input each; docs/cover.md)")
     t.add_column("pool")
     t.add_column("M", justify="right")
     t.add_column("test acc", justify="right")
     t.add_column("mean ASR", justify="right")
     for c in COVERAGES:
         t.add_column(f"SAR {c:g}", justify="right")
-    t.add_column("k_hat histogram at 1-delta=0.85 (k: samples)")
+    for c in COVERAGES:
+        t.add_column(f"SAR_sc {c:g}", justify="right")
+    t.add_column("k_hat at 1-delta=0.85 (k:images)")
     for name, r in records.items():
         hist = r["k_hat_histogram"].get("0.85", {})
         t.add_row(name, str(r["members"]), f"{r['accuracy']:.4f}", f"{r['asr']:.3f}",
-                  *[f"{r['sar'][f'{c:g}']:.3f}" for c in COVERAGES], " ".join(f"{k}:{v}" for k, v in hist.items()))
-    Console(width=160).print(t)
+                  *[cell(r, "sar", c) for c in COVERAGES], *[cell(r, "sar_singleton", c) for c in COVERAGES],
+                  " ".join(f"{k}:{v}" for k, v in hist.items()))
+    Console(width=200).print(t)
 
 
 def run_demo(out: str | Path = "sarjax-demo", *, quick: bool = False, cache_dir: str | Path | None = None,
@@ -269,6 +303,13 @@ def run_sar_on_saved_pool(pool_dir: str, eps: float, delta: float, *, samples: i
     res.save(outp / "sar")
     plot_sar(res, outp / "sar.png", title=f"{pool_dir}: eps={eps}, 1-delta={1 - delta:g}")
     (outp / "results.json").write_text(json.dumps(doc, indent=2))
+    st = res.sar_stats()[0]
+
+    def pm(mean: float, se: float | None) -> str:
+        return f"{mean:.4f}" if se is None else f"{mean:.4f} ± {se:.4f}"
+
     print(f"{pool}: accuracy {acc.mean():.4f}, mean ASR {member_asr.mean():.3f}, "
-          f"SAR_{1 - delta:g} = {doc['sar'][f'{1 - delta:g}']:.4f} over {samples} images; wrote {outp / 'results.json'}")
+          f"SAR_{1 - delta:g} = {pm(st['mean_sar'], st['se_sar'])}, singleton-completed "
+          f"{pm(st['mean_sar_singleton'], st['se_sar_singleton'])} (mean ± standard error over {samples} "
+          f"images); wrote {outp / 'results.json'}")
     return doc

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from sarjax.cover.metrics import coverage_target
-from sarjax.cover.result import ROUND_FIELDS, SARResult, derive_sar
+from sarjax.cover.result import ROUND_FIELDS, SARResult, derive_sar, derive_singleton
 from sarjax.cover.types import JointAttack, SingleAttack
 
 _STATE_FILE = "greedy_state.npz"
@@ -248,7 +248,10 @@ def greedy_sar(
 
     Returns:
         SARResult with ``sar``, ``k_hat``, ``reached`` of shape ``[B, D]`` (D =
-        ``len(deltas)``, in the given order) and the per-round logs.
+        ``len(deltas)``, in the given order), the singleton-completed
+        ``sar_singleton`` / ``k_singleton`` of the same run (papers/000,
+        Figures 7 and 8; no extra attack, see
+        :func:`sarjax.cover.result.derive_singleton`) and the per-round logs.
 
     Raises:
         TypeError, ValueError: malformed arguments or oracle outputs (shapes,
@@ -380,6 +383,10 @@ def greedy_sar(
     sar, k_hat, reached = derive_sar(
         arrays["new_covered"], arrays["recorded"], cb, vd, taus, m, count_clean_input
     )
+    sar_sc, k_sc, sc_added, sc_unbreakable = derive_singleton(
+        arrays["new_covered"], arrays["recorded"], arrays["fallback"], arrays["fallback_success"],
+        cb, vd, taus, m, count_clean_input, stop_when_unreachable,
+    )
     return SARResult(
         num_members=m,
         deltas=deltas,
@@ -396,5 +403,9 @@ def greedy_sar(
         k_hat=k_hat,
         reached=reached,
         inputs=arrays.get("inputs") if store_inputs else None,
+        sar_singleton=sar_sc,
+        k_singleton=k_sc,
+        singleton_added=sc_added,
+        singleton_unbreakable=sc_unbreakable,
         **{k: arrays[k] for k in ROUND_FIELDS},
     )

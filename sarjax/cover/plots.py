@@ -11,12 +11,15 @@ from sarjax.cover.result import SARResult
 
 
 def plot_sar(result: SARResult, path: str | os.PathLike, title: str | None = None) -> Path:
-    """Write a two-panel figure (PNG/PDF by extension) of a SAR run.
+    """Write a three-panel figure (PNG/PDF by extension) of a SAR run.
 
     Left: mean share of the pool covered after ``k`` distinct inputs (valid
     samples), with the coverage targets ``tau / M`` as dashed lines (the
-    collective vulnerability curve of papers/000). Right: the distribution of
-    ``SAR_{1-delta}`` over samples, one histogram per delta.
+    collective vulnerability curve of papers/000). Middle: the distribution of
+    ``SAR_{1-delta}`` over samples, one histogram per delta. Right: the same
+    for the singleton-completed SAR (papers/000, Figures 7 and 8), which
+    stays below 1 where the target was out of reach. Legends give the mean
+    ± standard error over the valid samples.
 
     Args:
         result: a :class:`SARResult`.
@@ -34,7 +37,7 @@ def plot_sar(result: SARResult, path: str | os.PathLike, title: str | None = Non
     m = result.num_members
     v = result.valid
     curve = result.coverage_curve()[v] / m
-    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (ax0, ax1, ax2) = plt.subplots(1, 3, figsize=(15, 4))
     if curve.size:
         ks = np.arange(curve.shape[1])
         ax0.plot(ks, curve.mean(axis=0), marker="o", label="mean covered share")
@@ -45,11 +48,22 @@ def plot_sar(result: SARResult, path: str | os.PathLike, title: str | None = Non
     ax0.set_ylim(0, 1.02)
     ax0.legend(loc="lower right")
     bins = (np.arange(m + 2) - 0.5) / m  # one bin per k / M, k = 0..M
-    for j, delta in enumerate(result.deltas):
-        ax1.hist(result.sar[v, j], bins=bins, alpha=0.5, label=f"delta={delta:.3g}")
+
+    def label(delta: float, mean: float | None, se: float | None) -> str:
+        if mean is None:
+            return f"delta={delta:.3g}"
+        return f"delta={delta:.3g}: {mean:.3f}" + ("" if se is None else f" ± {se:.3f}")
+
+    for j, (delta, st) in enumerate(zip(result.deltas, result.sar_stats())):
+        ax1.hist(result.sar[v, j], bins=bins, alpha=0.5,
+                 label=label(delta, st["mean_sar"], st["se_sar"]))
+        ax2.hist(result.sar_singleton[v, j], bins=bins, alpha=0.5,
+                 label=label(delta, st["mean_sar_singleton"], st["se_sar_singleton"]))
     ax1.set_xlabel("SAR (k_hat / M; 1 = target not reached)")
-    ax1.set_ylabel("samples")
-    ax1.legend()
+    ax2.set_xlabel("singleton-completed SAR (missing members: one input each)")
+    for ax in (ax1, ax2):
+        ax.set_ylabel("samples")
+        ax.legend(fontsize=8)
     if title:
         fig.suptitle(title)
     fig.tight_layout()

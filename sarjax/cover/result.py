@@ -80,6 +80,111 @@ def derive_sar(
     return sar, k_hat, reached
 
 
+def derive_singleton(
+    new_covered: np.ndarray,
+    recorded: np.ndarray,
+    fallback: np.ndarray,
+    fallback_success: np.ndarray,
+    clean_broken: np.ndarray,
+    valid: np.ndarray,
+    taus: tuple[int, ...],
+    num_members: int,
+    count_clean_input: bool,
+    stop_when_unreachable: bool,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Singleton-completed ``k_hat`` (papers/000, Figures 7 and 8) from one run's logs.
+
+    For each target ``tau`` the state is taken where a separate run for that
+    target alone stops: the first state (after ``0..R`` rounds) where the
+    covered count ``c`` reaches ``tau``, or ``I`` is empty, or (with
+    ``stop_when_unreachable``) ``c + |I| < tau``. With ``k`` inputs recorded
+    up to that state, the singleton-completed count is ``k + max(0, tau - c)``:
+    every member still missing to reach ``tau`` costs one input of its own.
+    Members still in ``I`` are used first; the rest of the completion falls on
+    members the single-model fallback failed to break (reported separately).
+    No attack is run: everything comes from the round logs.
+
+    Args:
+        new_covered: ``[R, B, M]`` bool, members credited per round.
+        recorded: ``[R, B]`` bool, whether the round recorded an input.
+        fallback: ``[R, B]`` bool, whether the fallback ran.
+        fallback_success: ``[R, B]`` bool, whether it broke its target (a
+            failed fallback marks one member unbreakable).
+        clean_broken: ``[B, M]`` bool, members covered before any attack.
+        valid: ``[B]`` bool, real (non-padding) samples.
+        taus: coverage targets.
+        num_members: ``M``.
+        count_clean_input: count the clean input as one input when it breaks
+            some member.
+        stop_when_unreachable: the stop rule the run used.
+
+    Returns:
+        ``(sar_singleton [B, D] float64, k_singleton [B, D] int64,
+        singleton_added [B, D] int64, singleton_unbreakable [B, D] int64)``:
+        ``k_singleton / M``, the completed count, the inputs added by the
+        completion (0 where ``tau`` was reached, so ``k_singleton = k_hat``
+        there), and how many of those went to members marked unbreakable.
+        Padding samples: nan and -1.
+    """
+    b = clean_broken.shape[0]
+    m = num_members
+    clean = clean_broken.sum(axis=1)  # [B]
+    zero = np.zeros((b, 1), dtype=np.int64)
+    counts = clean[:, None] + np.concatenate(
+        [zero, np.cumsum(new_covered.sum(axis=2).T, axis=1)], axis=1
+    )  # [B, R + 1]
+    offset = (count_clean_input & (clean > 0)).astype(np.int64)
+    ks = offset[:, None] + np.concatenate(
+        [zero, np.cumsum(recorded.T.astype(np.int64), axis=1)], axis=1
+    )
+    failed = (fallback & ~fallback_success).T.astype(np.int64)  # [B, R]
+    unbreakable = np.concatenate([zero, np.cumsum(failed, axis=1)], axis=1)
+    left = np.where(valid[:, None], m - counts - unbreakable, 0)  # |I| per state
+    d = len(taus)
+    k_sc = np.full((b, d), -1, dtype=np.int64)
+    added = np.full((b, d), -1, dtype=np.int64)
+    unb = np.full((b, d), -1, dtype=np.int64)
+    last = counts.shape[1] - 1
+    for j, tau in enumerate(taus):
+        stop = (counts >= tau) | (left == 0)
+        if stop_when_unreachable:
+            stop |= counts + left < tau
+        first = np.where(stop.any(axis=1), np.argmax(stop, axis=1), last)[:, None]
+        c = np.take_along_axis(counts, first, axis=1)[:, 0]
+        k = np.take_along_axis(ks, first, axis=1)[:, 0]
+        rest = np.take_along_axis(left, first, axis=1)[:, 0]
+        gap = np.maximum(0, tau - c)
+        k_sc[:, j] = np.where(valid, k + gap, -1)
+        added[:, j] = np.where(valid, gap, -1)
+        unb[:, j] = np.where(valid, np.maximum(0, gap - rest), -1)
+    sar_sc = np.where(valid[:, None], k_sc / m, np.nan)
+    return sar_sc, k_sc, added, unb
+
+
+def mean_and_se(values: Any) -> tuple[float | None, float | None, int]:
+    """Mean and standard error of the mean of the finite entries of ``values``.
+
+    ``se = std(ddof=1) / sqrt(n)``; None for ``n = 1`` (one sample gives no
+    spread; None rather than nan keeps the JSON strict), and
+    ``(None, None, 0)`` for no sample.
+
+    Returns:
+        ``(mean, se, n)``.
+    """
+    v = np.asarray(values, dtype=np.float64).ravel()
+    v = v[np.isfinite(v)]
+    n = int(v.size)
+    if n == 0:
+        return None, None, 0
+    se = float(v.std(ddof=1) / np.sqrt(n)) if n > 1 else None
+    return float(v.mean()), se, n
+
+
+_PER_SAMPLE = ("valid", "clean_broken", "unbreakable", "covered", "covered_round",
+               "sar", "k_hat", "reached")
+_SINGLETON = ("sar_singleton", "k_singleton", "singleton_added", "singleton_unbreakable")
+
+
 @dataclass
 class SARResult:
     """Per-sample outcome of :func:`sarjax.cover.greedy_sar`.
@@ -109,6 +214,18 @@ class SARResult:
         inputs: ``[R, B, *S]`` recorded adversarial inputs (the joint or the
             fallback candidate; zeros where nothing was recorded), or None when
             not stored.
+        sar_singleton: ``[B, D]`` float64, singleton-completed ``k_hat / M``
+            (papers/000, Figures 7 and 8; :func:`derive_singleton`): equal to
+            ``sar`` where the target was reached, else the inputs recorded
+            when the run stopped plus one input per member still missing to
+            reach ``tau`` (nan for padding samples). Derived from the round
+            logs when not given.
+        k_singleton: ``[B, D]`` int64, the singleton-completed count (-1 for
+            padding).
+        singleton_added: ``[B, D]`` int64, inputs the completion added (0
+            where the target was reached).
+        singleton_unbreakable: ``[B, D]`` int64, of those, members the
+            single-model fallback failed to break.
     """
 
     num_members: int
@@ -136,6 +253,29 @@ class SARResult:
     fallback_success: np.ndarray
     fallback_queries: np.ndarray
     inputs: np.ndarray | None = None
+    sar_singleton: np.ndarray | None = None
+    k_singleton: np.ndarray | None = None
+    singleton_added: np.ndarray | None = None
+    singleton_unbreakable: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        # Results saved before the singleton-completed fields existed (or built
+        # by hand) get them from the round logs: no attack is needed.
+        if any(getattr(self, name) is None for name in _SINGLETON):
+            derived = derive_singleton(
+                self.new_covered,
+                self.recorded,
+                self.fallback,
+                self.fallback_success,
+                self.clean_broken,
+                self.valid,
+                tuple(self.taus),
+                self.num_members,
+                self.count_clean_input,
+                self.stop_when_unreachable,
+            )
+            for name, value in zip(_SINGLETON, derived):
+                setattr(self, name, value)
 
     @property
     def batch_size(self) -> int:
@@ -217,11 +357,7 @@ class SARResult:
     def select(self, index: Any) -> "SARResult":
         """A result with only the samples at ``index`` (``[K]`` int or ``[B]`` bool)."""
         idx = np.arange(self.batch_size)[np.asarray(index)]
-        per_sample = {
-            name: getattr(self, name)[idx]
-            for name in ("valid", "clean_broken", "unbreakable", "covered", "covered_round",
-                         "sar", "k_hat", "reached")
-        }
+        per_sample = {name: getattr(self, name)[idx] for name in _PER_SAMPLE + _SINGLETON}
         per_round = {name: getattr(self, name)[:, idx] for name in ROUND_FIELDS}
         return SARResult(
             num_members=self.num_members,
@@ -235,16 +371,46 @@ class SARResult:
             **per_round,
         )
 
-    def summary(self) -> dict[str, Any]:
-        """Pool-level means over valid samples, per delta."""
+    def sar_stats(self) -> list[dict[str, Any]]:
+        """Mean and standard error over valid samples of SAR and singleton-completed SAR.
+
+        One dict per delta (the caller's order) with ``delta``, ``tau``, ``n``
+        (valid samples), ``mean_sar``, ``se_sar``, ``mean_sar_singleton``,
+        ``se_sar_singleton`` and ``mean_singleton_unbreakable_share`` (mean of
+        ``singleton_unbreakable / M``: the part of the singleton-completed
+        value that rests on members the single-model attack could not break).
+        The standard error is that of the mean, ``std(ddof=1) / sqrt(n)``
+        (:func:`mean_and_se`); it is None for ``n = 1``, and every value is
+        None for ``n = 0``.
+        """
         v = self.valid
         out = []
         for j, (delta, tau) in enumerate(zip(self.deltas, self.taus)):
+            mean, se, n = mean_and_se(self.sar[v, j])
+            mean_sc, se_sc, _ = mean_and_se(self.sar_singleton[v, j])
+            unb, _, _ = mean_and_se(self.singleton_unbreakable[v, j] / self.num_members)
             out.append(
                 {
                     "delta": float(delta),
                     "tau": int(tau),
-                    "mean_sar": float(self.sar[v, j].mean()) if v.any() else None,
+                    "n": n,
+                    "mean_sar": mean,
+                    "se_sar": se,
+                    "mean_sar_singleton": mean_sc,
+                    "se_sar_singleton": se_sc,
+                    "mean_singleton_unbreakable_share": unb,
+                }
+            )
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        """Pool-level means (and standard errors, :meth:`sar_stats`) over valid samples, per delta."""
+        v = self.valid
+        out = []
+        for j, stats in enumerate(self.sar_stats()):
+            out.append(
+                {
+                    **stats,
                     "share_sar_one": float((self.sar[v, j] >= 1.0).mean()) if v.any() else None,
                     "mean_k_hat_reached": (
                         float(self.k_hat[v & self.reached[:, j], j].mean())
@@ -285,6 +451,12 @@ class SARResult:
                     "sar": [None if np.isnan(s) else float(s) for s in self.sar[b]],
                     "k_hat": self.k_hat[b].tolist(),
                     "reached": self.reached[b].tolist(),
+                    "sar_singleton": [
+                        None if np.isnan(s) else float(s) for s in self.sar_singleton[b]
+                    ],
+                    "k_singleton": self.k_singleton[b].tolist(),
+                    "singleton_added": self.singleton_added[b].tolist(),
+                    "singleton_unbreakable": self.singleton_unbreakable[b].tolist(),
                     "queries": int(self.queries[b]),
                     "fallback_fired": bool(self.fallback_fired[b]),
                     "clean_broken": np.flatnonzero(self.clean_broken[b]).tolist(),
@@ -318,7 +490,11 @@ class SARResult:
 
     @classmethod
     def load(cls, directory: str | os.PathLike) -> "SARResult":
-        """Read a result written by :meth:`save`."""
+        """Read a result written by :meth:`save`.
+
+        Results saved before the singleton-completed fields existed get them
+        derived from their round logs.
+        """
         path = Path(directory)
         meta = json.loads((path / "result.json").read_text())
         with np.load(path / "arrays.npz", allow_pickle=False) as z:
@@ -372,8 +548,7 @@ def concat_results(results: "list[SARResult]") -> SARResult:
     }
     per_sample = {
         name: np.concatenate([getattr(r, name) for r in results], axis=0)
-        for name in ("valid", "clean_broken", "unbreakable", "covered", "covered_round",
-                     "sar", "k_hat", "reached")
+        for name in _PER_SAMPLE + _SINGLETON
     }
     inputs = None
     if first.inputs is not None:
