@@ -107,8 +107,14 @@ def test_checkpoint_errors_name_path_and_problem(tmp_path):
     for f in (d / "stack_000").rglob("*"):
         if f.is_file() and f.stat().st_size > 0 and f.parent.name == "d":
             f.write_bytes(b"garbage")
-    with pytest.raises(CheckpointError, match=r"cannot restore stack_000"):
+    with pytest.raises(CheckpointError, match=r"stack 0 params files are truncated or changed: d/"):
         load_pool(d)
+    # same size, unreadable content: orbax's own error, wrapped
+    d2 = save_pool(pool, tmp_path / "p2")
+    meta_file = d2 / "stack_000" / "_METADATA"
+    meta_file.write_bytes(b"x" * meta_file.stat().st_size)
+    with pytest.raises(CheckpointError, match=r"cannot restore stack_000"):
+        load_pool(d2)
     # partial: params directory gone
     import shutil
     shutil.rmtree(d / "stack_000")
