@@ -41,6 +41,105 @@ Params = dict[str, Any]
 _NEG = float(np.finfo(np.float32).min)
 
 
+# ----------------------------------------------------------------------------- boundary checks
+# The model functions below are pure and run under jit / vmap; these checks run only when their
+# inputs are concrete (an eager call), and are skipped while tracing. The batched public entries
+# (scoring.stack_*, generate.*) run their own checks before entering jit.
+
+
+def _concrete(*xs) -> bool:
+    return not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(xs))
+
+
+def _where(idx: tuple[int, ...]) -> str:
+    """'position 5' (one sequence) or 'row 2, position 5' (a batch)."""
+    return f"position {idx[-1]}" if len(idx) == 1 else f"row {', '.join(map(str, idx[:-1]))}, position {idx[-1]}"
+
+
+def check_token_ids(name: str, ids, vocab_size: int) -> None:
+    """Raises ValueError naming the first id outside ``[0, vocab_size)``: ids [..., T] integer.
+
+    ``jnp.take`` would turn such an id into a NaN embedding, and every later score into NaN.
+    """
+    a = np.asarray(ids)
+    bad = (a < 0) | (a >= vocab_size)
+    if bad.any():
+        idx = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(f"{name}: token id {int(a[idx])} at {_where(idx)} is outside the vocabulary "
+                         f"[0, {vocab_size}) ({int(bad.sum())} such id(s))")
+
+
+def prefix_length(prefix) -> int:
+    """Real tokens in read-only KV blocks (a KVBlock, a sequence of them or None; stacked ones count
+    the largest member)."""
+    blocks = () if prefix is None else (prefix,) if isinstance(prefix, KVBlock) else tuple(prefix)
+    total = 0
+    for b in blocks:
+        m = np.asarray(b.mask).astype(np.int64)
+        total += int(m.reshape(-1, m.shape[-1]).sum(-1).max()) if m.size else 0
+    return total
+
+
+def check_positions(cfg: DecoderConfig, name: str, needed, offset: int = 0) -> None:
+    """GPT-2's learned position table has ``max_position_embeddings`` rows; a position past it
+    would read a NaN embedding. Raises ValueError naming the first row that does not fit.
+
+    Args:
+      cfg: configuration (only ``family == "gpt2"`` is checked: RoPE positions are computed, so
+        llama-family models give finite logits past ``max_position_embeddings``, as transformers).
+      name: what the rows are (e.g. "ids").
+      needed: int or [N] ints, positions each row needs after the prefix (its real tokens, plus
+        target / generated tokens).
+      offset: real tokens of a prefix cache before every row.
+    """
+    if cfg.family != "gpt2":
+        return
+    need = np.atleast_1d(np.asarray(needed, np.int64)) + int(offset)
+    over = np.flatnonzero(need > cfg.max_position_embeddings)
+    if over.size:
+        r = int(over[0])
+        row = f"row {r}" if np.ndim(needed) else "the sequence"
+        raise ValueError(
+            f"{name}: {row} needs {int(need[r])} positions ({int(offset)} prefix-cache tokens + "
+            f"{int(need[r]) - int(offset)}), but GPT-2 has {cfg.max_position_embeddings} learned positions "
+            f"(max_position_embeddings); {over.size} row(s) too long"
+        )
+
+
+def check_padding(name: str, mask, side: str = "left", allow_empty: bool = False) -> np.ndarray:
+    """Checks a 0/1 mask [..., T]: every row padded on ``side`` only (left: zeros then ones).
+
+    Returns:
+      The mask as int8 numpy.
+
+    Raises:
+      ValueError: naming the row and position of a value other than 0/1, of padding on the wrong
+        side of a real token (e.g. a right-padded prompt, or a hole), or of a row without real
+        tokens (unless ``allow_empty``).
+    """
+    m = np.asarray(mask)
+    bad = (m != 0) & (m != 1)
+    if bad.any():
+        idx = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(f"{name}: expected 0/1 values, got {m[idx].item()!r} at {_where(idx)}")
+    m = m.astype(np.int8)
+    if m.shape[-1] > 1:
+        step = np.diff(m, axis=-1)
+        wrong = np.argwhere(step < 0) if side == "left" else np.argwhere(step > 0)
+        if wrong.size:
+            idx = tuple(int(i) for i in wrong[0])
+            at = idx[:-1] + (idx[-1] + 1,) if side == "left" else idx
+            want = "left-padded (zeros before ones, e.g. left_pad())" if side == "left" else "right-padded (ones before zeros)"
+            raise ValueError(f"{name}: padding at {_where(at)} is on the wrong side of a real token; rows must be "
+                             f"{want}, got a {'right' if side == 'left' else 'left'}-padded row or a hole")
+    if not allow_empty:
+        empty = np.argwhere(m.sum(-1) == 0)
+        if empty.size:
+            where = f"row {', '.join(map(str, empty[0]))}" if m.ndim > 1 else "the sequence"
+            raise ValueError(f"{name}: {where} has no real token (all padding)")
+    return m
+
+
 class KVBlock(NamedTuple):
     """Read-only keys/values of earlier tokens for ONE sequence.
 
@@ -178,7 +277,13 @@ def positions_from_mask(mask, offset=0):
 
 
 def embed_tokens(params: Params, ids):
-    """Token embeddings: ids [T] int32 -> [T, d] (no position embedding)."""
+    """Token embeddings: ids [T] int32 -> [T, d] (no position embedding).
+
+    Raises:
+      ValueError: (eager calls only) an id outside ``[0, V)``, naming its position.
+    """
+    if _concrete(ids):
+        check_token_ids("ids", ids, params["embed"].shape[0])
     return jnp.take(params["embed"], ids, axis=0)
 
 
@@ -206,6 +311,13 @@ def hidden_states(
       (h, (k, v)): h [T, d] after the final norm; k, v [L, T, Hkv, D] of this block
       (None when ``return_kv`` is False).
     """
+    if cfg.family == "gpt2" and _concrete(pos, prefix):
+        over = np.flatnonzero(np.asarray(pos) >= cfg.max_position_embeddings)
+        if over.size:
+            i = int(over[0])
+            raise ValueError(f"token {i} of the sequence would get position {int(np.asarray(pos)[i])} "
+                             f"(after {prefix_length(prefix)} prefix-cache tokens), but GPT-2 has "
+                             f"{cfg.max_position_embeddings} learned positions (max_position_embeddings)")
     mask = mask.astype(bool)
     t = x.shape[0]
     causal = jnp.tril(jnp.ones((t, t), bool))

@@ -28,7 +28,7 @@ def greedy_one(
     ids,
     mask,
     max_new_tokens: int,
-    eos_id: int = -1,
+    eos_id=-1,
     pad_id: int = 0,
     prefix: Sequence[KVBlock] = (),
 ):
@@ -40,13 +40,16 @@ def greedy_one(
       ids: [P] int32 prompt.
       mask: [P] 0/1 padding mask.
       max_new_tokens: static number of tokens to produce (>= 1).
-      eos_id: tokens after the first ``eos_id`` are replaced by ``pad_id`` (-1: none).
+      eos_id: int or [K] ints; tokens after the first of them are replaced by ``pad_id`` (-1: none).
       pad_id: filler after EOS.
       prefix: read-only KV blocks before the prompt.
 
     Returns:
       [max_new_tokens] int32 generated ids.
     """
+    if _concrete(ids, mask, prefix):
+        decoder.check_padding("mask", mask, "left")
+        decoder.check_positions(cfg, "ids", int(np.asarray(mask).sum()) + max_new_tokens, decoder.prefix_length(prefix))
     p_len = ids.shape[0]
     offset = sum((jnp.sum(b.mask.astype(jnp.int32)) for b in prefix), 0)
     pos = decoder.positions_from_mask(mask, offset)
@@ -76,7 +79,8 @@ def greedy_one(
 
     _, rest = jax.lax.scan(step, (kc, vc, cmask, cpos, first), jnp.arange(max_new_tokens - 1))
     out = jnp.concatenate([first[None], rest])
-    is_eos = out == eos_id
+    eos = jnp.atleast_1d(jnp.asarray(eos_id, jnp.int32))
+    is_eos = (out[:, None] == eos[None, :]).any(axis=-1)
     after = (jnp.cumsum(is_eos) - is_eos) > 0
     return jnp.where(after, pad_id, out)
 
@@ -98,7 +102,27 @@ def _stack_greedy(params, cfg, ids, mask, max_new_tokens, eos_id, pad_id, prefix
     return jax.vmap(member)(params, prefix)
 
 
-def _validate(cfg, ids, mask, max_new_tokens):
+def _concrete(*xs) -> bool:
+    return not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(xs))
+
+
+def _eos_array(cfg, eos_id) -> jax.Array:
+    """eos_id (None, an int, or a list of ints as in Llama-3 / Qwen2.5 ``generation_config.json``)
+    -> [K] int32 (``[-1]`` for None: never matches)."""
+    if eos_id is None:
+        return jnp.asarray([-1], jnp.int32)
+    e = np.asarray(eos_id)
+    if e.dtype == bool or not np.issubdtype(e.dtype, np.integer) or e.ndim > 1 or e.size == 0:
+        raise ValueError(f"eos_id: expected None, an int or a non-empty list of ints, got {eos_id!r}")
+    e = np.atleast_1d(e)
+    bad = (e < 0) | (e >= cfg.vocab_size)
+    if bad.any():
+        raise ValueError(f"eos_id: {e[bad].tolist()} outside the vocabulary [0, {cfg.vocab_size}) (generation would never stop on it)")
+    return jnp.asarray(e, jnp.int32)
+
+
+def _validate(cfg, ids, mask, max_new_tokens, prefix=None):
+    """Boundary checks of the batched entries (outside jit); every error names the row and position."""
     ids = np.asarray(ids)
     if ids.ndim != 2:
         raise ValueError(f"ids: expected [B, P] int32, got shape {ids.shape}")
@@ -109,14 +133,13 @@ def _validate(cfg, ids, mask, max_new_tokens):
         raise ValueError(f"mask: expected shape {ids.shape}, got {mask.shape}")
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens: expected a positive int, got {max_new_tokens!r}")
-    if ids.min() < 0 or ids.max() >= cfg.vocab_size:
-        raise ValueError(f"token ids must lie in [0, {cfg.vocab_size})")
-    if cfg.family == "gpt2" and ids.shape[1] + max_new_tokens > cfg.max_position_embeddings:
-        raise ValueError(
-            f"prompt length {ids.shape[1]} + max_new_tokens {max_new_tokens} exceeds GPT-2's "
-            f"{cfg.max_position_embeddings} learned positions"
-        )
-    return jnp.asarray(ids, jnp.int32), jnp.asarray(mask, jnp.int32)
+    decoder.check_token_ids("ids", ids, cfg.vocab_size)
+    # the first new token is read from the last prompt slot: a right-padded row would continue
+    # from a padding token (another continuation, silently)
+    m = decoder.check_padding("mask", mask, "left")
+    decoder.check_positions(cfg, f"ids + max_new_tokens={max_new_tokens}", m.sum(-1) + max_new_tokens,
+                            decoder.prefix_length(prefix))
+    return jnp.asarray(ids, jnp.int32), jnp.asarray(m, jnp.int32)
 
 
 def greedy_generate(
@@ -125,7 +148,7 @@ def greedy_generate(
     ids,
     mask=None,
     max_new_tokens: int = 32,
-    eos_id: int | None = None,
+    eos_id: int | Sequence[int] | None = None,
     pad_id: int = 0,
     prefix: KVBlock | None = None,
 ):
@@ -137,15 +160,23 @@ def greedy_generate(
       ids: [B, P] int32 prompts, left-padded.
       mask: [B, P] 0/1 (default all ones).
       max_new_tokens: tokens to produce per prompt.
-      eos_id: tokens after the first EOS become ``pad_id`` (None: no EOS handling).
+      eos_id: an int or a list of ints (the list form of Llama-3 / Qwen2.5
+        ``generation_config.json``): tokens after the first of them become ``pad_id``
+        (None: no EOS handling).
       pad_id: filler id.
       prefix: optional shared-prefix KVBlock (from ``decoder.prefill``) before every prompt.
 
     Returns:
       [B, max_new_tokens] int32.
+
+    Raises:
+      ValueError / TypeError: shapes or dtypes as above; an id outside ``[0, V)``; a mask row that
+        is not left-padded (right padding would continue from a padding token) or has no real
+        token; an ``eos_id`` outside ``[0, V)``; (GPT-2) a row whose prefix-cache + prompt + new
+        tokens exceed ``max_position_embeddings``. Each names the row and position.
     """
-    ids, mask = _validate(cfg, ids, mask, max_new_tokens)
-    eos = jnp.int32(-1 if eos_id is None else eos_id)
+    ids, mask = _validate(cfg, ids, mask, max_new_tokens, prefix)
+    eos = _eos_array(cfg, eos_id)
     return _batch_greedy(params, cfg, ids, mask, max_new_tokens, eos, jnp.int32(pad_id), prefix)
 
 
@@ -155,7 +186,7 @@ def stack_greedy_generate(
     ids,
     mask=None,
     max_new_tokens: int = 32,
-    eos_id: int | None = None,
+    eos_id: int | Sequence[int] | None = None,
     pad_id: int = 0,
     prefix: KVBlock | None = None,
 ):
@@ -168,7 +199,10 @@ def stack_greedy_generate(
 
     Returns:
       [M, B, max_new_tokens] int32.
+
+    Raises:
+      ValueError / TypeError: as ``greedy_generate``.
     """
-    ids, mask = _validate(cfg, ids, mask, max_new_tokens)
-    eos = jnp.int32(-1 if eos_id is None else eos_id)
+    ids, mask = _validate(cfg, ids, mask, max_new_tokens, prefix)
+    eos = _eos_array(cfg, eos_id)
     return _stack_greedy(params, cfg, ids, mask, max_new_tokens, eos, jnp.int32(pad_id), prefix)

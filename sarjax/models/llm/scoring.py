@@ -120,21 +120,29 @@ def stack_target_nll(
       [M, N, Tt] float32 NLLs (0 at padded target tokens).
 
     Raises:
-      ValueError / TypeError: shapes or dtypes not as above.
+      ValueError / TypeError: shapes or dtypes not as above; an id outside ``[0, V)``; a prompt
+        row that is not left-padded or has no real token, a target row that is not right-padded;
+        (GPT-2) a row whose prefix + prompt + target tokens exceed ``max_position_embeddings``.
+        Each names the row and position.
     """
     ids = _check_ids("ids", ids, 2)
     mask = _check_ids("mask", mask, 2)
     if mask.shape != ids.shape:
         raise ValueError(f"mask: expected shape {ids.shape}, got {mask.shape}")
-    target = np.asarray(target)
+    target = _check_ids("target", target, np.ndim(target))
     if target.ndim not in (1, 2) or (target.ndim == 2 and target.shape[0] != ids.shape[0]):
         raise ValueError(f"target: expected [Tt] or [N={ids.shape[0]}, Tt], got shape {target.shape}")
     if target_mask is None:
         target_mask = np.ones(target.shape, np.int32)
     elif np.shape(target_mask) != target.shape:
         raise ValueError(f"target_mask: expected shape {target.shape}, got {np.shape(target_mask)}")
-    if ids.size and (ids.min() < 0 or ids.max() >= cfg.vocab_size or target.min() < 0 or target.max() >= cfg.vocab_size):
-        raise ValueError(f"token ids must lie in [0, {cfg.vocab_size})")
+    decoder.check_token_ids("ids", ids, cfg.vocab_size)
+    decoder.check_token_ids("target", target, cfg.vocab_size)
+    # the target follows the prompt's last slot: prompts left-padded, targets right-padded
+    offset = decoder.prefix_length(prefix)
+    m = decoder.check_padding("mask", mask, "left")
+    tm = decoder.check_padding("target_mask", target_mask, "right", allow_empty=True)
+    decoder.check_positions(cfg, "ids + target", m.sum(-1) + tm.sum(-1), offset)
     return _stack_nll(
         params, cfg, jnp.asarray(ids, jnp.int32), jnp.asarray(mask, jnp.int32),
         jnp.asarray(target, jnp.int32), jnp.asarray(target_mask, jnp.int32), prefix,
@@ -157,7 +165,15 @@ def stack_prefix_cache(params: Params, cfg: DecoderConfig, ids, mask=None) -> KV
 
     Returns:
       KVBlock with k, v [M, L, P, Hkv, D], mask [M, P], pos [M, P].
+
+    Raises:
+      ValueError: an id outside ``[0, V)`` (a cache built from it would make every later score
+        NaN), or (GPT-2) more tokens than ``max_position_embeddings``.
     """
     ids = _check_ids("ids", ids, 1)
     mask = np.ones(ids.shape, np.int32) if mask is None else _check_ids("mask", mask, 1)
+    if mask.shape != ids.shape:
+        raise ValueError(f"mask: expected shape {ids.shape}, got {mask.shape}")
+    decoder.check_token_ids("ids", ids, cfg.vocab_size)
+    decoder.check_positions(cfg, "ids", int(np.asarray(mask != 0).sum()))
     return _stack_prefix(params, cfg, jnp.asarray(ids, jnp.int32), jnp.asarray(mask, jnp.int32))
