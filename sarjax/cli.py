@@ -66,7 +66,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """SAR of the low / medium / high diversity pools on the embedded MNIST."""
     from sarjax.demo import run_demo
 
-    run_demo(args.out, quick=args.quick, cache_dir=args.cache, samples=args.samples, seed=args.seed, data_dir=args.data_dir)
+    run_demo(args.out, quick=args.quick, cache_dir=args.cache, samples=args.samples, seed=args.seed, data_dir=args.data_dir,
+             overwrite=args.overwrite)
     return 0
 
 
@@ -75,7 +76,8 @@ def cmd_sar(args: argparse.Namespace) -> int:
     from sarjax.demo import run_sar_on_saved_pool
 
     run_sar_on_saved_pool(args.pool, args.eps, args.delta, samples=args.samples, out=args.out, data_dir=args.data_dir,
-                          steps=args.steps, restarts=args.restarts, seed=args.seed, conv_impl=args.conv_impl)
+                          steps=args.steps, restarts=args.restarts, seed=args.seed, conv_impl=args.conv_impl,
+                          overwrite=args.overwrite)
     return 0
 
 
@@ -84,16 +86,18 @@ def _register_demo(sub) -> None:
     d.add_argument("--out", default="sarjax-demo", help="output directory (default ./sarjax-demo)")
     d.add_argument("--quick", action="store_true", help="3-minute version: 6 members, 2 epochs, 12 images, 20 steps, 1 restart")
     d.add_argument("--cache", default=None, help="trained-pool cache directory (default OUT/pools)")
-    d.add_argument("--samples", type=_positive_int, default=None, help="test images to attack (default 20, quick 12)")
+    d.add_argument("--samples", type=_positive_int, default=None, help="test images to attack, at most the test split (default 20, quick 12)")
     d.add_argument("--data-dir", default=None, help="directory with MNIST IDX files (default: the embedded 5,000 digits)")
     d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--overwrite", action="store_true",
+                   help="discard an earlier run in OUT (results, plots, checkpoints; the pool cache is kept and checked)")
     d.set_defaults(func=cmd_demo)
 
     s = sub.add_parser("sar", help="SAR_{1-delta} of a saved pool on MNIST test images (joint PGD greedy)")
     s.add_argument("--pool", required=True, help="pool directory written by train-pool")
-    s.add_argument("--eps", type=float, required=True, help="linf budget, > 0 (the paper: 0.05)")
+    s.add_argument("--eps", type=float, required=True, help="linf budget, a finite float > 0 (the paper: 0.05)")
     s.add_argument("--delta", type=float, required=True, help="allowed uncovered share, in [0, 1)")
-    s.add_argument("--samples", type=_positive_int, default=100, help="test images to attack (default 100)")
+    s.add_argument("--samples", type=_positive_int, default=100, help="test images to attack, at most the test split (default 100)")
     s.add_argument("--out", default="sarjax-sar", help="output directory (results.json, sar.png, arrays)")
     s.add_argument("--data-dir", default=None, help="directory with MNIST IDX files (default: embedded)")
     s.add_argument("--steps", type=_positive_int, default=40, help="PGD steps (Table 1: 40)")
@@ -101,6 +105,8 @@ def _register_demo(sub) -> None:
     s.add_argument("--conv-impl", choices=["im2col", "xla", "fused"], default=None,
                    help="convolution formulation for the attack (default: the saved one; fused is the fastest on CPU)")
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--overwrite", action="store_true",
+                   help="discard an earlier run in OUT (a rerun with the same settings resumes; other settings are refused)")
     s.set_defaults(func=cmd_sar)
 
 

@@ -18,6 +18,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
+from sarjax.cover import resume
 from sarjax.cover.metrics import asr as asr_metric
 from sarjax.cover.plots import plot_sar
 from sarjax.cover.result import SARResult
@@ -49,32 +50,60 @@ class DemoSettings:
         return cls(members=6, epochs=2, samples=12, steps=20, restarts=1, seed=seed, quick=True)
 
 
+OUT_HINT = "pass --overwrite to discard it or choose another --out"
+
+
 def validate_sar_args(eps: float, deltas: Sequence[float]) -> None:
-    """Raise ValueError for eps <= 0 or a delta outside [0, 1)."""
+    """Raise ValueError for an eps that is not a finite float > 0 (inf, nan, <= 0) or a delta
+    outside [0, 1)."""
     if not np.isfinite(eps) or eps <= 0:
-        raise ValueError(f"eps must be > 0, got {eps}")
+        raise ValueError(f"eps must be a finite float > 0, got {eps}")
     for d in deltas:
         if not 0.0 <= d < 1.0:
             raise ValueError(f"delta must be in [0, 1), got {d}")
 
 
-def get_pool(preset: str, data: Split, s: DemoSettings, cache_dir: Path | None, progress: bool = True) -> tuple[Pool, dict]:
-    """Load a preset pool from the cache directory, or train it (and cache it)."""
+def pool_settings(preset: str, data: Split, s: DemoSettings) -> dict[str, Any]:
+    """What a cached demo pool must have been trained with (checked on every cache hit)."""
+    return {"preset": preset, "members": s.members, "epochs": s.epochs, "seed": s.seed, "data": data.source,
+            "sarjax_version": resume.sarjax_version()}
+
+
+def get_pool(preset: str, data: Split, s: DemoSettings, cache_dir: Path | None, progress: bool = True, *,
+             retrain_on_mismatch: bool = False) -> tuple[Pool, dict]:
+    """Load a preset pool from the cache directory, or train it (and cache it).
+
+    A cached pool is used only when the settings it was trained with (:func:`pool_settings`:
+    preset, members, epochs, seed, data source, sarjax version) equal this run's. Otherwise a
+    ValueError names the settings that differ, or, with ``retrain_on_mismatch`` (the demo's
+    default cache), the pool is retrained and the reason printed. An unreadable cache entry is
+    retrained either way.
+    """
     digest = hashlib.sha1(data.source.encode()).hexdigest()[:8]
     tag = f"{preset}-m{s.members}-e{s.epochs}-s{s.seed}-{digest}"
     path = cache_dir / tag if cache_dir is not None else None
+    want = pool_settings(preset, data, s)
     if path is not None and (path / "pool.json").exists():
         try:
             pool, cfg = load_pool(path)
-            print(f"[{preset}] loaded cached pool {path}")
-            return pool, cfg
         except CheckpointError as e:
             print(f"[{preset}] cache unusable ({e}); retraining")
+        else:
+            got = {k: cfg[k] for k in want if k in cfg}
+            got["members"] = pool.num_members  # what the cache holds, whatever its config says
+            diff = resume.differing_fields(got, want)
+            if not diff:
+                print(f"[{preset}] loaded cached pool {path}")
+                return pool, cfg
+            reason = resume.mismatch_reason(f"cached pool {path}", got, want, diff).replace(
+                "was written with", "was trained with", 1)
+            if not retrain_on_mismatch:
+                raise ValueError(f"{reason}; delete it or choose another --cache")
+            print(f"[{preset}] {reason}; retraining")
     t0 = time.time()
     pool, info = train_pool(preset_members(preset, s.members, s.seed), data.x_train, data.y_train,
                             config=TrainConfig(epochs=s.epochs), names=preset_names(preset, s.members), progress=progress)
-    cfg = {"preset": preset, "members": s.members, "epochs": s.epochs, "seed": s.seed, "data": data.source,
-           "history": info, "train_seconds": time.time() - t0}
+    cfg = {**want, "history": info, "train_seconds": time.time() - t0}
     if path is not None:
         try:
             save_pool(pool, path, cfg)
@@ -215,17 +244,68 @@ def print_table(records: dict[str, dict], eps: float) -> None:
     Console(width=200).print(t)
 
 
+def check_samples(samples: int, data: Split) -> None:
+    """Raise ValueError unless ``1 <= samples <= `` the test images available in ``data``."""
+    n = len(data.x_test)
+    if samples < 1 or samples > n:
+        raise ValueError(f"samples must be in [1, {n}] (the test images in {data.source}), got {samples}")
+
+
+def open_output(out: Path, fingerprint: dict[str, Any], overwrite: bool, owned: Sequence[str],
+                allow: Sequence[str] = ()) -> dict[str, Any] | None:
+    """Check (or write) ``out/fingerprint.json`` before a command reads or writes results there.
+
+    Args:
+      out: the command's output directory (created).
+      fingerprint: this run's settings (:mod:`sarjax.cover.resume`).
+      overwrite: first delete ``owned`` (the command's own files and folders, glob patterns).
+      owned: what the command writes under ``out``; nothing else is ever deleted.
+      allow: fingerprint fields the caller handles itself when they differ.
+
+    Returns:
+      The stored fingerprint, or None when ``out`` held no run (then this run's is written).
+
+    Raises:
+      ValueError: ``out`` holds a run with other settings (naming each) or results without a
+        fingerprint; the message says ``--overwrite`` or another ``--out``.
+    """
+    if overwrite and out.is_dir():
+        removed = resume.remove_paths(out, owned)
+        if removed:
+            print(f"--overwrite: removed {', '.join(sorted(p.name for p in removed))} from {out}")
+    out.mkdir(parents=True, exist_ok=True)
+    holds = any(any(out.glob(n)) for n in owned if n != resume.FINGERPRINT_FILE)
+    stored = resume.check_fingerprint(out, fingerprint, hint=OUT_HINT, holds_results=holds, allow=allow)
+    if stored is None:
+        resume.write_fingerprint(out, fingerprint)
+    return stored
+
+
+DEMO_OUTPUTS = (resume.FINGERPRINT_FILE, "results.json", "sar_*", "checkpoint")  # not pools/: a cache
+
+
 def run_demo(out: str | Path = "sarjax-demo", *, quick: bool = False, cache_dir: str | Path | None = None,
-             samples: int | None = None, seed: int = 0, data_dir: str | None = None, progress: bool = True) -> dict:
+             samples: int | None = None, seed: int = 0, data_dir: str | None = None, progress: bool = True,
+             overwrite: bool = False) -> dict:
     """Train (or load) the three diversity pools, measure SAR and ASR, write results.json and plots.
+
+    ``out/fingerprint.json`` records the settings (members, epochs, samples, eps, steps, restarts,
+    seed, data, the attacked images, sarjax version); each pool's SAR greedy checkpoints every
+    round under ``out/checkpoint/<preset>`` (with its own fingerprint, the pool's content hash
+    included), so an interrupted demo resumes, and a rerun with other settings into the same
+    ``out`` stops with an error naming them instead of mixing two runs.
 
     Args:
       out: output directory (results.json, sar_by_pool.png, sar_<pool>.png).
       quick: the 3-minute version (6 members, 2 epochs, 12 samples, 20 steps, 1 restart).
-      cache_dir: where trained pools are cached (default ``<out>/pools``).
-      samples: override the number of test images attacked.
+      cache_dir: where trained pools are cached (default ``<out>/pools``). A cached pool trained
+        with other settings is retrained (default cache, the reason printed) or refused (a cache
+        given here; :func:`get_pool`).
+      samples: override the number of test images attacked (at most the test images available).
       seed: seed of the pools and the attacks.
       data_dir: MNIST IDX directory (default: the embedded 5,000 digits).
+      overwrite: delete an earlier run's results, plots, checkpoints and fingerprint in ``out``
+        first (the pool cache is kept: it is checked per pool).
 
     Returns:
       The results dict written to ``results.json``.
@@ -236,23 +316,30 @@ def run_demo(out: str | Path = "sarjax-demo", *, quick: bool = False, cache_dir:
             raise ValueError(f"samples must be >= 1, got {samples}")
         s = DemoSettings(**{**s.__dict__, "samples": samples})
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     cache = Path(cache_dir) if cache_dir is not None else out / "pools"
     t0 = time.time()
     data = load_mnist(data_dir)
+    check_samples(s.samples, data)
+    x = data.x_test[: s.samples]
+    deltas = [round(1.0 - c, 10) for c in COVERAGES]
+    fingerprint = {"kind": "demo", "sarjax_version": resume.sarjax_version(), **s.__dict__,
+                   "coverages": list(COVERAGES), "data": data.source, "images": resume.array_digest(x)}
+    open_output(out, fingerprint, overwrite, DEMO_OUTPUTS)
     if s.quick:
         print(f"QUICK MODE: {s.members} members per pool, {s.epochs} epochs, {s.samples} test images, "
               f"{s.steps} PGD steps x {s.restarts} restart(s) (the paper: 20 members, 40 steps x 3 restarts)")
     print(f"data: {data.summary()}; attacking the first {s.samples} test images at eps={s.eps}")
-    x = data.x_test[: s.samples]
-    deltas = [round(1.0 - c, 10) for c in COVERAGES]
     records, results = {}, {}
     for preset in PRESETS:
-        pool, _ = get_pool(preset, data, s, cache, progress)
+        pool, _ = get_pool(preset, data, s, cache, progress, retrain_on_mismatch=cache_dir is None)
         acc = pool.accuracy(data.x_test, data.y_test)
         print(f"[{preset}] {pool}: mean test accuracy {acc.mean():.4f}")
-        res, member_asr = evaluate_pool(pool, x, s.eps, deltas, steps=s.steps, restarts=s.restarts,
-                                        key=jax.random.key(s.seed), progress=progress)
+        try:
+            res, member_asr = evaluate_pool(pool, x, s.eps, deltas, steps=s.steps, restarts=s.restarts,
+                                            key=jax.random.key(s.seed), progress=progress,
+                                            checkpoint_dir=out / "checkpoint" / preset)
+        except resume.FingerprintMismatch as e:  # e.g. the pool was retrained to other floats
+            raise ValueError(f"{e.reason}; {OUT_HINT}") from None
         records[preset] = pool_record(pool, acc, member_asr, res)
         results[preset] = res
         res.save(out / f"sar_{preset}")
@@ -274,13 +361,24 @@ def run_demo(out: str | Path = "sarjax-demo", *, quick: bool = False, cache_dir:
     return doc
 
 
+SAR_OUTPUTS = (resume.FINGERPRINT_FILE, "results.json", "sar", "sar.png", "checkpoint")
+
+
 def run_sar_on_saved_pool(pool_dir: str, eps: float, delta: float, *, samples: int = 100, out: str = "sarjax-sar",
                           data_dir: str | None = None, steps: int = 40, restarts: int = 3, seed: int = 0,
-                          progress: bool = True, conv_impl: str | None = None) -> dict:
+                          progress: bool = True, conv_impl: str | None = None, overwrite: bool = False) -> dict:
     """SAR_{1-delta} of a saved pool on the first ``samples`` MNIST test images; writes OUT/results.json.
 
     ``conv_impl`` (e.g. ``"fused"``, the fastest joint attack on CPU) re-wraps the pool's
     convolutional stacks before the attack (:meth:`Pool.with_conv_impl`); None keeps the saved one.
+
+    ``OUT/fingerprint.json`` records what changes the result (pool content hash, conv impl, data
+    source, the attacked images, eps, delta, steps, restarts, seed, sarjax version). A rerun into
+    the same OUT resumes the checkpoint (``OUT/checkpoint``) only when they match; otherwise a
+    ValueError names the settings that differ. Another ``delta`` on a finished OUT is read off
+    the stored coverage order when it determines it (:func:`sarjax.cover.resume.rederive`), else
+    the error names the samples. ``overwrite`` deletes OUT's results, checkpoint and fingerprint
+    first.
     """
     validate_sar_args(eps, [delta])
     if samples < 1:
@@ -291,11 +389,28 @@ def run_sar_on_saved_pool(pool_dir: str, eps: float, delta: float, *, samples: i
     data = load_mnist(data_dir)
     if tuple(pool.input_shape) != data.x_test.shape[1:]:
         raise ValueError(f"the pool takes inputs of shape {pool.input_shape}, the data has {data.x_test.shape[1:]}")
+    check_samples(samples, data)
     x = data.x_test[:samples]
     outp = Path(out)
-    outp.mkdir(parents=True, exist_ok=True)
-    res, member_asr = evaluate_pool(pool, x, eps, [delta], steps=steps, restarts=restarts, key=jax.random.key(seed),
-                                    progress=progress, checkpoint_dir=outp / "checkpoint")
+    fingerprint = {"kind": "sar", "sarjax_version": resume.sarjax_version(), **resume.pool_fingerprint(pool),
+                   "data": data.source, "samples": samples, "images": resume.array_digest(x), "eps": float(eps),
+                   "delta": float(delta), "steps": steps, "restarts": restarts, "seed": seed}
+    stored = open_output(outp, fingerprint, overwrite, SAR_OUTPUTS, allow=("delta",))
+    if stored is not None and stored["delta"] != float(delta):  # read it off the finished run, or stop here
+        if not ((outp / "results.json").exists() and (outp / "sar" / "result.json").exists()):
+            raise ValueError(f"{resume.mismatch_reason(outp, stored, fingerprint, ['delta'])}, and another delta is "
+                             f"read off a finished run only (rerun with --delta {stored['delta']:g} to finish it "
+                             f"first); {OUT_HINT}")
+        try:
+            resume.rederive(SARResult.load(outp / "sar"), [delta])
+        except ValueError as e:
+            raise ValueError(f"{outp}: {e}; {OUT_HINT}") from None
+        print(f"{outp}: delta={delta:g} read off the finished run at delta={stored['delta']:g} (same coverage order)")
+    try:
+        res, member_asr = evaluate_pool(pool, x, eps, [delta], steps=steps, restarts=restarts, key=jax.random.key(seed),
+                                        progress=progress, checkpoint_dir=outp / "checkpoint")
+    except resume.FingerprintMismatch as e:
+        raise ValueError(f"{e.reason}; {OUT_HINT}") from None
     acc = pool.accuracy(data.x_test, data.y_test)
     rec = pool_record(pool, acc, member_asr, res)
     doc = {"pool": str(pool_dir), "eps": eps, "delta": delta, "samples": samples, "steps": steps, "restarts": restarts,

@@ -37,12 +37,15 @@ class FingerprintMismatch(ValueError):
     """A directory holds a run written with other settings than this run's.
 
     Attributes:
+        reason: the message without its hint (what differs), for callers that word the ways on
+            in their own terms (``--overwrite`` rather than ``overwrite=True``).
         differing: names of the fingerprint fields that differ.
         stored: the fingerprint found in the directory.
     """
 
-    def __init__(self, message: str, differing: Sequence[str], stored: dict[str, Any]):
-        super().__init__(message)
+    def __init__(self, reason: str, hint: str, differing: Sequence[str], stored: dict[str, Any]):
+        super().__init__(f"{reason}; {hint}")
+        self.reason = reason
         self.differing = tuple(differing)
         self.stored = stored
 
@@ -133,13 +136,13 @@ def differing_fields(stored: dict[str, Any], fp: dict[str, Any]) -> list[str]:
     return [k for k in list(b) + [k for k in a if k not in b] if a.get(k, _MISSING) != b.get(k, _MISSING)]
 
 
-def mismatch_message(directory: str | os.PathLike, stored: dict[str, Any], fp: dict[str, Any],
-                     differing: Sequence[str], hint: str) -> str:
-    """``DIR was written with eps=0.04, this run has eps=0.3; HINT`` (every differing field)."""
+def mismatch_reason(directory: str | os.PathLike, stored: dict[str, Any], fp: dict[str, Any],
+                    differing: Sequence[str]) -> str:
+    """``DIR was written with eps=0.04, this run has eps=0.3`` (every differing field)."""
     a, b = _normal(stored), _normal(fp)
     old = ", ".join(_name(k, a.get(k, _MISSING)) for k in differing)
     new = ", ".join(_name(k, b.get(k, _MISSING)) for k in differing)
-    return f"{directory} was written with {old}, this run has {new}; {hint}"
+    return f"{directory} was written with {old}, this run has {new}"
 
 
 def read_fingerprint(directory: str | os.PathLike) -> dict[str, Any] | None:
@@ -197,13 +200,13 @@ def check_fingerprint(directory: str | os.PathLike, fp: dict[str, Any], *, hint:
         if holds_results:
             raise FingerprintMismatch(
                 f"{directory} holds results without a {FINGERPRINT_FILE} (written by an older "
-                f"sarjax), so their settings cannot be checked; {hint}", (), {})
+                f"sarjax), so their settings cannot be checked", hint, (), {})
         return None
     want = {"format": FORMAT, **fp}
     diff = differing_fields(stored, want)
     bad = [k for k in diff if k not in set(allow)]
     if bad:
-        raise FingerprintMismatch(mismatch_message(directory, stored, want, bad, hint), bad, stored)
+        raise FingerprintMismatch(mismatch_reason(directory, stored, want, bad), hint, bad, stored)
     return stored
 
 
