@@ -2,8 +2,8 @@
 
 See docs/attacks.md.  Every public attack is a factory (optax-style) that
 closes over hyperparameters and returns
-``fn(params, x0, ref, mask=None, key=None, *, eps=None, max_queries=None, x_init=None)
--> AttackResult``, audited against ``x0``.
+``fn(params, x0, ref, mask=None, key=None, *, eps=None, max_queries=None, x_init=None,
+sample_ids=None) -> AttackResult``, audited against ``x0``.
 """
 
 from sarjax.attacks import geometry, queries
@@ -19,7 +19,7 @@ from sarjax.attacks.pgd import make_pgd
 from sarjax.attacks.result import AttackResult
 from sarjax.attacks.rounds import make_rounds
 from sarjax.attacks.square import make_square
-from sarjax.attacks.threat import Threat, canonical_norm
+from sarjax.attacks.threat import Threat, canonical_norm, check_labels
 
 # minimum-norm attacks (docs/minnorm.md): each module has spec(**hp) and an attack of its name, e.g. fmn.fmn(f, x0, y, key, *, norm)
 from sarjax.attacks import alma, apgd_min, ddn, fab, fmn, minnorm, pdgd, pdpgd, sigma_zero  # noqa: E402
@@ -27,6 +27,7 @@ from sarjax.attacks.minnorm import MinNormResult  # noqa: E402
 
 __all__ = [
     "AttackResult", "AuditReport", "Threat", "attack_members", "audit", "canonical_norm", "check",
+    "check_labels",
     "dual_norm", "geometry", "make_apgd", "make_apgd_t", "make_fgsm", "make_joint_pgd",
     "make_member_attack", "make_mifgsm", "make_pgd", "make_rounds", "make_square", "norm",
     "project", "queries", "random_in_ball", "steepest", "with_input_noise",

@@ -32,7 +32,7 @@ from sarjax.attacks import queries as Q
 from sarjax.attacks.audit import check
 from sarjax.attacks.losses import LOSSES, fooled, member_loss
 from sarjax.attacks.result import AttackResult
-from sarjax.attacks.threat import Threat
+from sarjax.attacks.threat import Threat, check_labels
 
 
 class Evaluation(NamedTuple):
@@ -133,7 +133,38 @@ def update_best(best: Best, x: jax.Array, ev: Evaluation, valid) -> Best:
     return select(valid & better(ev, best.ev), Best(x, ev), best)
 
 
-EOT_SALT = 0x0E07  # folded into the attack key for the EOT draws (independent of the random starts)
+# Per-sample streams are ``fold_in(key, sample_id)`` with sample ids in [0, 2**31); the other
+# streams of an attack key are folded in with constants above that range, so no sample's stream
+# can coincide with them (0x0E07, the old EOT salt, was sample 3591's stream).
+SAMPLE_ID_LIMIT = 2 ** 31
+EOT_SALT = 0xE07E_0E07  # folded into the attack key for the EOT draws (independent of the random starts)
+
+
+def sample_keys(key, sample_ids, batch: int):
+    """Per-sample keys ``[B]``: ``fold_in(key, sample_id)``, so a sample's random stream depends on
+    its index in the data set, never on its position in the batch (chunking, padding, sharding
+    and resume give the same draws).  ``sample_ids=None``: ``arange(B)`` (with JAX's partitionable
+    threefry, the default, this equals the former ``split(key, B)``)."""
+    sid = jnp.arange(batch, dtype=jnp.int32) if sample_ids is None else jnp.asarray(sample_ids)
+    return jax.vmap(lambda s: jax.random.fold_in(key, s))(sid.astype(jnp.uint32))
+
+
+def check_sample_ids(sample_ids, batch: int):
+    """Validates ``sample_ids`` (``None`` or int ``[B]`` in ``[0, 2**31)``); returns int32 ``[B]``.
+
+    Duplicates are allowed (padding rows repeat a real sample's id and draw its stream)."""
+    if sample_ids is None:
+        return jnp.arange(batch, dtype=jnp.int32)
+    a = np.asarray(sample_ids)
+    if not np.issubdtype(a.dtype, np.integer):
+        raise TypeError(f"sample_ids must be int [B] (each sample's index in the data set), got dtype {a.dtype}")
+    if a.shape != (batch,):
+        raise ValueError(f"sample_ids must have shape [{batch}] (one per sample), got {a.shape}")
+    bad = np.flatnonzero((a < 0) | (a >= SAMPLE_ID_LIMIT))
+    if bad.size:
+        raise ValueError(f"sample_ids must lie in [0, 2**31): samples {bad[:10].tolist()} have "
+                         f"{a[bad[:10]].tolist()}")
+    return jnp.asarray(a, jnp.int32)
 
 
 def check_eot(eot) -> int:
@@ -348,7 +379,8 @@ def check_step(step_size):
 # ---------------------------------------------------------------- the kernel
 
 @partial(jax.jit, static_argnums=0)
-def gradient_kernel(cfg: Config, params, x0, ref, mask, eps, cap, key, x_init, has_init) -> AttackResult:
+def gradient_kernel(cfg: Config, params, x0, ref, mask, eps, cap, key, x_init, has_init,
+                    sample_ids=None) -> AttackResult:
     """Batch kernel of the step-rule attacks (FGSM, PGD, MI-FGSM, joint PGD).
 
     The model runs once per step on the whole batch; the update, projection,
@@ -359,10 +391,11 @@ def gradient_kernel(cfg: Config, params, x0, ref, mask, eps, cap, key, x_init, h
       cfg: static :class:`Config`.
       params: model parameters (pytree), passed to ``cfg.apply``.
       x0: ``[B, *S]``; ref: ``[B, M]`` int32; mask: ``[B, M]`` float32;
-      eps: ``[B]``; cap: ``[B]`` int32; key: PRNG key (sample b uses
-      ``fold_in(split(key, B)[b], restart)``);
+      eps: ``[B]``; cap: ``[B]`` int32; key: PRNG key (sample b's random start of restart r
+      uses ``fold_in(fold_in(key, sample_ids[b]), r)``);
       x_init: ``[B, *S]`` warm start for the first restart, used where the
       scalar bool ``has_init`` is set, after projection onto the ball of x0.
+      sample_ids: ``[B]`` int32, each sample's index in the data set (default ``arange(B)``).
     """
     p, box = cfg.p, cfg.box
     B, M = ref.shape
@@ -386,7 +419,7 @@ def gradient_kernel(cfg: Config, params, x0, ref, mask, eps, cap, key, x_init, h
         src = jnp.zeros_like(ref)
     _, ev0 = evaluate(params, x0, ref, mask, src, clean_key)
     count = jnp.full((B,), eot * M, jnp.int32)
-    keys = jax.random.split(key, B)
+    keys = sample_keys(key, sample_ids, B)
     proj = jax.vmap(lambda x, c, e: G.project(x, c, e, p, box))
     warm = proj(x_init, x0, eps)  # always inside the ball of x0
 
@@ -426,27 +459,49 @@ def gradient_kernel(cfg: Config, params, x0, ref, mask, eps, cap, key, x_init, h
                         best_success=best.ev.success, best_objective=best.ev.obj)
 
 
+def logits_shape(apply: Callable, params, x0: jax.Array) -> tuple[int, int]:
+    """``(M, C)``: the member count of ``apply`` on ``x0`` (1 for ``[B, C]`` logits) and its number
+    of classes (the logits' last axis), found by tracing only (``jax.eval_shape``, no compute).
+
+    Raises ValueError naming the expected and the given input shape when ``apply`` is bound to a
+    model with an ``input_shape`` (``Pool.apply``, ``Arch.apply``) that ``x0`` does not match, or
+    when ``apply`` cannot trace ``x0`` at all."""
+    want = getattr(getattr(apply, "__self__", None), "input_shape", None)
+    expected = f"[B, {', '.join(map(str, want))}]" if want is not None else "the shape the model takes"
+    if want is not None and tuple(np.shape(x0)[1:]) != tuple(want):
+        raise ValueError(f"x0 must have shape {expected}, got {list(np.shape(x0))}")
+    try:
+        shape = jax.eval_shape(apply, params, x0).shape
+    except (TypeError, ValueError) as e:
+        first = (str(e).splitlines() or [""])[0]
+        raise ValueError(f"the model cannot take x0 of shape {list(np.shape(x0))} (expected {expected}): "
+                         f"{type(e).__name__}: {first}") from e
+    return (int(shape[0]) if len(shape) == 3 else 1), int(shape[-1])
+
+
 def members_of(apply: Callable, params, x0: jax.Array) -> int:
     """The member count ``M`` of ``apply`` on ``x0`` (1 for ``[B, C]`` logits), found by tracing only."""
-    shape = jax.eval_shape(apply, params, x0).shape
-    return int(shape[0]) if len(shape) == 3 else 1
+    return logits_shape(apply, params, x0)[0]
 
 
-def public(kernel, *, name, p, default_eps, box, audit_output=True, apply=None, eot=1):
-    """Wraps ``kernel(params, x0, ref, mask, eps, cap, key, x_init, has_init)`` into the validated,
-    audited public entry point (see :func:`sarjax.attacks.pgd.make_pgd`).
+def public(kernel, *, name, p, default_eps, box, audit_output=True, apply=None, eot=1, ref_name="labels"):
+    """Wraps ``kernel(params, x0, ref, mask, eps, cap, key, x_init, has_init, sample_ids)`` into the
+    validated, audited public entry point (see :func:`sarjax.attacks.pgd.make_pgd`).
 
     With ``apply`` given, labels ``[B]`` and no mask are shared by every member ``apply`` returns
-    (``ref`` is broadcast to ``[B, M]``).  With ``eot > 1``, ``apply`` is stochastic,
-    ``apply(params, x, key)``.
+    (``ref`` is broadcast to ``[B, M]``), and every label must be a class of ``apply``'s logits
+    (:func:`sarjax.attacks.threat.check_labels`; ``ref_name`` names them in the error).  With
+    ``eot > 1``, ``apply`` is stochastic, ``apply(params, x, key)``.
     """
 
     def fn(params, x0, ref, mask=None, key=None, *, eps=None, max_queries=None,
-           x_init=None) -> AttackResult:
+           x_init=None, sample_ids=None) -> AttackResult:
         x0n, refn, maskn, eps_arr = normalize_inputs(x0, ref, mask, eps, default_eps, box, p)
-        if apply is not None and refn.shape[1] == 1:
-            m_apply = members_of(at_key(apply, eot, jax.random.PRNGKey(0)), params, x0n)
-            if m_apply > 1:
+        sid = check_sample_ids(sample_ids, x0n.shape[0])
+        if apply is not None:
+            m_apply, n_classes = logits_shape(at_key(apply, eot, jax.random.PRNGKey(0)), params, x0n)
+            check_labels(refn, n_classes, name=ref_name)
+            if refn.shape[1] == 1 and m_apply > 1:
                 refn = jnp.broadcast_to(refn, (refn.shape[0], m_apply))
                 maskn = jnp.broadcast_to(maskn, refn.shape)
         if key is None:
@@ -464,7 +519,7 @@ def public(kernel, *, name, p, default_eps, box, audit_output=True, apply=None, 
             if xi.shape != x0n.shape:
                 raise ValueError(f"x_init must have the shape of x0 {x0n.shape}, got {xi.shape}")
             has = jnp.asarray(True)
-        res = kernel(params, x0n, refn, maskn, eps_arr, cap, key, xi, has)
+        res = kernel(params, x0n, refn, maskn, eps_arr, cap, key, xi, has, sid)
         if audit_output:
             threat = Threat(p, np.asarray(eps_arr), box)
             check(x0n, res.x_adv, threat, what=f"{name} (x_adv)")

@@ -149,7 +149,8 @@ def _losses(cfg, z, leave, target):
 
 
 @partial(jax.jit, static_argnums=0)
-def apgd_kernel(cfg: ApgdConfig, params, x0, ref, mask, eps, cap, key, x_init, has_init) -> AttackResult:
+def apgd_kernel(cfg: ApgdConfig, params, x0, ref, mask, eps, cap, key, x_init, has_init,
+                sample_ids=None) -> AttackResult:
     """Batch APGD / APGD-T kernel; arguments as :func:`sarjax.attacks._engine.gradient_kernel`.
 
     The model runs once per iteration on the whole batch; the step, the
@@ -190,7 +191,7 @@ def apgd_kernel(cfg: ApgdConfig, params, x0, ref, mask, eps, cap, key, x_init, h
     leave = order[..., 0].astype(jnp.int32) if cfg.hit_target else ref
     _, ev0 = evaluate(params, x0, ref, mask, leave, ref, clean_key)
     count = jnp.full((B,), eot * M, jnp.int32)
-    keys = jax.random.split(key, B)
+    keys = E.sample_keys(key, sample_ids, B)   # run r's random start: fold_in(keys[b], r)
     warm = jax.vmap(lambda x, c, e: G.project(x, c, e, p, box))(x_init, x0, eps)
     zo = jnp.where(jax.nn.one_hot(ref, z0.shape[-1], dtype=bool), -jnp.inf, z0)
     ranked = jnp.argsort(-zo, axis=-1).astype(jnp.int32)     # other classes by clean logit
@@ -338,7 +339,8 @@ def make_apgd(apply: Callable, *, norm="linf", eps=None, n_iter: int = 100, rest
     cfg = ApgdConfig(apply, p, n_iter, restarts, kind, 0, targeted, float(rho), float(momentum),
                      float(step0), tuple(float(b) for b in box), _check_topk(l1_topk), E.check_eot(eot))
     return E.public(partial(apgd_kernel, cfg), name=f"apgd-{kind}", p=p, default_eps=eps, box=box,
-                    audit_output=audit, apply=apply, eot=cfg.eot)
+                    audit_output=audit, apply=apply, eot=cfg.eot,
+                    ref_name="targets" if targeted else "labels")
 
 
 def make_apgd_t(apply: Callable, *, norm="linf", eps=None, n_iter: int = 100, n_targets: int = 9,
@@ -385,11 +387,11 @@ def _check_topk(topk):
     return float(topk)
 
 
-def _apgd_t_kernel(cfg, params, x0, ref, mask, eps, cap, key, x_init, has_init):
+def _apgd_t_kernel(cfg, params, x0, ref, mask, eps, cap, key, x_init, has_init, sample_ids=None):
     # n_targets is capped at C - 1 once C is known (trace time).
     apply = E.at_key(cfg.apply, cfg.eot, jax.random.PRNGKey(0))
     C = jax.eval_shape(lambda x: E.batch_logits(apply, params, x), x0[:1]).shape[-1]
     return apgd_kernel(cfg._replace(n_targets=min(cfg.n_targets, C - 1)), params, x0, ref, mask, eps,
-                       cap, key, x_init, has_init)
+                       cap, key, x_init, has_init, sample_ids)
 
 

@@ -42,4 +42,4 @@ def make_fgsm(apply: Callable, *, norm="linf", eps=None, loss: str = "ce", targe
                    eot=E.check_eot(eot))
     kernel = partial(E.gradient_kernel, cfg)
     return E.public(kernel, name="fgsm", p=p, default_eps=eps, box=box, audit_output=audit, apply=apply,
-                    eot=cfg.eot)
+                    eot=cfg.eot, ref_name="targets" if targeted else "labels")

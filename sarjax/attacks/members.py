@@ -20,12 +20,12 @@ from sarjax.attacks import _engine as E
 from sarjax.attacks import queries as Q
 from sarjax.attacks.audit import check
 from sarjax.attacks.result import AttackResult
-from sarjax.attacks.threat import Threat, canonical_norm
+from sarjax.attacks.threat import Threat, canonical_norm, check_labels
 
 
 def make_member_attack(member_apply: Callable, factory: Callable, *, norm="linf", box=(0.0, 1.0),
                        **hp: Any) -> Callable:
-    """Builds ``fn(stacked_params, x0, labels, key, *, eps, max_queries=None) -> AttackResult``.
+    """Builds ``fn(stacked_params, x0, labels, key, *, eps, max_queries=None, sample_ids=None) -> AttackResult``.
 
     Args:
       member_apply: ``apply(member_params, x [B, *S]) -> logits [B, C]`` for ONE member.
@@ -36,8 +36,9 @@ def make_member_attack(member_apply: Callable, factory: Callable, *, norm="linf"
 
     Returns:
       ``fn(stacked_params (leaves [K, ...]), x0 [B, *S], labels [B] or [K, B] int
-      (true labels, each member's clean predictions, or targets), key, *, eps
-      (scalar or [B]), max_queries=None) -> AttackResult`` whose fields have a
+      (true labels, each member's clean predictions, or targets; each in ``[0, C)``), key, *,
+      eps (scalar or [B]), max_queries=None, sample_ids=None ([B] int, each sample's index in
+      the data set; its random stream is ``fold_in(member key, sample_id)``)) -> AttackResult`` whose fields have a
       leading member axis: ``x_adv [K, B, *S]``, ``success [K, B]``,
       ``objective [K, B]``, ``queries [K, B]``, ...  Every member's outputs are
       audited against ``x0``.
@@ -46,12 +47,12 @@ def make_member_attack(member_apply: Callable, factory: Callable, *, norm="linf"
     kernel = single.kernel
     p = canonical_norm(norm)
 
-    def per_member(params, x0, ref, mask, eps, cap, key, x_init, has):
-        return kernel(params, x0, ref, mask, eps, cap, key, x_init, has)
+    def per_member(params, x0, ref, mask, eps, cap, key, x_init, has, sid):
+        return kernel(params, x0, ref, mask, eps, cap, key, x_init, has, sid)
 
-    batched = jax.jit(jax.vmap(per_member, in_axes=(0, None, 0, None, None, None, 0, None, None)))
+    batched = jax.jit(jax.vmap(per_member, in_axes=(0, None, 0, None, None, None, 0, None, None, None)))
 
-    def fn(stacked_params, x0, labels, key=None, *, eps, max_queries=None) -> AttackResult:
+    def fn(stacked_params, x0, labels, key=None, *, eps, max_queries=None, sample_ids=None) -> AttackResult:
         K = {np.shape(l)[0] for l in jax.tree.leaves(stacked_params)}
         if len(K) != 1:
             raise ValueError(f"stacked params must share one leading member axis, got sizes {K}")
@@ -63,12 +64,17 @@ def make_member_attack(member_apply: Callable, factory: Callable, *, norm="linf"
             lab = jnp.broadcast_to(lab[None], (K, B))
         if lab.shape != (K, B):
             raise ValueError(f"labels must have shape [B] or [K, B] = [{K}, {B}], got {lab.shape}")
+        one = jax.tree.map(lambda a: a[0], stacked_params)
+        _, n_classes = E.logits_shape(E.at_key(member_apply, int(hp.get("eot", 1)), jax.random.PRNGKey(0)), one, x0n)
+        targeted = bool(hp.get("targeted", False))
+        check_labels(np.asarray(lab).T, n_classes, name="targets" if targeted else "labels")
+        sid = E.check_sample_ids(sample_ids, B)
         ref = lab.astype(jnp.int32)[..., None]               # [K, B, 1]
         mask = jnp.ones((B, 1), jnp.float32)
         cap = Q.normalize_cap(max_queries, B)
         key = jax.random.PRNGKey(0) if key is None else key
         keys = jax.vmap(lambda k: jax.random.fold_in(key, k))(jnp.arange(K))
-        res = batched(stacked_params, x0n, ref, mask, eps_arr, cap, keys, x0n, jnp.asarray(False))
+        res = batched(stacked_params, x0n, ref, mask, eps_arr, cap, keys, x0n, jnp.asarray(False), sid)
         res = res._replace(success=res.success[..., 0], member_loss=res.member_loss[..., 0],
                            best_success=res.best_success[..., 0])
         threat = Threat(p, np.asarray(eps_arr), box)
@@ -81,7 +87,7 @@ def make_member_attack(member_apply: Callable, factory: Callable, *, norm="linf"
 
 
 def attack_members(pool, factory: Callable, x0, labels, key=None, *, eps, norm="linf",
-                   max_queries=None, **hp: Any) -> AttackResult:
+                   max_queries=None, sample_ids=None, **hp: Any) -> AttackResult:
     """Attacks every member of a :class:`sarjax.models.pool.Pool` independently.
 
     One compiled call per stack (vmapped over that stack's members),
@@ -91,11 +97,14 @@ def attack_members(pool, factory: Callable, x0, labels, key=None, *, eps, norm="
       pool: a Pool (``pool.stacks``, each with ``arch.apply`` and stacked ``params``).
       factory: attack factory, e.g. :func:`sarjax.attacks.pgd.make_pgd`.
       x0: ``[B, *S]`` inputs in the box.
-      labels: ``[B]`` (shared) or ``[M, B]`` (per member) int labels.
-      key: PRNG key (member m uses ``fold_in(fold_in(key, stack), m)``).
+      labels: ``[B]`` (shared) or ``[M, B]`` (per member) int labels, each in ``[0, C)``.
+      key: PRNG key (member m of stack s attacks sample b with the stream
+        ``fold_in(fold_in(fold_in(key, s), m), sample_ids[b])``).
       eps: scalar or ``[B]``.
       norm: threat norm.
       max_queries: per-sample cap per member.
+      sample_ids: ``[B]`` int, each sample's index in the data set (default ``arange(B)``): a
+        sample's attack does not depend on the batch it is run in.
       **hp: factory hyperparameters.
 
     Returns:
@@ -109,7 +118,7 @@ def attack_members(pool, factory: Callable, x0, labels, key=None, *, eps, norm="
         fn = _cached_member_attack(stack.arch.apply, factory, norm, hp)
         lab_i = lab if lab.ndim == 1 else lab[start:start + stack.size]
         outs.append(fn(stack.params, x0, lab_i, jax.random.fold_in(key, i), eps=eps,
-                       max_queries=max_queries))
+                       max_queries=max_queries, sample_ids=sample_ids))
         start += stack.size
     if len(outs) == 1:
         return outs[0]

@@ -41,4 +41,4 @@ def make_mifgsm(apply: Callable, *, norm="linf", eps=None, steps: int = 10, deca
                    eot=E.check_eot(eot))
     kernel = partial(E.gradient_kernel, cfg)
     return E.public(kernel, name="mifgsm", p=p, default_eps=eps, box=box, audit_output=audit,
-                    apply=apply, eot=cfg.eot)
+                    apply=apply, eot=cfg.eot, ref_name="targets" if targeted else "labels")

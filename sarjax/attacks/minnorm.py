@@ -41,7 +41,7 @@ import numpy as np
 
 from sarjax.attacks import geometry
 from sarjax.attacks.audit import check as audit_check
-from sarjax.attacks.threat import Threat, canonical_norm
+from sarjax.attacks.threat import Threat, canonical_norm, check_labels
 
 LogitsFn = Callable[[jax.Array], jax.Array]
 TRAJ_EVERY = 10  # papers/001 Section 5.1: distances recorded every 10 queries
@@ -321,9 +321,8 @@ def _validate(spec: Spec, x0, y, targets, norm, max_queries, restarts, init_eps,
     if num_classes is not None:
         if num_classes < spec.min_classes:
             raise ValueError(f"{spec.name} needs at least {spec.min_classes} classes, the model has {num_classes}")
-        if y.min() < 0 or y.max() >= num_classes or t.max() >= num_classes:
-            raise ValueError(f"labels and targets must lie in [0, {num_classes}), got y in [{y.min()}, {y.max()}], "
-                             f"targets up to {t.max()}")
+        check_labels(y, num_classes, name="labels")
+        check_labels(t, num_classes, name="targets", untargeted=-1)
     if isinstance(max_queries, bool) or not isinstance(max_queries, (int, np.integer)):
         raise TypeError(f"max_queries must be an int, got {type(max_queries).__name__}")
     if isinstance(restarts, bool) or not isinstance(restarts, (int, np.integer)) or restarts < 0:

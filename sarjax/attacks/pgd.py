@@ -70,4 +70,4 @@ def make_pgd(apply: Callable, *, norm="linf", eps=None, steps: int = 40, step_si
                    l1_sparsity=float(l1_sparsity), eot=E.check_eot(eot))
     kernel = partial(E.gradient_kernel, cfg)
     return E.public(kernel, name="pgd", p=p, default_eps=eps, box=box, audit_output=audit, apply=apply,
-                    eot=cfg.eot)
+                    eot=cfg.eot, ref_name="targets" if targeted else "labels")

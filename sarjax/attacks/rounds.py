@@ -30,7 +30,8 @@ def make_rounds(attack: Callable, rounds: int, *, norm, warm_start: bool = True,
                 box=(0.0, 1.0)) -> Callable:
     """Runs ``attack`` for ``rounds`` rounds against the same ``x0`` and keeps the best.
 
-    Each round uses key ``fold_in(key, r)`` (fresh random starts) and, with
+    Each round uses key ``fold_in(key, r)`` (fresh random starts; sample ``b`` then draws from
+    ``fold_in(fold_in(key, r), sample_ids[b])`` inside the attack) and, with
     ``warm_start``, starts from the best point so far (projected onto the ball
     of ``x0`` by the attack).  Use it for rounds of an attack with restarts or
     with EOT over a stochastic model (``make_pgd(apply, eot=n)``, ``apply(params, x,
@@ -38,14 +39,15 @@ def make_rounds(attack: Callable, rounds: int, *, norm, warm_start: bool = True,
 
     Args:
       attack: a sarjax public attack ``fn(params, x0, ref, mask, key, *, eps,
-        max_queries, x_init) -> AttackResult`` (e.g. from :func:`make_pgd`).
+        max_queries, x_init, sample_ids) -> AttackResult`` (e.g. from :func:`make_pgd`); it
+        validates ``ref`` (labels or targets in ``[0, C)``) before the first round.
       rounds: number of rounds (>= 1).
       norm: the attack's norm (for the final audit).
       warm_start: start round r > 0 from the best point so far.
       box: input bounds (for the final audit).
 
     Returns:
-      ``fn(params, x0, ref, mask=None, key=None, *, eps, max_queries=None) ->
+      ``fn(params, x0, ref, mask=None, key=None, *, eps, max_queries=None, sample_ids=None) ->
       AttackResult``: per sample, the round with the most selected members
       fooled (ties: objective) for ``x_adv`` and ``best_x`` separately;
       ``queries`` summed over rounds (``max_queries`` applies per round).
@@ -53,14 +55,14 @@ def make_rounds(attack: Callable, rounds: int, *, norm, warm_start: bool = True,
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
         raise ValueError(f"rounds must be an int >= 1, got {rounds!r}")
 
-    def fn(params, x0, ref, mask=None, key=None, *, eps, max_queries=None) -> AttackResult:
+    def fn(params, x0, ref, mask=None, key=None, *, eps, max_queries=None, sample_ids=None) -> AttackResult:
         key = jax.random.PRNGKey(0) if key is None else key
         m = None if mask is None else jnp.asarray(mask)
         acc = None
         for r in range(rounds):  # host loop over a few compiled calls
             init = acc.best_x if (warm_start and acc is not None) else None
             res = attack(params, x0, ref, m, jax.random.fold_in(key, r), eps=eps,
-                         max_queries=max_queries, x_init=init)
+                         max_queries=max_queries, x_init=init, sample_ids=sample_ids)
             if acc is None:
                 acc = res
                 continue

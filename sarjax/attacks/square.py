@@ -280,7 +280,8 @@ def _score(targeted):
 
 
 @partial(jax.jit, static_argnums=0)
-def square_kernel(cfg: SquareConfig, params, x0, ref, mask, eps, cap, key, x_init, has_init):
+def square_kernel(cfg: SquareConfig, params, x0, ref, mask, eps, cap, key, x_init, has_init,
+                  sample_ids=None):
     """Batch kernel; arguments as :func:`sarjax.attacks._engine.gradient_kernel` (``x_init``
     replaces the initialisation where ``has_init``, after projection onto ball ∩ box)."""
     lo, hi = cfg.box
@@ -292,7 +293,7 @@ def square_kernel(cfg: SquareConfig, params, x0, ref, mask, eps, cap, key, x_ini
     evaluate = E.make_batch_evaluate(cfg.apply, _score(cfg.targeted))
     upd = jax.vmap(E.update_best)
     n_sel = jnp.sum(mask > 0, axis=1).astype(jnp.int32)
-    keys = jax.random.split(key, B)
+    keys = E.sample_keys(key, sample_ids, B)   # init: fold_in(keys[b], 0), iteration it: fold_in(keys[b], it + 1)
     _, ev0 = evaluate(params, x0, ref, mask)
     count = jnp.full((B,), M, jnp.int32)
 
@@ -385,4 +386,5 @@ def make_square(apply: Callable, *, norm="linf", eps=None, n_queries: int = 5000
         raise ValueError(f"p_init must be in (0, 1], got {p_init!r}")
     cfg = SquareConfig(apply, n_queries, float(p_init), bool(targeted), tuple(float(b) for b in box), p)
     return E.public(partial(square_kernel, cfg), name="square" if p == math.inf else "square-l2",
-                    p=p, default_eps=eps, box=box, audit_output=audit, apply=apply)
+                    p=p, default_eps=eps, box=box, audit_output=audit, apply=apply,
+                    ref_name="targets" if targeted else "labels")

@@ -108,3 +108,46 @@ class Threat:
         if e.ndim == 1 and e.shape[0] != batch:
             raise ValueError(f"per-sample eps has {e.shape[0]} entries, batch has {batch}")
         return jnp.broadcast_to(e, (batch,))
+
+
+def check_labels(labels, num_classes: int, *, name: str = "labels", untargeted: int | None = None) -> np.ndarray:
+    """Raises unless every label is a class of the model: ``0 <= label < num_classes``.
+
+    The one label/target range check of sarjax: every public attack entry that takes labels,
+    reference predictions or targets calls it on the host before running (an out-of-range label
+    makes the cross-entropy NaN and every member "fooled" at ``x0``).
+
+    Args:
+      labels: ``[B]`` or ``[B, M]`` int labels; the first axis is the sample axis named in the
+        error (pass ``[K, B]`` per-member labels transposed).
+      num_classes: ``C``, the size of the logits' last axis.
+      name: what the values are, for the message (``"labels"``, ``"targets"``, ``"ref"``).
+      untargeted: a sentinel value that is also allowed (minimum-norm targets use ``-1`` for
+        "untargeted"); ``None``: none.
+
+    Returns:
+      The labels as a numpy array (unchanged).
+
+    Raises:
+      TypeError: if the labels are not integers.
+      ValueError: ``"labels out of range [0, C=10): samples [0, 1, 3] have [10, 99, -3]"``, naming
+        the samples (first axis) and, per sample, the first offending value (up to 10 samples).
+    """
+    a = np.asarray(labels)
+    if a.size and not np.issubdtype(a.dtype, np.integer):
+        raise TypeError(f"{name} must be integer class indices, got dtype {a.dtype}")
+    if isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)) or num_classes < 1:
+        raise ValueError(f"num_classes must be an int >= 1, got {num_classes!r}")
+    bad = (a < 0) | (a >= num_classes)
+    if untargeted is not None:
+        bad &= a != untargeted
+    if not bad.any():
+        return a
+    rows = bad.reshape(a.shape[0], -1) if a.ndim else bad.reshape(1, 1)
+    vals = a.reshape(rows.shape)
+    samples = np.flatnonzero(rows.any(axis=1))
+    first = [int(vals[s][np.argmax(rows[s])]) for s in samples[:10]]
+    more = f" (and {samples.size - 10} more samples)" if samples.size > 10 else ""
+    allowed = "" if untargeted is None else f" or {untargeted}"
+    raise ValueError(f"{name} out of range [0, C={int(num_classes)}){allowed}: samples "
+                     f"{samples[:10].tolist()} have {first}{more}")

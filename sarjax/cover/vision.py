@@ -33,11 +33,12 @@ def make_attack_oracles(
     *,
     eps: Any = None,
     use_best: bool = False,
+    sample_ids: Any = None,
 ) -> tuple[JointAttack, SingleAttack]:
     """Joint and single-member oracles from a mask-driven attack.
 
     Args:
-        attack: ``attack(params, x0, ref, mask [B, M], key, *, eps) ->
+        attack: ``attack(params, x0, ref, mask [B, M], key, *, eps[, sample_ids]) ->
             AttackResult`` with ``x_adv``, ``success [B, M]`` (every member),
             ``member_loss [B, M]``, ``queries [B]``, ``best_x``,
             ``best_success``: e.g. ``sarjax.attacks.joint.make_joint_pgd(pool.apply)``.
@@ -48,13 +49,18 @@ def make_attack_oracles(
             prediction differs from it.
         key: PRNG key. Round ``r`` of the joint attack uses
             ``fold_in(fold_in(key, 0), r)``, the fallback
-            ``fold_in(fold_in(key, 1), r)``.
+            ``fold_in(fold_in(key, 1), r)``; inside the attack, sample ``b``
+            draws from that key folded with ``sample_ids[b]``.
         eps: attack radius (scalar or ``[B]``), or None for the attack's default.
         use_best: take the attack's best-so-far point (ranked by the number of
             selected members fooled) instead of its final point. Default False:
             Table 1 of papers/000 returns the restart with the highest
             objective. The fallback objective is the per-member loss at the
             final point either way.
+        sample_ids: optional ``[B]`` int, each row's index in the data set,
+            passed to ``attack`` (which must then accept ``sample_ids=``) so
+            that a sample's random stream does not depend on the batch it is
+            attacked in; None: the attack's default (its position, ``arange(B)``).
 
     Returns:
         ``(joint, single)`` callables for :func:`sarjax.cover.greedy_sar`.
@@ -64,6 +70,7 @@ def make_attack_oracles(
     b, m = ref.shape
     joint_key = jax.random.fold_in(key, _JOINT_STREAM)
     single_key = jax.random.fold_in(key, _SINGLE_STREAM)
+    ids = {} if sample_ids is None else {"sample_ids": np.asarray(sample_ids)}
 
     def _candidates(res: Any) -> Candidates:
         x = res.best_x if use_best else res.x_adv
@@ -78,12 +85,12 @@ def make_attack_oracles(
     def joint(uncovered: np.ndarray, round_index: int) -> Candidates:
         mask = jnp.asarray(uncovered, jnp.float32)
         k = jax.random.fold_in(joint_key, round_index)
-        return _candidates(attack(params, x0, ref, mask, k, eps=eps))
+        return _candidates(attack(params, x0, ref, mask, k, eps=eps, **ids))
 
     def single(target: np.ndarray, active: np.ndarray, round_index: int) -> Candidates:
         mask = (np.arange(m)[None, :] == np.asarray(target)[:, None]) & np.asarray(active)[:, None]
         k = jax.random.fold_in(single_key, round_index)
-        return _candidates(attack(params, x0, ref, jnp.asarray(mask, jnp.float32), k, eps=eps))
+        return _candidates(attack(params, x0, ref, jnp.asarray(mask, jnp.float32), k, eps=eps, **ids))
 
     return joint, single
 
@@ -152,6 +159,7 @@ def run_sar(
     checkpoint_dir: str | os.PathLike | None = None,
     progress: bool = False,
     member_attacks: tuple[Any, Any] | None = None,
+    sample_ids: Any = None,
 ) -> SARResult:
     """SAR_{1-delta} of a vision pool on a batch of images with joint linf PGD.
 
@@ -170,15 +178,18 @@ def run_sar(
             prediction, so no member is broken on the clean input. Given: the
             safe region is the true label, and members already wrong on the
             clean image count as covered without an attack.
-        key: PRNG key (default ``PRNGKey(0)``); chunk ``i`` uses
-            ``fold_in(key, i)``.
+        key: PRNG key (default ``PRNGKey(0)``), the same for every chunk:
+            each sample's random stream comes from its index in the data set
+            (``sample_ids``), so the result per sample does not depend on
+            ``chunk_size`` or on which other samples run with it.
         steps, step_size, restarts: joint PGD settings (Table 1 defaults;
             ``step_size=None`` means ``eps/16``).
         use_best: see :func:`make_attack_oracles`.
         attack: optional prebuilt mask-driven attack with the joint PGD
-            signature (see :func:`make_attack_oracles`), built on
-            ``pool.apply``; it replaces the default joint PGD, and ``steps``,
-            ``step_size`` and ``restarts`` are then ignored. Reusing one attack
+            signature (see :func:`make_attack_oracles`; it is called with
+            ``sample_ids=``), built on ``pool.apply``; it replaces the
+            default joint PGD, and ``steps``, ``step_size`` and ``restarts``
+            are then ignored. Reusing one attack
             across calls reuses its compiled kernel.
         chunk_size: samples per greedy run (default all). The last chunk is
             padded to the same size (padding rows are never attacked), so the
@@ -190,13 +201,18 @@ def run_sar(
         member_attacks: optional ``(x_adv [M, B, *S], queries [M, B])`` of single-model
             attacks already run on every member (e.g. for the per-member ASR); the fallback
             then looks them up (:func:`precomputed_single`) instead of attacking again.
+        sample_ids: optional ``[B]`` int, each image's index in the data set
+            (default ``arange(B)``, the positions in ``x``); pass the indices
+            when ``x`` is a slice of a larger set, so that a sample gets the
+            same attack in any run that contains it. Chunk padding rows
+            repeat a real row's id and are never attacked.
 
     Returns:
         SARResult over all ``B`` samples (round logs padded across chunks).
 
     Raises:
-        TypeError, ValueError: bad ``eps``, ``deltas``, ``labels``, inputs or
-            ``chunk_size``.
+        TypeError, ValueError: bad ``eps``, ``deltas``, ``labels``, inputs,
+            ``chunk_size`` or ``sample_ids``.
     """
     if isinstance(eps, bool) or not isinstance(eps, (int, float, np.floating, np.integer)):
         raise TypeError(f"eps must be a positive float, got {type(eps).__name__}")
@@ -231,21 +247,24 @@ def run_sar(
 
         attack = make_joint_pgd(pool.apply, eps=float(eps), steps=steps, step_size=step_size,
                                 restarts=restarts)
+    from sarjax.attacks._engine import check_sample_ids
+
+    ids = np.asarray(check_sample_ids(sample_ids, b))  # each row's index in the data set
     root = Path(checkpoint_dir) if checkpoint_dir is not None else None
     parts = []
     for i, start in enumerate(range(0, b, chunk_size)):
         stop = min(start + chunk_size, b)
         n = stop - start
         pad = chunk_size - n
-        idx = np.concatenate([np.arange(start, stop), np.full(pad, start)])
+        idx = np.concatenate([np.arange(start, stop), np.full(pad, start)])  # rows of x (padding: a real row)
         valid = np.arange(chunk_size) < n
         done_dir = root / f"chunk_{i}" / "result" if root is not None else None
         if done_dir is not None and (done_dir / "result.json").exists():
             part = SARResult.load(done_dir)
         else:
             joint, single = make_attack_oracles(
-                attack, pool.params, x[idx], ref[idx], jax.random.fold_in(key, i),
-                eps=float(eps), use_best=use_best,
+                attack, pool.params, x[idx], ref[idx], key,
+                eps=float(eps), use_best=use_best, sample_ids=ids[idx],
             )
             if member_attacks is not None:
                 single = precomputed_single(pool, np.asarray(member_attacks[0])[:, idx],

@@ -140,8 +140,17 @@ class ShardedPool:
 
         ``attack`` must be built on :meth:`apply` (e.g. ``make_joint_pgd(sp.apply, ...)``).  The
         batch is padded to a multiple of the ``data`` axis with copies of its first sample (their
-        ``ref``, ``mask`` and per-sample ``eps`` / ``max_queries`` / ``x_init`` rows too); every
-        result leaf with a leading batch axis is cut back to the real samples.
+        ``mask``, per-sample ``eps`` / ``max_queries`` / ``x_init`` rows and ``sample_ids`` too;
+        their ``ref`` rows are class 0, so a label the attack rejects is reported for the real
+        samples only); every result leaf with a leading batch axis is cut back to the real
+        samples.  ``sample_ids`` (default ``arange(B)``: the samples' positions in ``x0``) go
+        with the batch, so every sample draws the random stream it draws on one device, however
+        the batch is padded and sharded.
+
+        Raises:
+          ValueError: from the attack, for labels / targets outside the model's classes (naming
+            the samples) or any other invalid argument; here, for a per-sample argument whose
+            leading size is not the batch's.
 
         Returns:
           the attack's result for the ``B`` real samples (for an :class:`AttackResult`:
@@ -161,7 +170,14 @@ class ShardedPool:
         rows = lambda ndim: ndim == 1        # noqa: E731  eps / max_queries [B] (not scalars)
         kwargs = {k: pad(v, always if k == "x_init" else rows) if k in ("eps", "max_queries", "x_init") else v
                   for k, v in kwargs.items()}
+        ids = kwargs.get("sample_ids")
+        kwargs["sample_ids"] = pad(np.arange(b, dtype=np.int32) if ids is None else np.asarray(ids), always)
         xs = pad(x0, always)
-        res = attack(self.params, xs, pad(ref, always), pad(mask, lambda ndim: ndim == 2), key, **kwargs)
+        ref_rows = np.asarray(ref)
+        if ref_rows.ndim < 1 or ref_rows.shape[0] != b:
+            raise ValueError(f"ref must be [B] or [B, M] with B={b} (the batch), got shape {ref_rows.shape}")
+        pad_rows = np.zeros((xs.shape[0] - b,) + ref_rows.shape[1:], ref_rows.dtype)  # class 0: never a bad label
+        ref_rows = jax.device_put(np.concatenate([ref_rows, pad_rows]), NamedSharding(self.mesh, P("data")))
+        res = attack(self.params, xs, ref_rows, pad(mask, lambda ndim: ndim == 2), key, **kwargs)
         n = xs.shape[0]
         return jax.tree.map(lambda a: a[:b] if np.ndim(a) and a.shape[0] == n else a, res)

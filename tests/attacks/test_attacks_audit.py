@@ -73,7 +73,7 @@ def test_public_entry_points_audit_their_output():
     from sarjax.attacks import _engine as E
     from sarjax.attacks.result import AttackResult
 
-    def bad_kernel(params, x0, ref, mask, eps, cap, key, x_init, has_init):
+    def bad_kernel(params, x0, ref, mask, eps, cap, key, x_init, has_init, sample_ids=None):
         x = jnp.clip(x0 + 2 * eps[:, None], 0, 1)
         z = jnp.zeros(ref.shape)
         return AttackResult(x, z > 0, z[:, 0], z, jnp.zeros(x0.shape[0], jnp.int32), x, z > 0, z[:, 0])
