@@ -16,12 +16,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sarjax.cover import resume
 from sarjax.cover.greedy import greedy_sar
+from sarjax.cover.metrics import coverage_target
 from sarjax.cover.result import SARResult, concat_results
 from sarjax.cover.types import Candidates, JointAttack, SingleAttack
 
 _JOINT_STREAM = 0
 _SINGLE_STREAM = 1
+_POOL_API = ("apply", "params", "num_members", "num_classes", "input_shape", "predict", "check_input")
 
 
 def make_attack_oracles(
@@ -139,6 +142,33 @@ def precomputed_single(pool: Any, x_adv: Any, queries: Any, ref: Any) -> SingleA
     return single
 
 
+_CKPT_HINT = "pass overwrite=True to discard it or choose another checkpoint_dir"
+_CKPT_FILES = (resume.FINGERPRINT_FILE, "chunk_*")  # what run_sar writes under checkpoint_dir
+
+
+def _open_checkpoint(root: Path, fingerprint: dict, overwrite: bool, num_chunks: int) -> None:
+    """Check (or write) ``root/fingerprint.json`` before a run reads or writes checkpoints.
+
+    ``overwrite`` first deletes what run_sar wrote there (the fingerprint and ``chunk_*``, nothing
+    else). A stored run with other settings raises; other deltas are accepted only when the stored
+    run finished (each chunk's result is then re-derived from its coverage order).
+    """
+    if overwrite and root.is_dir():
+        resume.remove_paths(root, _CKPT_FILES)
+    holds = root.is_dir() and any(root.glob("chunk_*"))
+    stored = resume.check_fingerprint(root, fingerprint, hint=_CKPT_HINT, holds_results=holds,
+                                      allow=("deltas",))
+    if stored is None:
+        resume.write_fingerprint(root, fingerprint)
+        return
+    finished = all((root / f"chunk_{i}" / "result" / "result.json").exists() for i in range(num_chunks))
+    if resume.differing_fields(stored, {**stored, "deltas": fingerprint["deltas"]}) and not finished:
+        raise resume.FingerprintMismatch(
+            resume.mismatch_reason(root, stored, fingerprint, ["deltas"]) + ", and other deltas are read "
+            f"off a finished run only (rerun with deltas={stored['deltas']} to finish it first)",
+            _CKPT_HINT, ["deltas"], stored)
+
+
 def run_sar(
     pool: Any,
     x: Any,
@@ -160,6 +190,7 @@ def run_sar(
     progress: bool = False,
     member_attacks: tuple[Any, Any] | None = None,
     sample_ids: Any = None,
+    overwrite: bool = False,
 ) -> SARResult:
     """SAR_{1-delta} of a vision pool on a batch of images with joint linf PGD.
 
@@ -198,6 +229,17 @@ def run_sar(
             :func:`sarjax.cover.greedy_sar`.
         checkpoint_dir: if set, each chunk checkpoints every round under
             ``chunk_<i>/`` and writes its result when done; a rerun resumes.
+            ``fingerprint.json`` records everything that changes the result
+            (pool content hash and conv impl, eps, deltas, a hash of the
+            images, labels and sample ids, attack settings, key, chunking,
+            options, sarjax version; :mod:`sarjax.cover.resume`). A rerun
+            resumes only when it matches; otherwise a ValueError names the
+            settings that differ. The one accepted difference is the deltas of
+            a finished run: they are re-derived from its coverage order
+            (:func:`sarjax.cover.resume.rederive`), or a ValueError names the
+            samples that order does not determine.
+        overwrite: delete what an earlier run wrote in ``checkpoint_dir``
+            (``fingerprint.json`` and ``chunk_*``, nothing else) and start afresh.
         member_attacks: optional ``(x_adv [M, B, *S], queries [M, B])`` of single-model
             attacks already run on every member (e.g. for the per-member ASR); the fallback
             then looks them up (:func:`precomputed_single`) instead of attacking again.
@@ -211,24 +253,48 @@ def run_sar(
         SARResult over all ``B`` samples (round logs padded across chunks).
 
     Raises:
-        TypeError, ValueError: bad ``eps``, ``deltas``, ``labels``, inputs,
-            ``chunk_size`` or ``sample_ids``.
+        TypeError, ValueError: bad ``pool``, ``eps``, ``deltas``, ``labels``
+            (each in ``[0, C)``), inputs (``[B >= 1, *input_shape]`` in
+            ``[0, 1]``), ``chunk_size`` or ``sample_ids``; a ``checkpoint_dir``
+            written with other settings (:class:`sarjax.cover.resume.FingerprintMismatch`).
     """
+    missing = [a for a in _POOL_API if not hasattr(pool, a)]
+    if missing:
+        raise TypeError(f"pool must be a sarjax.models.Pool (with {', '.join(_POOL_API)}), got "
+                        f"{type(pool).__name__} without {', '.join(missing)}")
     if isinstance(eps, bool) or not isinstance(eps, (int, float, np.floating, np.integer)):
-        raise TypeError(f"eps must be a positive float, got {type(eps).__name__}")
+        raise TypeError(f"eps must be a finite float > 0, got {type(eps).__name__}")
     if not np.isfinite(eps) or eps <= 0:
         raise ValueError(f"eps must be a finite float > 0, got {eps}")
-    pool.check_input(x)
+    if isinstance(deltas, (int, float, np.floating, np.integer)):
+        deltas = (deltas,)
+    if isinstance(deltas, (str, bytes)) or np.ndim(deltas) != 1 or len(deltas) == 0:
+        raise ValueError(f"deltas must be a non-empty sequence of floats in [0, 1), got {deltas!r}")
+    deltas = tuple(float(d) for d in deltas)
+    for d in deltas:
+        coverage_target(d, pool.num_members)  # raises for a delta outside [0, 1)
+    shape = tuple(pool.input_shape)
+    if x is None or not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        raise TypeError(f"x must be an array of images [B, {', '.join(map(str, shape))}] in [0, 1], "
+                        f"got {type(x).__name__}")
+    pool.check_input(x)  # ValueError naming the expected [B, *input_shape] and the given shape
     x = np.asarray(x, dtype=np.float32)
-    if x.min() < 0.0 or x.max() > 1.0:
-        raise ValueError(f"images must lie in [0, 1], got range [{x.min()}, {x.max()}]")
     b, m = x.shape[0], pool.num_members
     if b < 1:
-        raise ValueError("x must hold at least one image")
+        raise ValueError(f"x must hold at least one image, got an empty batch of shape {list(x.shape)}")
+    if x.min() < 0.0 or x.max() > 1.0:
+        raise ValueError(f"images must lie in [0, 1], got range [{x.min()}, {x.max()}]")
     if labels is not None:
         y = np.asarray(labels)
         if not np.issubdtype(y.dtype, np.integer) or y.shape != (b,):
             raise ValueError(f"labels must be int [{b}], got {y.dtype} {y.shape}")
+        c = int(pool.num_classes)
+        bad = np.flatnonzero((y < 0) | (y >= c))
+        if bad.size:
+            raise ValueError(f"labels must lie in [0, {c}) for a {c}-class pool: samples "
+                             f"{bad[:10].tolist()}{' ...' if bad.size > 10 else ''} have "
+                             f"{y[bad[:10]].tolist()}")
+    custom_attack = attack is not None
     clean_pred = pool.predict(x).T.astype(np.int32)  # [B, M]
     if labels is None:
         ref = clean_pred
@@ -251,6 +317,31 @@ def run_sar(
 
     ids = np.asarray(check_sample_ids(sample_ids, b))  # each row's index in the data set
     root = Path(checkpoint_dir) if checkpoint_dir is not None else None
+    if root is not None:
+        fingerprint = {
+            "kind": "run_sar",
+            "sarjax_version": resume.sarjax_version(),
+            **resume.pool_fingerprint(pool),
+            "num_members": m,
+            "eps": float(eps),
+            "deltas": list(deltas),
+            "batch": b,
+            "images": resume.array_digest(x),
+            "sample_ids": resume.array_digest(ids.astype(np.int64)),
+            "labels": None if labels is None else resume.array_digest(y.astype(np.int64)),
+            "attack": "custom" if custom_attack else "joint_pgd",
+            "steps": None if custom_attack else int(steps),
+            "restarts": None if custom_attack else int(restarts),
+            "step_size": None if custom_attack or step_size is None else float(step_size),
+            "use_best": bool(use_best),
+            "key": resume.key_fingerprint(key),
+            "chunk_size": chunk_size,
+            "count_clean_input": bool(count_clean_input),
+            "stop_when_unreachable": bool(stop_when_unreachable),
+            "store_inputs": bool(store_inputs),
+            "member_attacks": member_attacks is not None,
+        }
+        _open_checkpoint(root, fingerprint, overwrite, -(-b // chunk_size))
     parts = []
     for i, start in enumerate(range(0, b, chunk_size)):
         stop = min(start + chunk_size, b)
@@ -261,6 +352,11 @@ def run_sar(
         done_dir = root / f"chunk_{i}" / "result" if root is not None else None
         if done_dir is not None and (done_dir / "result.json").exists():
             part = SARResult.load(done_dir)
+            if tuple(part.deltas) != deltas:  # a finished run asked for other deltas
+                try:
+                    part = resume.rederive(part, deltas)
+                except ValueError as e:
+                    raise ValueError(f"{root}: {e}; {_CKPT_HINT}") from None
         else:
             joint, single = make_attack_oracles(
                 attack, pool.params, x[idx], ref[idx], key,
