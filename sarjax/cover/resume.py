@@ -21,8 +21,9 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 

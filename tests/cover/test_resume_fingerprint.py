@@ -18,10 +18,10 @@ from sarjax.cover.resume import (
 
 pytest.importorskip("sarjax.attacks.joint")
 
-from sarjax.attacks.joint import make_joint_pgd  # noqa: E402
-from sarjax.cover.vision import run_sar  # noqa: E402
-from sarjax.models.pool import Pool, Stack  # noqa: E402
-from sarjax.models.zoo import mlp  # noqa: E402
+from sarjax.attacks.joint import make_joint_pgd
+from sarjax.cover.vision import run_sar
+from sarjax.models.pool import Pool, Stack
+from sarjax.models.zoo import mlp
 
 ARCH = mlp((8,), input_shape=(4, 4, 1), num_classes=3)
 
