@@ -292,35 +292,26 @@ class SARResult:
         return self.fallback.any(axis=0)
 
     def sar_at(self, delta: float) -> np.ndarray:
-        """``[B]`` SAR for another delta, derived from this run's coverage order.
+        """``[B]`` SAR for another delta, read off this run's coverage order.
 
-        Exact (equal to a separate run) for targets between the loosest and the
-        strictest requested (any looser target too when
-        ``stop_when_unreachable`` is False).
+        Equal to a separate run for ``delta`` on every sample, or an error:
+        delegates to :func:`sarjax.cover.resume.rederive`, which refuses the
+        samples this run does not determine (e.g. a sample the run stopped,
+        because a stricter target became unreachable, while the new target was
+        still reachable).
 
         Raises:
-            ValueError: the target lies outside what this run determines.
+            ValueError: the target is stricter than every target of the run, or
+                some samples are not determined (named in the message).
         """
+        from sarjax.cover.resume import rederive  # resume imports this module
+
         tau = coverage_target(delta, self.num_members)
         if tau > max(self.taus):
             raise ValueError(
                 f"delta={delta} needs tau={tau} > the strictest run tau={max(self.taus)}"
             )
-        if self.stop_when_unreachable and tau < min(self.taus):
-            raise ValueError(
-                f"delta={delta} needs tau={tau} < the loosest run tau={min(self.taus)}; "
-                "rerun with it or with stop_when_unreachable=False"
-            )
-        sar, _, _ = derive_sar(
-            self.new_covered,
-            self.recorded,
-            self.clean_broken,
-            self.valid,
-            (tau,),
-            self.num_members,
-            self.count_clean_input,
-        )
-        return sar[:, 0]
+        return rederive(self, [delta]).sar[:, 0]
 
     def candidate_sets(self, sample: int) -> np.ndarray:
         """``[N, M]`` bool, every coverage set the attacks revealed for a sample.

@@ -508,3 +508,28 @@ def test_coverage_curve_determines_sar_and_plot(tmp_path):
         np.testing.assert_array_equal(k, res.k_hat[:, j])
     out = plot_sar(res, tmp_path / "sar.png", title="toy")
     assert out.stat().st_size > 1000
+
+
+def test_sar_at_equals_a_separate_run_or_refuses():
+    # With the early stop a sample can stop (its strictest target unreachable) while an
+    # in-between target was still reachable: sar_at used to read a number off it anyway
+    # (it disagreed with a separate run in about half of these cases); now it answers only
+    # what the run determines, and every answer equals the separate run.
+    rng = np.random.default_rng(7)
+    answered = refused = 0
+    for _ in range(60):
+        sets = rng.random((4, 6, 6)) < 0.3
+        vis = rng.random((4, 6)) < 0.6
+        clean = rng.random((4, 6)) < 0.1
+        o1, o2 = SetSystemOracle(sets, vis), SetSystemOracle(sets, vis)
+        run = greedy_sar(o1.joint, o1.single, clean, [0.0, 0.5])
+        sep = greedy_sar(o2.joint, o2.single, clean, [0.3])
+        try:
+            got = run.sar_at(0.3)
+        except ValueError as e:
+            assert "not determined" in str(e)
+            refused += 1
+            continue
+        answered += 1
+        np.testing.assert_array_equal(got, sep.sar[:, 0])
+    assert answered > 10 and refused > 10
