@@ -83,7 +83,8 @@ def cmd_sar(args: argparse.Namespace) -> int:
 
 def _register_demo(sub) -> None:
     d = sub.add_parser("demo", help="the main job: SAR of the three MNIST diversity pools (trains or loads them)")
-    d.add_argument("--out", default="sarjax-demo", help="output directory (default ./sarjax-demo)")
+    d.add_argument("--out", default=None,
+                   help="output directory (default ./sarjax-demo, ./sarjax-demo-quick with --quick)")
     d.add_argument("--quick", action="store_true", help="3-minute version: 6 members, 2 epochs, 12 images, 20 steps, 1 restart")
     d.add_argument("--cache", default=None, help="trained-pool cache directory (default OUT/pools)")
     d.add_argument("--samples", type=_positive_int, default=None, help="test images to attack, at most the test split (default 20, quick 12)")

@@ -284,7 +284,7 @@ def open_output(out: Path, fingerprint: dict[str, Any], overwrite: bool, owned: 
 DEMO_OUTPUTS = (resume.FINGERPRINT_FILE, "results.json", "sar_*", "checkpoint")  # not pools/: a cache
 
 
-def run_demo(out: str | Path = "sarjax-demo", *, quick: bool = False, cache_dir: str | Path | None = None,
+def run_demo(out: str | Path | None = None, *, quick: bool = False, cache_dir: str | Path | None = None,
              samples: int | None = None, seed: int = 0, data_dir: str | None = None, progress: bool = True,
              overwrite: bool = False) -> dict:
     """Train (or load) the three diversity pools, measure SAR and ASR, write results.json and plots.
@@ -296,7 +296,9 @@ def run_demo(out: str | Path = "sarjax-demo", *, quick: bool = False, cache_dir:
     ``out`` stops with an error naming them instead of mixing two runs.
 
     Args:
-      out: output directory (results.json, sar_by_pool.png, sar_<pool>.png).
+      out: output directory (results.json, sar_by_pool.png, sar_<pool>.png); default
+        ``sarjax-demo``, or ``sarjax-demo-quick`` with ``quick`` (so the quick and the full run
+        never collide in one directory, which the fingerprint check would refuse).
       quick: the 3-minute version (6 members, 2 epochs, 12 samples, 20 steps, 1 restart).
       cache_dir: where trained pools are cached (default ``<out>/pools``). A cached pool trained
         with other settings is retrained (default cache, the reason printed) or refused (a cache
@@ -315,7 +317,7 @@ def run_demo(out: str | Path = "sarjax-demo", *, quick: bool = False, cache_dir:
         if samples < 1:
             raise ValueError(f"samples must be >= 1, got {samples}")
         s = DemoSettings(**{**s.__dict__, "samples": samples})
-    out = Path(out)
+    out = Path(out if out is not None else ("sarjax-demo-quick" if quick else "sarjax-demo"))
     cache = Path(cache_dir) if cache_dir is not None else out / "pools"
     t0 = time.time()
     data = load_mnist(data_dir)

@@ -173,3 +173,15 @@ def test_demo_pool_cache_is_checked_against_the_settings(data, tmp_path, monkeyp
     # Now the cache matches: loaded, not trained.
     again, _ = demo.get_pool("low", data, s, tmp_path, progress=False)
     assert trained == [2] and again.content_hash() == pool.content_hash()
+
+
+def test_demo_quick_and_full_default_to_separate_dirs(tmp_path, monkeypatch):
+    # `sarjax demo --quick` then `sarjax demo` (both without --out) must not collide in one directory.
+    monkeypatch.setattr(demo, "get_pool", _no_training)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(_Stop):
+        demo.run_demo(quick=True, samples=3)
+    with pytest.raises(_Stop):
+        demo.run_demo(samples=3)
+    assert json.loads((tmp_path / "sarjax-demo-quick" / FINGERPRINT_FILE).read_text())["quick"] is True
+    assert json.loads((tmp_path / "sarjax-demo" / FINGERPRINT_FILE).read_text())["quick"] is False
