@@ -1,0 +1,11 @@
+"""The attack core: the protocol every attack implements and its two entries (docs/attacks.md).
+
+``Attack`` (init / step / result over a NamedTuple state), ``Problem`` (one normalised call),
+``run`` (a ``lax.scan`` over ``step``; jit-safe), ``AttackFn`` (the audited public entry and the
+jit-safe ``.jit`` entry over one code path).
+"""
+
+from sarjax.attacks.core.entry import AttackFn
+from sarjax.attacks.core.protocol import Attack, Problem, make_problem, member_count, run, run_jit, sample_keys
+
+__all__ = ["Attack", "AttackFn", "Problem", "make_problem", "member_count", "run", "run_jit", "sample_keys"]
