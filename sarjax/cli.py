@@ -14,25 +14,60 @@ def _positive_int(s: str) -> int:
     return v
 
 
+def _positive_float(s: str) -> float:
+    v = float(s)
+    if not (v > 0 and v != float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {s}")
+    return v
+
+
+def _nonnegative_float(s: str) -> float:
+    v = float(s)
+    if not (v >= 0 and v != float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {s}")
+    return v
+
+
+def _check_train_pool(args: argparse.Namespace) -> str | None:
+    """The train-pool flags that go together (None if fine, else the error message)."""
+    adv = args.objective != "standard"
+    if adv and args.eps is None:
+        return f"--objective {args.objective} needs --eps (the training radius, e.g. 0.1 for linf)"
+    if not adv and (args.eps is not None or args.attack_steps is not None or args.trades_beta is not None):
+        return "--eps, --attack-steps and --trades-beta need --objective pgd-at or trades"
+    if args.trades_beta is not None and args.objective != "trades":
+        return "--trades-beta needs --objective trades"
+    return None
+
+
 def cmd_train_pool(args: argparse.Namespace) -> int:
     """Train a diversity-preset pool on MNIST and save it."""
     import jax  # noqa: F401  (import late: --help stays fast)
 
     from sarjax.data.mnist import load_mnist
+    from sarjax.defenses import make_objective, objective_spec
     from sarjax.models.checkpoint import save_pool
     from sarjax.models.presets import preset_members, preset_names
     from sarjax.models.train import TrainConfig, train_pool
 
+    problem = _check_train_pool(args)
+    if problem is not None:
+        raise ValueError(problem)
+    objective = make_objective(args.objective, eps=args.eps, norm=args.norm, steps=args.attack_steps, beta=args.trades_beta)
     data = load_mnist(args.data_dir)
     print(f"data: {data.summary()}")
     members = preset_members(args.preset, args.members, args.seed)
     cfg = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, patience=args.patience)
     t0 = time.time()
-    pool, info = train_pool(members, data.x_train, data.y_train, config=cfg, names=preset_names(args.preset, args.members))
+    if objective is not None:
+        print(f"objective: {objective_spec(objective)}")
+    pool, info = train_pool(members, data.x_train, data.y_train, config=cfg, names=preset_names(args.preset, args.members),
+                            objective=objective)
     acc = pool.accuracy(data.x_test, data.y_test)
     config = {
         "preset": args.preset, "members": args.members, "seed": args.seed, "epochs": args.epochs,
         "batch_size": args.batch_size, "patience": args.patience, "data": data.source,
+        "objective": objective_spec(objective),
         "member_configs": [vars(c) for _, c in members], "history": info,
         "test_accuracy": acc.tolist(), "mean_test_accuracy": float(acc.mean()), "train_seconds": time.time() - t0,
     }
@@ -55,6 +90,14 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--batch-size", type=_positive_int, default=32, help="per-member batch size (default 32)")
     t.add_argument("--patience", type=int, default=3, help="early-stopping patience in epochs (0 = off)")
     t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--objective", choices=["standard", "pgd-at", "trades"], default="standard",
+                   help="training objective: standard cross-entropy, PGD-AT (Madry et al. 2018) or TRADES "
+                        "(Zhang et al. 2019); adversarial ones need --eps (docs/defenses.md)")
+    t.add_argument("--norm", choices=["linf", "l2"], default="linf", help="threat model of the adversarial objective")
+    t.add_argument("--eps", type=_positive_float, default=None, help="training radius of pgd-at / trades (e.g. 0.1 linf)")
+    t.add_argument("--attack-steps", type=_positive_int, default=None,
+                   help="inner attack steps of pgd-at / trades (default 10, of eps/4 each)")
+    t.add_argument("--trades-beta", type=_nonnegative_float, default=None, help="TRADES' KL weight (default 6, the paper's)")
     t.set_defaults(func=cmd_train_pool)
 
     for register in _EXTRA_COMMANDS:

@@ -5,13 +5,25 @@ the steps of an epoch). Each member has its own PRNG seed, data order, data subs
 augmentation strength, learning rate, weight decay, label smoothing and dropout; early stopping
 is per member on a shared validation split (a stopped member's update is masked and its best
 params are kept).
+
+The loss is a function, the *objective* (default :func:`cross_entropy`)::
+
+    objective(apply, params, x [B, *S], y [B, C], key, hp) -> scalar loss
+
+written for ONE member and vmapped over the stack with the update. ``apply(params, x, key=None)
+-> logits [B, C]`` is the member's model: with a key the training-mode forward pass (dropout at
+the member's rate), without one the deterministic pass (what an inner attack should see);
+``y`` holds the soft targets after label smoothing; ``key`` is the member's key of this step;
+``hp`` maps each name of ``train_stack(objective_hp=...)`` to this member's value (traced, so
+per-member values never recompile). This module knows nothing of attacks: adversarial
+objectives built from them (PGD-AT, TRADES) live in :mod:`sarjax.defenses`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -93,6 +105,73 @@ def _soft_xent(logits, target):
     return -jnp.sum(target * jax.nn.log_softmax(logits), axis=-1).mean()
 
 
+Objective = Callable[..., jax.Array]
+"""``objective(apply, params, x [B, *S], y [B, C], key, hp) -> scalar loss`` of ONE member (module docstring)."""
+
+
+def cross_entropy(apply: Callable, params: Any, x: jax.Array, y: jax.Array, key: jax.Array, hp: Mapping) -> jax.Array:
+    """The standard objective: softmax cross-entropy of the training-mode logits.
+
+    Args:
+      apply: the member's ``apply(params, x, key=None) -> logits [B, C]``.
+      params: the member's params.
+      x: [B, *S] the (augmented) batch.
+      y: [B, C] soft targets (one-hot labels after label smoothing, or distillation targets).
+      key: the member's key of this step; dropout draws from ``fold_in(key, 2)``.
+      hp: unused (no hyperparameters).
+
+    Returns:
+      The mean cross-entropy over the batch (scalar).
+    """
+    del hp
+    return _soft_xent(apply(params, x, key=jax.random.fold_in(key, 2)), y)
+
+
+cross_entropy.name = "standard"  # type: ignore[attr-defined]
+cross_entropy.hparams = {}  # type: ignore[attr-defined]
+
+
+def objective_name(objective: Objective | None) -> str:
+    """A short name of an objective for logs and pool configs (``.name`` if it has one)."""
+    if objective is None:
+        return "standard"
+    return str(getattr(objective, "name", getattr(objective, "__name__", type(objective).__name__)))
+
+
+def _objective_hp(objective: Objective, hp: Mapping[str, Any] | None, k: int, what: str = "members") -> dict:
+    """Per-member objective hyperparameters as float32 ``[k]`` arrays (validated on the host).
+
+    ``hp`` maps names to a scalar (every member) or ``k`` values (one per member). An objective
+    with an ``hparams`` mapping of defaults names every hyperparameter it reads: an unknown name is
+    an error and a missing one takes its default; its ``check_hp(values)``, if any, checks the
+    values (e.g. eps >= 0).
+    """
+    hp = dict(hp or {})
+    known = getattr(objective, "hparams", None)
+    if known is not None:
+        unknown = sorted(set(hp) - set(known))
+        if unknown:
+            raise ValueError(f"objective {objective_name(objective)!r} takes hyperparameters {sorted(known)}; "
+                             f"got unknown {unknown}")
+        hp = {**dict(known), **hp}
+    out = {}
+    for name, v in hp.items():
+        a = np.asarray(v, np.float64)
+        if a.ndim == 0:
+            a = np.full(k, float(a))
+        if a.shape != (k,):
+            raise ValueError(f"objective hyperparameter {name!r} must be a scalar or one value per member "
+                             f"({k} {what}), got shape {list(a.shape)}")
+        if not np.all(np.isfinite(a)):
+            bad = np.flatnonzero(~np.isfinite(a)).tolist()
+            raise ValueError(f"objective hyperparameter {name!r} must be finite; members {bad} have {a[bad].tolist()}")
+        out[name] = a.astype(np.float32)
+    check = getattr(objective, "check_hp", None)
+    if check is not None:
+        check(out)
+    return {n: jnp.asarray(a) for n, a in out.items()}
+
+
 def _member_order(cfgs: Sequence[MemberConfig], n: int, epoch: int) -> np.ndarray:
     """[K, n] per-member index order for one epoch: each member's own subset, permuted, tiled to n."""
     out = np.empty((len(cfgs), n), np.int64)
@@ -103,13 +182,17 @@ def _member_order(cfgs: Sequence[MemberConfig], n: int, epoch: int) -> np.ndarra
     return out
 
 
-def _make_epoch_fn(arch: Arch, augment: bool, tx: optax.GradientTransformation, dropout: bool = True):
+def _make_epoch_fn(arch: Arch, augment: bool, tx: optax.GradientTransformation, dropout: bool = True,
+                   objective: Objective | None = None):
     """The jitted epoch: ``lax.scan`` over steps of a member step vmapped over the stack.
 
     ``masked`` (static) selects the variant that keeps stopped members' params and optimizer
     state (a ``where`` over every leaf each step); while all members are active the unmasked
     variant runs. ``dropout=False`` skips drawing dropout masks when every rate is 0.
+    ``objective`` is the member loss (default :func:`cross_entropy`); its per-member
+    hyperparameters travel in ``hp["obj"]`` (a dict of ``[K]`` arrays; absent = none).
     """
+    objective = cross_entropy if objective is None else objective
 
     def member_step(params, opt_state, xb, yb, key, hp, active, masked):
         if augment:
@@ -117,9 +200,12 @@ def _make_epoch_fn(arch: Arch, augment: bool, tx: optax.GradientTransformation, 
             xb = jax.vmap(lambda k, im: random_affine(k, im, hp["aug"]))(ka, xb)
         target = yb * (1.0 - hp["ls"]) + hp["ls"] / yb.shape[-1]
 
+        def apply(p, x, key=None):
+            # key None: the deterministic pass (inner attacks); dropout=False: every rate is 0, no draws
+            return arch.apply(p, x, key=key if dropout else None, dropout=hp["dropout"])
+
         def loss_fn(p):
-            dkey = jax.random.fold_in(key, 2) if dropout else None
-            return _soft_xent(arch.apply(p, xb, key=dkey, dropout=hp["dropout"]), target)
+            return objective(apply, p, xb, target, key, hp.get("obj", {}))
 
         loss, grads = jax.value_and_grad(loss_fn)(params)
         updates, new_state = tx.update(grads, opt_state, params)
@@ -168,6 +254,8 @@ def train_stack(
     progress: bool = True,
     label: str = "",
     callback: Callable[[int, Any], None] | None = None,
+    objective: Objective | None = None,
+    objective_hp: Mapping[str, Any] | None = None,
 ) -> tuple[Stack, TrainHistory]:
     """Train every member of one architecture at once.
 
@@ -185,14 +273,29 @@ def train_stack(
       label: progress-bar label.
       callback: called after every epoch as ``callback(epoch, params)`` with the epoch number
         (1-based) and the current stacked params (e.g. to snapshot students during distillation).
+      objective: the member loss ``objective(apply, params, x, y, key, hp) -> scalar`` (module
+        docstring); default :func:`cross_entropy` (standard training). Adversarial objectives:
+        :func:`sarjax.defenses.pgd_at`, :func:`sarjax.defenses.trades`. Early stopping still
+        reads the clean validation accuracy.
+      objective_hp: per-member hyperparameters of the objective, name -> scalar (every member)
+        or K values (e.g. ``{"eps": [0.1, 0.2, 0.3]}``); traced, so new values never
+        recompile. An objective with an ``hparams`` mapping fills the names not given with its
+        defaults and rejects unknown names.
 
     Returns:
       (stack with each member's best-validation params, history).
+
+    Raises:
+      ValueError: no member, a bad member config, inputs or labels of the wrong shape, or an
+        objective hyperparameter that is unknown, non-finite or not one value per member.
     """
     if not cfgs:
         raise ValueError("need at least one member config")
     for c in cfgs:
         c.validate()
+    if objective is not None and not callable(objective):
+        raise TypeError(f"objective must be callable objective(apply, params, x, y, key, hp), got {type(objective).__name__}")
+    obj_hp = _objective_hp(cross_entropy if objective is None else objective, objective_hp, len(cfgs))
     x = np.asarray(x, np.float32)
     if x.shape[1:] != arch.input_shape:
         raise ValueError(f"training inputs must be [N, {', '.join(map(str, arch.input_shape))}], got {list(x.shape)}")
@@ -226,6 +329,8 @@ def train_stack(
         "ls": jnp.array([c.label_smoothing for c in cfgs], jnp.float32),
         "dropout": jnp.array([c.dropout for c in cfgs], jnp.float32),
     }
+    if obj_hp:
+        hp["obj"] = obj_hp
     tx = optax.inject_hyperparams(optax.adamw)(learning_rate=1e-3, weight_decay=0.0)
     lrs = jnp.array([c.lr for c in cfgs], jnp.float32)
     wds = jnp.array([c.weight_decay for c in cfgs], jnp.float32)
@@ -237,7 +342,8 @@ def train_stack(
         return s
 
     opt_state = jax.vmap(init_state)(init_params, lrs, wds)
-    epoch_fn = _make_epoch_fn(arch, any(c.aug_strength > 0 for c in cfgs), tx, dropout=any(c.dropout > 0 for c in cfgs))
+    epoch_fn = _make_epoch_fn(arch, any(c.aug_strength > 0 for c in cfgs), tx, dropout=any(c.dropout > 0 for c in cfgs),
+                              objective=objective)
     eval_fn = _eval_fn(arch)
     xd, yd = jnp.asarray(x), jnp.asarray(y_soft)
     xv, yv = jnp.asarray(x_val), jnp.asarray(y_val)
@@ -289,6 +395,8 @@ def train_pool(
     progress: bool = True,
     x_val: np.ndarray | None = None,
     y_val: np.ndarray | None = None,
+    objective: Objective | None = None,
+    objective_hp: Mapping[str, Any] | None = None,
 ) -> tuple[Pool, dict]:
     """Train a (possibly heterogeneous) pool: members are grouped by architecture and each group is
     trained with one vmapped update per step (:func:`train_stack`).
@@ -300,12 +408,16 @@ def train_pool(
       names: member names (default ``m00``, ``m01``, ...).
       progress: progress bars.
       x_val, y_val: optional explicit validation split.
+      objective: the member loss (:func:`train_stack`; default standard cross-entropy).
+      objective_hp: per-member objective hyperparameters, name -> scalar or one value per
+        member of ``members`` (in its order; each stack gets its members' values).
 
     Returns:
       (pool, info) where info maps each stack's architecture name to its :class:`TrainHistory` dict.
     """
     if not members:
         raise ValueError("need at least one member")
+    obj_hp = _objective_hp(cross_entropy if objective is None else objective, objective_hp, len(members))
     names = list(names) if names is not None else [f"m{i:02d}" for i in range(len(members))]
     groups: dict[Arch, list[int]] = {}
     for i, (arch, _) in enumerate(members):
@@ -315,6 +427,7 @@ def train_pool(
         stack, hist = train_stack(
             arch, [members[i][1] for i in idx], x, y, config=config, names=[names[i] for i in idx],
             progress=progress, label=arch.name, x_val=x_val, y_val=y_val,
+            objective=objective, objective_hp={n: np.asarray(v)[idx] for n, v in obj_hp.items()},
         )
         stacks.append(stack)
         info[arch.name] = hist.to_dict()
