@@ -259,7 +259,7 @@ def l2_proposal(key, x, x0, eps, p, box=(0.0, 1.0)) -> jnp.ndarray:
     flip = u[4] < 0.5
     sign = jnp.where(u[6:] < 0.5, -1.0, 1.0)
     d = l2_window_update(x - x0, r1, c1, r2, c2, s, flip, sign, eps, max_side)
-    return jnp.clip(x0 + d, box[0], box[1])
+    return jnp.clip(G.add_within(x0, d), box[0], box[1])
 
 
 class SquareConfig(NamedTuple):
@@ -300,9 +300,9 @@ def square_kernel(cfg: SquareConfig, params, x0, ref, mask, eps, cap, key, x_ini
     def init_one(k, x0, eps, xi):
         if cfg.p == math.inf:
             stripes = jnp.where(jax.random.uniform(k, (1, W, C)) < 0.5, -1.0, 1.0)
-            x = jnp.clip(x0 + eps * stripes, lo, hi)
+            x = jnp.clip(G.add_within(x0, eps * stripes), lo, hi)
         else:
-            x = jnp.clip(x0 + l2_init_perturbation(k, (H, W, C), eps), lo, hi)
+            x = jnp.clip(G.add_within(x0, l2_init_perturbation(k, (H, W, C), eps)), lo, hi)
         warm = G.project(xi, x0, eps, cfg.p, cfg.box)
         return jnp.where(has_init, warm, x)
 
@@ -324,7 +324,7 @@ def square_kernel(cfg: SquareConfig, params, x0, ref, mask, eps, cap, key, x_ini
         jj = jnp.arange(W)[None, :, None]
         win = (ii >= rh) & (ii < rh + s) & (jj >= rw) & (jj < rw + s)
         signs = jnp.where(u[2:] < 0.5, -1.0, 1.0)
-        xn = jnp.where(win, x0 + eps * signs, x)
+        xn = jnp.where(win, G.add_within(x0, eps * signs), x)
         return jnp.clip(jnp.clip(xn, x0 - eps, x0 + eps), lo, hi)
 
     def propose_l2(k, x, x0, eps, it):

@@ -323,3 +323,22 @@ def test_l0_single_sort_matches_double_argsort_with_ties():
     assert (changed <= np.floor(k + 1e-6)).all()
     assert changed[0] <= 3 and changed[1] <= 3
 
+
+
+@pytest.mark.parametrize("p", ["l1", "l2", "linf"])
+def test_projection_write_back_never_leaves_a_tiny_ball(p):
+    """float32 ``x0 + d`` rounds up to half an ulp of x0 per element away from x0: an l1 radius of
+    1e-6 on 16 elements in [0.5, 1] realized 1.12e-6 (found by test_attacks_fuzz.py).
+    ``add_within`` writes back toward x0, so the float64 realized norm stays within eps."""
+    rng = np.random.default_rng(0)
+    x0 = rng.uniform(0.5, 1.0, (256, 16)).astype(np.float32)
+    x = np.clip(x0 + rng.normal(0.0, 1e-3, x0.shape), 0, 1).astype(np.float32)
+    q = {"l1": 1, "l2": 2, "linf": np.inf}[p]
+    for eps in (1e-6, 3e-7):
+        y = np.asarray(jax.vmap(lambda a, b: _project(a, b, eps, p))(jnp.asarray(x), jnp.asarray(x0)))
+        realized = np.linalg.norm(y.astype(np.float64) - x0.astype(np.float64), ord=q, axis=1)
+        assert realized.max() <= np.float32(eps) * (1 + 1e-6), (p, eps, realized.max())
+        assert realized.min() > 0.5 * eps      # still uses the ball (up to float32 quantization of x0 + d)
+    d = jnp.asarray(rng.normal(0.0, 1e-7, x0.shape), jnp.float32)
+    y = np.asarray(G.add_within(jnp.asarray(x0), d)).astype(np.float64)
+    assert np.all(np.abs(y - x0) <= np.abs(np.asarray(d, np.float64)))  # elementwise, exactly
