@@ -40,6 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sarjax.attacks import geometry
+from sarjax.attacks._engine import check_sample_ids
 from sarjax.attacks.audit import check as audit_check
 from sarjax.attacks.threat import Threat, canonical_norm, check_labels
 
@@ -267,8 +268,8 @@ def _run_one(spec: Spec, f: LogitsFn, p: float, T: int, R: int, init_eps: float,
     return MinNormResult(x_best, n_real, traj, spent[-1], jnp.isfinite(n_real))
 
 
-def _run_batch(spec, f, p, T, R, init_eps, strict, x0, y, t, key):
-    keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(x0.shape[0]))
+def _run_batch(spec, f, p, T, R, init_eps, strict, x0, y, t, key, sids):
+    keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(sids)   # per sample: its index in the data set
     return jax.vmap(lambda a, b, c, k: _run_one(spec, f, p, T, R, init_eps, strict, a, b, c, k))(
         x0, y, t, keys)
 
@@ -280,9 +281,9 @@ def _member_fn(apply, params):
     return lambda x: apply(params, x[None])[0]
 
 
-def _stack_batch(spec, apply, p, T, R, init_eps, strict, params, x0, y, t, key):
+def _stack_batch(spec, apply, p, T, R, init_eps, strict, params, x0, y, t, key, sids):
     return jax.vmap(lambda prm: _run_batch(spec, _member_fn(apply, prm), p, T, R, init_eps, strict,
-                                           x0, y, t, key))(params)
+                                           x0, y, t, key, sids))(params)
 
 
 _stack_jit = jax.jit(_stack_batch, static_argnums=(0, 1, 2, 3, 4, 5, 6))
@@ -367,7 +368,7 @@ def _batched_logits(f):
 
 def run(spec: Spec, f: LogitsFn, x0, y, key, *, norm, max_queries: int = 1000, targets=None,
         strict_target: bool = False, restarts: int = 0, init_eps: float | None = None,
-        check: bool = True) -> MinNormResult:
+        check: bool = True, sample_ids=None) -> MinNormResult:
     """Runs a minimum-norm attack on one model, jitted, vmapped over the batch.
 
     Args:
@@ -376,7 +377,7 @@ def run(spec: Spec, f: LogitsFn, x0, y, key, *, norm, max_queries: int = 1000, t
         (the jit cache is keyed on it: reuse the same function object).
       x0: ``[B, *S]`` clean inputs in ``[0, 1]``.
       y: ``[B]`` int true labels.
-      key: PRNG key (per sample ``fold_in(key, i)``, per restart ``fold_in(., r)``).
+      key: PRNG key (per sample ``fold_in(key, sample_ids[b])``, per restart ``fold_in(., r)``).
       norm: ``0, 1, 2, inf`` or ``"l0" ... "linf"``.
       max_queries: the hard per-sample query cap ``T`` (>= 10).
       targets: ``[B]`` int target classes, ``-1`` = untargeted; ``None`` = all untargeted.
@@ -385,6 +386,8 @@ def run(spec: Spec, f: LogitsFn, x0, y, key, *, norm, max_queries: int = 1000, t
       restarts: extra runs from random points of the ``init_eps`` ball (share ``T``).
       init_eps: radius of the random starts (needed when ``restarts > 0``).
       check: audit the result on the host (bound, box, adversarial) and raise.
+      sample_ids: ``[B]`` int, each sample's index in the data set (default ``arange(B)``): a
+        sample's random stream does not depend on the batch it runs in.
 
     Returns:
       :class:`MinNormResult`.
@@ -396,7 +399,8 @@ def run(spec: Spec, f: LogitsFn, x0, y, key, *, norm, max_queries: int = 1000, t
     probe = jax.eval_shape(f, jax.ShapeDtypeStruct(np.shape(x0)[1:], jnp.float32))
     p, T, R, e, x0, y, t = _validate(spec, x0, y, targets, norm, max_queries, restarts, init_eps,
                                       num_classes=probe.shape[-1])
-    res = _run_jit(spec, f, p, T, R, e, bool(strict_target), x0, y, t, key)
+    sids = check_sample_ids(sample_ids, x0.shape[0])
+    res = _run_jit(spec, f, p, T, R, e, bool(strict_target), x0, y, t, key, sids)
     if check:
         _audit(res, x0, p, spec.name, _batched_logits(f), y, t, bool(strict_target))
     return res
@@ -404,7 +408,7 @@ def run(spec: Spec, f: LogitsFn, x0, y, key, *, norm, max_queries: int = 1000, t
 
 def run_stack(spec: Spec, apply: Callable, params, x0, y, key, *, norm, max_queries: int = 1000,
               targets=None, strict_target: bool = False, restarts: int = 0,
-              init_eps: float | None = None, check: bool = True) -> MinNormResult:
+              init_eps: float | None = None, check: bool = True, sample_ids=None) -> MinNormResult:
     """Runs the attack on every member of a stack: ``jax.vmap`` over stacked params.
 
     Args:
@@ -413,7 +417,7 @@ def run_stack(spec: Spec, apply: Callable, params, x0, y, key, *, norm, max_quer
         (e.g. ``stack.arch.apply``); hashable.
       params: members' params stacked on a leading axis ``[M, ...]``.
       x0, y, key, norm, max_queries, targets, strict_target, restarts,
-      init_eps, check: as :func:`run` (the same inputs attack every member).
+      init_eps, check, sample_ids: as :func:`run` (the same inputs attack every member).
 
     Returns:
       :class:`MinNormResult` whose arrays have a leading member axis ``[M, ...]``.
@@ -427,7 +431,8 @@ def run_stack(spec: Spec, apply: Callable, params, x0, y, key, *, norm, max_quer
                            jax.ShapeDtypeStruct(np.shape(x0)[1:], jnp.float32))
     p, T, R, e, x0, y, t = _validate(spec, x0, y, targets, norm, max_queries, restarts, init_eps,
                                       num_classes=probe.shape[-1])
-    res = _stack_jit(spec, apply, p, T, R, e, bool(strict_target), params, x0, y, t, key)
+    sids = check_sample_ids(sample_ids, x0.shape[0])
+    res = _stack_jit(spec, apply, p, T, R, e, bool(strict_target), params, x0, y, t, key, sids)
     if check:
         for m in range(M):
             pm = jax.tree.map(lambda l: l[m], params)
@@ -447,7 +452,7 @@ def run_pool(spec: Spec, pool, x0, y, key, **kwargs) -> MinNormResult:
       pool: a ``Pool``.
       x0, y, key: as :func:`run`.
       **kwargs: ``norm``, ``max_queries``, ``targets``, ``strict_target``,
-        ``restarts``, ``init_eps``, ``check`` as :func:`run`.
+        ``restarts``, ``init_eps``, ``check``, ``sample_ids`` as :func:`run`.
 
     Returns:
       :class:`MinNormResult` with arrays ``[M, ...]`` (M = ``pool.num_members``).
