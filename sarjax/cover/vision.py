@@ -288,12 +288,9 @@ def run_sar(
         y = np.asarray(labels)
         if not np.issubdtype(y.dtype, np.integer) or y.shape != (b,):
             raise ValueError(f"labels must be int [{b}], got {y.dtype} {y.shape}")
-        c = int(pool.num_classes)
-        bad = np.flatnonzero((y < 0) | (y >= c))
-        if bad.size:
-            raise ValueError(f"labels must lie in [0, {c}) for a {c}-class pool: samples "
-                             f"{bad[:10].tolist()}{' ...' if bad.size > 10 else ''} have "
-                             f"{y[bad[:10]].tolist()}")
+        from sarjax.attacks.threat import check_labels  # the one label-range check of sarjax
+
+        check_labels(y, int(pool.num_classes))
     custom_attack = attack is not None
     clean_pred = pool.predict(x).T.astype(np.int32)  # [B, M]
     if labels is None:

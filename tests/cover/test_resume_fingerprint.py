@@ -191,7 +191,7 @@ def test_run_sar_rejects_bad_inputs_with_what_was_expected():
 
 def test_run_sar_rejects_labels_outside_the_classes():
     # The old code ran and returned SAR 0 for every sample (every member "broken" on the clean image).
-    with pytest.raises(ValueError, match=r"labels must lie in \[0, 3\) for a 3-class pool: samples \[0, 1, 3\] "
+    with pytest.raises(ValueError, match=r"labels out of range \[0, C=3\): samples \[0, 1, 3\] "
                                          r"have \[10, 99, -1\]"):
         run_sar(POOL, X, 0.1, [0.0], labels=np.array([10, 99, 2, -1]))
 
