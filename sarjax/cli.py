@@ -77,8 +77,19 @@ def cmd_train_pool(args: argparse.Namespace) -> int:
     return 0
 
 
+def _version() -> str:
+    """The installed sarjax version (pyproject.toml's ``version``)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("sarjax")
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sarjax", description="Systemic adversarial robustness of model pools, in JAX.")
+    p.add_argument("--version", action="version", version=f"sarjax {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train-pool", help="train a diversity-preset pool on MNIST and save it")

@@ -185,3 +185,12 @@ def test_demo_quick_and_full_default_to_separate_dirs(tmp_path, monkeypatch):
         demo.run_demo(samples=3)
     assert json.loads((tmp_path / "sarjax-demo-quick" / FINGERPRINT_FILE).read_text())["quick"] is True
     assert json.loads((tmp_path / "sarjax-demo" / FINGERPRINT_FILE).read_text())["quick"] is False
+
+
+def test_version_flag_prints_the_installed_version(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out.strip() == f"sarjax {version('sarjax')}"
