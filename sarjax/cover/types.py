@@ -6,7 +6,6 @@ reused every greedy round without recompiling (the uncovered set travels as a
 ``[B, M]`` bool mask, never as a list of indices).
 """
 
-from __future__ import annotations
 
 from typing import Any, NamedTuple, Protocol
 
@@ -31,10 +30,10 @@ class Candidates(NamedTuple):
             A single-member attack may return zeros here.
     """
 
-    x_adv: Any
-    covered: Any
-    queries: Any
-    objective: Any
+    x_adv: np.ndarray
+    covered: np.ndarray
+    queries: np.ndarray
+    objective: np.ndarray
 
 
 class JointAttack(Protocol):

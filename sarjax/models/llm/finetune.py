@@ -7,7 +7,6 @@ response tokens only. The whole run (all members, all steps) is one jitted
 members on a teacher's (prompt, generation) trajectories.
 """
 
-from __future__ import annotations
 
 from functools import partial
 from typing import Any, NamedTuple, Sequence
