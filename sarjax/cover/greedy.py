@@ -119,7 +119,7 @@ def _config(
 
 def _atomic_savez(path: Path, **arrays: np.ndarray) -> None:
     tmp = path.with_name(path.name + ".tmp.npz")
-    np.savez(tmp, **arrays)
+    np.savez(tmp, **arrays)  # pyright: ignore[reportArgumentType]  (numpy's stub types **kwds as allow_pickle)
     os.replace(tmp, path)  # atomic: a crash leaves the previous file intact
 
 
@@ -327,7 +327,7 @@ def greedy_sar(
                 state.unbreakable[rows[fail], tgt[fail]] = True
                 state.uncovered[rows[fail], tgt[fail]] = False
                 target = np.where(need, tgt, -1)
-                if store_inputs:
+                if x_rec is not None:
                     x_rec[success] = x_f[success]
             recorded = hit | success
             state.uncovered &= ~new
@@ -347,7 +347,7 @@ def greedy_sar(
             }
             for k in ROUND_FIELDS:
                 state.logs[k].append(log[k])
-            if store_inputs:
+            if x_rec is not None:
                 x_rec[~recorded] = 0
                 state.inputs.append(x_rec)
             state.next_round = r + 1

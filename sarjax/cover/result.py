@@ -253,10 +253,11 @@ class SARResult:
     fallback_success: np.ndarray
     fallback_queries: np.ndarray
     inputs: np.ndarray | None = None
-    sar_singleton: np.ndarray | None = None
-    k_singleton: np.ndarray | None = None
-    singleton_added: np.ndarray | None = None
-    singleton_unbreakable: np.ndarray | None = None
+    # None at construction means "derive from the round logs" (__post_init__ always fills them)
+    sar_singleton: np.ndarray = None  # type: ignore[assignment]
+    k_singleton: np.ndarray = None  # type: ignore[assignment]
+    singleton_added: np.ndarray = None  # type: ignore[assignment]
+    singleton_unbreakable: np.ndarray = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         # Results saved before the singleton-completed fields existed (or built
@@ -289,7 +290,7 @@ class SARResult:
     @property
     def fallback_fired(self) -> np.ndarray:
         """``[B]`` bool, whether the fallback ran at least once."""
-        return self.fallback.any(axis=0)
+        return np.asarray(self.fallback.any(axis=0))
 
     def sar_at(self, delta: float) -> np.ndarray:
         """``[B]`` SAR for another delta, read off this run's coverage order.
@@ -543,7 +544,9 @@ def concat_results(results: "list[SARResult]") -> SARResult:
     }
     inputs = None
     if first.inputs is not None:
-        inputs = np.concatenate([pad(r.inputs, 0) for r in results], axis=1)
+        inputs = np.concatenate([pad(r.inputs, 0) for r in results if r.inputs is not None], axis=1)
+        if inputs.shape[1] != sum(r.batch_size for r in results):
+            raise ValueError("concat_results: some results stored their inputs and others did not")
     return SARResult(
         num_members=first.num_members,
         deltas=first.deltas,

@@ -81,7 +81,8 @@ def key_fingerprint(key: Any) -> list[int]:
     import jax
 
     k = key
-    if jax.dtypes.issubdtype(getattr(k, "dtype", None), jax.dtypes.prng_key):
+    dtype = getattr(k, "dtype", None)
+    if dtype is not None and jax.numpy.issubdtype(dtype, jax.dtypes.prng_key):
         k = jax.random.key_data(k)
     return np.asarray(k).astype(np.int64).ravel().tolist()
 

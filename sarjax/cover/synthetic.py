@@ -89,7 +89,7 @@ class SetSystemOracle:
             worst = np.argmin(np.where(ok, marginal, np.iinfo(np.int64).max), axis=1)
             idx = np.where(found, worst, -1)
         objective = (self.sets & self.joint_visible[:, :, None]).sum(axis=1) + 0.5 * unc
-        return self._candidates(idx, found, unc.any(axis=1), objective.astype(np.float64))
+        return self._candidates(idx, found, np.asarray(unc.any(axis=1)), objective.astype(np.float64))
 
     def single(self, target: np.ndarray, active: np.ndarray, round_index: int) -> Candidates:
         """Single-member attack: the largest input that breaks ``target``, if any."""

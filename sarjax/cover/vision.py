@@ -267,7 +267,7 @@ def run_sar(
     if not np.isfinite(eps) or eps <= 0:
         raise ValueError(f"eps must be a finite float > 0, got {eps}")
     if isinstance(deltas, (int, float, np.floating, np.integer)):
-        deltas = (deltas,)
+        deltas = (float(deltas),)
     if isinstance(deltas, (str, bytes)) or np.ndim(deltas) != 1 or len(deltas) == 0:
         raise ValueError(f"deltas must be a non-empty sequence of floats in [0, 1), got {deltas!r}")
     deltas = tuple(float(d) for d in deltas)
