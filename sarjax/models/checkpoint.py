@@ -199,9 +199,10 @@ def _check_files(path: Path, i: int, target_dir: Path, files: dict) -> None:
                               + "; ".join(problems[:5]) + (f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""))
 
 
-def _compare_leaves(path: Path, i: int, arch: Arch, want: list, got: list, want_is: str, got_is: str) -> None:
-    want = {k: (tuple(s), d) for k, s, d in want}
-    got = {k: (tuple(s), d) for k, s, d in got}
+def _compare_leaves(path: Path, i: int, arch: Arch, want_leaves: list, got_leaves: list, want_is: str,
+                    got_is: str) -> None:
+    want = {k: (tuple(s), d) for k, s, d in want_leaves}
+    got = {k: (tuple(s), d) for k, s, d in got_leaves}
     if want == got:
         return
     diffs = [f"{k}: {got_is} {got.get(k, 'absent')}, {want_is} {want.get(k, 'absent')}"

@@ -261,10 +261,10 @@ def _values(tree):
     return jax.tree.map(lambda v: v.value if _is_primal(v) else v, tree, is_leaf=_is_primal)
 
 
-def _shapes(arch) -> dict:
+def _shapes(arch) -> dict[str, tuple[int, ...]]:
     """Spatial sizes of conv i's map (before pooling); ``pooled0``: the pooled first-layer map."""
     h, w, _ = arch.input_shape
-    out = {"pooled0": (h // 2, w // 2, arch.widths[0])}
+    out: dict[str, tuple[int, ...]] = {"pooled0": (h // 2, w // 2, arch.widths[0])}
     for i in range(len(arch.widths)):
         out[f"conv{i}"] = (h, w)
         h, w = h // 2, w // 2

@@ -15,6 +15,7 @@ from functools import cached_property
 from typing import Any, Callable, Sequence
 
 import jax
+import jax.core  # jax.core.Tracer: a concrete value can be checked on the host
 import jax.numpy as jnp
 import numpy as np
 

@@ -29,9 +29,10 @@ Parameter tree (gpt2)::
 from __future__ import annotations
 
 from functools import partial
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Literal, NamedTuple, Sequence, overload
 
 import jax
+import jax.core  # jax.core.Tracer: a concrete value can be checked on the host
 import jax.numpy as jnp
 import numpy as np
 
@@ -209,12 +210,15 @@ def _attention(cfg: DecoderConfig, q, blocks):
         scores.append(jnp.where(allowed[None, None], s, _NEG))
     s = jnp.concatenate(scores, axis=-1)
     p = jax.nn.softmax(s, axis=-1)
-    out = 0.0
+    out = None
     start = 0
     for k, v, _ in blocks:
         pb = p[..., start : start + k.shape[0]]
         start += k.shape[0]
-        out = out + jnp.einsum("kgts,skd->tkgd", pb.astype(v.dtype), v)
+        term = jnp.einsum("kgts,skd->tkgd", pb.astype(v.dtype), v)
+        out = term if out is None else out + term
+    if out is None:
+        raise ValueError("attention needs at least one key/value block")
     return out.reshape(t, h * d).astype(q.dtype)
 
 
@@ -262,7 +266,7 @@ def _window_ok(cfg, qpos, kpos):
 # ----------------------------------------------------------------------------- core
 
 
-def positions_from_mask(mask, offset=0):
+def positions_from_mask(mask, offset: int | jax.Array = 0):
     """Positions of a left- (or right-) padded sequence: real token i gets offset + i.
 
     Args:
@@ -285,6 +289,16 @@ def embed_tokens(params: Params, ids):
     if _concrete(ids):
         check_token_ids("ids", ids, params["embed"].shape[0])
     return jnp.take(params["embed"], ids, axis=0)
+
+
+@overload
+def hidden_states(params: Params, cfg: DecoderConfig, x, mask, pos, prefix: Sequence[KVBlock] = (),
+                  return_kv: Literal[True] = True) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]: ...
+
+
+@overload
+def hidden_states(params: Params, cfg: DecoderConfig, x, mask, pos, prefix: Sequence[KVBlock] = (), *,
+                  return_kv: Literal[False]) -> tuple[jax.Array, None]: ...
 
 
 def hidden_states(

@@ -14,6 +14,7 @@ from functools import partial
 from typing import Sequence
 
 import jax
+import jax.core  # jax.core.Tracer: a concrete value can be checked on the host
 import jax.numpy as jnp
 import numpy as np
 
