@@ -21,7 +21,7 @@ from sarjax.attacks.rounds import make_rounds
 from sarjax.attacks.square import make_square
 from sarjax.attacks.threat import Threat, canonical_norm, check_labels
 
-# minimum-norm attacks (docs/minnorm.md): each module has spec(**hp) and an attack of its name, e.g. fmn.fmn(f, x0, y, key, *, norm)
+# minimum-norm attacks (docs/minnorm.md): each module has spec(**hp) and a factory make_<name>(apply, *, norm, max_queries)
 from sarjax.attacks import alma, apgd_min, ddn, fab, fmn, minnorm, pdgd, pdpgd, sigma_zero  # noqa: E402
 from sarjax.attacks.minnorm import MinNormResult  # noqa: E402
 

@@ -81,11 +81,17 @@ def _init_lr(x0, g, p, target):
     return 0.5 * (lo + hi)
 
 
-def _core(f, x0, y, t, x_init, key, *, budget, p, strict, hp):
-    steps = budget // 2
-    init_dist = hp["init_lr_distance"]
-    if init_dist == "paper":
-        init_dist = PAPER_INIT_LR_DISTANCE[p]
+def _init_dist(ctx):
+    d = ctx.hp["init_lr_distance"]
+    return PAPER_INIT_LR_DISTANCE[ctx.p] if d == "paper" else d
+
+
+def _alma_step(ctx, s, i, first=False, rand_dir=None):
+    # ``i`` is ALMA's own step index (0 = the first step, taken by _init); ALMA's step count
+    # is the driver's (the steps after the first) plus one
+    f, x0, y, t, p, hp = ctx.f, ctx.x0, ctx.y, ctx.t, ctx.p, ctx.hp
+    steps = ctx.steps + 1.0
+    init_dist = _init_dist(ctx)
     a, tau, gam, tol = hp["alpha"], hp["tau"], hp["gamma"], hp["logit_tolerance"]
 
     def loss_fn(x, rho, mu, first):
@@ -94,43 +100,52 @@ def _core(f, x0, y, t, x_init, key, *, budget, p, strict, hp):
         pen = _p2(c, rho, mu)
         return jnp.where(first, 0.0, _dist(x - x0, p)) + pen, (logits, c)
 
-    def step(s, i, first=False):
-        x, sq, mom, lr, rho, mu, prev_c, found, i_found, bx, bn = s
-        (_, (logits, c)), g = jax.value_and_grad(loss_fn, has_aux=True)(x, rho, mu, i == 0)
-        g = jnp.where(jnp.isfinite(g), g, 0.0)
-        if first and init_dist is not None:
-            # first step (traced apart from the scan): a (near) zero gradient is replaced by a
-            # random unit direction and the learning rate is set so that this step moves
-            # init_dist (ALMA paper / adv-lib's init_lr_finder)
-            g = jnp.where(jnp.sqrt(jnp.sum(g * g)) <= 1e-6, rand_dir, g)
-            lr = _init_lr(x0, g, p, init_dist).astype(lr.dtype)
-        check = (i > 0) & (jnp.mod(i + 1, hp["check_steps"]) == 0)
-        improved = c < tau * prev_c
-        rho = jnp.where(check & ~(found | improved), gam * rho, rho)
-        prev_c = jnp.where((i == 0) | check, c, prev_c)
-        new_mu = jax.grad(_p2)(c, rho, mu)
-        mu = jnp.where(i > 0, jnp.clip(mu + (1.0 - a) * (new_mu - mu), 1e-6, 1e12), mu)
-        adv = mn.is_success(logits, y, t, strict)
-        bx, bn, _ = mn.track(bx, bn, x, x0, adv, p)
-        i_found = jnp.where(~found & adv, i, i_found)
-        found = found | adv
-        decay = hp["lr_reduction"] ** (jnp.maximum(i - i_found, 0.0) / (steps - i_found))
-        sq = a * sq + (1.0 - a) * g * g
-        mom = a * mom + g / (jnp.sqrt(sq) + 1e-8)
-        x = jnp.clip(x - lr * decay * mom, 0.0, 1.0)
-        return (x, sq, mom, lr, rho, mu, prev_c, found, i_found, bx, bn), bn
+    x, sq, mom, lr, rho, mu, prev_c, found, i_found, bx, bn = s
+    (_, (logits, c)), g = jax.value_and_grad(loss_fn, has_aux=True)(x, rho, mu, i == 0)
+    g = jnp.where(jnp.isfinite(g), g, 0.0)
+    if first and init_dist is not None:
+        # first step: a (near) zero gradient is replaced by a random unit direction and the
+        # learning rate is set so that this step moves init_dist (ALMA paper / adv-lib's
+        # init_lr_finder)
+        g = jnp.where(jnp.sqrt(jnp.sum(g * g)) <= 1e-6, rand_dir, g)
+        lr = _init_lr(x0, g, p, init_dist).astype(lr.dtype)
+    check = (i > 0) & (jnp.mod(i + 1, hp["check_steps"]) == 0)
+    improved = c < tau * prev_c
+    rho = jnp.where(check & ~(found | improved), gam * rho, rho)
+    prev_c = jnp.where((i == 0) | check, c, prev_c)
+    new_mu = jax.grad(_p2)(c, rho, mu)
+    mu = jnp.where(i > 0, jnp.clip(mu + (1.0 - a) * (new_mu - mu), 1e-6, 1e12), mu)
+    adv = mn.is_success(logits, y, t, ctx.strict)
+    bx, bn, _ = mn.track(bx, bn, x, x0, adv, p)
+    i_found = jnp.where(~found & adv, i, i_found)
+    found = found | adv
+    decay = hp["lr_reduction"] ** (jnp.maximum(i - i_found, 0.0) / (steps - i_found))
+    sq = a * sq + (1.0 - a) * g * g
+    mom = a * mom + g / (jnp.sqrt(sq) + 1e-8)
+    x = jnp.clip(x - lr * decay * mom, 0.0, 1.0)
+    return x, sq, mom, lr, rho, mu, prev_c, found, i_found, bx, bn
 
+
+def _init(ctx, x_init):
+    """ALMA's first step (2 queries; it sets the learning rate when ``init_lr_distance``)."""
+    x0, hp = ctx.x0, ctx.hp
     f32 = lambda v: jnp.asarray(v, jnp.float32)
     rand_dir = None
-    if init_dist is not None:
-        rand_dir = jax.random.normal(jax.random.fold_in(key, 0), x0.shape, x0.dtype)
+    if _init_dist(ctx) is not None:
+        rand_dir = jax.random.normal(jax.random.fold_in(ctx.key, 0), x0.shape, x0.dtype)
         rand_dir = rand_dir / jnp.maximum(jnp.sqrt(jnp.sum(rand_dir * rand_dir)), 1e-12)
-    init = (x_init, jnp.ones_like(x0), jnp.zeros_like(x0), f32(hp["lr_init"]), f32(hp["rho_init"]),
-            f32(hp["mu_init"]), f32(0.0), jnp.asarray(False), f32(steps + 1), x0, f32(jnp.inf))
-    s, h0 = step(init, jnp.zeros((), jnp.float32), first=True)
-    s, hist = jax.lax.scan(step, s, jnp.arange(1, steps, dtype=jnp.float32))
-    hist = jnp.concatenate([jnp.reshape(h0, (1,)), hist])
-    return mn.gradient_core_out(s[9], s[10], hist, steps)
+    s = (x_init, jnp.ones_like(x0), jnp.zeros_like(x0), f32(hp["lr_init"]), f32(hp["rho_init"]),
+         f32(hp["mu_init"]), f32(0.0), jnp.asarray(False), f32(ctx.steps + 2.0), x0, f32(jnp.inf))
+    s = _alma_step(ctx, s, jnp.zeros((), jnp.float32), first=True, rand_dir=rand_dir)
+    return s, s[-1]
+
+
+def _step(ctx, s, i):
+    return _alma_step(ctx, s, i + 1.0)
+
+
+def _costs(hp, num_classes):
+    return 2, 2
 
 
 def spec(*, lr_init: float = 0.1, lr_reduction: float = 0.01, mu_init: float = 1.0, rho_init: float = 1.0,
@@ -164,27 +179,16 @@ def spec(*, lr_init: float = 0.1, lr_reduction: float = 0.01, mu_init: float = 1
                 or not (math.isfinite(init_lr_distance) and init_lr_distance > 0):
             raise ValueError(f"init_lr_distance must be None, 'paper' or a finite float > 0, got {init_lr_distance!r}")
         init_lr_distance = float(init_lr_distance)
-    return mn.make_spec("alma", _core, (1, 2),
+    return mn.make_spec("alma", _init, _step, (1, 2),
                         dict(lr_init=float(lr_init), lr_reduction=float(lr_reduction), mu_init=float(mu_init),
                              rho_init=float(rho_init), check_steps=int(check_steps), tau=float(tau),
                              gamma=float(gamma), alpha=float(alpha), logit_tolerance=float(logit_tolerance),
                              init_lr_distance=init_lr_distance),
-                        min_classes=3)
+                        costs=_costs, min_classes=3)
 
 
-def alma(f, x0, y, key, *, norm=2, max_queries: int = 2000, targets=None, strict_target: bool = False,
-         restarts: int = 0, init_eps: float | None = None, check: bool = True, **hp) -> mn.MinNormResult:
-    """ALMA on one model (l1 or l2); default 2000 queries = ALMA's 1000 steps.
-
-    Args:
-      f: ``f(x: [*S]) -> [C]`` logits of one example (C >= 3; targeted needs 4).
-      x0: ``[B, *S]`` in ``[0, 1]``.
-      y: ``[B]`` int labels.
-      key: PRNG key (restarts).
-      norm: ``1`` or ``2``.
-      max_queries, targets, strict_target, restarts, init_eps, check: see
-        :func:`sarjax.attacks.minnorm.run`.
-      **hp: see :func:`spec`.
-    """
-    return mn.run(spec(**hp), f, x0, y, key, norm=norm, max_queries=max_queries, targets=targets,
-                  strict_target=strict_target, restarts=restarts, init_eps=init_eps, check=check)
+make_alma = mn.factory(spec, 2, 2000)
+make_alma.__name__ = "make_alma"
+make_alma.__doc__ = """ALMA on a pool (l1 or l2; :func:`sarjax.attacks.minnorm.make`); default 2000 queries = ALMA's
+1000 steps (C >= 3; targeted needs 4).  ``**hp``: see :func:`spec`.
+"""

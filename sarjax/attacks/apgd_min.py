@@ -44,7 +44,6 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from sarjax.attacks import geometry
 from sarjax.attacks import minnorm as mn
@@ -52,31 +51,28 @@ from sarjax.attacks import minnorm as mn
 _OBJECTIVES = {"ce": mn.cross_entropy_objective, "dlr": mn.dlr_objective}
 
 
-def _checkpoints(steps: int, p: float) -> np.ndarray:
-    """Boolean ``[steps]``: a checkpoint after step i (APGD's schedule)."""
-    out = np.zeros(steps, bool)
+def _schedule(steps, p):
+    """APGD's checkpoint schedule for ``steps`` steps (traced): ``(k, k_min, dec)`` as ints in
+    float32; the first checkpoint is after step ``k - 1``, the next ones ``max(k - dec, k_min)``
+    further on each time (l1: every ``k`` steps, ``k = max(4% of the steps, 1)``).  Integer
+    arithmetic ``(22 * steps) // 100`` stands for AutoAttack's ``int(0.22 * steps)``."""
+    n = steps.astype(jnp.int32)
+    pct = lambda c: jnp.maximum((c * n) // 100, 1).astype(jnp.float32)
     if p == 1.0:
-        k = max(int(0.04 * steps), 1)
-        out[k - 1::k] = True
-        return out
-    k, kmin, dec = max(int(0.22 * steps), 1), max(int(0.06 * steps), 1), max(int(0.03 * steps), 1)
-    i = k - 1
-    while i < steps:
-        out[i] = True
-        k = max(k - dec, kmin)
-        i += k
-    return out
+        k = pct(4)
+        return k, k, jnp.zeros_like(k)
+    return pct(22), pct(6), pct(3)
 
 
-def _core(f, x0, y, t, x_init, key, *, budget, p, strict, hp):
-    del key
-    objective = _OBJECTIVES[hp["loss"]]
-    steps = (budget - 3) // 2
-    rho, g0, g1 = hp["rho"], hp["gamma_init"], hp["gamma_final"]
-    alpha = 1.0 if p == 1.0 else 2.0
-    d = x0.size
-    worst = mn.worst_norm(x0, p)
+def _setup(ctx):
+    objective = _OBJECTIVES[ctx.hp["loss"]]
+    alpha = 1.0 if ctx.p == 1.0 else 2.0
+    return objective, alpha, ctx.x0.size, mn.worst_norm(ctx.x0, ctx.p)
 
+
+def _init(ctx, x_init):
+    f, x0, y, t, p, strict = ctx.f, ctx.x0, ctx.y, ctx.t, ctx.p, ctx.strict
+    objective, alpha, d, worst = _setup(ctx)
     # start: one forward, two backward passes
     logits, vjp = jax.vjp(f, x_init)
     A = -objective(logits, y, t)
@@ -95,79 +91,92 @@ def _core(f, x0, y, t, x_init, key, *, budget, p, strict, hp):
     eta = alpha * eps
     sp0 = geometry.norm(x_init - x0, 0)
     topk = jnp.where(sp0 > 0, sp0 / d / 1.5, 0.2)
+    k, _, _ = _schedule(ctx.steps, p)
     state = dict(x=x_init, xp=x_init, g=g, A=A, eps=eps, eta=eta, bx=bx, bn=bn, bg=bg,
                  found=adv, Ab=A, xab=x_init, gab=g, nincr=jnp.zeros((), jnp.int32),
                  Ab_last=A, red_last=jnp.asarray(False), since=jnp.zeros((), jnp.int32),
-                 topk=jnp.asarray(topk, jnp.float32), sp_old=jnp.asarray(jnp.where(sp0 > 0, sp0, d), jnp.float32))
+                 topk=jnp.asarray(topk, jnp.float32), sp_old=jnp.asarray(jnp.where(sp0 > 0, sp0, d), jnp.float32),
+                 next_check=k - 1.0, ck=k)
+    return state, bn
 
-    def step(s, inp):
-        i, is_check = inp
-        x, eps, eta = s["x"], s["eps"], s["eta"]
-        gamma = mn.cosine(i, steps, g0, g1)
-        if p == 1.0:
-            # keep round(topk * d) >= 1 elements (see module doc)
-            k = jnp.round(s["topk"] * d).astype(jnp.int32)
-            direction = geometry.sparse_sign_top_k(s["g"], x, k)
-            x_new = geometry.project(x + eta * direction, x0, eps, p)
-        else:
-            a = jnp.where(i == 0, 1.0, 0.75)
-            z = geometry.project(x + eta * geometry.steepest(s["g"], p), x0, eps, p)
-            x_new = geometry.project(x + a * (z - x) + (1.0 - a) * (x - s["xp"]), x0, eps, p)
-        val, gn, logits = mn.value_grad(f, objective, x_new, y, t)
-        A_new, g_new = -val, -gn
-        adv = mn.is_success(logits, y, t, strict)
-        n = geometry.norm(x_new - x0, p)
-        better = adv & (n < s["bn"])
-        bx = jnp.where(better, x_new, s["bx"])
-        bn = jnp.where(better, n, s["bn"])
-        bg = jnp.where(better, g_new, s["bg"])
-        found = s["found"] | adv
-        nincr = s["nincr"] + (A_new > s["A"]).astype(jnp.int32)
-        up = A_new > s["Ab"]
-        Ab = jnp.where(up, A_new, s["Ab"])
-        xab = jnp.where(up, x_new, s["xab"])
-        gab = jnp.where(up, g_new, s["gab"])
-        # radius: shrink towards the best norm after success, expand otherwise
-        eps_new = jnp.where(adv, jnp.minimum(eps * (1.0 - gamma), bn), eps * (1.0 + gamma))
-        eps_new = jnp.minimum(eps_new, worst)
-        eta = eta * jnp.where(eps > 0, eps_new / jnp.where(eps > 0, eps, 1.0), 1.0)
-        since = s["since"] + 1
-        # restart point: best adversarial, else best loss
-        rx = jnp.where(found, bx, xab)
-        rg = jnp.where(found, bg, gab)
-        if p == 1.0:
-            sp = geometry.norm(rx - x0, 0)
-            fl = (sp / jnp.maximum(s["sp_old"], 1.0)) < 0.95
-            eta_c = jnp.where(fl, alpha * eps_new, eta / 1.5)
-            eta_c = jnp.clip(eta_c, alpha * eps_new / 10.0, alpha * eps_new)
-            restart = is_check & fl
-            eta = jnp.where(is_check, eta_c, eta)
-            topk = jnp.where(is_check, jnp.clip(sp / d / 1.5, 0.0, 1.0), s["topk"])
-            sp_old = jnp.where(is_check, sp, s["sp_old"])
-            red_last, Ab_last = s["red_last"], s["Ab_last"]
-        else:
-            cond1 = nincr.astype(jnp.float32) <= since.astype(jnp.float32) * rho
-            cond2 = (~s["red_last"]) & (s["Ab_last"] >= Ab)
-            restart = is_check & (cond1 | cond2)
-            eta = jnp.where(restart, eta / 2.0, eta)
-            red_last = jnp.where(is_check, cond1 | cond2, s["red_last"])
-            Ab_last = jnp.where(is_check, Ab, s["Ab_last"])
-            topk, sp_old = s["topk"], s["sp_old"]
-        x_next = jnp.where(restart, geometry.project(rx, x0, eps_new, p), x_new)
-        xp = jnp.where(restart, x_next, x)
-        g_next = jnp.where(restart, rg, g_new)
-        A_next = A_new  # loss of the point the increase counter compares against
-        s = dict(x=x_next, xp=xp, g=g_next, A=A_next, eps=eps_new, eta=eta, bx=bx, bn=bn, bg=bg,
-                 found=found, Ab=Ab, xab=xab, gab=gab,
-                 nincr=jnp.where(is_check, 0, nincr), Ab_last=Ab_last, red_last=red_last,
-                 since=jnp.where(is_check, 0, since), topk=topk, sp_old=sp_old)
-        return s, bn
 
-    checks = jnp.asarray(_checkpoints(steps, p))
-    s, hist = jax.lax.scan(step, state, (jnp.arange(steps, dtype=jnp.float32), checks))
-    hist = jnp.concatenate([jnp.reshape(bn, (1,)), hist])
-    spent = jnp.asarray(np.concatenate([[3], 3 + 2 * np.arange(1, steps + 1)]), jnp.int32)
-    return mn.CoreOut(s["bx"], s["bn"], hist, spent)
+def _step(ctx, s, i):
+    f, x0, y, t, p, strict, steps = ctx.f, ctx.x0, ctx.y, ctx.t, ctx.p, ctx.strict, ctx.steps
+    objective, alpha, d, worst = _setup(ctx)
+    rho, g0, g1 = ctx.hp["rho"], ctx.hp["gamma_init"], ctx.hp["gamma_final"]
+    _, kmin, dec = _schedule(steps, p)
+    is_check = i == s["next_check"]
+    ck = jnp.where(is_check, jnp.maximum(s["ck"] - dec, kmin), s["ck"])
+    next_check = jnp.where(is_check, s["next_check"] + ck, s["next_check"])
+    x, eps, eta = s["x"], s["eps"], s["eta"]
+    gamma = mn.cosine(i, steps, g0, g1)
+    if p == 1.0:
+        # keep round(topk * d) >= 1 elements (see module doc)
+        k = jnp.round(s["topk"] * d).astype(jnp.int32)
+        direction = geometry.sparse_sign_top_k(s["g"], x, k)
+        x_new = geometry.project(x + eta * direction, x0, eps, p)
+    else:
+        a = jnp.where(i == 0, 1.0, 0.75)
+        z = geometry.project(x + eta * geometry.steepest(s["g"], p), x0, eps, p)
+        x_new = geometry.project(x + a * (z - x) + (1.0 - a) * (x - s["xp"]), x0, eps, p)
+    val, gn, logits = mn.value_grad(f, objective, x_new, y, t)
+    A_new, g_new = -val, -gn
+    adv = mn.is_success(logits, y, t, strict)
+    n = geometry.norm(x_new - x0, p)
+    better = adv & (n < s["bn"])
+    bx = jnp.where(better, x_new, s["bx"])
+    bn = jnp.where(better, n, s["bn"])
+    bg = jnp.where(better, g_new, s["bg"])
+    found = s["found"] | adv
+    nincr = s["nincr"] + (A_new > s["A"]).astype(jnp.int32)
+    up = A_new > s["Ab"]
+    Ab = jnp.where(up, A_new, s["Ab"])
+    xab = jnp.where(up, x_new, s["xab"])
+    gab = jnp.where(up, g_new, s["gab"])
+    # radius: shrink towards the best norm after success, expand otherwise
+    eps_new = jnp.where(adv, jnp.minimum(eps * (1.0 - gamma), bn), eps * (1.0 + gamma))
+    eps_new = jnp.minimum(eps_new, worst)
+    eta = eta * jnp.where(eps > 0, eps_new / jnp.where(eps > 0, eps, 1.0), 1.0)
+    since = s["since"] + 1
+    # restart point: best adversarial, else best loss
+    rx = jnp.where(found, bx, xab)
+    rg = jnp.where(found, bg, gab)
+    if p == 1.0:
+        sp = geometry.norm(rx - x0, 0)
+        fl = (sp / jnp.maximum(s["sp_old"], 1.0)) < 0.95
+        eta_c = jnp.where(fl, alpha * eps_new, eta / 1.5)
+        eta_c = jnp.clip(eta_c, alpha * eps_new / 10.0, alpha * eps_new)
+        restart = is_check & fl
+        eta = jnp.where(is_check, eta_c, eta)
+        topk = jnp.where(is_check, jnp.clip(sp / d / 1.5, 0.0, 1.0), s["topk"])
+        sp_old = jnp.where(is_check, sp, s["sp_old"])
+        red_last, Ab_last = s["red_last"], s["Ab_last"]
+    else:
+        cond1 = nincr.astype(jnp.float32) <= since.astype(jnp.float32) * rho
+        cond2 = (~s["red_last"]) & (s["Ab_last"] >= Ab)
+        restart = is_check & (cond1 | cond2)
+        eta = jnp.where(restart, eta / 2.0, eta)
+        red_last = jnp.where(is_check, cond1 | cond2, s["red_last"])
+        Ab_last = jnp.where(is_check, Ab, s["Ab_last"])
+        topk, sp_old = s["topk"], s["sp_old"]
+    x_next = jnp.where(restart, geometry.project(rx, x0, eps_new, p), x_new)
+    xp = jnp.where(restart, x_next, x)
+    g_next = jnp.where(restart, rg, g_new)
+    A_next = A_new  # loss of the point the increase counter compares against
+    s = dict(x=x_next, xp=xp, g=g_next, A=A_next, eps=eps_new, eta=eta, bx=bx, bn=bn, bg=bg,
+             found=found, Ab=Ab, xab=xab, gab=gab,
+             nincr=jnp.where(is_check, 0, nincr), Ab_last=Ab_last, red_last=red_last,
+             since=jnp.where(is_check, 0, since), topk=topk, sp_old=sp_old, next_check=next_check, ck=ck)
+    return s
+
+
+def _best(s):
+    return s["bx"], s["bn"]
+
+
+def _costs(hp, num_classes):
+    return 3, 2  # the start: one forward, two backward passes; then 2 per step
+
 
 
 def spec(*, loss: str = "ce", rho: float = 0.75, gamma_init: float = 0.05,
@@ -183,29 +192,14 @@ def spec(*, loss: str = "ce", rho: float = 0.75, gamma_init: float = 0.05,
     """
     if loss not in _OBJECTIVES:
         raise ValueError(f"loss must be 'ce' or 'dlr', got {loss!r}")
-    return mn.make_spec(f"apgd_min-{loss}", _core, (1, 2, math.inf),
+    return mn.make_spec(f"apgd_min-{loss}", _init, _step, (1, 2, math.inf),
                         dict(loss=loss, rho=float(rho), gamma_init=float(gamma_init),
                              gamma_final=float(gamma_final)),
-                        min_budget=5, min_classes=3 if loss == "dlr" else 2)
+                        costs=_costs, best=_best, min_classes=3 if loss == "dlr" else 2)
 
 
-def apgd_min(f, x0, y, key, *, norm=math.inf, max_queries: int = 1000, targets=None,
-             strict_target: bool = False, restarts: int = 0, init_eps: float | None = None,
-             check: bool = True, **hp) -> mn.MinNormResult:
-    """Minimum-norm APGD on one model (l1, l2, linf).
-
-    Args:
-      f: ``f(x: [*S]) -> [C]`` logits of one example.
-      x0: ``[B, *S]`` in ``[0, 1]``.
-      y: ``[B]`` int labels.
-      key: PRNG key (restarts).
-      norm: ``1, 2`` or ``inf``.
-      max_queries, targets, strict_target, restarts, init_eps, check: see
-        :func:`sarjax.attacks.minnorm.run`.
-      **hp: see :func:`spec`.
-
-    Returns:
-      :class:`~sarjax.attacks.minnorm.MinNormResult`.
-    """
-    return mn.run(spec(**hp), f, x0, y, key, norm=norm, max_queries=max_queries, targets=targets,
-                  strict_target=strict_target, restarts=restarts, init_eps=init_eps, check=check)
+make_apgd_min = mn.factory(spec, math.inf, 1000)
+make_apgd_min.__name__ = "make_apgd_min"
+make_apgd_min.__doc__ = """Minimum-norm APGD on a pool (l1, l2, linf; :func:`sarjax.attacks.minnorm.make`); default
+norm linf, 1000 queries.  ``**hp``: ``loss`` (``"ce"`` / ``"dlr"``), see :func:`spec`.
+"""

@@ -10,40 +10,35 @@ optionally quantizes to ``levels`` grey levels.
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
 from sarjax.attacks import minnorm as mn
 
 
-def _core(f, x0, y, t, x_init, key, *, budget, p, strict, hp):
-    del p
-    steps = budget // 2
+def _init(ctx, x_init):
+    return (x_init, jnp.asarray(ctx.hp["init_norm"], jnp.float32), ctx.x0, jnp.asarray(jnp.inf, jnp.float32)), None
+
+
+def _step(ctx, state, i):
+    f, x0, y, t, hp = ctx.f, ctx.x0, ctx.y, ctx.t, ctx.hp
     gamma, levels = hp["gamma"], hp["levels"]
     worst = mn.worst_norm(x0, 2.0)
-    eps0 = jnp.asarray(hp["init_norm"], jnp.float32)
-
-    def step(state, i):
-        x, eps, bx, bn = state
-        _, g, logits = mn.value_grad(f, mn.cross_entropy_objective, x, y, t)
-        adv = mn.is_success(logits, y, t, strict)
-        bx, bn, _ = mn.track(bx, bn, x, x0, adv, 2.0)
-        gn = jnp.sqrt(jnp.sum(g * g))
-        rnd = mn.hash_direction(key, i, x.shape)
-        direction = jnp.where(gn < 1e-12, rnd, -g / jnp.maximum(gn, 1e-12))  # descend the objective
-        alpha = mn.cosine(i, steps, hp["alpha_init"], hp["alpha_final"])
-        delta = (x - x0) + alpha * direction
-        eps = jnp.minimum(jnp.where(adv, (1.0 - gamma) * eps, (1.0 + gamma) * eps), worst)
-        dn = jnp.sqrt(jnp.sum(delta * delta))
-        delta = delta * (eps / jnp.maximum(dn, 1e-12))
-        x = jnp.clip(x0 + delta, 0.0, 1.0)
-        if levels is not None:
-            x = jnp.round(x * (levels - 1)) / (levels - 1)
-        return (x, eps, bx, bn), bn
-
-    init = (x_init, eps0, x0, jnp.asarray(jnp.inf, jnp.float32))
-    (_, _, bx, bn), hist = jax.lax.scan(step, init, jnp.arange(steps, dtype=jnp.float32))
-    return mn.gradient_core_out(bx, bn, hist, steps)
+    x, eps, bx, bn = state
+    _, g, logits = mn.value_grad(f, mn.cross_entropy_objective, x, y, t)
+    adv = mn.is_success(logits, y, t, ctx.strict)
+    bx, bn, _ = mn.track(bx, bn, x, x0, adv, 2.0)
+    gn = jnp.sqrt(jnp.sum(g * g))
+    rnd = mn.hash_direction(ctx.key, i, x.shape)
+    direction = jnp.where(gn < 1e-12, rnd, -g / jnp.maximum(gn, 1e-12))  # descend the objective
+    alpha = mn.cosine(i, ctx.steps, hp["alpha_init"], hp["alpha_final"])
+    delta = (x - x0) + alpha * direction
+    eps = jnp.minimum(jnp.where(adv, (1.0 - gamma) * eps, (1.0 + gamma) * eps), worst)
+    dn = jnp.sqrt(jnp.sum(delta * delta))
+    delta = delta * (eps / jnp.maximum(dn, 1e-12))
+    x = jnp.clip(x0 + delta, 0.0, 1.0)
+    if levels is not None:
+        x = jnp.round(x * (levels - 1)) / (levels - 1)
+    return x, eps, bx, bn
 
 
 def spec(*, gamma: float = 0.05, init_norm: float = 1.0, alpha_init: float = 1.0,
@@ -60,29 +55,14 @@ def spec(*, gamma: float = 0.05, init_norm: float = 1.0, alpha_init: float = 1.0
     """
     if levels is not None and (int(levels) != levels or levels < 2):
         raise ValueError(f"levels must be None or an int >= 2, got {levels!r}")
-    return mn.make_spec("ddn", _core, (2,),
+    return mn.make_spec("ddn", _init, _step, (2,),
                         dict(gamma=float(gamma), init_norm=float(init_norm), alpha_init=float(alpha_init),
                              alpha_final=float(alpha_final), levels=None if levels is None else int(levels)))
 
 
-def ddn(f, x0, y, key, *, norm=2, max_queries: int = 200, targets=None, strict_target: bool = False,
-        restarts: int = 0, init_eps: float | None = None, check: bool = True, **hp) -> mn.MinNormResult:
-    """Decoupled Direction and Norm attack (l2) on one model.
+make_ddn = mn.factory(spec, 2, 200)
+make_ddn.__name__ = "make_ddn"
+make_ddn.__doc__ = """Decoupled Direction and Norm attack (l2) on a pool (:func:`sarjax.attacks.minnorm.make`).
 
-    ``max_queries // 2`` steps; the default 200 queries = DDN's 100 steps.
-
-    Args:
-      f: ``f(x: [*S]) -> [C]`` logits of one example.
-      x0: ``[B, *S]`` in ``[0, 1]``.
-      y: ``[B]`` int labels.
-      key: PRNG key (random direction on zero gradients; restarts).
-      norm: must be 2.
-      max_queries, targets, strict_target, restarts, init_eps, check: see
-        :func:`sarjax.attacks.minnorm.run`.
-      **hp: see :func:`spec`.
-
-    Returns:
-      :class:`~sarjax.attacks.minnorm.MinNormResult`.
-    """
-    return mn.run(spec(**hp), f, x0, y, key, norm=norm, max_queries=max_queries, targets=targets,
-                  strict_target=strict_target, restarts=restarts, init_eps=init_eps, check=check)
+``max_queries // 2`` steps; the default 200 queries = DDN's 100 steps.  ``**hp``: see :func:`spec`.
+"""

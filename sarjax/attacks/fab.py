@@ -19,7 +19,6 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from sarjax.attacks import geometry
 from sarjax.attacks import minnorm as mn
@@ -77,20 +76,22 @@ def hyperplane_box_step(x: jax.Array, w: jax.Array, b, p) -> jax.Array:
     return jnp.where(need > 0, d, 0.0).reshape(x.shape)
 
 
-def _core(f, x0, y, t, x_init, key, *, budget, p, strict, hp):
-    del key
-    logits0 = f(x0)
-    C = logits0.shape[-1]
+def _init(ctx, x_init):
+    """The start: one forward of ``x0`` (an already misclassified input has norm 0)."""
+    adv0 = mn.is_success(ctx.f(ctx.x0), ctx.y, ctx.t, ctx.strict)
+    bn = jnp.where(adv0, 0.0, jnp.inf).astype(jnp.float32)
+    return (x_init, ctx.x0, bn), bn
+
+
+def _step(ctx, s, i):
+    f, x0, y, t, p, hp = ctx.f, ctx.x0, ctx.y, ctx.t, ctx.p, ctx.hp
     targeted = hp["targeted"]
-    cost = 3 if targeted else C + 1
-    n_iter = (budget - 1) // cost
     q = geometry.dual_exponent(p)
-    adv0 = mn.is_success(logits0, y, t, strict)
-    bx, bn = x0, jnp.where(adv0, 0.0, jnp.inf).astype(jnp.float32)
-    eye = jnp.eye(C, dtype=jnp.float32)
 
     def linearise(x):
         logits, vjp = jax.vjp(f, x)
+        C = logits.shape[-1]
+        eye = jnp.eye(C, dtype=jnp.float32)
         if targeted:
             other = jnp.where(jnp.arange(C) == y, -jnp.inf, logits)
             j = jnp.where(t >= 0, t, jnp.argmax(other))
@@ -104,26 +105,26 @@ def _core(f, x0, y, t, x_init, key, *, budget, p, strict, hp):
         j = jnp.argmin(ratio)
         return dfs[j], dgs[j]
 
-    def step(s, _):
-        x, bx, bn = s
-        df, dg = linearise(x)
-        dg = jnp.where(jnp.isfinite(dg), dg, 0.0)
-        bval = jnp.sum(dg * x) - df
-        d1 = hyperplane_box_step(x, dg, bval, p)
-        d2 = hyperplane_box_step(x0, dg, bval, p)
-        a1 = jnp.maximum(geometry.norm(d1, p), 1e-8)
-        a2 = jnp.maximum(geometry.norm(d2, p), 1e-8)
-        alpha = jnp.clip(a1 / (a1 + a2), 0.0, hp["alpha_max"])
-        x = jnp.clip((1 - alpha) * (x + hp["eta"] * d1) + alpha * (x0 + hp["eta"] * d2), 0.0, 1.0)
-        adv = mn.is_success(f(x), y, t, strict)
-        bx, bn, _ = mn.track(bx, bn, x, x0, adv, p)
-        x = jnp.where(adv, x0 + (x - x0) * hp["beta"], x)
-        return (x, bx, bn), bn
+    x, bx, bn = s
+    df, dg = linearise(x)
+    dg = jnp.where(jnp.isfinite(dg), dg, 0.0)
+    bval = jnp.sum(dg * x) - df
+    d1 = hyperplane_box_step(x, dg, bval, p)
+    d2 = hyperplane_box_step(x0, dg, bval, p)
+    a1 = jnp.maximum(geometry.norm(d1, p), 1e-8)
+    a2 = jnp.maximum(geometry.norm(d2, p), 1e-8)
+    alpha = jnp.clip(a1 / (a1 + a2), 0.0, hp["alpha_max"])
+    x = jnp.clip((1 - alpha) * (x + hp["eta"] * d1) + alpha * (x0 + hp["eta"] * d2), 0.0, 1.0)
+    adv = mn.is_success(f(x), y, t, ctx.strict)
+    bx, bn, _ = mn.track(bx, bn, x, x0, adv, p)
+    x = jnp.where(adv, x0 + (x - x0) * hp["beta"], x)
+    return x, bx, bn
 
-    (_, bx, bn), hist = jax.lax.scan(step, (x_init, bx, bn), None, length=n_iter)
-    hist = jnp.concatenate([jnp.where(adv0, 0.0, jnp.inf).astype(jnp.float32)[None], hist])
-    spent = jnp.asarray(np.concatenate([[1], 1 + cost * np.arange(1, n_iter + 1)]), jnp.int32)
-    return mn.CoreOut(bx, bn, hist, spent)
+
+def _costs(hp, num_classes):
+    # start: one forward of x0; per iteration: one forward and C - 1 backward passes (FAB-T:
+    # one backward) at the iterate plus one forward at the new point
+    return 1, (3 if hp["targeted"] else num_classes + 1)
 
 
 def spec(*, targeted: bool = False, alpha_max: float = 0.1, eta: float = 1.05, beta: float = 0.9) -> mn.Spec:
@@ -136,27 +137,26 @@ def spec(*, targeted: bool = False, alpha_max: float = 0.1, eta: float = 1.05, b
       alpha_max, eta, beta: AutoAttack's FAB defaults 0.1, 1.05, 0.9
         (Croce & Hein 2020).
     """
-    return mn.make_spec("fab-t" if targeted else "fab", _core, (1, 2, math.inf),
+    return mn.make_spec("fab-t" if targeted else "fab", _init, _step, (1, 2, math.inf),
                         dict(targeted=bool(targeted), alpha_max=float(alpha_max), eta=float(eta),
-                             beta=float(beta)), min_budget=4)
+                             beta=float(beta)), costs=_costs)
 
 
-def fab(f, x0, y, key, *, norm=math.inf, max_queries: int = 1000, targets=None, strict_target: bool = False,
-        restarts: int = 0, init_eps: float | None = None, check: bool = True, **hp) -> mn.MinNormResult:
-    """FAB on one model (l1, l2, linf).
+def make_fab(apply, *, norm=math.inf, max_queries: int = 1000, fab_t: bool = False, targeted: bool = False,
+             success: str | None = None, restarts: int = 0, init_eps=None, stacked: bool = False,
+             audit: bool = True, **hp) -> mn.MinNormAttackFn:
+    """FAB on a pool (l1, l2, linf; :func:`sarjax.attacks.minnorm.make`); default norm linf, 1000
+    queries.
 
-    AutoAttack's FAB runs 100 iterations; with ``C`` classes that is
-    ``1 + 100 (C + 1)`` queries untargeted, ``1 + 300`` for FAB-T.
+    AutoAttack's FAB runs 100 iterations; with ``C`` classes that is ``1 + 100 (C + 1)``
+    queries untargeted, ``1 + 300`` for FAB-T.
 
     Args:
-      f: ``f(x: [*S]) -> [C]`` logits of one example.
-      x0: ``[B, *S]`` in ``[0, 1]``.
-      y: ``[B]`` int labels.
-      key: PRNG key (restarts).
-      norm: ``1, 2`` or ``inf``.
-      max_queries, targets, strict_target, restarts, init_eps, check: see
-        :func:`sarjax.attacks.minnorm.run`.
-      **hp: see :func:`spec` (``targeted=True`` for FAB-T).
+      fab_t: FAB-T's linearisation (``spec(targeted=True)``): towards the target when
+        ``targeted=True``, towards the current runner-up class otherwise.
+      targeted: the targets convention (``ref`` = targets, ``labels=`` at the call).
+      **hp: ``alpha_max``, ``eta``, ``beta`` (see :func:`spec`); the rest as
+        :func:`sarjax.attacks.minnorm.make`.
     """
-    return mn.run(spec(**hp), f, x0, y, key, norm=norm, max_queries=max_queries, targets=targets,
-                  strict_target=strict_target, restarts=restarts, init_eps=init_eps, check=check)
+    return mn.make(spec(targeted=fab_t, **hp), apply, norm=norm, max_queries=max_queries, targeted=targeted,
+                   success=success, restarts=restarts, init_eps=init_eps, stacked=stacked, audit=audit)

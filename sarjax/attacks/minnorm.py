@@ -1,47 +1,65 @@
-"""Minimum-norm attacks: shared result type, trajectory bookkeeping, pool entry point.
+"""Minimum-norm attacks on the attack protocol: one driver, one result layout, pools and masks.
 
-Every minimum-norm attack in sarjax (``fmn``, ``ddn``, ``alma``, ``pdgd``,
-``pdpgd``, ``sigma_zero``, ``apgd_min``) is a *core* written for ONE example
-and ONE model (a logits function ``f(x: [*S]) -> [C]``).  This module turns a
-core into a batched, jitted attack (:func:`run`) and into a pool attack that
-vmaps it over a stack's members (:func:`run_stack`, :func:`run_pool`), and
-fixes what every attack returns (:class:`MinNormResult`, papers/001 Section 5.1:
-"recording the perturbation distance every 10 queries" up to the per-attack
-cap ``T``).
+Every minimum-norm attack in sarjax (``fmn``, ``ddn``, ``alma``, ``pdgd``, ``pdpgd``,
+``sigma_zero``, ``apgd_min``, ``fab``) is a :class:`Spec`: a per-example *core* written for
+ONE example, ONE member and ONE run (``init`` / ``step`` over a small pytree state) plus its
+hyperparameters.  :func:`make` turns a spec into an
+:class:`~sarjax.attacks.core.protocol.Attack` state machine (``init`` / ``step`` / ``result``,
+run by :func:`sarjax.attacks.core.run` as one ``lax.scan``) and wraps it in a
+:class:`MinNormAttackFn` with the fixed-budget family's call shape::
 
-Query accounting (DESIGN.md "Attacks"): one forward or one backward pass of
-one model on one sample is one query; a gradient step (forward + backward at
-the iterate) costs 2.  A core reports, for every evaluated point, the
-cumulative number of queries spent after it; the driver never lets a core
-spend more than the cap ``T``.
+    fn = fmn.make_fmn(pool.apply, norm=2, max_queries=1000)
+    res = fn(pool.params, x0, y, key=key)            # audited public entry
+    res = fn.jit(pool.params, x0, y, key=key)        # jit-safe entry (inside a user's jax.jit)
 
-Restarts (papers/001 Table 2): run 0 starts from ``x0``; runs ``1..R`` start
-from a seeded random point of the ``init_eps`` lp ball around ``x0``.  They
-share the cap ``T`` (``T // (R + 1)`` queries each), are accounted as if run
-one after the other, and are combined by best norm, never chained.
+Layout (docs/minnorm.md): every member has its own iterate and its own minimal point, so the
+state holds ``[B, M, R + 1, ...]`` (samples, members, runs).  The core is vmapped over runs,
+samples and members; the model is evaluated once per step for the whole ``[B, M, R + 1]``
+batch: with a pool ``apply(params, x) -> [M, B, C]`` every member sees every iterate and the
+driver keeps member ``m``'s logits of its own iterates (one call, ``M`` times the work of a
+per-member evaluation); with ``stacked=True`` (``apply`` one member's apply, ``params``
+stacked on a leading member axis) the member apply is vmapped over the stacked params (each
+member evaluates only its own iterates).  No Python loop over members, samples or steps.
 
-Targets: ``targets[i] = -1`` runs sample i untargeted; ``targets[i] = c``
-drives the loss towards class ``c``.  With ``strict_target=False`` (the
-Frontiers pool's setting, papers/001 Section 5.1: "targeted attacks directed
-at the top-9 highest-confidence incorrect classes, yet still looking for an
-untargeted misclassification") any prediction other than ``y`` counts as a
-success; with ``strict_target=True`` only the target does.
+Query accounting (DESIGN.md "Attacks", :mod:`sarjax.attacks.queries`): one forward or one
+backward pass of one member on one sample is one query; a gradient step costs 2.  A spec
+declares its costs (``costs(hp, C) -> (cost0, cost)``: the start, then every step); a run
+takes a step only while ``queries.allowed`` (spent + cost <= its budget), so the per-sample
+cap is hard.  Budgets: ``max_queries`` at the factory is the static maximum ``T`` (the scan
+length and the trajectory length ``T // 10``); ``max_queries`` at the call is a traced
+per-sample cap ``<= T``: a smaller budget does not recompile.
+
+Restarts (papers/001 Table 2): run 0 starts from ``x0`` (or ``x_init``); runs ``1..R`` from a
+seeded random point of the ``init_eps`` lp ball around ``x0`` (``init_eps`` traced, per
+sample).  They share the cap (``cap // (R + 1)`` queries each), are accounted in the
+trajectory as if run one after the other, and are combined by best norm, never chained.
+``R`` is static (it sizes the state).
+
+Targets (the fixed-budget family's convention): ``targeted=False``: ``ref`` are the labels
+each member should leave; ``targeted=True``: ``ref`` are the targets, and ``labels`` (the true
+labels, ``[B]`` or ``[B, M]``) are required at the call (the minimum-norm losses DLR-T and
+FAB-T and the success test need them).  ``success="targeted"`` (the default when targeted):
+only the target counts; ``success="untargeted"``: any prediction other than the label counts
+(the Frontiers pool's mode, papers/001 Section 5.1: "targeted attacks directed at the top-9
+highest-confidence incorrect classes, yet still looking for an untargeted misclassification").
 """
 
 from __future__ import annotations
 
-import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from sarjax.attacks import geometry
+from sarjax.attacks import queries as Q
 from sarjax.attacks._engine import check_sample_ids
 from sarjax.attacks.audit import check as audit_check
+from sarjax.attacks.core.protocol import Attack, Problem, run, run_jit
 from sarjax.attacks.threat import Threat, canonical_norm, check_labels
 
 LogitsFn = Callable[[jax.Array], jax.Array]
@@ -49,20 +67,19 @@ TRAJ_EVERY = 10  # papers/001 Section 5.1: distances recorded every 10 queries
 
 
 class MinNormResult(NamedTuple):
-    """Output of a minimum-norm attack (a pytree of arrays).
-
-    Vmapped over a pool (:func:`run_stack`, :func:`run_pool`) every array gains
-    a leading member axis ``[M, ...]``.
+    """Output of a minimum-norm attack (a pytree of arrays), member axis ``[B, M]``.
 
     Attributes:
-      x_adv: ``[B, *S]`` the smallest adversarial point found at any query
-        (best-so-far over all steps and restarts); ``x0`` where none was found.
-      norm: ``[B]`` float32 realized ``||x_adv - x0||_p`` (measured against the
-        ORIGINAL input), ``inf`` where no adversarial point was found.
-      trajectory: ``[B, T // 10]`` best norm so far after ``10 (k + 1)``
-        queries (``inf`` before the first success); non-increasing.
-      queries: ``[B]`` int32 queries spent (never above ``T``).
-      success: ``[B]`` bool, ``isfinite(norm)``.
+      x_adv: ``[B, M, *S]`` member m's smallest adversarial point found at any query
+        (best-so-far over all steps and restarts); ``x0`` where none was found or m is masked.
+      norm: ``[B, M]`` float32 realized ``||x_adv - x0||_p`` (measured against the ORIGINAL
+        input), ``inf`` where no adversarial point was found or the member is masked.
+      trajectory: ``[B, M, T // 10]`` best norm so far after ``10 (k + 1)`` queries (``inf``
+        before the first success); non-increasing; after a per-sample cap below ``T`` it holds
+        its last value.
+      queries: ``[B, M]`` int32 queries spent on member m for sample b (never above the cap;
+        0 for masked members).
+      success: ``[B, M]`` bool, ``isfinite(norm)``.
     """
 
     x_adv: jax.Array
@@ -72,21 +89,34 @@ class MinNormResult(NamedTuple):
     success: jax.Array
 
 
-class CoreOut(NamedTuple):
-    """What a per-example core returns to the driver.
+class Ctx(NamedTuple):
+    """What a per-example core sees (one example, one member, one run).
 
     Attributes:
-      x_best: ``[*S]`` best adversarial point (``x0`` if none).
-      n_best: scalar best norm (``inf`` if none).
-      hist: ``[K]`` best norm after each evaluated point.
-      spent: ``[K]`` int32 cumulative queries after each evaluated point
-        (non-decreasing, last entry <= budget).
+      f: ``f(x: [*S]) -> [C]`` the member's logits of one example.
+      x0: ``[*S]`` the ORIGINAL input.
+      y: scalar int32 label (the class to leave).
+      t: scalar int32 target (``-1``: untargeted).
+      key: PRNG key of this run.
+      p: canonical norm (static).
+      strict: static bool, success only at the target (targeted runs).
+      hp: dict of hyperparameters (static).
+      steps: scalar float32 (traced): how many steps this run's budget allows.
     """
 
-    x_best: jax.Array
-    n_best: jax.Array
-    hist: jax.Array
-    spent: jax.Array
+    f: LogitsFn
+    x0: jax.Array
+    y: jax.Array
+    t: jax.Array
+    key: jax.Array
+    p: float
+    strict: bool
+    hp: dict
+    steps: jax.Array
+
+
+def _gradient_costs(hp, num_classes):
+    return 0, 2
 
 
 @dataclass(frozen=True)
@@ -95,27 +125,44 @@ class Spec:
 
     Attributes:
       name: attack name (for messages).
-      core: ``core(f, x0, y, t, x_init, key, *, budget, p, strict, hp) -> CoreOut``
-        for one example; ``budget`` is a static int, ``p`` a canonical norm,
-        ``hp`` a dict of hyperparameters.
+      init: ``init(ctx, x_init) -> (state, bn0)``: the run's starting state (a pytree whose
+        best point and norm :attr:`best` reads); ``bn0`` the best norm after the start's
+        queries (``cost0 > 0``) or None.
+      step: ``step(ctx, state, i) -> state``: one step (``i`` float32, 0-based), ``cost``
+        queries.
       norms: the norms the attack supports (canonical floats).
       hp: hyperparameters as a sorted tuple of ``(name, value)`` (hashable).
-      min_budget: smallest per-run budget the core can work with.
+      costs: ``costs(hp: dict, num_classes) -> (cost0, cost)``: queries of the start and of
+        every step.
+      best: ``best(state) -> (x_best [*S], n_best)``; default: the state's last two entries.
       min_classes: smallest class count the core's loss needs.
     """
 
     name: str
-    core: Callable[..., CoreOut]
+    init: Callable
+    step: Callable
     norms: tuple
     hp: tuple = ()
-    min_budget: int = 2
+    costs: Callable = _gradient_costs
+    best: Callable | None = None
     min_classes: int = 2
 
+    def cost(self, num_classes: int) -> tuple[int, int]:
+        """``(cost0, cost)`` for a model with ``num_classes`` classes."""
+        c0, c = self.costs(dict(self.hp), int(num_classes))
+        return int(c0), int(c)
 
-def make_spec(name, core, norms, hp: dict, min_budget: int = 2, min_classes: int = 2) -> Spec:
+    def min_budget(self, num_classes: int) -> int:
+        """Smallest per-run budget that takes one step."""
+        c0, c = self.cost(num_classes)
+        return max(c0 + c, 2)
+
+
+def make_spec(name, init, step, norms, hp: dict, *, costs=_gradient_costs, best=None,
+              min_classes: int = 2) -> Spec:
     """Builds a hashable :class:`Spec` from a hyperparameter dict."""
-    return Spec(name, core, tuple(canonical_norm(p) for p in norms), tuple(sorted(hp.items())),
-                min_budget, min_classes)
+    return Spec(name, init, step, tuple(canonical_norm(p) for p in norms), tuple(sorted(hp.items())),
+                costs, best, min_classes)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -223,15 +270,181 @@ def worst_norm(x0, p, box=(0.0, 1.0)):
     return geometry.norm(jnp.maximum(x0 - box[0], box[1] - x0), p)
 
 
-def gradient_core_out(best_x, best_n, hist, steps, cost=2):
-    """CoreOut for a core whose every step costs ``cost`` queries."""
-    spent = jnp.asarray(np.arange(1, steps + 1) * cost, jnp.int32)
-    return CoreOut(best_x, best_n, hist, spent)
+# ---------------------------------------------------------------------------------------------
+# the state machine
+# ---------------------------------------------------------------------------------------------
+
+class MinNormProblem(NamedTuple):
+    """One minimum-norm call: the protocol's :class:`~sarjax.attacks.core.protocol.Problem`
+    plus what minimum-norm attacks add (every field traced).
+
+    Attributes:
+      base: the :class:`Problem` (``ref [B, M]``, ``mask [B, M]``, ``cap [B]``, key, sample
+        ids, ``x_init``; ``eps`` is unused).
+      labels: ``[B, M]`` int32 true labels (targeted calls; equal to ``ref`` otherwise).
+      init_eps: ``[B]`` float32 radius of the random restarts (unused without restarts).
+    """
+
+    base: Problem
+    labels: jax.Array
+    init_eps: jax.Array
 
 
-# ---------------------------------------------------------------------------------------------
-# driver
-# ---------------------------------------------------------------------------------------------
+class Cfg(NamedTuple):
+    """Static config of a minimum-norm attack (hashable: keys the compiled kernel)."""
+
+    spec: Spec
+    apply: Callable
+    stacked: bool
+    p: float
+    T: int
+    R: int
+    targeted: bool
+    strict: bool
+    num_classes: int
+
+
+class State(NamedTuple):
+    """Driver state; per-run leaves are ``[B, M, R + 1, ...]``.
+
+    Attributes:
+      core: the cores' states.
+      i: steps taken per run; spent: queries spent per run; budget: per-run budget
+        (``cap // (R + 1)``, 0 for masked members); ran0: the start fit in the budget.
+      hist, spent_log: ``[B, M, R + 1, K + 1]`` best norm and queries after the start and
+        after every scan step (the trajectory's raw record).
+      k: scalar scan step counter.
+      x0, y, t, keys, steps, mask, per_run: the problem as the cores read it.
+    """
+
+    core: object
+    i: jax.Array
+    spent: jax.Array
+    budget: jax.Array
+    ran0: jax.Array
+    hist: jax.Array
+    spent_log: jax.Array
+    k: jax.Array
+    x0: jax.Array
+    y: jax.Array
+    t: jax.Array
+    keys: jax.Array
+    steps: jax.Array
+    mask: jax.Array
+    per_run: jax.Array
+
+
+def num_steps(cfg: Cfg) -> int:
+    """Static scan length: steps of one run at the maximum budget ``T // (R + 1)``."""
+    c0, c = cfg.spec.cost(cfg.num_classes)
+    return max(0, (cfg.T // (cfg.R + 1) - c0) // c)
+
+
+def _best(spec, s):
+    if spec.best is not None:
+        return spec.best(s)
+    return s[-2], s[-1]
+
+
+def _member_fns(cfg: Cfg, params, M: int):
+    """``(members, make_f)``: what is vmapped over the member axis and the logits function of
+    one example for one member."""
+    if cfg.stacked:
+        return params, lambda mem: (lambda x: cfg.apply(mem, x[None])[0])
+
+    def make_f(m):
+        def f(x):
+            out = cfg.apply(params, x[None])
+            return out[m, 0] if out.ndim == 3 else out[0]
+        return f
+
+    return jnp.arange(M), make_f
+
+
+def _map(cfg: Cfg, params, M: int, fn, bmr, br, bm, b):
+    """``fn(f, bmr, br, bm, b)`` for every (sample, member, run), vmapped (members outermost).
+
+    ``bmr`` leaves ``[B, M, R1, ...]``, ``br`` ``[B, R1, ...]``, ``bm`` ``[B, M, ...]``,
+    ``b`` ``[B, ...]``; the result has leaves ``[B, M, R1, ...]``."""
+    members, make_f = _member_fns(cfg, params, M)
+
+    def per_member(mem, bmr_m, bm_m):
+        f = make_f(mem)
+
+        def per_sample(bmr_s, br_s, bm_s, b_s):
+            return jax.vmap(lambda a, c: fn(f, a, c, bm_s, b_s))(bmr_s, br_s)
+
+        return jax.vmap(per_sample)(bmr_m, br, bm_m, b)
+
+    return jax.vmap(per_member, in_axes=(0, 1, 1), out_axes=1)(members, bmr, bm)
+
+
+def _ctx(cfg, f, x0, y, t, key, steps):
+    return Ctx(f, x0, y, t, key, cfg.p, cfg.strict, dict(cfg.spec.hp), steps)
+
+
+def _init(cfg: Cfg, params, prob: MinNormProblem) -> State:
+    base = prob.base
+    x0 = base.x0
+    B, M = base.ref.shape
+    R1 = cfg.R + 1
+    c0, c = cfg.spec.cost(cfg.num_classes)
+    K = num_steps(cfg)
+    mask = base.mask > 0
+    cap = jnp.minimum(base.cap, cfg.T)
+    per_run = cap // R1
+    budget = jnp.where(mask[..., None], per_run[:, None, None], 0) * jnp.ones((1, 1, R1), jnp.int32)
+    steps = (jnp.maximum(budget - c0, 0) // c).astype(jnp.float32)
+    ran0 = budget >= c0
+    if cfg.targeted:
+        y, t = prob.labels, base.ref
+    else:
+        y, t = base.ref, jnp.full_like(base.ref, -1)
+    skeys = jax.vmap(lambda s: jax.random.fold_in(base.key, s))(base.sample_ids.astype(jnp.uint32))
+    rkeys = jax.vmap(lambda k: jax.vmap(lambda r: jax.random.fold_in(k, r))(jnp.arange(R1)))(skeys)
+    start = jnp.where(base.has_init, base.x_init, x0)
+    if cfg.R > 0:
+        def starts(k, xs, x, e):
+            rand = jax.vmap(lambda kr: geometry.random_in_ball(jax.random.fold_in(kr, 0), x, e, cfg.p))(k)
+            return jnp.where((jnp.arange(R1) == 0).reshape((R1,) + (1,) * x.ndim), xs[None], rand)
+        xin = jax.vmap(starts)(rkeys, start, x0, prob.init_eps)
+    else:
+        xin = start[:, None]
+    ckeys = jax.vmap(jax.vmap(lambda k: jax.random.fold_in(k, 1)))(rkeys)
+
+    def one(f, st, br, bm, xb):
+        xi, ck = br
+        yy, tt = bm
+        return cfg.spec.init(_ctx(cfg, f, xb, yy, tt, ck, st), xi)
+
+    core, bn0 = _map(cfg, params, M, one, steps, (xin, ckeys), (y, t), x0)
+    hist = jnp.full((B, M, R1, K + 1), jnp.inf, jnp.float32)
+    spent = jnp.where(ran0, c0, 0).astype(jnp.int32)
+    if bn0 is not None:
+        hist = hist.at[..., 0].set(jnp.where(ran0, bn0, jnp.inf))
+    spent_log = jnp.zeros((B, M, R1, K + 1), jnp.int32).at[..., 0].set(spent)
+    return State(core, jnp.zeros((B, M, R1), jnp.int32), spent, budget, ran0, hist, spent_log,
+                 jnp.zeros((), jnp.int32), x0, y, t, ckeys, steps, mask, per_run)
+
+
+def _step(cfg: Cfg, st: State, params) -> State:
+    M = st.y.shape[1]
+    _, c = cfg.spec.cost(cfg.num_classes)
+    active = Q.allowed(st.spent, c, st.budget) & st.ran0
+
+    def one(f, bmr, ck, bm, xb):
+        s, i, steps = bmr
+        yy, tt = bm
+        return cfg.spec.step(_ctx(cfg, f, xb, yy, tt, ck, steps), s, i.astype(jnp.float32))
+
+    new = _map(cfg, params, M, one, (st.core, st.i, st.steps), st.keys, (st.y, st.t), st.x0)
+    core = jax.tree.map(lambda n, o: Q.freeze(active, n, o), new, st.core)
+    spent = Q.charge(st.spent, c, active)
+    _, bn = _best(cfg.spec, core)
+    k = st.k + 1
+    return st._replace(core=core, i=st.i + active.astype(jnp.int32), spent=spent,
+                       hist=st.hist.at[..., k].set(bn), spent_log=st.spent_log.at[..., k].set(spent), k=k)
+
 
 def _trajectory(hist, spent, T):
     """``[T // 10]`` best norm after 10, 20, ... queries from per-point history."""
@@ -241,227 +454,325 @@ def _trajectory(hist, spent, T):
     return jnp.where(idx >= 0, cum[jnp.maximum(idx, 0)], jnp.inf)
 
 
-def _run_one(spec: Spec, f: LogitsFn, p: float, T: int, R: int, init_eps: float, strict: bool,
-             x0, y, t, key):
-    """One example, all restarts. Returns MinNormResult fields for one sample."""
-    hp = dict(spec.hp)
-    per_run = T // (R + 1)
-
-    def one_restart(r):
-        k = jax.random.fold_in(key, r)
-        if R > 0:
-            rand = geometry.random_in_ball(jax.random.fold_in(k, 0), x0, init_eps, p)
-            x_init = jnp.where(r == 0, x0, rand)
-        else:
-            x_init = x0
-        out = spec.core(f, x0, y, t, x_init, jax.random.fold_in(k, 1), budget=per_run, p=p,
-                        strict=strict, hp=hp)
-        return out._replace(spent=out.spent + r * per_run)
-
-    outs = jax.vmap(one_restart)(jnp.arange(R + 1))
-    j = jnp.argmin(outs.n_best)
-    x_best, n_best = outs.x_best[j], outs.n_best[j]
-    hist, spent = outs.hist.reshape(-1), outs.spent.reshape(-1)
-    traj = _trajectory(hist, spent, T)
-    # realized norm measured against the ORIGINAL input, recomputed from the returned point
-    n_real = jnp.where(jnp.isfinite(n_best), geometry.norm(x_best - x0, p), jnp.inf)
-    return MinNormResult(x_best, n_real, traj, spent[-1], jnp.isfinite(n_real))
+def _result(cfg: Cfg, st: State, params) -> MinNormResult:
+    B, M = st.y.shape
+    R1 = cfg.R + 1
+    bx, bn = _best(cfg.spec, st.core)
+    bn = jnp.where(st.ran0, bn, jnp.inf)
+    j = jnp.argmin(bn, axis=2)
+    x_best = jnp.take_along_axis(bx, j.reshape((B, M, 1) + (1,) * (bx.ndim - 3)), 2)[:, :, 0]
+    n_best = jnp.min(bn, axis=2)
+    offs = (jnp.arange(R1, dtype=jnp.int32)[None, :] * st.per_run[:, None])[:, None, :, None]
+    spent_log = (st.spent_log + offs).reshape(B, M, -1)
+    hist = st.hist.reshape(B, M, -1)
+    traj = jax.vmap(jax.vmap(lambda h, s: _trajectory(h, s, cfg.T)))(hist, spent_log)
+    x0m = jnp.broadcast_to(st.x0[:, None], x_best.shape)
+    real = jax.vmap(jax.vmap(lambda a, b: geometry.norm(a - b, cfg.p)))(x_best, x0m)
+    n_real = jnp.where(jnp.isfinite(n_best) & st.mask, real, jnp.inf)
+    success = jnp.isfinite(n_real)
+    x_adv = jnp.where(success.reshape((B, M) + (1,) * (x_best.ndim - 2)), x_best, x0m)
+    traj = jnp.where(st.mask[..., None], traj, jnp.inf)
+    queries = jnp.where(st.mask, jnp.sum(st.spent, axis=2), 0).astype(jnp.int32)
+    return MinNormResult(x_adv, n_real, traj, queries, success)
 
 
-def _run_batch(spec, f, p, T, R, init_eps, strict, x0, y, t, key, sids):
-    keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(sids)   # per sample: its index in the data set
-    return jax.vmap(lambda a, b, c, k: _run_one(spec, f, p, T, R, init_eps, strict, a, b, c, k))(
-        x0, y, t, keys)
+def attack_of(cfg: Cfg) -> Attack:
+    """The :class:`~sarjax.attacks.core.protocol.Attack` state machine of a config."""
+    return Attack(_init, _step, _result, num_steps(cfg), cfg)
 
 
-_run_jit = jax.jit(_run_batch, static_argnums=(0, 1, 2, 3, 4, 5, 6))
+def _member_logits(cfg: Cfg, params, x):
+    """``[B, M, C]``: member m's logits at ``x[b, m]`` (``x [B, M, *S]``), one evaluation."""
+    M = x.shape[1]
+    members, make_f = _member_fns(cfg, params, M)
+    return jax.vmap(lambda mem, xm: jax.vmap(make_f(mem))(xm), in_axes=(0, 1), out_axes=1)(members, x)
 
 
-def _member_fn(apply, params):
-    return lambda x: apply(params, x[None])[0]
+_member_logits_jit = jax.jit(_member_logits, static_argnums=0)
 
 
-def _stack_batch(spec, apply, p, T, R, init_eps, strict, params, x0, y, t, key, sids):
-    return jax.vmap(lambda prm: _run_batch(spec, _member_fn(apply, prm), p, T, R, init_eps, strict,
-                                           x0, y, t, key, sids))(params)
+# ---------------------------------------------------------------------------------------------
+# the two entries
+# ---------------------------------------------------------------------------------------------
+
+def _logits_shape(apply, stacked, params, x0):
+    if stacked:
+        return jax.eval_shape(lambda p, x: jax.vmap(apply, (0, None))(p, x), params, x0).shape
+    return jax.eval_shape(apply, params, x0).shape
 
 
-_stack_jit = jax.jit(_stack_batch, static_argnums=(0, 1, 2, 3, 4, 5, 6))
+def _pool_apply(apply, stacked):
+    if stacked:
+        return lambda p, x: jax.vmap(apply, (0, None))(p, x)
+    return apply
 
 
-def _validate(spec: Spec, x0, y, targets, norm, max_queries, restarts, init_eps, num_classes=None):
+def _per_sample(a, B, M, dtype):
+    """``[B]`` (shared by the members) or ``[B, M]`` -> ``[B, M]``."""
+    a = jnp.asarray(a).astype(dtype)
+    return jnp.broadcast_to(a[:, None] if a.ndim == 1 else a, (B, M))
+
+
+def _per_member(a, B, M, dtype):
+    """``[M]`` (shared by the samples) or ``[B, M]`` -> ``[B, M]``."""
+    a = jnp.asarray(a).astype(dtype)
+    return jnp.broadcast_to(a[None] if a.ndim == 1 else a, (B, M))
+
+
+class MinNormAttackFn:
+    """A minimum-norm attack's two entries (the fixed-budget family's call shape).
+
+    ``fn(params, x0, ref, mask=None, key=..., *, max_queries=None, sample_ids=None,
+    labels=None, init_eps=None, x_init=None) -> MinNormResult``: host validation, the compiled
+    state machine, the audit of every returned point against the ORIGINAL ``x0``.
+    ``fn.jit(...)``: the same arguments, no host call (for use inside ``jax.jit``).
+
+    Args of a call:
+      params: the pool's params (``stacked=True``: members' params stacked on a leading axis).
+      x0: ``[B, *S]`` clean inputs in ``[0, 1]``.
+      ref: ``[B]`` or ``[B, M]`` int: labels (untargeted) or targets (``targeted=True``).
+      mask: ``[M]`` or ``[B, M]``: members to attack (masked: no queries, norm ``inf``).
+      key: PRNG key (required): sample b draws ``fold_in(key, sample_ids[b])``, run r
+        ``fold_in(., r)`` (the same draws for every member).
+      max_queries: None (the factory's ``T``), an int or ``[B]`` ints ``<= T``: the traced
+        per-sample cap (a new value does not recompile).
+      sample_ids: ``[B]`` each sample's index in the data set (default ``arange(B)``).
+      labels: ``[B]`` or ``[B, M]`` true labels; required when ``targeted=True``, else None.
+      init_eps: scalar or ``[B]`` radius of the random restarts (default: the factory's).
+      x_init: ``[B, *S]`` start of run 0 (default ``x0``).
+    """
+
+    def __init__(self, spec: Spec, apply: Callable, *, p: float, T: int, R: int, targeted: bool,
+                 strict: bool, init_eps, stacked: bool, audit: bool):
+        self.spec, self.apply, self.p, self.T, self.R = spec, apply, p, T, R
+        self.targeted, self.strict, self.init_eps = targeted, strict, init_eps
+        self.stacked, self.audit = stacked, audit
+        self.name = spec.name
+        self.__name__ = spec.name
+
+    def cfg(self, num_classes: int) -> Cfg:
+        return Cfg(self.spec, self.apply, self.stacked, self.p, self.T, self.R, self.targeted,
+                   self.strict, int(num_classes))
+
+    def attack_for(self, num_classes: int) -> Attack:
+        """The state machine for a model with ``num_classes`` classes (FAB's step cost, hence
+        the scan length, depends on it)."""
+        return attack_of(self.cfg(num_classes))
+
+    def _make(self, params, x0, ref, mask, key, max_queries, sample_ids, labels, init_eps, x_init):
+        x0 = jnp.asarray(x0, jnp.float32)
+        B = x0.shape[0]
+        shape = _logits_shape(self.apply, self.stacked, params, x0)
+        C, M = shape[-1], (shape[0] if len(shape) == 3 else 1)
+        base = Problem(x0, _per_sample(ref, B, M, jnp.int32),
+                       jnp.ones((B, M), jnp.float32) if mask is None else _per_member(mask, B, M, jnp.float32),
+                       jnp.full((B,), jnp.inf, jnp.float32),
+                       jnp.broadcast_to(jnp.asarray(self.T if max_queries is None else max_queries).astype(jnp.int32), (B,)),
+                       key, jnp.arange(B, dtype=jnp.int32) if sample_ids is None else jnp.asarray(sample_ids).astype(jnp.int32),
+                       x0 if x_init is None else jnp.asarray(x_init, jnp.float32), jnp.asarray(x_init is not None))
+        lab = base.ref if labels is None else _per_sample(labels, B, M, jnp.int32)
+        e = self.init_eps if init_eps is None else init_eps
+        e = jnp.broadcast_to(jnp.asarray(0.0 if e is None else e, jnp.float32), (B,))
+        return MinNormProblem(base, lab, e), C
+
+    def _validate(self, params, x0, ref, mask, key, max_queries, sample_ids, labels, init_eps, x_init):
+        name = self.name
+        if key is None:
+            raise TypeError(f"{name}: key is required (a jax.random key); sarjax never defaults it")
+        xa = np.asarray(jax.device_get(x0))
+        if xa.ndim < 2:
+            raise ValueError(f"{name}: x0 must be a batch [B, *S] with at least one feature axis, got shape {xa.shape}")
+        if not np.issubdtype(xa.dtype, np.floating):
+            raise TypeError(f"{name}: x0 must be a float array, got dtype {xa.dtype}")
+        if not np.isfinite(xa).all():
+            raise ValueError(f"{name}: x0 contains NaN or inf")
+        if xa.min() < 0.0 or xa.max() > 1.0:
+            raise ValueError(f"{name}: x0 must lie in the box [0, 1], got range [{xa.min()}, {xa.max()}]")
+        B = xa.shape[0]
+        try:
+            shape = _logits_shape(self.apply, self.stacked, params, jnp.asarray(xa, jnp.float32))
+        except Exception as err:  # noqa: BLE001 - re-raised with what was expected
+            raise TypeError(f"{name}: apply(params, x0) failed ({err}); expected logits [M, B, C] or [B, C]"
+                            + (" from one member's apply vmapped over stacked params" if self.stacked else "")) from err
+        if len(shape) not in (2, 3) or shape[-2] != B:
+            raise ValueError(f"{name}: apply must return logits [M, B, C] or [B, C] with B={B}, got {shape}")
+        C, M = shape[-1], (shape[0] if len(shape) == 3 else 1)
+        if C < self.spec.min_classes:
+            raise ValueError(f"{name} needs at least {self.spec.min_classes} classes, the model has {C}")
+        r = np.asarray(ref)
+        if r.shape not in ((B,), (B, M)):
+            raise ValueError(f"{name}: ref must be [B] or [B, M] with B={B}, M={M}, got shape {r.shape}")
+        check_labels(r, C, name="targets" if self.targeted else "labels")
+        if self.targeted:
+            if labels is None:
+                raise ValueError(f"{name}: targeted=True needs labels= (the true labels [B] or [B, M]): "
+                                 "the targeted losses and the success test read them")
+            lab = np.asarray(labels)
+            if lab.shape not in ((B,), (B, M)):
+                raise ValueError(f"{name}: labels must be [B] or [B, M] with B={B}, M={M}, got shape {lab.shape}")
+            check_labels(lab, C, name="labels")
+            same = np.broadcast_to(lab.reshape(B, -1), (B, M)) == np.broadcast_to(r.reshape(B, -1), (B, M))
+            if same.any():
+                raise ValueError(f"{name}: a target equals the true label for samples "
+                                 f"{np.flatnonzero(same.any(1))[:10].tolist()}")
+        elif labels is not None:
+            raise ValueError(f"{name}: labels= is only read by targeted attacks (ref holds the labels)")
+        if mask is not None:
+            mk = np.asarray(mask)
+            if mk.shape not in ((M,), (B, M)):
+                raise ValueError(f"{name}: mask must be [M] or [B, M] with B={B}, M={M}, got shape {mk.shape}")
+            if not np.isin(mk, (0, 1)).all():
+                raise ValueError(f"{name}: mask must hold 0/1 (or bool) per member, got values {np.unique(mk)[:5].tolist()}")
+        if max_queries is not None:
+            if isinstance(max_queries, bool):
+                raise TypeError(f"{name}: max_queries must be None, an int or [B] ints, got a bool")
+            cap = np.asarray(max_queries)
+            if not np.issubdtype(cap.dtype, np.integer):
+                raise TypeError(f"{name}: max_queries must be None, an int or [B] ints, got dtype {cap.dtype}")
+            if cap.ndim > 1 or (cap.ndim == 1 and cap.shape[0] != B):
+                raise ValueError(f"{name}: max_queries must be None, a scalar or shape [{B}], got shape {cap.shape}")
+            cap = np.broadcast_to(cap, (B,))
+            over = np.flatnonzero(cap > self.T)
+            if over.size:
+                raise ValueError(f"{name}: max_queries above the factory's maximum T={self.T} for samples "
+                                 f"{over[:10].tolist()} ({cap[over[:10]].tolist()}); build the attack with a larger max_queries")
+            need = self.spec.min_budget(C) * (self.R + 1)
+            low = np.flatnonzero(cap < need)
+            if low.size:
+                raise ValueError(f"{name}: max_queries below {need} (the smallest budget of {self.R + 1} run(s)) for "
+                                 f"samples {low[:10].tolist()} ({cap[low[:10]].tolist()})")
+        if self.R > 0:
+            e = self.init_eps if init_eps is None else init_eps
+            ea = None if e is None else np.asarray(e, np.float64)
+            if ea is None or ea.ndim > 1 or (ea.ndim == 1 and ea.shape != (B,)) or not (np.isfinite(ea).all() and (ea > 0).all()):
+                raise ValueError(f"{name}: restarts > 0 needs init_eps, a finite radius > 0 (scalar or [B]), got {e!r}")
+        sid = check_sample_ids(sample_ids, B)
+        if x_init is not None:
+            xi = np.asarray(x_init)
+            if xi.shape != xa.shape or not np.isfinite(xi).all() or xi.min() < 0 or xi.max() > 1:
+                raise ValueError(f"{name}: x_init must be finite, in [0, 1] and of shape {xa.shape}, got shape {xi.shape}")
+        return self._make(params, jnp.asarray(xa, jnp.float32), jnp.asarray(r), mask, key, max_queries, sid, labels,
+                          init_eps, x_init)
+
+    def __call__(self, params, x0, ref, mask=None, key=None, *, max_queries=None, sample_ids=None, labels=None,
+                 init_eps=None, x_init=None) -> MinNormResult:
+        prob, C = self._validate(params, x0, ref, mask, key, max_queries, sample_ids, labels, init_eps, x_init)
+        cfg = self.cfg(C)
+        res = run_jit(attack_of(cfg), params, prob)
+        if self.audit:
+            _audit(cfg, params, prob, res)
+        return res
+
+    def jit(self, params, x0, ref, mask=None, key=None, *, max_queries=None, sample_ids=None, labels=None,
+            init_eps=None, x_init=None) -> MinNormResult:
+        """The jit-safe entry: no host call, no validation, no audit (labels must lie in
+        ``[0, C)``; caps ``<= T``)."""
+        if key is None:
+            raise TypeError(f"{self.name}: key is required (a jax.random key); sarjax never defaults it")
+        prob, C = self._make(params, x0, ref, mask, key, max_queries, sample_ids, labels, init_eps, x_init)
+        return run(attack_of(self.cfg(C)), params, prob)
+
+    def __repr__(self) -> str:
+        return f"MinNormAttackFn({self.name}, T={self.T}, restarts={self.R})"
+
+
+def _audit(cfg: Cfg, params, prob: MinNormProblem, res: MinNormResult):
+    """Host audit: each finite-norm (sample, member) realizes its norm against the ORIGINAL
+    ``x0``, lies in the box and is adversarial for its member (up to a float tie)."""
+    x0 = np.asarray(prob.base.x0)
+    B, M = np.shape(res.norm)
+    ok = np.asarray(res.success)
+    nrm = np.where(ok, np.asarray(res.norm, np.float64), 0.0)
+    xa = np.asarray(res.x_adv)
+    x0m = np.broadcast_to(x0[:, None], xa.shape)
+    xa = np.where(ok.reshape((B, M) + (1,) * (x0.ndim - 1)), xa, x0m)
+    what = cfg.spec.name
+    audit_check(x0m.reshape((B * M,) + x0.shape[1:]), xa.reshape((B * M,) + x0.shape[1:]),
+                Threat(cfg.p, nrm.reshape(-1)), what=what, rtol=1e-5)
+    if not ok.any():
+        return
+    lg = np.asarray(_member_logits_jit(cfg, params, jnp.asarray(xa)))
+    pred = lg.argmax(-1)
+    y, t = np.asarray(prob.labels), np.asarray(prob.base.ref)
+    good = (pred == t) if (cfg.targeted and cfg.strict) else (pred != (y if cfg.targeted else t))
+    srt = np.sort(lg, -1)
+    tie = (srt[..., -1] - srt[..., -2]) <= 1e-5 * np.maximum(1.0, np.abs(srt[..., -1]))
+    bad = ok & ~good & ~tie
+    if bad.any():
+        b, m = np.nonzero(bad)
+        raise ValueError(f"{what}: returned points are not adversarial for (sample, member) "
+                         f"{list(zip(b[:5].tolist(), m[:5].tolist()))} although their norm is finite")
+
+
+def make(spec: Spec, apply: Callable, *, norm, max_queries: int = 1000, targeted: bool = False,
+         success: str | None = None, restarts: int = 0, init_eps=None, stacked: bool = False,
+         audit: bool = True) -> MinNormAttackFn:
+    """Builds a minimum-norm attack on a pool (the factory behind every ``make_<attack>``).
+
+    Args:
+      spec: the attack (e.g. ``fmn.spec()``).
+      apply: ``apply(params, x [B, *S]) -> [M, B, C]`` (a pool's apply) or ``[B, C]``; with
+        ``stacked=True`` one member's apply ``apply(member_params, x) -> [B, C]``, vmapped over
+        params stacked on a leading member axis (each member then evaluates only its own
+        iterates).  Hashable: reuse the same object to hit the compile cache.
+      norm: ``0, 1, 2, inf`` or ``"l0" ... "linf"``.
+      max_queries: the static maximum per-sample budget ``T`` (>= 10); calls may pass a
+        smaller traced cap.
+      targeted: ``ref`` are targets (``labels=`` required at the call).
+      success: ``"targeted"`` (default when targeted: only the target counts) or
+        ``"untargeted"`` (any prediction other than the label; the Frontiers pool's mode).
+      restarts: ``R`` extra runs from random points of the ``init_eps`` ball (static).
+      init_eps: default radius of the random starts (a call may pass its own; traced).
+      stacked: see ``apply``.
+      audit: audit every result of the public entry on the host (raise on a violation).
+
+    Returns:
+      A :class:`MinNormAttackFn`.
+    """
     if not isinstance(spec, Spec):
         raise TypeError(f"expected a minnorm.Spec, got {type(spec).__name__}")
     p = canonical_norm(norm)
     if p not in spec.norms:
         names = ", ".join("linf" if q == math.inf else f"l{int(q)}" for q in spec.norms)
         raise ValueError(f"{spec.name} supports norms {{{names}}}, got {norm!r}")
-    x0 = jnp.asarray(x0)
-    if x0.ndim < 2:
-        raise ValueError(f"x0 must be a batch [B, *S] with at least one feature axis, got shape {x0.shape}")
-    if not jnp.issubdtype(x0.dtype, jnp.floating):
-        raise TypeError(f"x0 must be a float array, got dtype {x0.dtype}")
-    x0 = x0.astype(jnp.float32)
-    xn = np.asarray(x0)
-    if not np.isfinite(xn).all():
-        raise ValueError("x0 contains NaN or inf")
-    if xn.min() < 0.0 or xn.max() > 1.0:
-        raise ValueError(f"x0 must lie in the box [0, 1], got range [{xn.min()}, {xn.max()}]")
-    B = x0.shape[0]
-    y = np.asarray(y)
-    if y.shape != (B,) or not np.issubdtype(y.dtype, np.integer):
-        raise ValueError(f"y must be int labels of shape [{B}], got {y.dtype} {y.shape}")
-    if targets is None:
-        t = np.full((B,), -1, np.int32)
-    else:
-        t = np.asarray(targets)
-        if t.shape != (B,) or not np.issubdtype(t.dtype, np.integer):
-            raise ValueError(f"targets must be int classes of shape [{B}] (-1 = untargeted), got {t.dtype} {t.shape}")
-        if np.any((t >= 0) & (t == y)):
-            raise ValueError(f"a target equals the true label for samples {np.flatnonzero((t >= 0) & (t == y))[:5].tolist()}")
-    if num_classes is not None:
-        if num_classes < spec.min_classes:
-            raise ValueError(f"{spec.name} needs at least {spec.min_classes} classes, the model has {num_classes}")
-        check_labels(y, num_classes, name="labels")
-        check_labels(t, num_classes, name="targets", untargeted=-1)
     if isinstance(max_queries, bool) or not isinstance(max_queries, (int, np.integer)):
-        raise TypeError(f"max_queries must be an int, got {type(max_queries).__name__}")
+        raise TypeError(f"max_queries must be an int (the static maximum budget), got {type(max_queries).__name__}")
     if isinstance(restarts, bool) or not isinstance(restarts, (int, np.integer)) or restarts < 0:
         raise ValueError(f"restarts must be an int >= 0, got {restarts!r}")
     T, R = int(max_queries), int(restarts)
-    if T < TRAJ_EVERY or T // (R + 1) < spec.min_budget:
+    if T < TRAJ_EVERY or T // (R + 1) < spec.min_budget(2):
         raise ValueError(f"max_queries={T} is too small for {spec.name} with {R} restarts: need >= "
-                         f"{max(TRAJ_EVERY, spec.min_budget * (R + 1))}")
-    if R > 0:
-        if init_eps is None or not (float(init_eps) > 0 and math.isfinite(float(init_eps))):
-            raise ValueError(f"restarts > 0 needs a finite init_eps > 0 (radius of the random starts), got {init_eps!r}")
-        e = float(init_eps)
-    else:
-        e = 0.0
-    return p, T, R, e, x0, jnp.asarray(y, jnp.int32), jnp.asarray(t, jnp.int32)
+                         f"{max(TRAJ_EVERY, spec.min_budget(2) * (R + 1))}")
+    if success is None:
+        success = "targeted" if targeted else "untargeted"
+    if success not in ("targeted", "untargeted"):
+        raise ValueError(f"success must be 'targeted' or 'untargeted', got {success!r}")
+    if success == "targeted" and not targeted:
+        raise ValueError("success='targeted' needs targeted=True (ref holds the targets)")
+    if init_eps is not None and not (np.ndim(init_eps) == 0 and float(init_eps) > 0 and math.isfinite(float(init_eps))):
+        raise ValueError(f"init_eps must be a finite scalar > 0, got {init_eps!r}")
+    return MinNormAttackFn(spec, apply, p=p, T=T, R=R, targeted=bool(targeted), strict=success == "targeted",
+                           init_eps=None if init_eps is None else float(init_eps), stacked=bool(stacked),
+                           audit=bool(audit))
 
 
-def _audit(res: MinNormResult, x0, p, what, logits_at=None, y=None, t=None, strict=False):
-    """Bound audit of a result (host side): finite-norm samples realize their norm, in box."""
-    ok = np.asarray(res.success)
-    nrm = np.where(ok, np.asarray(res.norm, np.float64), 0.0)
-    xa = np.where(ok.reshape((-1,) + (1,) * (x0.ndim - 1)), np.asarray(res.x_adv), np.asarray(x0))
-    audit_check(np.asarray(x0), xa, Threat(p, nrm), what=what, rtol=1e-5)
-    if logits_at is not None and ok.any():
-        lg = np.asarray(logits_at(jnp.asarray(xa)))
-        pred = lg.argmax(-1)
-        yy, tt = np.asarray(y), np.asarray(t)
-        good = np.where(strict & (tt >= 0), pred == tt, pred != yy)
-        # tolerate a float tie at the decision boundary (logit gap below 1e-5)
-        srt = np.sort(lg, -1)
-        tie = (srt[:, -1] - srt[:, -2]) <= 1e-5 * np.maximum(1.0, np.abs(srt[:, -1]))
-        bad = ok & ~good & ~tie
-        if bad.any():
-            raise ValueError(f"{what}: returned points are not adversarial for samples "
-                             f"{np.flatnonzero(bad)[:5].tolist()} although their norm is finite")
+def factory(spec_fn: Callable, default_norm, default_queries: int):
+    """A ``make_<attack>(apply, *, norm, max_queries, ..., **hp)`` over :func:`make`."""
+
+    def make_attack(apply: Callable, *, norm=default_norm, max_queries: int = default_queries,
+                    targeted: bool = False, success: str | None = None, restarts: int = 0, init_eps=None,
+                    stacked: bool = False, audit: bool = True, **hp) -> MinNormAttackFn:
+        return make(spec_fn(**hp), apply, norm=norm, max_queries=max_queries, targeted=targeted,
+                    success=success, restarts=restarts, init_eps=init_eps, stacked=stacked, audit=audit)
+
+    make_attack.__doc__ = (f"Builds the attack of :func:`spec` on a pool: :func:`sarjax.attacks.minnorm.make`"
+                           f" with ``spec(**hp)`` (default norm {default_norm}, ``max_queries={default_queries}``).")
+    return make_attack
 
 
-@functools.lru_cache(maxsize=64)
-def _batched_logits(f):
-    return jax.jit(jax.vmap(f))
-
-
-def run(spec: Spec, f: LogitsFn, x0, y, key, *, norm, max_queries: int = 1000, targets=None,
-        strict_target: bool = False, restarts: int = 0, init_eps: float | None = None,
-        check: bool = True, sample_ids=None) -> MinNormResult:
-    """Runs a minimum-norm attack on one model, jitted, vmapped over the batch.
-
-    Args:
-      spec: the attack (e.g. ``fmn.spec()``).
-      f: logits of ONE example, ``f(x: [*S]) -> [C]``; a hashable callable
-        (the jit cache is keyed on it: reuse the same function object).
-      x0: ``[B, *S]`` clean inputs in ``[0, 1]``.
-      y: ``[B]`` int true labels.
-      key: PRNG key (per sample ``fold_in(key, sample_ids[b])``, per restart ``fold_in(., r)``).
-      norm: ``0, 1, 2, inf`` or ``"l0" ... "linf"``.
-      max_queries: the hard per-sample query cap ``T`` (>= 10).
-      targets: ``[B]`` int target classes, ``-1`` = untargeted; ``None`` = all untargeted.
-      strict_target: success only when the target is predicted (default: any
-        misclassification, as the Frontiers pool).
-      restarts: extra runs from random points of the ``init_eps`` ball (share ``T``).
-      init_eps: radius of the random starts (needed when ``restarts > 0``).
-      check: audit the result on the host (bound, box, adversarial) and raise.
-      sample_ids: ``[B]`` int, each sample's index in the data set (default ``arange(B)``): a
-        sample's random stream does not depend on the batch it runs in.
-
-    Returns:
-      :class:`MinNormResult`.
-
-    Raises:
-      ValueError / TypeError: on invalid inputs (see :func:`_validate`), or
-        when the audit fails.
-    """
-    probe = jax.eval_shape(f, jax.ShapeDtypeStruct(np.shape(x0)[1:], jnp.float32))
-    p, T, R, e, x0, y, t = _validate(spec, x0, y, targets, norm, max_queries, restarts, init_eps,
-                                      num_classes=probe.shape[-1])
-    sids = check_sample_ids(sample_ids, x0.shape[0])
-    res = _run_jit(spec, f, p, T, R, e, bool(strict_target), x0, y, t, key, sids)
-    if check:
-        _audit(res, x0, p, spec.name, _batched_logits(f), y, t, bool(strict_target))
-    return res
-
-
-def run_stack(spec: Spec, apply: Callable, params, x0, y, key, *, norm, max_queries: int = 1000,
-              targets=None, strict_target: bool = False, restarts: int = 0,
-              init_eps: float | None = None, check: bool = True, sample_ids=None) -> MinNormResult:
-    """Runs the attack on every member of a stack: ``jax.vmap`` over stacked params.
-
-    Args:
-      spec: the attack.
-      apply: ``apply(member_params, x: [B, *S]) -> [B, C]`` for ONE member
-        (e.g. ``stack.arch.apply``); hashable.
-      params: members' params stacked on a leading axis ``[M, ...]``.
-      x0, y, key, norm, max_queries, targets, strict_target, restarts,
-      init_eps, check, sample_ids: as :func:`run` (the same inputs attack every member).
-
-    Returns:
-      :class:`MinNormResult` whose arrays have a leading member axis ``[M, ...]``.
-    """
-    leaves = jax.tree.leaves(params)
-    if not leaves:
-        raise ValueError("params is empty: expected members' params stacked on a leading axis")
-    M = np.shape(leaves[0])[0]
-    one = jax.tree.map(lambda l: l[0], params)
-    probe = jax.eval_shape(lambda z: apply(one, z[None])[0],
-                           jax.ShapeDtypeStruct(np.shape(x0)[1:], jnp.float32))
-    p, T, R, e, x0, y, t = _validate(spec, x0, y, targets, norm, max_queries, restarts, init_eps,
-                                      num_classes=probe.shape[-1])
-    sids = check_sample_ids(sample_ids, x0.shape[0])
-    res = _stack_jit(spec, apply, p, T, R, e, bool(strict_target), params, x0, y, t, key, sids)
-    if check:
-        for m in range(M):
-            pm = jax.tree.map(lambda l: l[m], params)
-            _audit(jax.tree.map(lambda a: a[m], res), x0, p, f"{spec.name} (member {m})",
-                   lambda z, pm=pm: apply(pm, z), y, t, bool(strict_target))
-    return res
-
-
-def run_pool(spec: Spec, pool, x0, y, key, **kwargs) -> MinNormResult:
-    """Runs the attack on every member of a :class:`sarjax.models.pool.Pool`.
-
-    One compiled kernel per stack (vmapped over its members), concatenated
-    in pool member order.
-
-    Args:
-      spec: the attack.
-      pool: a ``Pool``.
-      x0, y, key: as :func:`run`.
-      **kwargs: ``norm``, ``max_queries``, ``targets``, ``strict_target``,
-        ``restarts``, ``init_eps``, ``check``, ``sample_ids`` as :func:`run`.
-
-    Returns:
-      :class:`MinNormResult` with arrays ``[M, ...]`` (M = ``pool.num_members``).
-    """
-    outs = [run_stack(spec, s.arch.apply, s.params, x0, y, key, **kwargs) for s in pool.stacks]
-    if len(outs) == 1:
-        return outs[0]
-    return MinNormResult(*(jnp.concatenate(parts, axis=0) for parts in zip(*outs)))
-
+# ---------------------------------------------------------------------------------------------
+# combining runs
+# ---------------------------------------------------------------------------------------------
 
 def top_k_targets(logits: jax.Array, y: jax.Array, k: int = 9) -> jax.Array:
     """The ``k`` most likely wrong classes per sample (papers/001 Section 5.1: top-9).
@@ -472,8 +783,8 @@ def top_k_targets(logits: jax.Array, y: jax.Array, k: int = 9) -> jax.Array:
       k: how many (``<= C - 1``).
 
     Returns:
-      ``[B, k]`` int32, most likely first; column ``j`` is the ``targets``
-      array of the ``j``-th targeted run.
+      ``[B, k]`` int32, most likely first; column ``j`` is the ``ref`` of the ``j``-th
+      targeted run.
     """
     logits = jnp.asarray(logits)
     C = logits.shape[-1]
@@ -484,22 +795,40 @@ def top_k_targets(logits: jax.Array, y: jax.Array, k: int = 9) -> jax.Array:
 
 
 def best_of(results: list[MinNormResult]) -> MinNormResult:
-    """Per-sample best of several runs on the same inputs (an ensemble's frontier).
+    """Per-(sample, member) best of several runs on the same inputs (an ensemble's frontier).
 
-    Trajectories are min-combined point-wise (each run's own query axis);
-    queries are summed.
+    Runs may have different budgets: trajectories are aligned on one query axis (entry ``k``
+    = after ``10 (k + 1)`` queries of each run) and a shorter one is padded with its last
+    value up to the longest (a run that has stopped keeps its best norm); then min-combined
+    point-wise.  Queries are summed.
+
+    Raises:
+      ValueError: no results, or results of different ``[B, M]`` / input shapes.
     """
     if not results:
         raise ValueError("best_of needs at least one result")
+    shapes = {tuple(np.shape(r.x_adv)) for r in results}
+    if len(shapes) != 1:
+        raise ValueError(f"best_of needs results on the same inputs and members, got x_adv shapes {sorted(shapes)}")
+    L = max(np.shape(r.trajectory)[-1] for r in results)
+
+    def pad(tr):
+        n = L - tr.shape[-1]
+        if n == 0:
+            return tr
+        last = tr[..., -1:] if tr.shape[-1] else jnp.full(tr.shape[:-1] + (1,), jnp.inf, tr.dtype)
+        return jnp.concatenate([tr, jnp.repeat(last, n, axis=-1)], axis=-1)
+
     norms = jnp.stack([r.norm for r in results])
     j = jnp.argmin(norms, axis=0)
     xs = jnp.stack([r.x_adv for r in results])
-    x = jnp.take_along_axis(xs, j.reshape((1,) + j.shape + (1,) * (xs.ndim - 2)), 0)[0]
+    x = jnp.take_along_axis(xs, j.reshape((1,) + j.shape + (1,) * (xs.ndim - 1 - j.ndim)), 0)[0]
     n = jnp.min(norms, 0)
-    traj = jnp.min(jnp.stack([r.trajectory for r in results]), 0)
-    q = sum(r.queries for r in results)
+    traj = jnp.min(jnp.stack([pad(jnp.asarray(r.trajectory)) for r in results]), 0)
+    q = sum(jnp.asarray(r.queries) for r in results)
     return MinNormResult(x, n, traj, q, jnp.isfinite(n))
 
 
-__all__ = ["MinNormResult", "CoreOut", "Spec", "make_spec", "run", "run_stack", "run_pool",
-           "top_k_targets", "best_of", "margin", "is_success", "TRAJ_EVERY"]
+__all__ = ["MinNormResult", "MinNormAttackFn", "MinNormProblem", "Spec", "Ctx", "Cfg", "State", "make_spec",
+           "make", "factory", "attack_of", "num_steps", "top_k_targets", "best_of", "margin", "is_success",
+           "TRAJ_EVERY"]

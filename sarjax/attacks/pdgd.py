@@ -15,8 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from sarjax.attacks import minnorm as mn
-
-B1, B2 = 0.9, 0.999  # Adam, as in the PDGD reference code
+from sarjax.attacks.optim import adam
 
 
 def _safe_l2(v):
@@ -31,7 +30,7 @@ def dual_init(hp):
 
 def dual_update(lam, lam_ema, m, i, steps, hp):
     """Ascent on the log dual ratio with sign(m), then the EMA of its softmax."""
-    theta = hp["dual_lr"] * ((steps - 1 - i) / max(steps - 1, 1) * (1 - hp["dual_lr_decrease"])
+    theta = hp["dual_lr"] * ((steps - 1 - i) / jnp.maximum(steps - 1, 1) * (1 - hp["dual_lr_decrease"])
                              + hp["dual_lr_decrease"])
     lo = math.log(hp["dual_min_ratio"])
     lam = lam.at[1].set(jnp.clip(lam[1] + theta * jnp.sign(m), lo, -lo))
@@ -39,39 +38,30 @@ def dual_update(lam, lam_ema, m, i, steps, hp):
     return lam, lam_ema
 
 
-def adam(g, m1, m2, i):
-    m1 = m1 + (1 - B1) * (g - m1)
-    m2 = B2 * m2 + (1 - B2) * g * g
-    bc1, bc2 = 1 - B1 ** (i + 1), 1 - B2 ** (i + 1)
-    denom = jnp.sqrt(m2) / jnp.sqrt(bc2) + 1e-8
-    return m1, m2, m1 / bc1, denom
+def _init(ctx, x_init):
+    lam, lam_ema = dual_init(ctx.hp)
+    x0 = ctx.x0
+    return (x_init, jnp.zeros_like(x0), jnp.zeros_like(x0), lam, lam_ema, x0, jnp.asarray(jnp.inf, jnp.float32)), None
 
 
-def _core(f, x0, y, t, x_init, key, *, budget, p, strict, hp):
-    del key, p
-    steps = budget // 2
+def _step(ctx, s, i):
+    f, x0, y, t, hp, steps = ctx.f, ctx.x0, ctx.y, ctx.t, ctx.hp, ctx.steps
 
     def loss_fn(x, lam_ema):
         logits = f(x)
         m = mn.margin(logits, y, t)
         return lam_ema[0] * _safe_l2(x - x0) + lam_ema[1] * jax.nn.softplus(m), (logits, m)
 
-    def step(s, i):
-        x, m1, m2, lam, lam_ema, bx, bn = s
-        (_, (logits, m)), g = jax.value_and_grad(loss_fn, has_aux=True)(x, lam_ema)
-        g = jnp.where(jnp.isfinite(g), g, 0.0)
-        adv = mn.is_success(logits, y, t, strict)
-        bx, bn, _ = mn.track(bx, bn, x, x0, adv, 2.0)
-        m1, m2, num, denom = adam(g, m1, m2, i)
-        lr = hp["primal_lr"] * hp["primal_lr_decrease"] ** (i / steps)
-        x = jnp.clip(x - lr * num / denom, 0.0, 1.0)
-        lam, lam_ema = dual_update(lam, lam_ema, m, i, steps, hp)
-        return (x, m1, m2, lam, lam_ema, bx, bn), bn
-
-    lam, lam_ema = dual_init(hp)
-    init = (x_init, jnp.zeros_like(x0), jnp.zeros_like(x0), lam, lam_ema, x0, jnp.asarray(jnp.inf, jnp.float32))
-    s, hist = jax.lax.scan(step, init, jnp.arange(steps, dtype=jnp.float32))
-    return mn.gradient_core_out(s[5], s[6], hist, steps)
+    x, m1, m2, lam, lam_ema, bx, bn = s
+    (_, (logits, m)), g = jax.value_and_grad(loss_fn, has_aux=True)(x, lam_ema)
+    g = jnp.where(jnp.isfinite(g), g, 0.0)
+    adv = mn.is_success(logits, y, t, ctx.strict)
+    bx, bn, _ = mn.track(bx, bn, x, x0, adv, 2.0)
+    m1, m2, num, denom = adam(g, m1, m2, i)
+    lr = hp["primal_lr"] * hp["primal_lr_decrease"] ** (i / steps)
+    x = jnp.clip(x - lr * num / denom, 0.0, 1.0)
+    lam, lam_ema = dual_update(lam, lam_ema, m, i, steps, hp)
+    return x, m1, m2, lam, lam_ema, bx, bn
 
 
 def default_hp(primal_lr=0.1, primal_lr_decrease=0.01, dual_ratio_init=0.01, dual_lr=0.1,
@@ -89,22 +79,11 @@ def spec(**hp) -> mn.Spec:
     decayed x0.01, dual ratio init 0.01, dual lr 0.1 decayed linearly to
     x0.1, dual EMA 0.9, dual ratio clamp 1e-6.
     """
-    return mn.make_spec("pdgd", _core, (2,), default_hp(**hp))
+    return mn.make_spec("pdgd", _init, _step, (2,), default_hp(**hp))
 
 
-def pdgd(f, x0, y, key, *, norm=2, max_queries: int = 1000, targets=None, strict_target: bool = False,
-         restarts: int = 0, init_eps: float | None = None, check: bool = True, **hp) -> mn.MinNormResult:
-    """PDGD (l2) on one model; default 1000 queries = 500 steps (reference default).
-
-    Args:
-      f: ``f(x: [*S]) -> [C]`` logits of one example.
-      x0: ``[B, *S]`` in ``[0, 1]``.
-      y: ``[B]`` int labels.
-      key: PRNG key (restarts).
-      norm: must be 2.
-      max_queries, targets, strict_target, restarts, init_eps, check: see
-        :func:`sarjax.attacks.minnorm.run`.
-      **hp: see :func:`spec`.
-    """
-    return mn.run(spec(**hp), f, x0, y, key, norm=norm, max_queries=max_queries, targets=targets,
-                  strict_target=strict_target, restarts=restarts, init_eps=init_eps, check=check)
+make_pdgd = mn.factory(spec, 2, 1000)
+make_pdgd.__name__ = "make_pdgd"
+make_pdgd.__doc__ = """PDGD (l2) on a pool (:func:`sarjax.attacks.minnorm.make`); default 1000 queries = 500 steps
+(the reference default).  ``**hp``: see :func:`spec`.
+"""

@@ -18,7 +18,8 @@ import jax
 import jax.numpy as jnp
 
 from sarjax.attacks import minnorm as mn
-from sarjax.attacks.pdgd import adam, default_hp, dual_init, dual_update
+from sarjax.attacks.optim import adam
+from sarjax.attacks.pdgd import default_hp, dual_init, dual_update
 
 
 def prox_l0_hard(x, lam):
@@ -71,9 +72,14 @@ def prox_l23(x, lam):
 _PROX = {"hard": prox_l0_hard, "l1": prox_l1, "l2": prox_l2, "linf": prox_linf, "l23": prox_l23}
 
 
-def _core(f, x0, y, t, x_init, key, *, budget, p, strict, hp):
-    del key
-    steps = budget // 2
+def _init(ctx, x_init):
+    lam, lam_ema = dual_init(ctx.hp)
+    x0 = ctx.x0
+    return (x_init, jnp.zeros_like(x0), jnp.zeros_like(x0), lam, lam_ema, x0, jnp.asarray(jnp.inf, jnp.float32)), None
+
+
+def _step(ctx, s, i):
+    f, x0, y, t, p, hp, steps = ctx.f, ctx.x0, ctx.y, ctx.t, ctx.p, ctx.hp, ctx.steps
     name = hp["l0_proximal"] if p == 0.0 else {1.0: "l1", 2.0: "l2", math.inf: "linf"}[p]
     prox = _PROX[name]
 
@@ -82,38 +88,32 @@ def _core(f, x0, y, t, x_init, key, *, budget, p, strict, hp):
         m = mn.margin(logits, y, t)
         return jax.nn.softplus(m), (logits, m)
 
-    def step(s, i):
-        x, m1, m2, lam, lam_ema, bx, bn = s
-        (_, (logits, m)), g = jax.value_and_grad(loss_fn, has_aux=True)(x)
-        g = jnp.where(jnp.isfinite(g), g, 0.0)
-        adv = mn.is_success(logits, y, t, strict)
-        bx, bn, _ = mn.track(bx, bn, x, x0, adv, p)
-        m1, m2, num, denom = adam(g, m1, m2, i)
-        lr = hp["primal_lr"] * hp["primal_lr_decrease"] ** (i / steps)
-        r = jnp.clip(x - lr * num / denom, 0.0, 1.0) - x0
-        psi = jnp.max(denom)
-        mu = lam_ema[0] / lam_ema[1] * lr / psi
-        h = denom / psi
+    x, m1, m2, lam, lam_ema, bx, bn = s
+    (_, (logits, m)), g = jax.value_and_grad(loss_fn, has_aux=True)(x)
+    g = jnp.where(jnp.isfinite(g), g, 0.0)
+    adv = mn.is_success(logits, y, t, ctx.strict)
+    bx, bn, _ = mn.track(bx, bn, x, x0, adv, p)
+    m1, m2, num, denom = adam(g, m1, m2, i)
+    lr = hp["primal_lr"] * hp["primal_lr_decrease"] ** (i / steps)
+    r = jnp.clip(x - lr * num / denom, 0.0, 1.0) - x0
+    psi = jnp.max(denom)
+    mu = lam_ema[0] / lam_ema[1] * lr / psi
+    h = denom / psi
 
-        def sub(_, c):
-            z, e = c
-            zn = prox(z - h * (z - r), mu)
-            zn = jnp.clip(x0 + zn, 0.0, 1.0) - x0
-            upd = e > hp["eps_threshold"]
-            z_new = jnp.where(upd, zn, z)
-            e = jnp.where(upd, jnp.sqrt(jnp.sum((z_new - z) ** 2)) /
-                          jnp.maximum(jnp.sqrt(jnp.sum(z_new ** 2)), 1e-12), e)
-            return z_new, e
+    def sub(_, c):
+        z, e = c
+        zn = prox(z - h * (z - r), mu)
+        zn = jnp.clip(x0 + zn, 0.0, 1.0) - x0
+        upd = e > hp["eps_threshold"]
+        z_new = jnp.where(upd, zn, z)
+        e = jnp.where(upd, jnp.sqrt(jnp.sum((z_new - z) ** 2)) /
+                      jnp.maximum(jnp.sqrt(jnp.sum(z_new ** 2)), 1e-12), e)
+        return z_new, e
 
-        z, _ = jax.lax.fori_loop(0, hp["proximal_steps"], sub, (r, jnp.asarray(1.0, jnp.float32)))
-        x = x0 + z
-        lam, lam_ema = dual_update(lam, lam_ema, m, i, steps, hp)
-        return (x, m1, m2, lam, lam_ema, bx, bn), bn
-
-    lam, lam_ema = dual_init(hp)
-    init = (x_init, jnp.zeros_like(x0), jnp.zeros_like(x0), lam, lam_ema, x0, jnp.asarray(jnp.inf, jnp.float32))
-    s, hist = jax.lax.scan(step, init, jnp.arange(steps, dtype=jnp.float32))
-    return mn.gradient_core_out(s[5], s[6], hist, steps)
+    z, _ = jax.lax.fori_loop(0, hp["proximal_steps"], sub, (r, jnp.asarray(1.0, jnp.float32)))
+    x = x0 + z
+    lam, lam_ema = dual_update(lam, lam_ema, m, i, steps, hp)
+    return x, m1, m2, lam, lam_ema, bx, bn
 
 
 def spec(*, proximal_steps: int = 5, eps_threshold: float = 1e-2, l0_proximal: str = "l23", **hp) -> mn.Spec:
@@ -129,22 +129,11 @@ def spec(*, proximal_steps: int = 5, eps_threshold: float = 1e-2, l0_proximal: s
         raise ValueError(f"l0_proximal must be 'l23' or 'hard', got {l0_proximal!r}")
     d = default_hp(**hp)
     d.update(proximal_steps=int(proximal_steps), eps_threshold=float(eps_threshold), l0_proximal=l0_proximal)
-    return mn.make_spec("pdpgd", _core, (0, 1, 2, math.inf), d)
+    return mn.make_spec("pdpgd", _init, _step, (0, 1, 2, math.inf), d)
 
 
-def pdpgd(f, x0, y, key, *, norm=2, max_queries: int = 1000, targets=None, strict_target: bool = False,
-          restarts: int = 0, init_eps: float | None = None, check: bool = True, **hp) -> mn.MinNormResult:
-    """PDPGD on one model (l0, l1, l2, linf); default 1000 queries = 500 steps.
-
-    Args:
-      f: ``f(x: [*S]) -> [C]`` logits of one example.
-      x0: ``[B, *S]`` in ``[0, 1]``.
-      y: ``[B]`` int labels.
-      key: PRNG key (restarts).
-      norm: ``0, 1, 2`` or ``inf``.
-      max_queries, targets, strict_target, restarts, init_eps, check: see
-        :func:`sarjax.attacks.minnorm.run`.
-      **hp: see :func:`spec`.
-    """
-    return mn.run(spec(**hp), f, x0, y, key, norm=norm, max_queries=max_queries, targets=targets,
-                  strict_target=strict_target, restarts=restarts, init_eps=init_eps, check=check)
+make_pdpgd = mn.factory(spec, 2, 1000)
+make_pdpgd.__name__ = "make_pdpgd"
+make_pdpgd.__doc__ = """PDPGD on a pool (l0, l1, l2, linf; :func:`sarjax.attacks.minnorm.make`); default 1000 queries
+= 500 steps.  ``**hp``: see :func:`spec`.
+"""

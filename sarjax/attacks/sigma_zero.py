@@ -12,12 +12,17 @@ import jax
 import jax.numpy as jnp
 
 from sarjax.attacks import minnorm as mn
-from sarjax.attacks.pdgd import adam
+from sarjax.attacks.optim import adam
 
 
-def _core(f, x0, y, t, x_init, key, *, budget, p, strict, hp):
-    del key, p
-    steps = budget // 2
+def _init(ctx, x_init):
+    hp, x0 = ctx.hp, ctx.x0
+    f32 = lambda v: jnp.asarray(v, jnp.float32)
+    return (x_init, jnp.zeros_like(x0), jnp.zeros_like(x0), f32(hp["tau0"]), f32(hp["eta0"]), x0, f32(jnp.inf)), None
+
+
+def _step(ctx, s, i):
+    f, x0, y, t, hp, steps = ctx.f, ctx.x0, ctx.y, ctx.t, ctx.hp, ctx.steps
     eta0, sigma, tf = hp["eta0"], hp["sigma"], hp["tau_factor"]
 
     def loss_fn(x):
@@ -26,25 +31,19 @@ def _core(f, x0, y, t, x_init, key, *, budget, p, strict, hp):
         l0a = jnp.mean(d * d / (d * d + sigma))
         return jnp.maximum(mn.margin(logits, y, t), 0.0) + l0a, logits
 
-    def step(s, i):
-        x, m1, m2, tau, eta, bx, bn = s
-        (_, logits), g = jax.value_and_grad(loss_fn, has_aux=True)(x)
-        g = jnp.where(jnp.isfinite(g), g, 0.0)
-        adv = mn.is_success(logits, y, t, strict)
-        bx, bn, _ = mn.track(bx, bn, x, x0, adv, 0.0)
-        g = g / jnp.maximum(jnp.max(jnp.abs(g)), 1e-12)
-        m1, m2, num, denom = adam(g, m1, m2, i)
-        x = jnp.clip(x - eta * num / denom, 0.0, 1.0)
-        eta = 0.1 * eta0 + 0.9 * eta0 * 0.5 * (1.0 + jnp.cos(jnp.pi * i / steps))
-        tau = jnp.clip(tau + jnp.where(adv, tf * eta, -tf * eta), 0.0, 1.0)
-        d = x - x0
-        x = jnp.where(jnp.abs(d) < tau, x0, x)
-        return (x, m1, m2, tau, eta, bx, bn), bn
-
-    f32 = lambda v: jnp.asarray(v, jnp.float32)
-    init = (x_init, jnp.zeros_like(x0), jnp.zeros_like(x0), f32(hp["tau0"]), f32(eta0), x0, f32(jnp.inf))
-    s, hist = jax.lax.scan(step, init, jnp.arange(steps, dtype=jnp.float32))
-    return mn.gradient_core_out(s[5], s[6], hist, steps)
+    x, m1, m2, tau, eta, bx, bn = s
+    (_, logits), g = jax.value_and_grad(loss_fn, has_aux=True)(x)
+    g = jnp.where(jnp.isfinite(g), g, 0.0)
+    adv = mn.is_success(logits, y, t, ctx.strict)
+    bx, bn, _ = mn.track(bx, bn, x, x0, adv, 0.0)
+    g = g / jnp.maximum(jnp.max(jnp.abs(g)), 1e-12)
+    m1, m2, num, denom = adam(g, m1, m2, i)
+    x = jnp.clip(x - eta * num / denom, 0.0, 1.0)
+    eta = 0.1 * eta0 + 0.9 * eta0 * 0.5 * (1.0 + jnp.cos(jnp.pi * i / steps))
+    tau = jnp.clip(tau + jnp.where(adv, tf * eta, -tf * eta), 0.0, 1.0)
+    d = x - x0
+    x = jnp.where(jnp.abs(d) < tau, x0, x)
+    return x, m1, m2, tau, eta, bx, bn
 
 
 def spec(*, eta0: float = 1.0, sigma: float = 1e-3, tau0: float = 0.3, tau_factor: float = 0.01) -> mn.Spec:
@@ -53,26 +52,13 @@ def spec(*, eta0: float = 1.0, sigma: float = 1e-3, tau0: float = 0.3, tau_facto
     Defaults (sigma-zero paper and reference code, as adv-lib): eta0 1 with
     cosine annealing to 0.1 eta0, sigma 1e-3, tau0 0.3, tau factor 0.01.
     """
-    return mn.make_spec("sigma_zero", _core, (0,),
+    return mn.make_spec("sigma_zero", _init, _step, (0,),
                         dict(eta0=float(eta0), sigma=float(sigma), tau0=float(tau0), tau_factor=float(tau_factor)))
 
 
-def sigma_zero(f, x0, y, key, *, norm=0, max_queries: int = 2000, targets=None, strict_target: bool = False,
-               restarts: int = 0, init_eps: float | None = None, check: bool = True, **hp) -> mn.MinNormResult:
-    """sigma-zero (l0) on one model; default 2000 queries = its 1000 steps.
-
-    Targeted runs replace the margin by the margin towards the target (the
-    reference code is untargeted only).
-
-    Args:
-      f: ``f(x: [*S]) -> [C]`` logits of one example.
-      x0: ``[B, *S]`` in ``[0, 1]``.
-      y: ``[B]`` int labels.
-      key: PRNG key (restarts).
-      norm: must be 0.
-      max_queries, targets, strict_target, restarts, init_eps, check: see
-        :func:`sarjax.attacks.minnorm.run`.
-      **hp: see :func:`spec`.
-    """
-    return mn.run(spec(**hp), f, x0, y, key, norm=norm, max_queries=max_queries, targets=targets,
-                  strict_target=strict_target, restarts=restarts, init_eps=init_eps, check=check)
+make_sigma_zero = mn.factory(spec, 0, 2000)
+make_sigma_zero.__name__ = "make_sigma_zero"
+make_sigma_zero.__doc__ = """sigma-zero (l0) on a pool (:func:`sarjax.attacks.minnorm.make`); default 2000 queries = its
+1000 steps.  Targeted runs replace the margin by the margin towards the target (the reference
+code is untargeted only).  ``**hp``: see :func:`spec`.
+"""

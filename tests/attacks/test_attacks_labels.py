@@ -11,9 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sarjax.attacks import (attack_members, check_labels, make_apgd, make_apgd_t, make_fgsm, make_joint_pgd,
+from sarjax.attacks import (attack_members, check_labels, fmn, make_apgd, make_apgd_t, make_fgsm, make_joint_pgd,
                             make_member_attack, make_mifgsm, make_pgd, make_rounds, make_square)
-from sarjax.attacks import fmn, minnorm
 from sarjax.models.pool import Pool, Stack
 from sarjax.models.sharding import ShardedPool, make_mesh
 from sarjax.models.zoo import mlp
@@ -131,11 +130,11 @@ def test_minimum_norm_attacks_share_the_validator():
     pool = _mlp_pool()
     x = np.asarray(_x()).reshape(B, 2, 2, 2)
     with pytest.raises(ValueError, match=MSG):
-        minnorm.run_pool(fmn.spec(), pool, x, BAD, jax.random.PRNGKey(0), norm="l2", max_queries=20)
-    targets = np.array([-1, 2, -3, 9])
-    with pytest.raises(ValueError, match=r"targets out of range \[0, C=4\) or -1: samples \[2, 3\] have \[-3, 9\]"):
-        minnorm.run_pool(fmn.spec(), pool, x, np.zeros(B, np.int32), jax.random.PRNGKey(0), norm="l2",
-                         max_queries=20, targets=targets)
+        fmn.make_fmn(pool.apply, norm="l2", max_queries=20)(pool.params, x, BAD, key=jax.random.PRNGKey(0))
+    targets = np.array([1, 2, -3, 9])
+    with pytest.raises(ValueError, match=r"targets out of range \[0, C=4\): samples \[2, 3\] have \[-3, 9\]"):
+        fmn.make_fmn(pool.apply, norm="l2", max_queries=20, targeted=True)(
+            pool.params, x, targets, key=jax.random.PRNGKey(0), labels=np.zeros(B, np.int32))
 
 
 def test_sample_ids_are_validated():

@@ -13,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 
-from sarjax.attacks import attack_members, fmn, make_apgd, make_joint_pgd, make_pgd, make_square, minnorm
+from sarjax.attacks import attack_members, fmn, make_apgd, make_joint_pgd, make_pgd, make_square
 from sarjax.cover.vision import run_sar
 from sarjax.models.pool import Pool, Stack
 from sarjax.models.zoo import mlp
@@ -92,13 +92,13 @@ def test_member_mode_follows_sample_ids():
 
 def test_minimum_norm_attacks_follow_sample_ids():
     # random restarts of the minimum-norm attacks: sample b draws fold_in(key, sample_ids[b])
-    kw = dict(norm="l2", max_queries=20, restarts=1, init_eps=0.3)
-    whole = minnorm.run_pool(fmn.spec(), POOL, X, Y[:, 0], KEY, **kw)
-    part = minnorm.run_pool(fmn.spec(), POOL, X[5:], Y[5:, 0], KEY, sample_ids=np.arange(5, B), **kw)
-    np.testing.assert_array_equal(np.asarray(part.x_adv), np.asarray(whole.x_adv)[:, 5:])
-    np.testing.assert_array_equal(np.asarray(part.norm), np.asarray(whole.norm)[:, 5:])
-    by_position = minnorm.run_pool(fmn.spec(), POOL, X[5:], Y[5:, 0], KEY, **kw)
-    assert not np.array_equal(np.asarray(by_position.x_adv), np.asarray(whole.x_adv)[:, 5:])
+    fn = fmn.make_fmn(POOL.apply, norm="l2", max_queries=20, restarts=1, init_eps=0.3)   # results [B, M]
+    whole = fn(POOL.params, X, Y[:, 0], key=KEY)
+    part = fn(POOL.params, X[5:], Y[5:, 0], key=KEY, sample_ids=np.arange(5, B))
+    np.testing.assert_array_equal(np.asarray(part.x_adv), np.asarray(whole.x_adv)[5:])
+    np.testing.assert_array_equal(np.asarray(part.norm), np.asarray(whole.norm)[5:])
+    by_position = fn(POOL.params, X[5:], Y[5:, 0], key=KEY)
+    assert not np.array_equal(np.asarray(by_position.x_adv), np.asarray(whole.x_adv)[5:])
 
 
 _SAR_ATTACK = make_joint_pgd(POOL.apply, eps=0.3, steps=3, restarts=1)

@@ -19,80 +19,196 @@ ALL = [(fmn.spec(), 2), (ddn.spec(), 2), (apgd_min.spec(loss="dlr"), 1), (alma.s
        (pdgd.spec(), 2), (pdpgd.spec(), 0), (sigma_zero.spec(), 0), (fab.spec(targeted=True), 1)]
 
 
+def _apply(params, x):
+    return x.reshape(x.shape[0], -1) @ params[0] + params[1]   # [B, C]: one member
+
+
 def _affine(seed, shape, B, temperature=10.0, C=5):
     W, b, x0, y = make_affine(seed, shape, C=C, B=B)
-    Wj, bj = jnp.asarray(W) * temperature, jnp.asarray(b) * temperature
-    return W, b, x0, y, (lambda x: x.reshape(-1) @ Wj + bj)
+    return W, b, x0, y, (jnp.asarray(W) * temperature, jnp.asarray(b) * temperature)
 
 
 @pytest.fixture(scope="module")
 def restart_run():
-    W, b, x0, y, f = _affine(1, (4, 6), 3)
-    kw = dict(norm=2, max_queries=300, restarts=2, init_eps=0.5)
-    return f, x0, y, kw, fmn.fmn(f, x0, y, jax.random.key(7), **kw)
+    W, b, x0, y, params = _affine(1, (4, 6), 3)
+    fn = fmn.make_fmn(_apply, norm=2, max_queries=300, restarts=2, init_eps=0.5)
+    return fn, params, x0, y, fn(params, x0, y, key=jax.random.key(7))
 
 
 def test_trajectory_cap_restarts_and_determinism(restart_run):
-    f, x0, y, kw, r1 = restart_run
-    r2 = fmn.fmn(f, x0, y, jax.random.key(7), **kw)
+    fn, params, x0, y, r1 = restart_run
+    r2 = fn(params, x0, y, key=jax.random.key(7))
     for a, c in zip(r1, r2):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(c))
     traj = np.asarray(r1.trajectory)
-    assert traj.shape == (3, 30)
+    assert traj.shape == (3, 1, 30)
     fin = np.where(np.isinf(traj), 1e30, traj)
-    assert (np.diff(fin, axis=1) <= 0).all(), "trajectory must be non-increasing"
+    assert (np.diff(fin, axis=-1) <= 0).all(), "trajectory must be non-increasing"
     assert (np.asarray(r1.queries) == 300).all()  # 3 runs x 50 steps x 2 queries
     # after the last query the trajectory holds the returned (best over restarts) norm
-    np.testing.assert_allclose(traj[:, -1], np.asarray(r1.norm), rtol=1e-6)
-    # every sample succeeds and the result is audited (run raises otherwise)
+    np.testing.assert_allclose(traj[..., -1], np.asarray(r1.norm), rtol=1e-6)
+    # every sample succeeds and the result is audited (the entry raises otherwise)
     assert np.asarray(r1.success).all()
+
+
+def _const_apply(bias, x):
+    return bias + 0.0 * jnp.sum(x.reshape(x.shape[0], -1), axis=1)[:, None]  # zero gradient
 
 
 @pytest.mark.parametrize("k", range(len(ALL)), ids=[f"{s.name}-l{p}" for s, p in ALL])
 def test_zero_gradient_no_nan_and_odd_cap(k):
     spec, p = ALL[k]
-    bias = jnp.asarray([3.0, 1.0, 0.0, -1.0], jnp.float32)
-    f = lambda x: bias + 0.0 * jnp.sum(x)  # constant logits: zero gradient, never adversarial
+    bias = jnp.asarray([3.0, 1.0, 0.0, -1.0], jnp.float32)  # constant logits: never adversarial
     x0 = np.random.default_rng(0).uniform(0, 1, (2, 3)).astype(np.float32)
     y = np.zeros(2, np.int32)
     T = 47  # odd: a 2-query step cannot land exactly on the cap, which stays hard
-    r = mn.run(spec, f, x0, y, jax.random.key(0), norm=p, max_queries=T)
+    r = mn.make(spec, _const_apply, norm=p, max_queries=T)(bias, x0, y, key=jax.random.key(0))
     q = np.asarray(r.queries)
     assert (q <= T).all() and (q >= T - 2).all()
-    assert r.trajectory.shape == (2, T // 10)
+    assert r.trajectory.shape == (2, 1, T // 10)
     assert not np.asarray(r.success).any()
     assert np.isinf(np.asarray(r.norm)).all() and np.isinf(np.asarray(r.trajectory)).all()
-    np.testing.assert_array_equal(np.asarray(r.x_adv), x0)
+    np.testing.assert_array_equal(np.asarray(r.x_adv)[:, 0], x0)
     assert np.isfinite(np.asarray(r.x_adv)).all()
 
 
-def test_stack_vmap_matches_single_member():
-    M, B, shape, C = 3, 4, (4, 6), 5
-    rng = np.random.default_rng(3)
-    params = {"W": jnp.asarray(rng.normal(size=(M, 24, C)) * 2.0, jnp.float32),
+def _stack(M=3, B=4, shape=(4, 6), C=5, seed=3):
+    rng = np.random.default_rng(seed)
+    params = {"W": jnp.asarray(rng.normal(size=(M, int(np.prod(shape)), C)) * 2.0, jnp.float32),
               "b": jnp.asarray(rng.normal(size=(M, C)) * 0.1, jnp.float32)}
-    apply = lambda p, x: x.reshape(x.shape[0], -1) @ p["W"] + p["b"]
     x0 = rng.uniform(0.2, 0.8, (B,) + shape).astype(np.float32)
-    y = np.asarray(jnp.argmax(apply({"W": params["W"][0], "b": params["b"][0]}, x0), -1), np.int32)
-    res = mn.run_stack(fmn.spec(), apply, params, x0, y, jax.random.key(0), norm=2, max_queries=200)
-    assert res.x_adv.shape == (M, B) + shape and res.norm.shape == (M, B)
-    assert res.trajectory.shape == (M, B, 20) and res.queries.shape == (M, B)
+    return params, x0
+
+
+def _member(x, p):
+    return x.reshape(x.shape[0], -1) @ p["W"] + p["b"]
+
+
+def _pool(params, x):
+    return jax.vmap(lambda p: _member(x, p))(params)           # [M, B, C]
+
+
+def _stacked(p, x):
+    return _member(x, p)
+
+
+def test_pool_layout_matches_single_member_and_known_optimum():
+    M, B, shape = 3, 4, (4, 6)
+    params, x0 = _stack(M, B, shape)
+    y = np.asarray(jnp.argmax(_member(x0, jax.tree.map(lambda a: a[0], params)), -1), np.int32)
+    res = fmn.make_fmn(_pool, norm=2, max_queries=200)(params, x0, y, key=jax.random.key(0))
+    assert res.x_adv.shape == (B, M) + shape and res.norm.shape == (B, M)
+    assert res.trajectory.shape == (B, M, 20) and res.queries.shape == (B, M)
+    # the stacked path (member apply vmapped over stacked params) gives the same result
+    st = fmn.make_fmn(_stacked, norm=2, max_queries=200, stacked=True)(params, x0, y, key=jax.random.key(0))
+    np.testing.assert_allclose(np.asarray(st.norm), np.asarray(res.norm), rtol=1e-5)
     m = 1
-    pm = {"W": params["W"][m], "b": params["b"][m]}
-    one = mn.run(fmn.spec(), lambda x: apply(pm, x[None])[0], x0, y, jax.random.key(0), norm=2, max_queries=200)
-    np.testing.assert_allclose(np.asarray(res.norm[m]), np.asarray(one.norm), rtol=1e-4)
+    pm = jax.tree.map(lambda a: a[m], params)
+    one = fmn.make_fmn(_stacked, norm=2, max_queries=200)(pm, x0, y, key=jax.random.key(0))
+    np.testing.assert_allclose(np.asarray(res.norm[:, m]), np.asarray(one.norm[:, 0]), rtol=1e-4)
     # each member's norm is within 1.05x of that member's exact optimum where y is its prediction
-    pred = np.asarray(jnp.argmax(apply(pm, x0), -1))
+    pred = np.asarray(jnp.argmax(_member(x0, pm), -1))
     Wm, bm = np.asarray(pm["W"]), np.asarray(pm["b"])
     for i in range(B):
         if pred[i] == y[i]:
             opt = affine_min_norm(Wm, bm, x0[i], y[i], 2)[0]
-            assert np.asarray(res.norm[m, i]) <= 1.05 * opt + 1e-6
+            assert np.asarray(res.norm[i, m]) <= 1.05 * opt + 1e-6
         else:
-            assert np.asarray(res.norm[m, i]) == 0.0  # already misclassified: x0 itself
+            assert np.asarray(res.norm[i, m]) == 0.0  # already misclassified: x0 itself
 
 
-def test_run_pool_on_zoo_mlp_pool():
+def test_mask_and_per_member_refs():
+    M, B = 3, 4
+    params, x0 = _stack(M, B, seed=5)
+    pred = np.asarray(jnp.argmax(_pool(params, x0), -1)).T.astype(np.int32)   # [B, M] clean predictions
+    mask = np.ones((B, M), np.float32)
+    mask[1, 2] = 0.0
+    mask[3, 0] = 0.0
+    fn = ddn.make_ddn(_pool, max_queries=100)
+    r = fn(params, x0, pred, mask, key=jax.random.key(1))
+    ok = mask > 0
+    # masked members: not attacked, no queries, norm inf, x_adv = x0, trajectory inf
+    assert (np.asarray(r.queries)[~ok] == 0).all() and (np.asarray(r.queries)[ok] == 100).all()
+    assert np.isinf(np.asarray(r.norm)[~ok]).all() and not np.asarray(r.success)[~ok].any()
+    assert np.isinf(np.asarray(r.trajectory)[~ok]).all()
+    np.testing.assert_array_equal(np.asarray(r.x_adv)[1, 2], x0[1])
+    # each attacked member left its own reference (the audit checked it against that member)
+    assert np.asarray(r.success)[ok].all()
+    full = fn(params, x0, pred, key=jax.random.key(1))
+    np.testing.assert_array_equal(np.asarray(full.norm)[ok], np.asarray(r.norm)[ok])
+
+
+def test_traced_budget_and_init_eps_do_not_recompile():
+    traces = []
+
+    def counting(p, x):
+        traces.append(1)
+        return _pool(p, x)
+
+    params, x0 = _stack(2, 3, seed=7)
+    y = np.asarray(jnp.argmax(_pool(params, x0), -1))[0].astype(np.int32)
+    fn = fmn.make_fmn(counting, norm=2, max_queries=100, restarts=1, init_eps=0.3)
+    fn(params, x0, y, key=jax.random.key(0))
+    n = len(traces)
+    small = fn(params, x0, y, key=jax.random.key(0), max_queries=np.array([40, 60, 100]), init_eps=0.1)
+    assert len(traces) == n, "a new budget or init_eps recompiled"
+    q = np.asarray(small.queries)
+    np.testing.assert_array_equal(q, [[40, 40], [60, 60], [100, 100]])
+    assert small.trajectory.shape == (3, 2, 10)
+    # a cap below T runs the same attack as a factory built for that budget
+    ref = fmn.make_fmn(_pool, norm=2, max_queries=40, restarts=1, init_eps=0.1)(params, x0[:1], y[:1],
+                                                                                key=jax.random.key(0))
+    np.testing.assert_allclose(np.asarray(small.norm)[:1], np.asarray(ref.norm), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(small.trajectory)[:1, :, :4], np.asarray(ref.trajectory), rtol=1e-6)
+    # after the cap the trajectory keeps its last value
+    np.testing.assert_array_equal(np.asarray(small.trajectory)[0, :, 4:],
+                                  np.repeat(np.asarray(small.trajectory)[0, :, 3:4], 6, axis=-1))
+    with pytest.raises(ValueError, match="above the factory's maximum"):
+        fn(params, x0, y, key=jax.random.key(0), max_queries=101)
+
+
+def test_jit_entry_inside_user_jit_compiles_once():
+    traces = []
+    params, x0 = _stack(2, 3, seed=9)
+    y = np.asarray(jnp.argmax(_pool(params, x0), -1))[0].astype(np.int32)
+    fn = fmn.make_fmn(_pool, norm=2, max_queries=60)
+
+    @jax.jit
+    def user_step(params, x, y, key, cap):
+        traces.append(1)
+        r = fn.jit(params, x, y, key=key, max_queries=cap)
+        return jnp.sum(jnp.where(r.success, r.norm, 0.0)), r
+
+    for i, cap in enumerate((60, 40, 20)):
+        _, r = user_step(params, x0, y, jax.random.key(i), jnp.int32(cap))
+        assert (np.asarray(r.queries) <= cap).all()
+    assert len(traces) == 1
+    _, r = user_step(params, x0, y, jax.random.key(0), jnp.int32(60))
+    pub = fn(params, x0, y, key=jax.random.key(0))
+    np.testing.assert_allclose(np.asarray(r.norm), np.asarray(pub.norm), rtol=1e-6)
+    with pytest.raises(TypeError, match="key is required"):
+        fn.jit(params, x0, y)
+
+
+def test_best_of_different_budgets():
+    params, x0 = _stack(2, 3, seed=11)
+    y = np.asarray(jnp.argmax(_pool(params, x0), -1))[0].astype(np.int32)
+    a = fmn.make_fmn(_pool, norm=2, max_queries=100)(params, x0, y, key=jax.random.key(0))
+    b = ddn.make_ddn(_pool, max_queries=200)(params, x0, y, key=jax.random.key(0))
+    c = mn.best_of([a, b])
+    assert c.trajectory.shape == (3, 2, 20) and c.norm.shape == (3, 2)
+    ta, tb = np.asarray(a.trajectory), np.asarray(b.trajectory)
+    padded = np.concatenate([ta, np.repeat(ta[..., -1:], 10, axis=-1)], axis=-1)
+    np.testing.assert_array_equal(np.asarray(c.trajectory), np.minimum(padded, tb))
+    np.testing.assert_array_equal(np.asarray(c.norm), np.minimum(np.asarray(a.norm), np.asarray(b.norm)))
+    np.testing.assert_array_equal(np.asarray(c.queries), np.asarray(a.queries) + np.asarray(b.queries))
+    pick_a = np.asarray(a.norm) <= np.asarray(b.norm)
+    np.testing.assert_array_equal(np.asarray(c.x_adv), np.where(pick_a[..., None, None], a.x_adv, b.x_adv))
+    with pytest.raises(ValueError, match="same inputs"):
+        mn.best_of([a, fmn.make_fmn(_pool, norm=2, max_queries=100)(params, x0[:2], y[:2], key=jax.random.key(0))])
+
+
+def test_pool_on_zoo_mlp_pool():
     from sarjax.models import zoo
     from sarjax.models.pool import Pool, Stack
     arch = zoo.mlp(widths=(16,))
@@ -100,58 +216,71 @@ def test_run_pool_on_zoo_mlp_pool():
     pool = Pool((stack,))
     x0 = np.random.default_rng(0).uniform(0, 1, (2, 28, 28, 1)).astype(np.float32)
     y = np.asarray(pool.predict(x0))[0]
-    res = mn.run_pool(ddn.spec(), pool, x0, y, jax.random.key(0), norm=2, max_queries=60, check=False)
+    res = ddn.make_ddn(pool.apply, max_queries=60, audit=False)(pool.params, x0, y, key=jax.random.key(0))
     assert res.norm.shape == (2, 2) and res.x_adv.shape == (2, 2, 28, 28, 1)
-    assert np.asarray(res.success)[0].all()  # member 0 labels are its own predictions; DDN flips them
+    assert np.asarray(res.success)[:, 0].all()  # member 0's labels are its own predictions; DDN flips them
 
 
 def test_strict_target_reaches_the_target():
-    W, b, x0, y, f = _affine(5, (8,), 3, C=4)
+    W, b, x0, y, params = _affine(5, (8,), 3, C=4)
     # target = the least likely class: strictly targeted success must predict it
     s = x0.reshape(3, -1) @ W + b
     t = np.argmin(s, axis=1).astype(np.int32)
-    r = fmn.fmn(f, x0, y, jax.random.key(0), norm=2, max_queries=400, targets=t, strict_target=True)
-    ok = np.asarray(r.success)
+    r = fmn.make_fmn(_apply, norm=2, max_queries=400, targeted=True)(params, x0, t, key=jax.random.key(0), labels=y)
+    ok = np.asarray(r.success)[:, 0]
     assert ok.any()
-    pred = np.asarray(jax.vmap(f)(r.x_adv)).argmax(-1)
+    pred = np.asarray(_apply(params, jnp.asarray(r.x_adv)[:, 0])).argmax(-1)
     np.testing.assert_array_equal(pred[ok], t[ok])
 
 
 def test_validation_errors():
-    W, b, x0, y, f = _affine(0, (8,), 2)
+    W, b, x0, y, params = _affine(0, (8,), 2)
     key = jax.random.key(0)
+    fn = fmn.make_fmn(_apply)
     with pytest.raises(ValueError, match="supports norms"):
-        ddn.ddn(f, x0, y, key, norm=1)
+        ddn.make_ddn(_apply, norm=1)
     with pytest.raises(ValueError, match="box"):
-        fmn.fmn(f, x0 + 2.0, y, key)
+        fn(params, x0 + 2.0, y, key=key)
     with pytest.raises(ValueError, match="target equals"):
-        fmn.fmn(f, x0, y, key, targets=y)
+        fmn.make_fmn(_apply, targeted=True)(params, x0, y, key=key, labels=y)
+    with pytest.raises(ValueError, match="needs labels="):
+        fmn.make_fmn(_apply, targeted=True)(params, x0, y, key=key)
+    with pytest.raises(ValueError, match="only read by targeted"):
+        fn(params, x0, y, key=key, labels=y)
     with pytest.raises(ValueError, match="init_eps"):
-        fmn.fmn(f, x0, y, key, restarts=1)
+        fmn.make_fmn(_apply, restarts=1)(params, x0, y, key=key)
     with pytest.raises(ValueError, match="too small"):
-        fmn.fmn(f, x0, y, key, max_queries=5)
+        fmn.make_fmn(_apply, max_queries=5)
     with pytest.raises(ValueError, match="labels"):
-        fmn.fmn(f, x0, y + 7, key)
+        fn(params, x0, y + 7, key=key)
+    with pytest.raises(TypeError, match="key is required"):
+        fn(params, x0, y)
+    with pytest.raises(ValueError, match="success"):
+        fmn.make_fmn(_apply, success="targeted")
+    with pytest.raises(ValueError, match="mask must be"):
+        fn(params, x0, y, np.ones(3), key=key)
     with pytest.raises(ValueError, match="at least 3 classes"):
-        f2 = lambda x: jnp.stack([jnp.sum(x), -jnp.sum(x)])
-        apgd_min.apgd_min(f2, x0, np.zeros(2, np.int32), key, loss="dlr")
+        two = (jnp.ones((8, 2)), jnp.zeros(2))
+        apgd_min.make_apgd_min(_apply, loss="dlr")(two, x0, np.zeros(2, np.int32), key=key)
     with pytest.raises(ValueError, match="norm must be"):
-        fmn.fmn(f, x0, y, key, norm=3)
+        fmn.make_fmn(_apply, norm=3)
     with pytest.raises(ValueError, match="loss"):
         apgd_min.spec(loss="hinge")
 
 
 def test_audit_catches_wrong_results(restart_run):
-    f, x0, y, kw, r = restart_run
+    fn, params, x0, y, r = restart_run
     assert np.asarray(r.success).all()
-    mn._audit(r, jnp.asarray(x0), 2.0, "genuine", jax.vmap(f), jnp.asarray(y), jnp.full((3,), -1), False)
+    prob, C = fn._validate(params, x0, y, None, jax.random.key(7), None, None, None, None, None)
+    cfg = fn.cfg(C)
+    mn._audit(cfg, params, prob, r)
     under = r._replace(norm=r.norm * 0.5)  # reported norm smaller than realized
     with pytest.raises(ValueError, match="bound audit"):
-        mn._audit(under, jnp.asarray(x0), 2.0, "doctored")
+        mn._audit(cfg, params, prob, under)
     d = 1e-3
-    clean = r._replace(x_adv=jnp.asarray(x0) + d, norm=jnp.full((3,), np.sqrt(24) * d, jnp.float32))
+    clean = r._replace(x_adv=jnp.asarray(x0)[:, None] + d, norm=jnp.full((3, 1), np.sqrt(24) * d, jnp.float32))
     with pytest.raises(ValueError, match="not adversarial"):
-        mn._audit(clean, jnp.asarray(x0), 2.0, "doctored", jax.vmap(f), jnp.asarray(y), jnp.full((3,), -1), False)
+        mn._audit(cfg, params, prob, clean)
 
 
 def test_trajectory_bookkeeping_known_answer():
