@@ -5,7 +5,7 @@ adversarially trained with sarjax's PGD, linf eps 0.1), exports the same
 weights to a PyTorch module, and runs every attack both libraries share, per
 norm, on the same correctly classified test samples at the same query cap:
 median best norm (``inf`` counts as failure), success rate and wall time.
-sarjax attacks both members in one vmapped call (``minnorm.run_stack``);
+sarjax attacks both members in one vmapped call (``minnorm.make(..., stacked=True)``);
 adv-lib loops over them.  sarjax is timed warm (a first call compiles), the
 two libraries alternately in the same run.
 
@@ -163,9 +163,9 @@ def run_mnist(args, torch, adv):
             continue
         for p in norms:
             spec = _spec(name, **skw)
-            kw = dict(norm=p, max_queries=T)
+            fn = mn.make(spec, arch.apply, norm=p, max_queries=T, stacked=True)   # results [B, M]
             # warm-up (compile), then alternate adv-lib / sarjax
-            mn.run_stack(spec, arch.apply, params, x0, y, jax.random.key(0), **kw)
+            fn(params, x0, y, key=jax.random.key(0))
             ta = 0.0
             a_norm = []
             for tm in tmods:
@@ -178,11 +178,11 @@ def run_mnist(args, torch, adv):
                 succ = (tm(xa).argmax(1).numpy() != y)
                 a_norm.append(np.where(succ, _norm(xa.numpy() - x0, p), np.inf))
             t1 = time.time()
-            res = mn.run_stack(spec, arch.apply, params, x0, y, jax.random.key(0), **kw)
+            res = fn(params, x0, y, key=jax.random.key(0))
             jax.block_until_ready(res)
             ts = time.time() - t1
             for m in range(2):
-                sn = np.asarray(res.norm[m], np.float64)
+                sn = np.asarray(res.norm[:, m], np.float64)
                 an = a_norm[m]
                 row = dict(member=["standard", "pgd-at"][m], attack=name, norm="linf" if p == math.inf else f"l{int(p)}",
                            queries=T, n=len(y), sarjax_median=float(np.median(sn)), advlib_median=float(np.median(an)),
@@ -196,6 +196,10 @@ def run_mnist(args, torch, adv):
                       f"{row['sarjax_success']:.2f}/{row['advlib_success']:.2f}  time {row['sarjax_time_s']:.2f}s/"
                       f"{row['advlib_time_s']:.2f}s (x{row['speedup']:.1f} faster)", flush=True)
     return rows
+
+
+def _affine_apply(params, x):
+    return x.reshape(x.shape[0], -1) @ params[0] + params[1]
 
 
 def run_affine(torch, adv):
@@ -215,8 +219,8 @@ def run_affine(torch, adv):
                 W, b, x0, y = make_affine(300 + k, shape, C=5, B=B, nearest_is_runner_up=p)
                 opt = np.array([affine_min_norm(W, b, x0[i], y[i], p)[0] for i in range(B)])
                 Wj, bj = jnp.asarray(W) * 10, jnp.asarray(b) * 10
-                f = lambda x, Wj=Wj, bj=bj: x.reshape(-1) @ Wj + bj
-                r = mn.run(_spec(name, **skw), f, x0, y, jax.random.key(0), norm=p, max_queries=T)
+                fn = mn.make(_spec(name, **skw), _affine_apply, norm=p, max_queries=T)
+                r = fn((Wj, bj), x0, y, key=jax.random.key(0))
                 Wt, bt = torch.tensor(W) * 10, torch.tensor(b) * 10
                 model = lambda x, Wt=Wt, bt=bt: x.flatten(1) @ Wt + bt
                 call = tcall(adv, p)
@@ -225,7 +229,7 @@ def run_affine(torch, adv):
                     print(f"  adv-lib {name} l{p} raised {err[:120]}")
                 succ = model(xa).argmax(1).numpy() != y
                 an = np.where(succ, _norm(xa.numpy() - x0, p), np.inf)
-                rows.append(dict(attack=name, norm=str(p), case=k, sarjax_worst=float((np.asarray(r.norm) / opt).max()),
+                rows.append(dict(attack=name, norm=str(p), case=k, sarjax_worst=float((np.asarray(r.norm)[:, 0] / opt).max()),
                                  advlib_worst=float((an / opt).max())))
                 print(f"affine {name:10s} l{p} case {k}: worst norm/optimum sarjax {rows[-1]['sarjax_worst']:.3f} "
                       f"adv-lib {rows[-1]['advlib_worst']:.3f}", flush=True)
