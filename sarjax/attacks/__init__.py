@@ -1,14 +1,17 @@
 """sarjax.attacks: pure, jitted attacks on model pools, threat models and the bound audit.
 
-See docs/attacks.md.  Every public attack is a factory (optax-style) that
-closes over hyperparameters and returns
-``fn(params, x0, ref, mask=None, key=None, *, eps=None, max_queries=None, x_init=None,
-sample_ids=None) -> AttackResult``, audited against ``x0``.
+See docs/attacks.md ("The protocol").  Every fixed-budget attack is a factory (optax-style) that
+closes over hyperparameters and returns an :class:`~sarjax.attacks.core.AttackFn`:
+``fn(params, x0, ref, mask=None, key, *, eps=None, max_queries=None, x_init=None,
+sample_ids=None) -> AttackResult`` (validated, audited against ``x0``; ``key`` required),
+``fn.jit(...)`` (jit-safe, same arguments) and ``fn.attack`` (the state machine,
+:class:`~sarjax.attacks.core.Attack`).
 """
 
-from sarjax.attacks import geometry, queries
+from sarjax.attacks import core, geometry, queries
 from sarjax.attacks.apgd import make_apgd, make_apgd_t
 from sarjax.attacks.audit import AuditReport, audit, check
+from sarjax.attacks.core import Attack, AttackFn, Problem
 from sarjax.attacks.eot import with_input_noise
 from sarjax.attacks.fgsm import make_fgsm
 from sarjax.attacks.geometry import dual_norm, norm, project, random_in_ball, steepest
@@ -26,7 +29,7 @@ from sarjax.attacks import alma, apgd_min, ddn, fab, fmn, minnorm, pdgd, pdpgd, 
 from sarjax.attacks.minnorm import MinNormResult  # noqa: E402
 
 __all__ = [
-    "AttackResult", "AuditReport", "Threat", "attack_members", "audit", "canonical_norm", "check",
+    "Attack", "AttackFn", "AttackResult", "AuditReport", "Problem", "Threat", "core", "attack_members", "audit", "canonical_norm", "check",
     "check_labels",
     "dual_norm", "geometry", "make_apgd", "make_apgd_t", "make_fgsm", "make_joint_pgd",
     "make_member_attack", "make_mifgsm", "make_pgd", "make_rounds", "make_square", "norm",

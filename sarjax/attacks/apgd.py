@@ -43,19 +43,20 @@ sizes the difference is one coordinate of ``topk * d``.
 from __future__ import annotations
 
 import math
-from functools import partial
 from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from sarjax.attacks import _engine as E
 from sarjax.attacks import geometry as G
 from sarjax.attacks import queries as Q
+from sarjax.attacks.core import AttackFn
+from sarjax.attacks.core import evaluate as E
+from sarjax.attacks.core import validate as V
+from sarjax.attacks.core.protocol import Attack, Problem, sample_keys
 from sarjax.attacks.losses import cross_entropy, dlr, dlr_targeted, fooled
 from sarjax.attacks.result import AttackResult
 from sarjax.attacks.threat import canonical_norm
-
 
 L1_TOPK = 0.2          # initial top-k share (AutoAttack autopgd_base.py, l1)
 L1_CHECK_EVERY = 0.04  # checkpoint period as a share of n_iter (idem)
@@ -148,153 +149,242 @@ def _losses(cfg, z, leave, target):
     return dlr_targeted(z, leave, target)
 
 
-@partial(jax.jit, static_argnums=0)
-def apgd_kernel(cfg: ApgdConfig, params, x0, ref, mask, eps, cap, key, x_init, has_init,
-                sample_ids=None) -> AttackResult:
-    """Batch APGD / APGD-T kernel; arguments as :func:`sarjax.attacks._engine.gradient_kernel`.
+class RunState(NamedTuple):
+    """One APGD run's per-sample state (batch axis first), AutoAttack's variables.
 
-    The model runs once per iteration on the whole batch; the step, the
-    checkpoint logic and the bookkeeping are written per example and vmapped.
+    ``x``/``x_old``: current and previous iterate; ``g``/``f``: gradient and objective at ``x``;
+    ``fmax``/``xmax``/``gmax``: the run's highest-objective point; ``eta``: step; ``ctr``/``k``:
+    iterations since the last checkpoint and the current checkpoint period; ``inc``: objective
+    increases since it; ``f_last``/``reduced``: checkpoint condition (2); ``count``: queries;
+    ``best``: the best-so-far point over every run; ``topk``/``sp_last``: l1-APGD's sparsity.
     """
-    p, box = cfg.p, cfg.box
-    B, M = ref.shape
-    n_feat = math.prod(x0.shape[1:])
-    k0 = max(int(math.ceil(0.22 * cfg.n_iter)), 1)
-    if p == 1.0:
-        k0 = max(int(L1_CHECK_EVERY * cfg.n_iter), 1)
-    size_decr = max(int(math.ceil(0.03 * cfg.n_iter)), 1)
-    k_min = max(int(math.ceil(0.06 * cfg.n_iter)), 1)
 
+    x: jax.Array
+    x_old: jax.Array
+    g: jax.Array
+    f: jax.Array
+    fmax: jax.Array
+    xmax: jax.Array
+    gmax: jax.Array
+    eta: jax.Array
+    ctr: jax.Array
+    k: jax.Array
+    inc: jax.Array
+    f_last: jax.Array
+    reduced: jax.Array
+    count: jax.Array
+    best: E.Best
+    topk: jax.Array
+    sp_last: jax.Array
+
+
+class ApgdState(NamedTuple):
+    """APGD / APGD-T state: the problem, the scalar step counter ``i`` (run ``i // (n_iter + 1)``,
+    its iteration ``i % (n_iter + 1)``), the current run, ``ok0 [B]`` (samples the run is
+    for), the best run's highest-objective point so far (``final_x``, ``final_ev``), the
+    classes to leave ``leave [B, M]`` and the other classes ranked by clean logit ``ranked [B, M, C]``."""
+
+    problem: Problem
+    i: jax.Array
+    run: RunState
+    ok0: jax.Array
+    final_x: jax.Array
+    final_ev: E.Evaluation
+    leave: jax.Array
+    ranked: jax.Array
+
+
+def _periods(cfg: ApgdConfig) -> tuple[int, int, int]:
+    """``(k0, size_decr, k_min)``: first checkpoint period, its decrement and its minimum."""
+    k0 = max(int(math.ceil(0.22 * cfg.n_iter)), 1)
+    if cfg.p == 1.0:
+        k0 = max(int(L1_CHECK_EVERY * cfg.n_iter), 1)
+    return k0, max(int(math.ceil(0.03 * cfg.n_iter)), 1), max(int(math.ceil(0.06 * cfg.n_iter)), 1)
+
+
+def _evaluators(cfg: ApgdConfig):
     def score(z, ref, mask, leave, target):
         ev = E.evaluation(_losses(cfg, z, leave, target), fooled(z, ref, cfg.hit_target), mask)
         return ev.obj, ev
+    return E.evaluators(cfg.apply, score, cfg.eot)
 
-    eot = cfg.eot
-    ekey = jax.random.fold_in(key, E.EOT_SALT)   # draws of run r, iteration i: fold_in(fold_in(ekey, r + 1), i + 1)
-    clean_key = jax.random.fold_in(ekey, 0)
-    apply, params, evaluate, vg = E.kernel_evaluators(cfg.apply, params, score, eot)
+
+def _keys(problem: Problem):
+    ekey = jax.random.fold_in(problem.key, E.EOT_SALT)   # run r, iteration i: fold_in(fold_in(ekey, r + 1), i + 1)
+    return ekey, jax.random.fold_in(ekey, 0)
+
+
+def init(cfg: ApgdConfig, params, problem: Problem) -> ApgdState:
+    """Clean logits (targets ranked, the clean prediction for user targets) and the clean
+    evaluation (``eot * M`` queries)."""
+    x0, ref, mask = problem.x0, problem.ref, problem.mask
+    B, M = ref.shape
+    evaluate, _ = _evaluators(cfg)
+    _, clean_key = _keys(problem)
     # EOT: the clean logits that rank the targets / give the clean prediction are one draw
-    clean_apply = E.at_key(apply, eot, jax.random.fold_in(clean_key, 0))
+    clean_apply = E.at_key(cfg.apply, cfg.eot, jax.random.fold_in(clean_key, 0))
+    z0 = E.batch_logits(clean_apply, params, x0)               # [B, M, C], same forward as ev0
+    order = jnp.argsort(-z0, axis=-1)
+    # user targets: ref is the target, leave the clean prediction; else leave ref
+    leave = order[..., 0].astype(jnp.int32) if cfg.hit_target else ref
+    _, ev0 = evaluate(params, x0, ref, mask, leave, ref, clean_key)
+    count = jnp.full((B,), cfg.eot * M, jnp.int32)
+    zo = jnp.where(jax.nn.one_hot(ref, z0.shape[-1], dtype=bool), -jnp.inf, z0)
+    ranked = jnp.argsort(-zo, axis=-1).astype(jnp.int32)     # other classes by clean logit
+    zi, zf = jnp.zeros((B,), jnp.int32), jnp.zeros((B,), jnp.float32)
+    run = RunState(x0, x0, jnp.zeros_like(x0), zf, zf, x0, jnp.zeros_like(x0), zf, zi, zi, zi, zf,
+                   jnp.zeros((B,), bool), count, E.Best(x0, ev0), zf, zf)
+    return ApgdState(problem, jnp.zeros((), jnp.int32), run, jnp.zeros((B,), bool), x0, ev0, leave, ranked)
+
+
+def _iterate(cfg: ApgdConfig, s: ApgdState, params, r, t, target) -> ApgdState:
+    """Iteration ``t`` of run ``r``: the random start and its gradient (``t == 0``) or one
+    APGD step, then the run's end (``t == n_iter``): its highest-objective point is compared
+    with the best run's."""
+    pr = s.problem
+    x0, ref, mask, eps, cap = pr.x0, pr.ref, pr.mask, pr.eps, pr.cap
+    p, box, eot = cfg.p, cfg.box, cfg.eot
+    B, M = ref.shape
+    n_feat = math.prod(x0.shape[1:])
+    k0, size_decr, k_min = _periods(cfg)
+    evaluate, vg = _evaluators(cfg)
+    ekey, clean_key = _keys(pr)
+    n_sel = jnp.sum(mask > 0, axis=1).astype(jnp.int32)
+    cost = eot * (M + n_sel)
+    reserve = 0 if eot == 1 else eot * M   # EOT: each run's final re-evaluation of xmax
+    rkey = jax.random.fold_in(ekey, r + 1)
+    warm_run = pr.has_init & (r == 0)
+    ok0 = jnp.where(t == 0, (n_sel > 0) & Q.allowed(s.run.count, cost + reserve, cap), s.ok0)
 
     def direction(g, x, topk):
         if p == 1.0:
             return sparse_sign_direction(g, x, topk, box)
         return G.steepest(g, p)
 
-    n_sel = jnp.sum(mask > 0, axis=1).astype(jnp.int32)
-    live = n_sel > 0
-    cost = eot * (M + n_sel)
-    reserve = 0 if eot == 1 else eot * M   # EOT: each run's final re-evaluation of xmax
-    z0 = E.batch_logits(clean_apply, params, x0)               # [B, M, C], same forward as ev0
-    order = jnp.argsort(-z0, axis=-1)
-    # user targets: ref is the target, leave the clean prediction; else leave ref
-    leave = order[..., 0].astype(jnp.int32) if cfg.hit_target else ref
-    _, ev0 = evaluate(params, x0, ref, mask, leave, ref, clean_key)
-    count = jnp.full((B,), eot * M, jnp.int32)
-    keys = E.sample_keys(key, sample_ids, B)   # run r's random start: fold_in(keys[b], r)
-    warm = jax.vmap(lambda x, c, e: G.project(x, c, e, p, box))(x_init, x0, eps)
-    zo = jnp.where(jax.nn.one_hot(ref, z0.shape[-1], dtype=bool), -jnp.inf, z0)
-    ranked = jnp.argsort(-zo, axis=-1).astype(jnp.int32)     # other classes by clean logit
-
     def pre(st, i, x0, eps):
-        x, x_old = st["x"], st["x_old"]
-        z1 = G.project(x + st["eta"] * direction(st["g"], x, st["topk"]), x0, eps, p, box)
+        x, x_old = st.x, st.x_old
+        z1 = G.project(x + st.eta * direction(st.g, x, st.topk), x0, eps, p, box)
         if p == 1.0:  # l1-APGD takes no momentum step
             return z1
         a = jnp.where(i > 0, cfg.alpha, 1.0)
         return G.project(x + a * (z1 - x) + (1.0 - a) * (x - x_old), x0, eps, p, box)
 
     def post(st, x1, f1, g1, ev1, ok, cost, x0, eps):
-        new = dict(st)
-        new["best"] = E.update_best(st["best"], x1, ev1, ok)
-        new["x_old"], new["x"], new["g"], new["f"] = st["x"], x1, g1, f1
-        new["inc"] = st["inc"] + (f1 > st["f"]).astype(jnp.int32)
-        improved = f1 > st["fmax"]
-        new["fmax"] = jnp.where(improved, f1, st["fmax"])
-        new["xmax"] = jnp.where(improved, x1, st["xmax"])
-        new["gmax"] = jnp.where(improved, g1, st["gmax"])
-        ctr = st["ctr"] + 1
-        at_ckpt = ctr == st["k"]
+        new = st._asdict()
+        new["best"] = E.update_best(st.best, x1, ev1, ok)
+        new["x_old"], new["x"], new["g"], new["f"] = st.x, x1, g1, f1
+        new["inc"] = st.inc + (f1 > st.f).astype(jnp.int32)
+        improved = f1 > st.fmax
+        new["fmax"] = jnp.where(improved, f1, st.fmax)
+        new["xmax"] = jnp.where(improved, x1, st.xmax)
+        new["gmax"] = jnp.where(improved, g1, st.gmax)
+        ctr = st.ctr + 1
+        at_ckpt = ctr == st.k
         if p == 1.0:
             sp = G.norm(new["xmax"] - x0, 0)
-            topk, eta, sp_last, back = l1_sparsity_update(sp, st["sp_last"], st["eta"],
-                                                          cfg.step0 * eps, n_feat)
+            topk, eta, sp_last, back = l1_sparsity_update(sp, st.sp_last, st.eta, cfg.step0 * eps, n_feat)
             halve = at_ckpt & back
-            new["eta"] = jnp.where(at_ckpt, eta, st["eta"])
-            new["topk"] = jnp.where(at_ckpt, topk, st["topk"])
-            new["sp_last"] = jnp.where(at_ckpt, sp_last, st["sp_last"])
+            new["eta"] = jnp.where(at_ckpt, eta, st.eta)
+            new["topk"] = jnp.where(at_ckpt, topk, st.topk)
+            new["sp_last"] = jnp.where(at_ckpt, sp_last, st.sp_last)
         else:
-            osc = new["inc"] <= cfg.rho * st["k"]
-            no_impr = (~st["reduced"]) & (st["f_last"] >= new["fmax"])
+            osc = new["inc"] <= cfg.rho * st.k
+            no_impr = (~st.reduced) & (st.f_last >= new["fmax"])
             halve = at_ckpt & (osc | no_impr)
-            new["eta"] = jnp.where(halve, st["eta"] / 2, st["eta"])
-            new["reduced"] = jnp.where(at_ckpt, halve, st["reduced"])
-            new["f_last"] = jnp.where(at_ckpt, new["fmax"], st["f_last"])
-            new["k"] = jnp.where(at_ckpt, jnp.maximum(st["k"] - size_decr, k_min), st["k"])
+            new["eta"] = jnp.where(halve, st.eta / 2, st.eta)
+            new["reduced"] = jnp.where(at_ckpt, halve, st.reduced)
+            new["f_last"] = jnp.where(at_ckpt, new["fmax"], st.f_last)
+            new["k"] = jnp.where(at_ckpt, jnp.maximum(st.k - size_decr, k_min), st.k)
         new["x"] = jnp.where(halve, new["xmax"], new["x"])
         new["g"] = jnp.where(halve, new["gmax"], new["g"])
         new["inc"] = jnp.where(at_ckpt, 0, new["inc"])
         new["ctr"] = jnp.where(at_ckpt, 0, ctr)
-        new["count"] = Q.charge(st["count"], cost, ok)
-        return E.select(ok, new, st)
+        new["count"] = Q.charge(st.count, cost, ok)
+        return E.select(ok, RunState(**new), st)
 
-    vpre = jax.vmap(pre, in_axes=(0, None, 0, 0))
-    vpost = jax.vmap(post)
-    upd = jax.vmap(E.update_best)
-
-    def run(carry, r):
-        count, best, final = carry
-        # APGD-T: run r targets the (r % n_targets + 1)-th most likely other class, per member
-        target = ranked[..., r % cfg.n_targets] if cfg.n_targets else ref
-        ok0 = live & Q.allowed(count, cost + reserve, cap)
-        kr = jax.vmap(lambda k: jax.random.fold_in(k, r))(keys)
+    def start_x(st):
+        kr = jax.vmap(lambda k: jax.random.fold_in(k, r))(sample_keys(pr))   # run r's start: fold_in(keys[b], r)
         x = jax.vmap(lambda k, c, e: G.random_in_ball(k, c, e, p, box))(kr, x0, eps)
-        x = jnp.where(has_init & (r == 0), warm, x)
-        rkey = jax.random.fold_in(ekey, r + 1)
-        (_, ev), g = vg(params, x, ref, mask, leave, target, jax.random.fold_in(rkey, 0))
-        f = ev.obj
-        count = Q.charge(count, cost, ok0)
-        best = upd(best, x, ev, ok0)
+        warm = jax.vmap(lambda x, c, e: G.project(x, c, e, p, box))(pr.x_init, x0, eps)
+        return jnp.where(warm_run, warm, x)
+
+    def step_x(st):
+        return jax.vmap(pre, in_axes=(0, None, 0, 0))(st, t - 1, x0, eps)
+
+    x1 = jax.lax.cond(t == 0, start_x, step_x, s.run)
+    (_, ev1), g1 = vg(params, x1, ref, mask, s.leave, target, jax.random.fold_in(rkey, t))
+
+    def first(st):
+        f = ev1.obj
         zeros = jnp.zeros((B,), jnp.int32)
         # l1: AutoAttack starts from topk = 0.2 (sp_last = d), or from a warm start's sparsity
-        warm_run = has_init & (r == 0)
-        sp0 = jax.vmap(lambda a, b: G.norm(a - b, 0))(x, x0)
+        sp0 = jax.vmap(lambda a, b: G.norm(a - b, 0))(x1, x0)
         topk0 = jnp.where(warm_run, sp0 / n_feat / L1_SHRINK, cfg.l1_topk)
         sp_last0 = jnp.where(warm_run, sp0, float(n_feat))
-        st = dict(x=x, x_old=x, g=g, f=f, fmax=f, xmax=x, gmax=g, eta=cfg.step0 * eps, ctr=zeros,
-                  k=zeros + k0, inc=zeros, f_last=f, reduced=jnp.zeros((B,), bool), count=count,
-                  best=best, topk=topk0.astype(jnp.float32), sp_last=sp_last0.astype(jnp.float32))
+        return RunState(x1, x1, g1, f, f, x1, g1, cfg.step0 * eps, zeros, zeros + k0, zeros, f,
+                        jnp.zeros((B,), bool), Q.charge(st.count, cost, ok0),
+                        jax.vmap(E.update_best)(st.best, x1, ev1, ok0),
+                        topk0.astype(jnp.float32), sp_last0.astype(jnp.float32))
 
-        def body(st, i):
-            ok = ok0 & Q.allowed(st["count"], cost + reserve, cap)
-            x1 = vpre(st, i, x0, eps)
-            (_, ev1), g1 = vg(params, x1, ref, mask, leave, target, jax.random.fold_in(rkey, i + 1))
-            return vpost(st, x1, ev1.obj, g1, ev1, ok, cost, x0, eps), None
+    def later(st):
+        ok = ok0 & Q.allowed(st.count, cost + reserve, cap)
+        return jax.vmap(post)(st, x1, ev1.obj, g1, ev1, ok, cost, x0, eps)
 
-        st, _ = jax.lax.scan(body, st, jnp.arange(cfg.n_iter))
-        xm = st["xmax"]
+    st = jax.lax.cond(t == 0, first, later, s.run)
+
+    def finish(c):
+        st, fx, fev = c
+        xm = st.xmax
         if eot == 1:
-            _, evm = evaluate(params, xm, ref, mask, leave, target, None)  # re-derived (seen before: no query)
-            count_r = st["count"]
+            _, evm = evaluate(params, xm, ref, mask, s.leave, target, None)  # re-derived (seen before: no query)
+            count_r = st.count
         else:  # EOT: re-evaluated on the clean evaluation's draws (paired with x0, independent of the
             # draws that selected xm), charged and reserved like a final evaluation
-            _, evm = evaluate(params, xm, ref, mask, leave, target, clean_key)
-            count_r = Q.charge(st["count"], reserve, ok0)
-        final = jax.vmap(E.select)(ok0 & (evm.obj > final[1].obj), (xm, evm), final)
-        return (count_r, st["best"], final), None
+            _, evm = evaluate(params, xm, ref, mask, s.leave, target, clean_key)
+            count_r = Q.charge(st.count, reserve, ok0)
+        fx, fev = jax.vmap(E.select)(ok0 & (evm.obj > fev.obj), (xm, evm), (fx, fev))
+        return st._replace(count=count_r), fx, fev
 
-    n_runs = cfg.restarts * max(cfg.n_targets, 1)
-    carry = (count, E.Best(x0, ev0), (x0, ev0))
-    (count, best, (xf, evf)), _ = jax.lax.scan(run, carry, jnp.arange(n_runs))
-    return AttackResult(x_adv=xf, success=evf.success, objective=evf.obj, member_loss=evf.losses,
-                        queries=count, best_x=best.x, best_success=best.ev.success,
+    st, fx, fev = jax.lax.cond(t == cfg.n_iter, finish, lambda c: c, (st, s.final_x, s.final_ev))
+    return s._replace(run=st, ok0=ok0, final_x=fx, final_ev=fev)
+
+
+def step(cfg: ApgdConfig, s: ApgdState, params) -> ApgdState:
+    """One APGD iteration (see :func:`_iterate`). APGD-T: run ``q`` targets the ``(q % n_targets
+    + 1)``-th most likely other class per member; with fewer than ``n_targets + 1`` classes the
+    runs for missing targets are skipped (``lax.cond``: no model call)."""
+    L = cfg.n_iter + 1
+    q, t = s.i // L, s.i % L
+    if cfg.n_targets:
+        n_eff = min(cfg.n_targets, s.ranked.shape[-1] - 1)   # n_targets capped at C - 1
+        j = q % cfg.n_targets
+        r = (q // cfg.n_targets) * n_eff + j                  # the run index of the capped schedule
+        target = s.ranked[..., jnp.minimum(j, n_eff - 1)]
+        s = jax.lax.cond(j < n_eff, lambda s: _iterate(cfg, s, params, r, t, target), lambda s: s, s)
+    else:
+        s = _iterate(cfg, s, params, q, t, s.problem.ref)
+    return s._replace(i=s.i + 1)
+
+
+def result(cfg: ApgdConfig, s: ApgdState, params) -> AttackResult:
+    """``x_adv``: the best run's highest-objective point; ``best_x``: the best-so-far point."""
+    del cfg, params
+    ev, best = s.final_ev, s.run.best
+    return AttackResult(x_adv=s.final_x, success=ev.success, objective=ev.obj, member_loss=ev.losses,
+                        queries=s.run.count, best_x=best.x, best_success=best.ev.success,
                         best_objective=best.ev.obj)
+
+
+def apgd_attack(cfg: ApgdConfig) -> Attack:
+    """The state machine: ``restarts * max(n_targets, 1)`` runs of ``n_iter + 1`` steps each
+    (the start's gradient, then ``n_iter`` iterations)."""
+    return Attack(init, step, result, cfg.restarts * max(cfg.n_targets, 1) * (cfg.n_iter + 1), cfg, E.prepare_cfg)
 
 
 def make_apgd(apply: Callable, *, norm="linf", eps=None, n_iter: int = 100, restarts: int = 1,
               loss: str = "ce", targeted: bool = False, rho: float = 0.75, momentum: float = 0.75,
               step0: float | None = None, l1_topk: float = L1_TOPK, box=(0.0, 1.0),
-              audit: bool = True, eot: int = 1) -> Callable:
+              audit: bool = True, eot: int = 1) -> AttackFn:
     """APGD-CE / APGD-DLR (untargeted) or targeted APGD with user-given targets.
 
     Args:
@@ -320,7 +410,8 @@ def make_apgd(apply: Callable, *, norm="linf", eps=None, n_iter: int = 100, rest
         draws before runs are compared.
 
     Returns:
-      ``fn(params, x0, ref, mask=None, key=None, *, eps=None, max_queries=None)
+      An AttackFn (as :func:`sarjax.attacks.pgd.make_pgd`):
+      ``fn(params, x0, ref, mask=None, key, *, eps=None, max_queries=None)
       -> AttackResult``; ``x_adv`` is the highest-objective point of the best
       restart; queries per iteration are M forwards + one backward per
       selected member.
@@ -328,25 +419,25 @@ def make_apgd(apply: Callable, *, norm="linf", eps=None, n_iter: int = 100, rest
     p = canonical_norm(norm)
     if p == 0.0:
         raise ValueError("APGD supports l1, l2, linf; got l0")
-    E.check_loss(loss, targeted)
+    V.check_loss(loss, targeted)
     if loss not in ("ce", "dlr"):
         raise ValueError(f"APGD loss must be 'ce' or 'dlr', got {loss!r}")
-    n_iter = E.check_positive_int("n_iter", n_iter)
-    restarts = E.check_positive_int("restarts", restarts)
+    n_iter = V.check_positive_int("n_iter", n_iter)
+    restarts = V.check_positive_int("restarts", restarts)
     if step0 is None:
         step0 = 1.0 if p == 1.0 else 2.0
     kind = (loss + "-targeted") if targeted else loss
     cfg = ApgdConfig(apply, p, n_iter, restarts, kind, 0, targeted, float(rho), float(momentum),
-                     float(step0), tuple(float(b) for b in box), _check_topk(l1_topk), E.check_eot(eot))
-    return E.public(partial(apgd_kernel, cfg), name=f"apgd-{kind}", p=p, default_eps=eps, box=box,
-                    audit_output=audit, apply=apply, eot=cfg.eot,
+                     float(step0), tuple(float(b) for b in box), _check_topk(l1_topk), V.check_eot(eot))
+    return V.public(apgd_attack(cfg), name=f"apgd-{kind}", p=p, default_eps=eps, box=box,
+                    audit=audit, apply=apply, eot=cfg.eot,
                     ref_name="targets" if targeted else "labels")
 
 
 def make_apgd_t(apply: Callable, *, norm="linf", eps=None, n_iter: int = 100, n_targets: int = 9,
                 restarts: int = 1, rho: float = 0.75, momentum: float = 0.75,
                 step0: float | None = None, l1_topk: float = L1_TOPK, box=(0.0, 1.0),
-                audit: bool = True, eot: int = 1) -> Callable:
+                audit: bool = True, eot: int = 1) -> AttackFn:
     """APGD-T (AutoAttack): targeted DLR toward each of the top ``n_targets`` other classes.
 
     For every target (the classes with the highest clean logits other than
@@ -364,34 +455,25 @@ def make_apgd_t(apply: Callable, *, norm="linf", eps=None, n_iter: int = 100, n_
       restarts: runs per target.
 
     Returns:
-      ``fn(params, x0, labels, mask=None, key=None, *, eps=None, max_queries=None) -> AttackResult``.
+      An AttackFn (as :func:`sarjax.attacks.pgd.make_pgd`):
+      ``fn(params, x0, labels, mask=None, key, *, eps=None, max_queries=None) -> AttackResult``.
     """
     p = canonical_norm(norm)
     if p == 0.0:
         raise ValueError("APGD-T supports l1, l2, linf; got l0")
-    n_targets = E.check_positive_int("n_targets", n_targets)
-    n_iter = E.check_positive_int("n_iter", n_iter)
-    restarts = E.check_positive_int("restarts", restarts)
+    n_targets = V.check_positive_int("n_targets", n_targets)
+    n_iter = V.check_positive_int("n_iter", n_iter)
+    restarts = V.check_positive_int("restarts", restarts)
     if step0 is None:
         step0 = 1.0 if p == 1.0 else 2.0
     cfg = ApgdConfig(apply, p, n_iter, restarts, "dlr-targeted", n_targets, False, float(rho),
                      float(momentum), float(step0), tuple(float(b) for b in box), _check_topk(l1_topk),
-                     E.check_eot(eot))
-    return E.public(partial(_apgd_t_kernel, cfg), name="apgd-t", p=p, default_eps=eps, box=box,
-                    audit_output=audit, apply=apply, eot=cfg.eot)
+                     V.check_eot(eot))
+    return V.public(apgd_attack(cfg), name="apgd-t", p=p, default_eps=eps, box=box,
+                    audit=audit, apply=apply, eot=cfg.eot)
 
 
 def _check_topk(topk):
     if isinstance(topk, bool) or not isinstance(topk, (int, float)) or not 0.0 < topk <= 1.0:
         raise ValueError(f"l1_topk must be a float in (0, 1], got {topk!r}")
     return float(topk)
-
-
-def _apgd_t_kernel(cfg, params, x0, ref, mask, eps, cap, key, x_init, has_init, sample_ids=None):
-    # n_targets is capped at C - 1 once C is known (trace time).
-    apply = E.at_key(cfg.apply, cfg.eot, jax.random.PRNGKey(0))
-    C = jax.eval_shape(lambda x: E.batch_logits(apply, params, x), x0[:1]).shape[-1]
-    return apgd_kernel(cfg._replace(n_targets=min(cfg.n_targets, C - 1)), params, x0, ref, mask, eps,
-                       cap, key, x_init, has_init, sample_ids)
-
-

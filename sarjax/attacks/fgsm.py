@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Callable
 
-from sarjax.attacks import _engine as E
+from sarjax.attacks.core import AttackFn
+from sarjax.attacks.core import validate as V
+from sarjax.attacks.core.gradient import Config, gradient_attack
 from sarjax.attacks.threat import canonical_norm
 
 
 def make_fgsm(apply: Callable, *, norm="linf", eps=None, loss: str = "ce", targeted: bool = False,
-              box=(0.0, 1.0), audit: bool = True, eot: int = 1) -> Callable:
+              box=(0.0, 1.0), audit: bool = True, eot: int = 1) -> AttackFn:
     """FGSM (Goodfellow et al. 2015) and its l2 / l1 analogues (fast gradient method).
 
     One step ``x0 + eps * steepest(grad, p)`` projected onto the ball and the
@@ -29,17 +30,17 @@ def make_fgsm(apply: Callable, *, norm="linf", eps=None, loss: str = "ce", targe
       eot: EOT draws of a stochastic ``apply(params, x, key)`` (see :func:`sarjax.attacks.pgd.make_pgd`).
 
     Returns:
-      ``fn(params, x0, ref, mask=None, key=None, *, eps=None, max_queries=None)
+      An AttackFn (as :func:`sarjax.attacks.pgd.make_pgd`):
+      ``fn(params, x0, ref, mask=None, key, *, eps=None, max_queries=None)
       -> AttackResult`` (see :func:`sarjax.attacks.pgd.make_pgd`).
     """
     p = canonical_norm(norm)
     if p == 0.0:
         raise ValueError("FGSM supports norms l1, l2, linf; got l0")
-    E.check_loss(loss, targeted)
+    V.check_loss(loss, targeted)
     # l1: the plain one-hot steepest step, i.e. sparsity = all but one coordinate.
-    cfg = E.Config(apply=apply, p=p, steps=1, restarts=1, random_start=False, loss=loss,
-                   targeted=targeted, box=tuple(float(b) for b in box), rel_step=1.0, l1_sparsity=1.0 - 1e-9,
-                   eot=E.check_eot(eot))
-    kernel = partial(E.gradient_kernel, cfg)
-    return E.public(kernel, name="fgsm", p=p, default_eps=eps, box=box, audit_output=audit, apply=apply,
+    cfg = Config(apply=apply, p=p, steps=1, restarts=1, random_start=False, loss=loss,
+                 targeted=targeted, box=tuple(float(b) for b in box), rel_step=1.0, l1_sparsity=1.0 - 1e-9,
+                 eot=V.check_eot(eot))
+    return V.public(gradient_attack(cfg), name="fgsm", p=p, default_eps=eps, box=box, audit=audit, apply=apply,
                     eot=cfg.eot, ref_name="targets" if targeted else "labels")

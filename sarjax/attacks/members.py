@@ -16,9 +16,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sarjax.attacks import _engine as E
 from sarjax.attacks import queries as Q
 from sarjax.attacks.audit import check
+from sarjax.attacks.core import validate as V
+from sarjax.attacks.core.evaluate import at_key
+from sarjax.attacks.core.protocol import Problem, run
 from sarjax.attacks.result import AttackResult
 from sarjax.attacks.threat import Threat, canonical_norm, check_labels
 
@@ -44,37 +46,38 @@ def make_member_attack(member_apply: Callable, factory: Callable, *, norm="linf"
       audited against ``x0``.
     """
     single = factory(member_apply, norm=norm, box=box, audit=False, **hp)
-    kernel = single.kernel
+    attack = single.attack
     p = canonical_norm(norm)
 
-    def per_member(params, x0, ref, mask, eps, cap, key, x_init, has, sid):
-        return kernel(params, x0, ref, mask, eps, cap, key, x_init, has, sid)
+    def per_member(params, x0, ref, mask, eps, cap, key, sid):
+        return run(attack, params, Problem(x0, ref, mask, eps, cap, key, sid, x0, jnp.asarray(False)))
 
-    batched = jax.jit(jax.vmap(per_member, in_axes=(0, None, 0, None, None, None, 0, None, None, None)))
+    batched = jax.jit(jax.vmap(per_member, in_axes=(0, None, 0, None, None, None, 0, None)))
 
     def fn(stacked_params, x0, labels, key=None, *, eps, max_queries=None, sample_ids=None) -> AttackResult:
+        if key is None:
+            raise TypeError("member attack: key is required (a jax.random key); sarjax never defaults it")
         K = {np.shape(l)[0] for l in jax.tree.leaves(stacked_params)}
         if len(K) != 1:
             raise ValueError(f"stacked params must share one leading member axis, got sizes {K}")
         (K,) = K
         lab = jnp.asarray(labels)
-        x0n, _, _, eps_arr = E.normalize_inputs(x0, lab if lab.ndim == 1 else lab[0], None, eps, None, box, p)
+        x0n, _, _, eps_arr = V.normalize_inputs(x0, lab if lab.ndim == 1 else lab[0], None, eps, None, box, p)
         B = x0n.shape[0]
         if lab.ndim == 1:
             lab = jnp.broadcast_to(lab[None], (K, B))
         if lab.shape != (K, B):
             raise ValueError(f"labels must have shape [B] or [K, B] = [{K}, {B}], got {lab.shape}")
         one = jax.tree.map(lambda a: a[0], stacked_params)
-        _, n_classes = E.logits_shape(E.at_key(member_apply, int(hp.get("eot", 1)), jax.random.PRNGKey(0)), one, x0n)
+        _, n_classes = V.logits_shape(at_key(member_apply, int(hp.get("eot", 1)), jax.random.PRNGKey(0)), one, x0n)
         targeted = bool(hp.get("targeted", False))
         check_labels(np.asarray(lab).T, n_classes, name="targets" if targeted else "labels")
-        sid = E.check_sample_ids(sample_ids, B)
+        sid = V.check_sample_ids(sample_ids, B)
         ref = lab.astype(jnp.int32)[..., None]               # [K, B, 1]
         mask = jnp.ones((B, 1), jnp.float32)
         cap = Q.normalize_cap(max_queries, B)
-        key = jax.random.PRNGKey(0) if key is None else key
         keys = jax.vmap(lambda k: jax.random.fold_in(key, k))(jnp.arange(K))
-        res = batched(stacked_params, x0n, ref, mask, eps_arr, cap, keys, x0n, jnp.asarray(False), sid)
+        res = batched(stacked_params, x0n, ref, mask, eps_arr, cap, keys, sid)
         res = res._replace(success=res.success[..., 0], member_loss=res.member_loss[..., 0],
                            best_success=res.best_success[..., 0])
         threat = Threat(p, np.asarray(eps_arr), box)
@@ -98,7 +101,7 @@ def attack_members(pool, factory: Callable, x0, labels, key=None, *, eps, norm="
       factory: attack factory, e.g. :func:`sarjax.attacks.pgd.make_pgd`.
       x0: ``[B, *S]`` inputs in the box.
       labels: ``[B]`` (shared) or ``[M, B]`` (per member) int labels, each in ``[0, C)``.
-      key: PRNG key (member m of stack s attacks sample b with the stream
+      key: PRNG key, required (member m of stack s attacks sample b with the stream
         ``fold_in(fold_in(fold_in(key, s), m), sample_ids[b])``).
       eps: scalar or ``[B]``.
       norm: threat norm.
@@ -111,7 +114,8 @@ def attack_members(pool, factory: Callable, x0, labels, key=None, *, eps, norm="
       AttackResult with leading axis M: ``success [M, B]`` (the per-member ASR
       matrix is ``success.mean(axis=1)``).
     """
-    key = jax.random.PRNGKey(0) if key is None else key
+    if key is None:
+        raise TypeError("attack_members: key is required (a jax.random key); sarjax never defaults it")
     lab = jnp.asarray(labels)
     outs, start = [], 0
     for i, stack in enumerate(pool.stacks):

@@ -57,7 +57,7 @@ import numpy as np
 
 from sarjax.attacks import geometry
 from sarjax.attacks import queries as Q
-from sarjax.attacks._engine import check_sample_ids
+from sarjax.attacks.core.validate import check_sample_ids
 from sarjax.attacks.audit import check as audit_check
 from sarjax.attacks.core.protocol import Attack, Problem, run, run_jit
 from sarjax.attacks.threat import Threat, canonical_norm, check_labels

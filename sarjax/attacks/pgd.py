@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Callable
 
-from sarjax.attacks import _engine as E
+from sarjax.attacks.core import AttackFn
+from sarjax.attacks.core import validate as V
+from sarjax.attacks.core.gradient import Config, gradient_attack
 from sarjax.attacks.threat import canonical_norm
 
 
 def make_pgd(apply: Callable, *, norm="linf", eps=None, steps: int = 40, step_size: float | None = None,
              rel_step: float | None = None, restarts: int = 1, random_start: bool = True,
              loss: str = "ce", targeted: bool = False, l1_sparsity: float = 0.99,
-             box=(0.0, 1.0), audit: bool = True, eot: int = 1) -> Callable:
+             box=(0.0, 1.0), audit: bool = True, eot: int = 1) -> AttackFn:
     """PGD (Madry et al. 2018) against the mean loss of the selected members.
 
     With one member this is classic PGD; with a ``[B, M]`` mask it is the
@@ -46,9 +47,12 @@ def make_pgd(apply: Callable, *, norm="linf", eps=None, steps: int = 40, step_si
         deterministic ``apply(params, x)``.
 
     Returns:
-      ``fn(params, x0 [B, *S], ref [B] or [B, M] int, mask [M] or [B, M] = all,
-      key = PRNGKey(0), *, eps = None, max_queries = None) -> AttackResult``.
-      ``fn.kernel`` is the jitted, unaudited batch kernel.
+      An :class:`~sarjax.attacks.core.AttackFn` ``fn``: ``fn(params, x0 [B, *S], ref [B] or
+      [B, M] int, mask [M] or [B, M] = all, key, *, eps = None, max_queries = None, x_init =
+      None, sample_ids = None) -> AttackResult`` (validated and audited; ``key`` is required,
+      ``TypeError`` without it); ``fn.jit(...)``, same arguments, the jit-safe entry (no host
+      call, no audit: use it inside your own ``jax.jit``); ``fn.attack``, the state machine
+      (:mod:`sarjax.attacks.core.gradient`, ``restarts * steps`` steps).
 
     Raises:
       ValueError: on an unsupported norm (l0), non-positive steps/restarts,
@@ -57,17 +61,16 @@ def make_pgd(apply: Callable, *, norm="linf", eps=None, steps: int = 40, step_si
     p = canonical_norm(norm)
     if p == 0.0:
         raise ValueError("PGD supports norms l1, l2, linf; got l0")
-    steps = E.check_positive_int("steps", steps, 0)
-    restarts = E.check_positive_int("restarts", restarts)
-    E.check_loss(loss, targeted)
+    steps = V.check_positive_int("steps", steps, 0)
+    restarts = V.check_positive_int("restarts", restarts)
+    V.check_loss(loss, targeted)
     if not 0.0 <= l1_sparsity < 1.0:
         raise ValueError(f"l1_sparsity must be in [0, 1), got {l1_sparsity!r}")
     if rel_step is None:
         rel_step = 1.0 / 16 if p == float("inf") else 0.25
-    cfg = E.Config(apply=apply, p=p, steps=steps, restarts=restarts, random_start=bool(random_start),
-                   loss=loss, targeted=targeted, box=tuple(float(b) for b in box),
-                   rel_step=float(rel_step), abs_step=E.check_step(step_size),
-                   l1_sparsity=float(l1_sparsity), eot=E.check_eot(eot))
-    kernel = partial(E.gradient_kernel, cfg)
-    return E.public(kernel, name="pgd", p=p, default_eps=eps, box=box, audit_output=audit, apply=apply,
+    cfg = Config(apply=apply, p=p, steps=steps, restarts=restarts, random_start=bool(random_start),
+                 loss=loss, targeted=targeted, box=tuple(float(b) for b in box),
+                 rel_step=float(rel_step), abs_step=V.check_step(step_size),
+                 l1_sparsity=float(l1_sparsity), eot=V.check_eot(eot))
+    return V.public(gradient_attack(cfg), name="pgd", p=p, default_eps=eps, box=box, audit=audit, apply=apply,
                     eot=cfg.eot, ref_name="targets" if targeted else "labels")

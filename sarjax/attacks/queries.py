@@ -14,37 +14,6 @@ import jax.numpy as jnp
 NO_CAP = jnp.iinfo(jnp.int32).max
 
 
-def init_counter(batch: int) -> jnp.ndarray:
-    """Zero counter ``[batch]`` int32."""
-    return jnp.zeros((batch,), jnp.int32)
-
-
-def members_queried(mask: jnp.ndarray) -> jnp.ndarray:
-    """Number of selected members per sample.
-
-    Args:
-      mask: ``[B, M]`` or ``[M]`` bool/float member mask.
-
-    Returns:
-      ``[B]`` (or scalar for ``[M]``) int32 count of non-zero entries.
-    """
-    return jnp.sum(jnp.asarray(mask) > 0, axis=-1).astype(jnp.int32)
-
-
-def step_cost(members: jnp.ndarray, forward: bool = True, backward: bool = True) -> jnp.ndarray:
-    """Queries one attack step spends on each sample.
-
-    Args:
-      members: ``[B]`` (or scalar) number of members evaluated per sample.
-      forward: the step runs a forward pass.
-      backward: the step runs a backward pass (gradient attacks).
-
-    Returns:
-      Same shape as ``members``: ``members * (forward + backward)``.
-    """
-    return jnp.asarray(members, jnp.int32) * (int(forward) + int(backward))
-
-
 def allowed(count: jnp.ndarray, cost: jnp.ndarray, cap) -> jnp.ndarray:
     """Which samples may take a step of ``cost`` queries without passing ``cap``.
 
@@ -82,6 +51,16 @@ def freeze(active: jnp.ndarray, new, old):
     active = jnp.asarray(active)
     shape = active.shape + (1,) * (jnp.ndim(new) - active.ndim)
     return jnp.where(active.reshape(shape), new, old)
+
+
+def cap_array(max_queries, batch: int) -> jnp.ndarray:
+    """Per-sample cap ``[batch]`` int32 from ``None``, a scalar or ``[B]``, with ``jnp`` only
+    (jit-safe: ``max_queries`` may be traced; no validation, see :func:`normalize_cap`)."""
+    if max_queries is None:
+        return jnp.full((batch,), NO_CAP, jnp.int32)
+    if isinstance(max_queries, int):
+        max_queries = min(max_queries, int(NO_CAP))
+    return jnp.broadcast_to(jnp.asarray(max_queries).astype(jnp.int32), (batch,))
 
 
 def normalize_cap(max_queries, batch: int) -> jnp.ndarray:

@@ -47,16 +47,18 @@ def make_rounds(attack: Callable, rounds: int, *, norm, warm_start: bool = True,
       box: input bounds (for the final audit).
 
     Returns:
-      ``fn(params, x0, ref, mask=None, key=None, *, eps, max_queries=None, sample_ids=None) ->
+      ``fn(params, x0, ref, mask=None, key, *, eps, max_queries=None, sample_ids=None) ->
       AttackResult``: per sample, the round with the most selected members
       fooled (ties: objective) for ``x_adv`` and ``best_x`` separately;
-      ``queries`` summed over rounds (``max_queries`` applies per round).
+      ``queries`` summed over rounds (``max_queries`` applies per round). ``key`` is required
+      (``TypeError`` without it).
     """
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
         raise ValueError(f"rounds must be an int >= 1, got {rounds!r}")
 
     def fn(params, x0, ref, mask=None, key=None, *, eps, max_queries=None, sample_ids=None) -> AttackResult:
-        key = jax.random.PRNGKey(0) if key is None else key
+        if key is None:
+            raise TypeError(f"{rounds}-round combinator: key is required (a jax.random key); sarjax never defaults it")
         m = None if mask is None else jnp.asarray(mask)
         acc = None
         for r in range(rounds):  # host loop over a few compiled calls

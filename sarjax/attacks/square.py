@@ -49,16 +49,18 @@ from __future__ import annotations
 
 import functools
 import math
-from functools import partial
 from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sarjax.attacks import _engine as E
 from sarjax.attacks import geometry as G
 from sarjax.attacks import queries as Q
+from sarjax.attacks.core import AttackFn
+from sarjax.attacks.core import evaluate as E
+from sarjax.attacks.core import validate as V
+from sarjax.attacks.core.protocol import Attack, Problem, sample_keys
 from sarjax.attacks.losses import cross_entropy, fooled, margin
 from sarjax.attacks.result import AttackResult
 from sarjax.attacks.threat import canonical_norm
@@ -279,21 +281,33 @@ def _score(targeted):
     return score
 
 
-@partial(jax.jit, static_argnums=0)
-def square_kernel(cfg: SquareConfig, params, x0, ref, mask, eps, cap, key, x_init, has_init,
-                  sample_ids=None):
-    """Batch kernel; arguments as :func:`sarjax.attacks._engine.gradient_kernel` (``x_init``
-    replaces the initialisation where ``has_init``, after projection onto ball ∩ box)."""
+class SquareState(NamedTuple):
+    """Square state: the problem, the iteration ``i`` (scalar), the current point ``x [B, H, W, C]``
+    and its evaluation ``ev``, queries ``count [B]`` and the best-so-far point."""
+
+    problem: Problem
+    i: jax.Array
+    x: jax.Array
+    ev: E.Evaluation
+    count: jax.Array
+    best: E.Best
+
+
+def _evaluate(cfg: SquareConfig):
+    return E.make_batch_evaluate(cfg.apply, _score(cfg.targeted))
+
+
+def init(cfg: SquareConfig, params, problem: Problem) -> SquareState:
+    """Clean evaluation (M queries) and the initialisation (stripes / l2 tiles, or the warm start
+    projected onto ball ∩ box; M queries): per sample ``fold_in(fold_in(key, sample_id), 0)``."""
+    x0, ref, mask, eps, cap = problem.x0, problem.ref, problem.mask, problem.eps, problem.cap
     lo, hi = cfg.box
     B, M = ref.shape
     if x0.ndim != 4:
         raise ValueError(f"Square attack needs images [B, H, W, C], got shape {x0.shape}")
     _, H, W, C = x0.shape
-    n_feat = H * W * C
-    evaluate = E.make_batch_evaluate(cfg.apply, _score(cfg.targeted))
-    upd = jax.vmap(E.update_best)
+    evaluate = _evaluate(cfg)
     n_sel = jnp.sum(mask > 0, axis=1).astype(jnp.int32)
-    keys = E.sample_keys(key, sample_ids, B)   # init: fold_in(keys[b], 0), iteration it: fold_in(keys[b], it + 1)
     _, ev0 = evaluate(params, x0, ref, mask)
     count = jnp.full((B,), M, jnp.int32)
 
@@ -304,25 +318,40 @@ def square_kernel(cfg: SquareConfig, params, x0, ref, mask, eps, cap, key, x_ini
         else:
             x = jnp.clip(G.add_within(x0, l2_init_perturbation(k, (H, W, C), eps)), lo, hi)
         warm = G.project(xi, x0, eps, cfg.p, cfg.box)
-        return jnp.where(has_init, warm, x)
+        return jnp.where(problem.has_init, warm, x)
 
-    x = jax.vmap(init_one)(jax.vmap(lambda k: jax.random.fold_in(k, 0))(keys), x0, eps, x_init)
+    keys = sample_keys(problem)   # init: fold_in(keys[b], 0), iteration it: fold_in(keys[b], it + 1)
+    x = jax.vmap(init_one)(jax.vmap(lambda k: jax.random.fold_in(k, 0))(keys), x0, eps, problem.x_init)
     ok0 = (n_sel > 0) & Q.allowed(count, M, cap)
     _, ev = evaluate(params, x, ref, mask)
     count = Q.charge(count, M, ok0)
     x = Q.freeze(ok0, x, x0)
     ev = jax.vmap(E.select)(ok0, ev, ev0)
-    best = upd(E.Best(x0, ev0), x, ev, ok0)
+    best = jax.vmap(E.update_best)(E.Best(x0, ev0), x, ev, ok0)
+    return SquareState(problem, jnp.zeros((), jnp.int32), x, ev, count, best)
+
+
+def step(cfg: SquareConfig, s: SquareState, params) -> SquareState:
+    """One proposal per still-active sample (M queries each), accepted if it raises the objective;
+    samples whose selected members are all fooled, or whose budget is spent, are frozen."""
+    pr = s.problem
+    x0, ref, mask, eps, cap = pr.x0, pr.ref, pr.mask, pr.eps, pr.cap
+    lo, hi = cfg.box
+    B, M = ref.shape
+    _, H, W, C = x0.shape
+    n_feat = H * W * C
+    it = s.i
+    n_sel = jnp.sum(mask > 0, axis=1).astype(jnp.int32)
 
     def propose_linf(k, x, x0, eps, it):
         p = p_schedule(cfg.p_init, it, cfg.n_queries)
-        s = jnp.clip(jnp.round(jnp.sqrt(p * n_feat / C)), 1, H - 1).astype(jnp.int32)
+        side = jnp.clip(jnp.round(jnp.sqrt(p * n_feat / C)), 1, H - 1).astype(jnp.int32)
         u = jax.random.uniform(k, (2 + C,))
-        rh = _uniform_int(u[0], H - s + 1)
-        rw = _uniform_int(u[1], W - s + 1)
+        rh = _uniform_int(u[0], H - side + 1)
+        rw = _uniform_int(u[1], W - side + 1)
         ii = jnp.arange(H)[:, None, None]
         jj = jnp.arange(W)[None, :, None]
-        win = (ii >= rh) & (ii < rh + s) & (jj >= rw) & (jj < rw + s)
+        win = (ii >= rh) & (ii < rh + side) & (jj >= rw) & (jj < rw + side)
         signs = jnp.where(u[2:] < 0.5, -1.0, 1.0)
         xn = jnp.where(win, G.add_within(x0, eps * signs), x)
         return jnp.clip(jnp.clip(xn, x0 - eps, x0 + eps), lo, hi)
@@ -331,28 +360,33 @@ def square_kernel(cfg: SquareConfig, params, x0, ref, mask, eps, cap, key, x_ini
         return l2_proposal(k, x, x0, eps, p_schedule(cfg.p_init, it, cfg.n_queries), cfg.box)
 
     propose = propose_linf if cfg.p == math.inf else propose_l2
+    done = s.ev.n_fooled >= n_sel
+    active = ~done & (n_sel > 0) & Q.allowed(s.count, M, cap)
+    kt = jax.vmap(lambda k: jax.random.fold_in(k, it + 1))(sample_keys(pr))
+    xn = jax.vmap(propose, in_axes=(0, 0, 0, 0, None))(kt, s.x, x0, eps, it)
+    _, evn = _evaluate(cfg)(params, xn, ref, mask)
+    accept = active & (evn.obj > s.ev.obj)
+    x = Q.freeze(accept, xn, s.x)
+    ev = jax.vmap(E.select)(accept, evn, s.ev)
+    best = jax.vmap(E.update_best)(s.best, xn, evn, active)
+    return s._replace(i=it + 1, x=x, ev=ev, count=Q.charge(s.count, M, active), best=best)
 
-    def body(c, it):
-        x, ev, count, best = c
-        done = ev.n_fooled >= n_sel
-        active = ~done & (n_sel > 0) & Q.allowed(count, M, cap)
-        kt = jax.vmap(lambda k: jax.random.fold_in(k, it + 1))(keys)
-        xn = jax.vmap(propose, in_axes=(0, 0, 0, 0, None))(kt, x, x0, eps, it)
-        _, evn = evaluate(params, xn, ref, mask)
-        accept = active & (evn.obj > ev.obj)
-        x = Q.freeze(accept, xn, x)
-        ev = jax.vmap(E.select)(accept, evn, ev)
-        best = upd(best, xn, evn, active)
-        return (x, ev, Q.charge(count, M, active), best), None
 
-    (x, ev, count, best), _ = jax.lax.scan(body, (x, ev, count, best), jnp.arange(cfg.n_queries - 1))
-    return AttackResult(x_adv=x, success=ev.success, objective=ev.obj, member_loss=ev.losses,
-                        queries=count, best_x=best.x, best_success=best.ev.success,
-                        best_objective=best.ev.obj)
+def result(cfg: SquareConfig, s: SquareState, params) -> AttackResult:
+    """``x_adv``: the current (accepted) point; ``best_x``: the best-so-far point."""
+    del cfg, params
+    return AttackResult(x_adv=s.x, success=s.ev.success, objective=s.ev.obj, member_loss=s.ev.losses,
+                        queries=s.count, best_x=s.best.x, best_success=s.best.ev.success,
+                        best_objective=s.best.ev.obj)
+
+
+def square_attack(cfg: SquareConfig) -> Attack:
+    """The state machine: ``n_queries - 1`` proposals after the initialisation."""
+    return Attack(init, step, result, cfg.n_queries - 1, cfg)
 
 
 def make_square(apply: Callable, *, norm="linf", eps=None, n_queries: int = 5000, p_init: float = 0.8,
-                targeted: bool = False, box=(0.0, 1.0), audit: bool = True) -> Callable:
+                targeted: bool = False, box=(0.0, 1.0), audit: bool = True) -> AttackFn:
     """Square attack (linf or l2), the black-box member of the suite.
 
     Args:
@@ -368,7 +402,8 @@ def make_square(apply: Callable, *, norm="linf", eps=None, n_queries: int = 5000
       box, audit: as in :func:`sarjax.attacks.pgd.make_pgd`.
 
     Returns:
-      ``fn(params, x0 [B, H, W, C], ref, mask=None, key=None, *, eps=None,
+      An AttackFn (as :func:`sarjax.attacks.pgd.make_pgd`):
+      ``fn(params, x0 [B, H, W, C], ref, mask=None, key, *, eps=None,
       max_queries=None, x_init=None) -> AttackResult``; ``objective`` is the
       mean margin of the selected members (untargeted) or their negated mean
       CE to the target; ``queries`` counts M per evaluated point (clean,
@@ -381,10 +416,10 @@ def make_square(apply: Callable, *, norm="linf", eps=None, n_queries: int = 5000
     p = canonical_norm(norm)
     if p not in (math.inf, 2.0):
         raise ValueError(f"Square attack supports norm 'linf' or 'l2', got {norm!r}")
-    n_queries = E.check_positive_int("n_queries", n_queries)
+    n_queries = V.check_positive_int("n_queries", n_queries)
     if not 0.0 < p_init <= 1.0:
         raise ValueError(f"p_init must be in (0, 1], got {p_init!r}")
     cfg = SquareConfig(apply, n_queries, float(p_init), bool(targeted), tuple(float(b) for b in box), p)
-    return E.public(partial(square_kernel, cfg), name="square" if p == math.inf else "square-l2",
-                    p=p, default_eps=eps, box=box, audit_output=audit, apply=apply,
+    return V.public(square_attack(cfg), name="square" if p == math.inf else "square-l2",
+                    p=p, default_eps=eps, box=box, audit=audit, apply=apply,
                     ref_name="targets" if targeted else "labels")

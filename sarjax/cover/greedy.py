@@ -15,6 +15,7 @@ removed, so the caller's compiled attack sees fixed shapes every round.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Sequence
@@ -26,6 +27,7 @@ import numpy as np
 from sarjax.cover.metrics import coverage_target
 from sarjax.cover.result import ROUND_FIELDS, SARResult, derive_sar, derive_singleton
 from sarjax.cover.types import JointAttack, SingleAttack
+from sarjax.progress import progress_bar
 
 _STATE_FILE = "greedy_state.npz"
 
@@ -288,13 +290,9 @@ def greedy_sar(
 
     rows = np.arange(b)
     x_shape = state.inputs[0].shape if state.inputs else None
-    bar = None
-    if progress:
-        from rich.progress import Progress
-
-        bar = Progress(transient=False)
-        bar.start()
-        task = bar.add_task("SAR greedy", total=m, completed=state.next_round)
+    bars = contextlib.ExitStack()   # sarjax.progress: a rich bar, or a no-op stand-in without progress
+    bar = bars.enter_context(progress_bar(progress))
+    task = bar.add_task("SAR greedy", total=m, completed=state.next_round)
     try:
         while True:
             act = _active(state, vd, tau_arr, stop_when_unreachable)
@@ -353,7 +351,7 @@ def greedy_sar(
             state.next_round = r + 1
             if ckpt is not None:
                 _save_state(ckpt, state, config)
-            if bar is not None:
+            if progress:
                 still = _active(state, vd, tau_arr, stop_when_unreachable)
                 frac = state.covered[vd].mean() if vd.any() else 0.0
                 bar.update(
@@ -362,8 +360,7 @@ def greedy_sar(
                     description=f"round {r + 1}: {int(still.sum())} active, covered {frac:.3f}",
                 )
     finally:
-        if bar is not None:
-            bar.stop()
+        bars.close()
 
     arrays = state.arrays()
     n_rounds = state.next_round

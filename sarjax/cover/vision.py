@@ -310,7 +310,7 @@ def run_sar(
 
         attack = make_joint_pgd(pool.apply, eps=float(eps), steps=steps, step_size=step_size,
                                 restarts=restarts)
-    from sarjax.attacks._engine import check_sample_ids
+    from sarjax.attacks.core.validate import check_sample_ids
 
     ids = np.asarray(check_sample_ids(sample_ids, b))  # each row's index in the data set
     root = Path(checkpoint_dir) if checkpoint_dir is not None else None

@@ -284,7 +284,7 @@ class Pool:
         """``(fn, prepared)`` with ``fn(prepared, x) == self.apply(params, x)``.
 
         The x-independent weight layouts (:meth:`Stack.prepare`) are computed here, once; attack
-        kernels call this before their step loops (:func:`sarjax.attacks._engine.prepare`).
+        state machines call this once, before their step loops (:func:`sarjax.attacks.core.evaluate.prepare`).
         """
         return self.apply_prepared, tuple(s.prepare(p) for s, p in zip(self.stacks, params))
 

@@ -68,16 +68,4 @@ def test_chained_rounds_bug_is_flagged_and_combinator_stays_in_ball():
     assert np.all(np.asarray(combined.queries) == k * (1 + 2 * (40 * 2 + 1)))
 
 
-def test_public_entry_points_audit_their_output():
-    # A kernel that misbehaves (returns x0 + 2 eps) must be caught by the public wrapper.
-    from sarjax.attacks import _engine as E
-    from sarjax.attacks.result import AttackResult
-
-    def bad_kernel(params, x0, ref, mask, eps, cap, key, x_init, has_init, sample_ids=None):
-        x = jnp.clip(x0 + 2 * eps[:, None], 0, 1)
-        z = jnp.zeros(ref.shape)
-        return AttackResult(x, z > 0, z[:, 0], z, jnp.zeros(x0.shape[0], jnp.int32), x, z > 0, z[:, 0])
-
-    fn = E.public(bad_kernel, name="bad", p="linf", default_eps=0.05, box=(0.0, 1.0))
-    with pytest.raises(ValueError, match=r"bad \(x_adv\) output failed the bound audit: 2/2 samples"):
-        fn(None, jnp.full((2, 3), 0.5), jnp.zeros((2,), jnp.int32))
+# The public entry's audit of a broken state machine: tests/attacks/test_attacks_protocol.py.

@@ -206,4 +206,4 @@ def test_square_rejects_unsupported_norms_and_parameters():
     attack = make_square(affine_apply, norm="l2", n_queries=2)
     params, x0, ref, opt = _image_problem(2, 0, False)
     with pytest.raises(ValueError, match=r"images \[B, H, W, C\]"):
-        attack(params, x0.reshape(2, -1), ref, eps=0.1)
+        attack(params, x0.reshape(2, -1), ref, key=jax.random.PRNGKey(0), eps=0.1)

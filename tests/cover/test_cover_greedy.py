@@ -533,3 +533,40 @@ def test_sar_at_equals_a_separate_run_or_refuses():
         answered += 1
         np.testing.assert_array_equal(got, sep.sar[:, 0])
     assert answered > 10 and refused > 10
+
+
+@pytest.mark.parametrize("progress", [False, True])
+def test_greedy_progress_goes_through_sarjax_progress(monkeypatch, progress):
+    # The greedy's bar is sarjax.progress.progress_bar (a no-op stand-in when progress=False): one task
+    # of M rounds, advanced once per round only when progress is on.
+    import contextlib
+
+    import sarjax.cover.greedy as greedy_mod
+
+    calls = []
+
+    class Recorder:
+        def add_task(self, description, **kw):
+            calls.append(("add", description, kw))
+            return 7
+
+        def update(self, task, **kw):
+            calls.append(("update", task, kw["completed"]))
+
+    @contextlib.contextmanager
+    def fake_bar(enabled=True):
+        calls.append(("enabled", enabled))
+        yield Recorder()
+        calls.append(("closed",))
+
+    monkeypatch.setattr(greedy_mod, "progress_bar", fake_bar)
+    m = 7
+    sets = np.zeros((3, 4, m), bool)
+    sets[:, 0, [0, 1]] = True
+    sets[:, 2, :] = True
+    oracle = SetSystemOracle(sets)
+    greedy_sar(oracle.joint, oracle.single, np.zeros((3, m), bool), [0.0], progress=progress)
+    assert calls[0] == ("enabled", progress)
+    assert calls[1] == ("add", "SAR greedy", {"total": m, "completed": 0})
+    assert calls[-1] == ("closed",)
+    assert [c for c in calls if c[0] == "update"] == ([("update", 7, 1)] if progress else [])

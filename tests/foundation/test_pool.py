@@ -89,7 +89,7 @@ def test_validation_errors_name_the_problem():
 
 @pytest.mark.parametrize("widths", [(16,), (12, 8, 6)])
 def test_prepared_apply_equals_apply_and_member_loop(widths):
-    from sarjax.attacks import _engine as E
+    from sarjax.attacks.core import evaluate as E
     arch = zoo.mlp(widths, act="tanh")
     keys = jax.random.split(jax.random.key(1), 3)
     pool = Pool([Stack.from_keys(arch, keys), Stack.from_keys(ARCHS[1], keys[:2])])

@@ -78,6 +78,10 @@ class Attack(NamedTuple):
       num_steps: static number of ``step`` calls :func:`run` makes (the static upper bound; the
         traced per-sample cap ``problem.cap`` decides how many take effect).
       cfg: hashable static config (hyperparameters, ``apply``, norm, box).
+      prepare: optional ``prepare(cfg, params) -> (cfg, params)``, called once by :func:`run`
+        before ``init`` (x-independent work hoisted out of the step loop, e.g. a pool's weight
+        layouts, :func:`sarjax.attacks.core.evaluate.prepare_cfg`); ``init``/``step``/``result``
+        then see the prepared pair. None: nothing to prepare.
     """
 
     init: Callable
@@ -85,12 +89,15 @@ class Attack(NamedTuple):
     result: Callable
     num_steps: int
     cfg: Any
+    prepare: Callable | None = None
 
 
 def run(attack: Attack, params, problem: Problem):
     """Runs ``attack`` on ``problem``: ``init``, ``num_steps`` x ``step`` in a ``lax.scan``,
     ``result``. Pure and jit-safe (no host calls, no audit)."""
     cfg = attack.cfg
+    if attack.prepare is not None:
+        cfg, params = attack.prepare(cfg, params)
     state = attack.init(cfg, params, problem)
 
     def body(s, _):
@@ -138,7 +145,7 @@ def make_problem(apply: Callable | None, params, x0, ref, mask=None, key=None, *
     ref = jnp.broadcast_to(ref, (b, m))
     mask = jnp.ones((b, m), jnp.float32) if mask is None else jnp.broadcast_to(mask.astype(jnp.float32), (b, m))
     eps = jnp.broadcast_to(jnp.asarray(jnp.inf if eps is None else eps, jnp.float32), (b,))
-    cap = Q.normalize_cap(max_queries, b)
+    cap = Q.cap_array(max_queries, b)
     sid = jnp.arange(b, dtype=jnp.int32) if sample_ids is None else jnp.asarray(sample_ids).astype(jnp.int32)
     if x_init is None:
         xi, has = x0, jnp.asarray(False)
