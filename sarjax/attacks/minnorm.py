@@ -669,6 +669,8 @@ class MinNormAttackFn:
         ``[0, C)``; caps ``<= T``)."""
         if key is None:
             raise TypeError(f"{self.name}: key is required (a jax.random key); sarjax never defaults it")
+        if self.targeted and labels is None:
+            raise TypeError(f"{self.name}: targeted=True needs labels= (the true labels [B] or [B, M])")
         prob, C = self._make(params, x0, ref, mask, key, max_queries, sample_ids, labels, init_eps, x_init)
         return run(attack_of(self.cfg(C)), params, prob)
 

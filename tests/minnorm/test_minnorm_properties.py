@@ -188,6 +188,8 @@ def test_jit_entry_inside_user_jit_compiles_once():
     np.testing.assert_allclose(np.asarray(r.norm), np.asarray(pub.norm), rtol=1e-6)
     with pytest.raises(TypeError, match="key is required"):
         fn.jit(params, x0, y)
+    with pytest.raises(TypeError, match="needs labels="):
+        fmn.make_fmn(_pool, norm=2, max_queries=60, targeted=True).jit(params, x0, y, key=jax.random.key(0))
 
 
 def test_best_of_different_budgets():
