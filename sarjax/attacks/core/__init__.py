@@ -3,6 +3,11 @@
 ``Attack`` (init / step / result over a NamedTuple state), ``Problem`` (one normalised call),
 ``run`` (a ``lax.scan`` over ``step``; jit-safe), ``AttackFn`` (the audited public entry and the
 jit-safe ``.jit`` entry over one code path).
+
+Modules: ``protocol`` (Attack, Problem, run, make_problem), ``entry`` (AttackFn), ``evaluate``
+(Evaluation, scorers, best-so-far, EOT evaluators, the ``prepare`` hook), ``validate`` (host-side
+checks and the bound audit of the public entry), ``gradient`` (the step-rule attacks' state
+machine: FGSM, PGD, MI-FGSM, joint PGD).
 """
 
 from sarjax.attacks.core.entry import AttackFn
