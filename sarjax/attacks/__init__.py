@@ -29,7 +29,8 @@ from sarjax.attacks import alma, apgd_min, ddn, fab, fmn, minnorm, pdgd, pdpgd, 
 from sarjax.attacks.minnorm import MinNormResult  # noqa: E402
 
 __all__ = [
-    "Attack", "AttackFn", "AttackResult", "AuditReport", "Problem", "Threat", "core", "attack_members", "audit", "canonical_norm", "check",
+    "Attack", "AttackFn", "AttackResult", "AuditReport", "Problem", "Threat", "core", "attack_members", "audit",
+    "canonical_norm", "check",
     "check_labels",
     "dual_norm", "geometry", "make_apgd", "make_apgd_t", "make_fgsm", "make_joint_pgd",
     "make_member_attack", "make_mifgsm", "make_pgd", "make_rounds", "make_square", "norm",
