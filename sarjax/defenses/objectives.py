@@ -61,19 +61,6 @@ def _check_eps_hp(name: str, hp: Mapping[str, np.ndarray]) -> None:
         raise ValueError(f"{name}: eps must be >= 0 for every member; members {bad.tolist()} have {eps[bad].tolist()}")
 
 
-def _run_pgd(atk, params, x, labels, key, eps):
-    """``atk.jit`` (the attacks' jit-safe entry)."""
-    if hasattr(atk, "jit"):
-        return atk.jit(params, x, labels, None, key, eps=eps)
-    # TEMPORARY adapter until make_pgd returns an AttackFn (issue 14 item 1): the unaudited kernel
-    # with the arguments make_problem would build. Delete with the conversion.
-    from sarjax.attacks import queries as Q
-    b = x.shape[0]
-    return atk.kernel(params, x, labels[:, None].astype(jnp.int32), jnp.ones((b, 1), jnp.float32),
-                      jnp.broadcast_to(jnp.asarray(eps, jnp.float32), (b,)), jnp.full((b,), Q.NO_CAP, jnp.int32),
-                      key, x, jnp.asarray(False), jnp.arange(b, dtype=jnp.int32))
-
-
 @dataclass(frozen=True)
 class PGDAT:
     """PGD adversarial training (Madry et al. 2018): minimise the cross-entropy at the point
@@ -128,7 +115,7 @@ class PGDAT:
           [B, *S], the attack's ``x_adv`` (the final iterate, or ``x`` where its loss is higher),
           inside the ball of ``x`` by construction; gradient-free.
         """
-        res = _run_pgd(self.attack(apply), jax.lax.stop_gradient(params), x, labels, key, eps)
+        res = self.attack(apply).jit(jax.lax.stop_gradient(params), x, labels, None, key, eps=eps)
         return jax.lax.stop_gradient(res.x_adv)
 
     def __call__(self, apply: Callable, params: Any, x: jax.Array, y: jax.Array, key: jax.Array,

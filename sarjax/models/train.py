@@ -31,6 +31,7 @@ import numpy as np
 import optax
 
 from sarjax.data.augment import random_affine
+from sarjax.models import fused_members
 from sarjax.models.pool import Pool, Stack
 from sarjax.models.zoo import Arch
 
@@ -193,6 +194,9 @@ def _make_epoch_fn(arch: Arch, augment: bool, tx: optax.GradientTransformation, 
     hyperparameters travel in ``hp["obj"]`` (a dict of ``[K]`` arrays; absent = none).
     """
     objective = cross_entropy if objective is None else objective
+    # conv_impl="fused" CNNs: the deterministic pass through the fused kernel's input gradient, members
+    # on their own inputs (inner attacks of adversarial objectives); gradients in the params are arch.apply's
+    fast = fused_members.member_apply(arch) if arch.conv_impl == "fused" and fused_members.supports(arch) else None
 
     def member_step(params, opt_state, xb, yb, key, hp, active, masked):
         if augment:
@@ -202,6 +206,8 @@ def _make_epoch_fn(arch: Arch, augment: bool, tx: optax.GradientTransformation, 
 
         def apply(p, x, key=None):
             # key None: the deterministic pass (inner attacks); dropout=False: every rate is 0, no draws
+            if fast is not None and (key is None or not dropout):
+                return fast(p, x)
             return arch.apply(p, x, key=key if dropout else None, dropout=hp["dropout"])
 
         def loss_fn(p):

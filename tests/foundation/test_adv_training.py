@@ -155,14 +155,84 @@ def test_pgd_at_perturbation_is_pgd_and_trades_kl_ascends(mnist):
     for norm, eps in (("linf", EPS), ("l2", 1.0)):
         atk = make_kl_attack(arch.apply, norm=norm, eps=eps, steps=5)
         res = atk(p, x, labels, key=key)                      # audited against x0
-        start = make_kl_attack(arch.apply, norm=norm, eps=eps, steps=1, rel_step=1e-9)(p, x, labels, key=key)
-        assert float(res.objective.mean()) > 5 * float(start.objective.mean()) + 1e-4
+        # the start x0 + 0.001 N(0, I) has KL ~1e-7; five ascent steps reach > 1e-3 on this MLP
+        assert float(res.objective.min()) > 1e-3
         assert res.kl.shape == (16, 1) and res.queries.tolist() == [1 + 5 * 2 + 1] * 16
-        jit_res = jax.jit(lambda q, xx, k: atk.jit(q, xx, labels, None, k, eps=eps))(p, x, key)
-        np.testing.assert_allclose(np.asarray(jit_res.x_adv), np.asarray(res.x_adv), atol=1e-6)
+        if norm == "linf":
+            jit_res = jax.jit(lambda q, xx, k: atk.jit(q, xx, labels, None, k, eps=eps))(p, x, key)
+            np.testing.assert_allclose(np.asarray(jit_res.x_adv), np.asarray(res.x_adv), atol=1e-6)
         d = np.asarray(res.x_adv - x).reshape(16, -1)
         size = np.abs(d).max(1) if norm == "linf" else np.sqrt((d ** 2).sum(1))
         assert size.max() <= eps * (1 + 1e-5) and size.min() > 0.5 * eps
+
+
+# ------------------------------------------------------------------ members on their own inputs (conv_impl="fused")
+
+
+def test_fused_members_apply_matches_xla_values_and_gradients():
+    """models.fused_members.member_apply: vmapped over stacked members with per-member inputs (and
+    alone) it gives arch.apply's ("xla") logits and input gradients to
+    float32 rounding, its params gradients exactly, also as the inner attack of an outer params
+    gradient (the PGD-AT pattern)."""
+    import dataclasses
+
+    from sarjax.models.fused_members import member_apply, supports
+
+    arch = zoo.cnn((4, 8), dense=16, conv_impl="fused")
+    xla = dataclasses.replace(arch, conv_impl="xla")
+    m, b = 3, 5
+    p = jax.vmap(arch.init)(jax.random.split(jax.random.key(0), m))
+    x = jax.random.uniform(jax.random.key(1), (m, b, 28, 28, 1))
+    f = member_apply(arch)
+
+    def loss(apply):
+        return lambda q, z: jnp.sum(jnp.sin(apply(q, z)))
+
+    np.testing.assert_allclose(jax.jit(jax.vmap(f))(p, x), jax.vmap(xla.apply)(p, x), atol=2e-6)
+    one = jax.tree.map(lambda v: v[1], p)
+    np.testing.assert_allclose(jax.jit(f)(one, x[1]), xla.apply(one, x[1]), atol=2e-6)
+    gx = jax.jit(jax.vmap(jax.grad(loss(f), argnums=1)))(p, x)
+    gx_ref = jax.vmap(jax.grad(loss(xla.apply), argnums=1))(p, x)
+    np.testing.assert_allclose(gx, gx_ref, atol=1e-6)
+    assert float(jnp.abs(gx_ref).max()) > 1e-2
+    for a, c in zip(jax.tree.leaves(jax.jit(jax.vmap(jax.grad(loss(f))))(p, x)),
+                    jax.tree.leaves(jax.vmap(jax.grad(loss(xla.apply)))(p, x))):
+        np.testing.assert_array_equal(a, c)
+
+    def adv(apply):
+        def obj(q, z):
+            gz = jax.grad(loss(apply), argnums=1)(jax.lax.stop_gradient(q), z)
+            return loss(apply)(q, jax.lax.stop_gradient(z + 0.05 * jnp.sign(gz)))
+        return obj
+
+    for a, c in zip(jax.tree.leaves(jax.jit(jax.vmap(jax.grad(adv(f))))(p, x)),
+                    jax.tree.leaves(jax.vmap(jax.grad(adv(xla.apply)))(p, x))):
+        np.testing.assert_allclose(a, c, rtol=1e-5, atol=1e-6)
+    assert supports(arch) and not supports(zoo.mlp((8,))) and not supports(zoo.cnn((4,), input_shape=(27, 28, 1)))
+    with pytest.raises(ValueError, match="cnn family"):
+        member_apply(zoo.mlp((8,)))
+
+
+def test_pgd_at_trainer_fused_equals_xla(mnist):
+    """train_stack with a conv_impl="fused" CNN runs PGD-AT through fused_members (the inner
+    attack) and arch.apply (the update): the trained members equal the "xla" run's up to float32
+    rounding (same params, same keys, same batches; Adam turns a PGD sign flipped by rounding into
+    a param difference of ~lr / 50)."""
+    import dataclasses
+
+    arch = zoo.cnn((4, 8), dense=16, conv_impl="fused")
+    kw = dict(config=TrainConfig(epochs=1, batch_size=40, patience=0, val_fraction=0.2), progress=False,
+              objective=pgd_at(eps=EPS, steps=3), objective_hp={"eps": [EPS, 0.05]})
+    cfgs = [MemberConfig(seed=0), MemberConfig(seed=1, data_seed=1)]
+    x, y = mnist.x_train[:100], mnist.y_train[:100]
+    fused, _ = train_stack(arch, cfgs, x, y, **kw)
+    xla, _ = train_stack(dataclasses.replace(arch, conv_impl="xla"), cfgs, x, y, **kw)
+    moved = 0.0
+    for a, c, init in zip(jax.tree.leaves(fused.params), jax.tree.leaves(xla.params),
+                          jax.tree.leaves(jax.vmap(arch.init)(jnp.stack([jax.random.key(0), jax.random.key(1)])))):
+        np.testing.assert_allclose(a, c, atol=2e-4)   # measured 4e-5: Adam steps of a PGD sign flipped by rounding
+        moved = max(moved, float(jnp.abs(a - init).max()))
+    assert moved > 1e-3
 
 
 # ------------------------------------------------------------------ validation
@@ -238,8 +308,8 @@ def test_pgd_at_linf_mnist_robust_accuracy(mnist, standard_mlp):
         np.testing.assert_allclose(np.asarray(a[1]), np.asarray(b[0]), atol=1e-4)
     x, y = jnp.asarray(mnist.x_test[:300]), jnp.asarray(mnist.y_test[:300])
     clean, robust = _robust_accuracy(stack, x, y, n_iter=50)
-    _, robust_std = _robust_accuracy(std, x, y, n_iter=50)
-    print(f"PGD-AT: clean {clean[0]:.3f} robust {robust[0]:.3f}; standard robust {robust_std[0]:.3f}")
+    clean_std, robust_std = _robust_accuracy(std, x, y, n_iter=50)
+    print(f"PGD-AT: clean {clean[0]:.3f} robust {robust[0]:.3f}; standard: clean {clean_std[0]:.3f} robust {robust_std[0]:.3f}")
     assert clean[0] > 0.85
     assert robust[0] >= robust_std[0] + 0.30
 
