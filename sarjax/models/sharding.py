@@ -107,7 +107,7 @@ class ShardedPool:
         jax.config.update("jax_num_cpu_devices", 8)   # or a real multi-device backend
         sp = ShardedPool(pool, make_mesh(pool=2, data=4))
         atk = make_joint_pgd(sp.apply, eps=0.1)
-        res = sp.attack(atk, x0, labels)               # x_adv [B, ...], success [B, M], queries [B]
+        res = sp.attack(atk, x0, labels, key=jax.random.key(0))   # x_adv [B, ...], success [B, M], queries [B]
     """
 
     def __init__(self, pool: Pool, mesh: Mesh):
