@@ -54,7 +54,7 @@ import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # before torch is imported
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported
 
 import jax
 import jax.numpy as jnp
@@ -75,7 +75,7 @@ EPS = 0.1
 ATTACK_STEPS = 10
 REL_STEP = 0.25
 LR = 2e-3
-ARCH = zoo.cnn((8, 16), dense=64)   # sarjax.models.presets.BASE_ARCH
+ARCH = zoo.cnn((8, 16), dense=64)  # sarjax.models.presets.BASE_ARCH
 
 
 class Setup:
@@ -88,13 +88,17 @@ class Setup:
         self.batch, self.updates = batch, updates
         rng = np.random.default_rng(seed)
         n = len(self.x)
-        per = [np.resize(np.concatenate([rng.permutation(n) for _ in range(-(-updates * batch // n))]), updates * batch)
-               for _ in range(M)]
-        self.idx = np.stack(per).reshape(M, updates, batch).transpose(1, 0, 2).astype(np.int32)   # [updates, M, B]
+        per = [
+            np.resize(np.concatenate([rng.permutation(n) for _ in range(-(-updates * batch // n))]), updates * batch)
+            for _ in range(M)
+        ]
+        self.idx = np.stack(per).reshape(M, updates, batch).transpose(1, 0, 2).astype(np.int32)  # [updates, M, B]
         self.params0 = _numpy_init(ARCH, M, rng)
         base = jnp.stack([jax.random.key(seed * 1000 + m) for m in range(M)])
-        fold = jax.vmap(lambda k: jax.vmap(lambda s: jax.random.fold_in(jax.random.fold_in(k, 0), s))(jnp.arange(updates)))
-        self.keys = jax.jit(fold)(base).T                                                        # [updates, M], as train_stack
+        fold = jax.vmap(
+            lambda k: jax.vmap(lambda s: jax.random.fold_in(jax.random.fold_in(k, 0), s))(jnp.arange(updates))
+        )
+        self.keys = jax.jit(fold)(base).T  # [updates, M], as train_stack
         jax.block_until_ready((self.params0, self.keys))
 
 
@@ -102,8 +106,9 @@ def make_sarjax(st: Setup, conv_impl: str):
     """The trainer's compiled epoch with the PGD-AT objective over all M members."""
     arch = dataclasses.replace(ARCH, conv_impl=conv_impl)
     tx = optax.inject_hyperparams(optax.adamw)(learning_rate=1e-3, weight_decay=0.0)
-    epoch = _make_epoch_fn(arch, False, tx, dropout=False,
-                           objective=pgd_at(eps=EPS, steps=ATTACK_STEPS, rel_step=REL_STEP))
+    epoch = _make_epoch_fn(
+        arch, False, tx, dropout=False, objective=pgd_at(eps=EPS, steps=ATTACK_STEPS, rel_step=REL_STEP)
+    )
 
     def init_state(p):
         s = tx.init(p)
@@ -167,6 +172,7 @@ def make_torch_loop(st: Setup, threads: int):
 
 def stacked_from_torch(models) -> dict:
     from train_throughput import jax_params_of
+
     ps = [jax_params_of(ARCH, m) for m in models]
     return jax.tree.map(lambda *v: jnp.stack([jnp.asarray(a) for a in v]), *ps)
 
@@ -183,6 +189,7 @@ def evaluate(st: Setup, params) -> dict:
 def check_twin(st: Setup) -> float:
     """Max |logits_torch - logits_jax| of member 0 at init on 64 images; raises if > 1e-3."""
     import torch
+
     p = jax.tree.map(lambda a: np.asarray(a[0]), st.params0)
     mod = torch_module(ARCH)
     load_jax_params(ARCH, p, mod)
@@ -202,17 +209,23 @@ def main(argv=None) -> dict:
     ap.add_argument("--reps", type=int, default=5, help="timed rounds (default 5)")
     ap.add_argument("--torch-threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--no-im2col", action="store_true", help="skip the sarjax[im2col] reference contender")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                                   "adv_training_throughput.json"))
+    ap.add_argument(
+        "--out",
+        default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "adv_training_throughput.json"),
+    )
     a = ap.parse_args(argv)
     if a.batch < 1 or a.updates < 1 or a.reps < 1:
         ap.error(f"--batch, --updates and --reps must be >= 1, got {a.batch}, {a.updates}, {a.reps}")
 
     import torch
+
     load0 = os.getloadavg()
     t0 = time.time()
-    print(f"jax {jax.__version__}, torch {torch.__version__}, cpus {os.cpu_count()}, M={M}, batch {a.batch}, "
-          f"{a.updates} updates, PGD-AT linf eps {EPS} x {ATTACK_STEPS} steps of eps/4, load {load0[0]:.1f}", flush=True)
+    print(
+        f"jax {jax.__version__}, torch {torch.__version__}, cpus {os.cpu_count()}, M={M}, batch {a.batch}, "
+        f"{a.updates} updates, PGD-AT linf eps {EPS} x {ATTACK_STEPS} steps of eps/4, load {load0[0]:.1f}",
+        flush=True,
+    )
     st = Setup(a.batch, a.updates)
     twin = check_twin(st)
     runners = {"sarjax[fused]": make_sarjax(st, "fused")}
@@ -222,7 +235,7 @@ def main(argv=None) -> dict:
         runners[f"torch_loop[t{th}]"] = make_torch_loop(st, th)
 
     warm, quality = {}, {}
-    for name, fn in runners.items():   # warm-up (compiles) and the same-work check
+    for name, fn in runners.items():  # warm-up (compiles) and the same-work check
         t = time.perf_counter()
         out = fn()
         warm[name] = time.perf_counter() - t
@@ -231,13 +244,17 @@ def main(argv=None) -> dict:
     quality["init"] = evaluate(st, st.params0)
 
     times = {k: [] for k in runners}
-    for r in range(a.reps):   # alternate: one of each per round
+    for r in range(a.reps):  # alternate: one of each per round
         for name, fn in runners.items():
             t = time.perf_counter()
             fn()
             times[name].append(getattr(fn, "seconds", time.perf_counter() - t))
-        print(f"  round {r + 1}/{a.reps}: " + "  ".join(f"{k} {v[-1]:.2f}s" for k, v in times.items())
-              + f"  load {os.getloadavg()[0]:.1f}", flush=True)
+        print(
+            f"  round {r + 1}/{a.reps}: "
+            + "  ".join(f"{k} {v[-1]:.2f}s" for k, v in times.items())
+            + f"  load {os.getloadavg()[0]:.1f}",
+            flush=True,
+        )
     work = M * a.updates * a.batch
     med = {k: statistics.median(v) for k, v in times.items()}
     thr = {k: work / v for k, v in med.items()}
@@ -245,21 +262,43 @@ def main(argv=None) -> dict:
     ratios = {k: thr[k] / best_torch for k in thr if k.startswith("sarjax")}
     print("\nmember-sample updates/s (PGD-AT, 10 attack steps each; higher is better)")
     for k in thr:
-        print(f"  {k:16s} {thr[k]:9.0f}/s  median {med[k]:.2f} s" + (f"  {ratios[k]:.2f}x the faster torch loop" if k in ratios else ""))
+        print(
+            f"  {k:16s} {thr[k]:9.0f}/s  median {med[k]:.2f} s"
+            + (f"  {ratios[k]:.2f}x the faster torch loop" if k in ratios else "")
+        )
     res = {
-        "settings": {"members": M, "arch": ARCH.spec(), "batch": a.batch, "updates": a.updates, "reps": a.reps,
-                     "objective": pgd_at(eps=EPS, steps=ATTACK_STEPS, rel_step=REL_STEP).spec(),
-                     "optimizer": f"AdamW lr={LR} weight_decay=0", "torch_threads": a.torch_threads,
-                     "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "data": "embedded MNIST train split",
-                     "command": " ".join(["python", "benchmarks/adv_training_throughput.py",
-                                          *(argv if argv is not None else sys.argv[1:])])},
+        "settings": {
+            "members": M,
+            "arch": ARCH.spec(),
+            "batch": a.batch,
+            "updates": a.updates,
+            "reps": a.reps,
+            "objective": pgd_at(eps=EPS, steps=ATTACK_STEPS, rel_step=REL_STEP).spec(),
+            "optimizer": f"AdamW lr={LR} weight_decay=0",
+            "torch_threads": a.torch_threads,
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+            "data": "embedded MNIST train split",
+            "command": " ".join(
+                ["python", "benchmarks/adv_training_throughput.py", *(argv if argv is not None else sys.argv[1:])]
+            ),
+        },
         "member_sample_updates_per_run": work,
-        "median_seconds": med, "member_sample_updates_per_s": thr, "ratio_vs_faster_torch": ratios,
-        "seconds_per_round": times, "warmup_seconds_incl_compile": warm,
+        "median_seconds": med,
+        "member_sample_updates_per_s": thr,
+        "ratio_vs_faster_torch": ratios,
+        "seconds_per_round": times,
+        "warmup_seconds_incl_compile": warm,
         "equivalence": {"torch_twin_init_logits_max_abs_diff": twin, "after_warmup_run_500_test_images": quality},
-        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-                    "jax": jax.__version__, "torch": torch.__version__, "loadavg_before": load0,
-                    "loadavg_after": os.getloadavg(), "wall_seconds": time.time() - t0},
+        "machine": {
+            "cpu_count": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "jax": jax.__version__,
+            "torch": torch.__version__,
+            "loadavg_before": load0,
+            "loadavg_after": os.getloadavg(),
+            "wall_seconds": time.time() - t0,
+        },
     }
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -57,15 +57,17 @@ def main() -> None:
     attacks = {
         "noiseless": (make_joint_pgd(pool.apply, eps=a.eps, steps=a.steps, restarts=1), 0),
         "one_draw": (make_joint_pgd(lambda p, x: noisy(p, x, fixed), eps=a.eps, steps=a.steps, restarts=1), 0),
-        "one_draw_equal_queries": (make_joint_pgd(lambda p, x: noisy(p, x, fixed), eps=a.eps,
-                                                  steps=a.steps * a.eot, restarts=1), 0),
+        "one_draw_equal_queries": (
+            make_joint_pgd(lambda p, x: noisy(p, x, fixed), eps=a.eps, steps=a.steps * a.eot, restarts=1),
+            0,
+        ),
         "eot": (make_joint_pgd(noisy, eps=a.eps, steps=a.steps, restarts=1, eot=a.eot), 0),
     }
     judge = jax.jit(lambda p, x, k: jnp.mean(jnp.argmax(noisy(p, x, k), -1) != y[None], axis=0))  # [B]
 
     def fooled_share(x):
-        keys = jax.random.split(jax.random.PRNGKey(98765), a.eval_draws)   # never used by an attack
-        return np.mean([np.asarray(judge(pool.params, x, k)) for k in keys], axis=0)   # [B]
+        keys = jax.random.split(jax.random.PRNGKey(98765), a.eval_draws)  # never used by an attack
+        return np.mean([np.asarray(judge(pool.params, x, k)) for k in keys], axis=0)  # [B]
 
     res = {"none": {"fooled_share": fooled_share(x0), "seconds": 0.0, "queries_per_sample": 0}}
     for name, (atk, _) in attacks.items():
@@ -75,21 +77,39 @@ def main() -> None:
         dt = time.time() - t
         linf = float(jnp.max(jnp.abs(r.x_adv - x0)))
         assert linf <= a.eps * (1 + 1e-6), linf
-        res[name] = {"fooled_share": fooled_share(r.x_adv), "seconds": dt,
-                     "queries_per_sample": int(np.asarray(r.queries)[0]), "linf_max": linf}
-        print(f"{name:22s} fooled {res[name]['fooled_share'].mean():.3f}  ({dt:.0f}s, "
-              f"{res[name]['queries_per_sample']} queries/sample, max linf {linf:.4f})", flush=True)
+        res[name] = {
+            "fooled_share": fooled_share(r.x_adv),
+            "seconds": dt,
+            "queries_per_sample": int(np.asarray(r.queries)[0]),
+            "linf_max": linf,
+        }
+        print(
+            f"{name:22s} fooled {res[name]['fooled_share'].mean():.3f}  ({dt:.0f}s, "
+            f"{res[name]['queries_per_sample']} queries/sample, max linf {linf:.4f})",
+            flush=True,
+        )
     base = res["one_draw"]["fooled_share"].mean()
-    summary = {k: {"mean_fooled_share": float(v["fooled_share"].mean()),
-                   "stderr": float(v["fooled_share"].std(ddof=1) / np.sqrt(len(v["fooled_share"]))),
-                   "ratio_vs_one_draw": float(v["fooled_share"].mean() / base) if base > 0 else None,
-                   "seconds": v["seconds"], "queries_per_sample": v["queries_per_sample"]}
-               for k, v in res.items()}
+    summary = {
+        k: {
+            "mean_fooled_share": float(v["fooled_share"].mean()),
+            "stderr": float(v["fooled_share"].std(ddof=1) / np.sqrt(len(v["fooled_share"]))),
+            "ratio_vs_one_draw": float(v["fooled_share"].mean() / base) if base > 0 else None,
+            "seconds": v["seconds"],
+            "queries_per_sample": v["queries_per_sample"],
+        }
+        for k, v in res.items()
+    }
     print("ratios vs one_draw: " + ", ".join(f"{k} {s['ratio_vs_one_draw']:.2f}x" for k, s in summary.items()))
-    doc = {"settings": vars(a), "pool": a.preset, "members": pool.num_members,
-           "clean_accuracy_noiseless": float(pool.accuracy(data.x_test, data.y_test).mean()),
-           "jax": jax.__version__, "device": str(jax.devices()[0]), "summary": summary,
-           "per_sample_fooled_share": {k: v["fooled_share"].tolist() for k, v in res.items()}}
+    doc = {
+        "settings": vars(a),
+        "pool": a.preset,
+        "members": pool.num_members,
+        "clean_accuracy_noiseless": float(pool.accuracy(data.x_test, data.y_test).mean()),
+        "jax": jax.__version__,
+        "device": str(jax.devices()[0]),
+        "summary": summary,
+        "per_sample_fooled_share": {k: v["fooled_share"].tolist() for k, v in res.items()},
+    }
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(doc, indent=2))
     print(f"wrote {a.out}")

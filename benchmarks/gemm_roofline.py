@@ -33,10 +33,12 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--batches", type=int, nargs="+", default=[64, 256])
     ap.add_argument("--reps", type=int, default=21)
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                   "results", "gemm_roofline.json"))
+    ap.add_argument(
+        "--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "gemm_roofline.json")
+    )
     args = ap.parse_args()
     import torch
+
     torch.set_num_threads(os.cpu_count() or 1)
     rng = np.random.default_rng(0)
     rows = []
@@ -49,8 +51,7 @@ def main():
             ta, tw = torch.from_numpy(a), torch.from_numpy(w)
             ja, jw = jnp.asarray(a), jnp.asarray(w)
             mm = jax.jit(jnp.matmul)
-            libs = {"torch": lambda: ta @ tw, "jax": lambda: mm(ja, jw).block_until_ready(),
-                    "numpy": lambda: a @ w}
+            libs = {"torch": lambda: ta @ tw, "jax": lambda: mm(ja, jw).block_until_ready(), "numpy": lambda: a @ w}
             for f in libs.values():
                 f()
             # blocks of one library at a time, rotated over 3 rounds: single calls alternated between
@@ -67,16 +68,32 @@ def main():
                     med[lib] = min(med[lib], statistics.median(ts))
             gflops = {lib: 2 * m * k * n / v / 1e9 for lib, v in med.items()}
             best[name] = min(med.values())
-            print(f"B={b:4d} {name:10s} [{m}x{k}] @ [{k}x{n}]: "
-                  + ", ".join(f"{lib} {g:.1f} GFLOP/s" for lib, g in gflops.items()), flush=True)
+            print(
+                f"B={b:4d} {name:10s} [{m}x{k}] @ [{k}x{n}]: "
+                + ", ".join(f"{lib} {g:.1f} GFLOP/s" for lib, g in gflops.items()),
+                flush=True,
+            )
             rows.append({"B": b, "matmul": name, "shape": [m, k, n], "seconds_median": med, "gflops": gflops})
         ceiling = M * b / (best["forward"] + best["input_grad"])
-        print(f"B={b:4d} ceiling from the two first-layer matmuls alone: {ceiling:,.0f} member-sample-steps/s",
-              flush=True)
+        print(
+            f"B={b:4d} ceiling from the two first-layer matmuls alone: {ceiling:,.0f} member-sample-steps/s", flush=True
+        )
         rows.append({"B": b, "ceiling_member_sample_steps_per_s": ceiling})
     with open(args.out, "w") as fh:
-        json.dump({"jax": jax.__version__, "torch": torch.__version__, "threads": os.cpu_count(),
-                   "M": M, "D": D, "H": H, "loadavg": os.getloadavg(), "rows": rows}, fh, indent=2)
+        json.dump(
+            {
+                "jax": jax.__version__,
+                "torch": torch.__version__,
+                "threads": os.cpu_count(),
+                "M": M,
+                "D": D,
+                "H": H,
+                "loadavg": os.getloadavg(),
+                "rows": rows,
+            },
+            fh,
+            indent=2,
+        )
     print(f"wrote {args.out}")
 
 

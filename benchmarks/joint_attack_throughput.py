@@ -50,8 +50,9 @@ import sys
 import time
 
 if "--jax-single-thread" in sys.argv:  # must be set before JAX initialises its CPU backend
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                               + " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+    )
 
 import jax
 import jax.numpy as jnp
@@ -63,10 +64,11 @@ from sarjax.models.pool import Pool, Stack
 
 M = 20
 EPS = 0.1
-SETTLE_S = 0.5   # pause after each peak matmul block: OpenBLAS/MKL workers spin for ~0.1 s after a call
+SETTLE_S = 0.5  # pause after each peak matmul block: OpenBLAS/MKL workers spin for ~0.1 s after a call
 
 
 # ----------------------------------------------------------------------------- JAX side
+
 
 def build_pool(family: str, conv_impl: str, seed: int = 0) -> Pool:
     arch = zoo.mlp() if family == "mlp" else zoo.cnn(conv_impl=conv_impl)
@@ -82,18 +84,19 @@ def shared_first_layer_apply(arch):
         b, h, w, _ = x.shape
         pad = k // 2
         xp = jnp.pad(x, ((0, 0), (pad, k - 1 - pad), (pad, k - 1 - pad), (0, 0)))
-        return jnp.concatenate([xp[:, i:i + h, j:j + w, :] for i in range(k) for j in range(k)], axis=-1)
+        return jnp.concatenate([xp[:, i : i + h, j : j + w, :] for i in range(k) for j in range(k)], axis=-1)
 
     def apply(params, x):
         (p,) = params
         k = arch.kernel
-        w0 = p["conv0"]["w"]                                    # [M, k, k, cin, c0]
+        w0 = p["conv0"]["w"]  # [M, k, k, cin, c0]
         Mm, _, _, cin, c0 = w0.shape
-        cols = im2col(x, k)                                     # [B, H, W, k*k*cin]
-        z = jnp.einsum("bhwk,kn->bhwn", cols, w0.reshape(Mm, k * k * cin, c0).transpose(1, 0, 2)
-                       .reshape(k * k * cin, Mm * c0))
+        cols = im2col(x, k)  # [B, H, W, k*k*cin]
+        z = jnp.einsum(
+            "bhwk,kn->bhwn", cols, w0.reshape(Mm, k * k * cin, c0).transpose(1, 0, 2).reshape(k * k * cin, Mm * c0)
+        )
         z = z.reshape(*z.shape[:3], Mm, c0) + p["conv0"]["b"]  # [B, H, W, M, c0]
-        z = jnp.moveaxis(z, 3, 0)                               # [M, B, H, W, c0]
+        z = jnp.moveaxis(z, 3, 0)  # [M, B, H, W, c0]
 
         def rest(pm, z):
             z = zoo.max_pool2(f(z))
@@ -118,7 +121,7 @@ def mlp_matmul_only_steps(pool: Pool, steps: int):
     """
     (stack,) = pool.stacks
     prep = stack.prepare(stack.params)
-    w1 = prep["_dense0_cat"]                                          # [D, M*H]
+    w1 = prep["_dense0_cat"]  # [D, M*H]
     ws = [prep[f"dense{i}"]["w"] for i in range(1, len(stack.arch.widths))] + [prep["out"]["w"]]
 
     @jax.jit
@@ -127,7 +130,7 @@ def mlp_matmul_only_steps(pool: Pool, steps: int):
 
         def body(x, _):
             h = (x.reshape(b, -1) @ w1).reshape(b, M, -1)
-            h = jnp.moveaxis(h, 1, 0)                                   # [M, B, H]
+            h = jnp.moveaxis(h, 1, 0)  # [M, B, H]
             for w in ws:
                 h = jnp.einsum("mbh,mhn->mbn", h, w)
             g = h
@@ -161,7 +164,7 @@ def step_flops(arch) -> int:
         macs += fan * arch.num_classes
     elif arch.family == "cnn":
         cin = c
-        for ch in arch.widths:                       # "same" convolution, then a 2x2 pool
+        for ch in arch.widths:  # "same" convolution, then a 2x2 pool
             macs += h * w * arch.kernel * arch.kernel * cin * ch
             cin, h, w = ch, h // 2, w // 2
         macs += h * w * cin * arch.dense + arch.dense * arch.num_classes
@@ -173,6 +176,7 @@ def step_flops(arch) -> int:
 def sgemm_peak_runners(n: int = 2048, calls: int = 3) -> tuple[dict, int]:
     """Runners of ``calls`` float32 ``[n, n] @ [n, n]`` matmuls in PyTorch, JAX and NumPy (2 n^3 FLOPs each)."""
     import torch
+
     rng = np.random.default_rng(0)
     a, b = rng.random((n, n), dtype=np.float32), rng.random((n, n), dtype=np.float32)
     ta, tb = torch.from_numpy(a), torch.from_numpy(b)
@@ -183,13 +187,18 @@ def sgemm_peak_runners(n: int = 2048, calls: int = 3) -> tuple[dict, int]:
         def run():
             for _ in range(calls):
                 f()
+
         return run
 
-    return {"torch": rep(lambda: ta @ tb), "jax": rep(lambda: mm(ja, jb).block_until_ready()),
-            "numpy": rep(lambda: a @ b)}, calls * 2 * n ** 3
+    return {
+        "torch": rep(lambda: ta @ tb),
+        "jax": rep(lambda: mm(ja, jb).block_until_ready()),
+        "numpy": rep(lambda: a @ b),
+    }, calls * 2 * n**3
 
 
 # ----------------------------------------------------------------------------- torch side
+
 
 def torch_models(pool: Pool, family: str):
     import torch
@@ -250,6 +259,7 @@ NHWCFlatten = None
 
 def to_torch_input(x, family):
     import torch
+
     x = torch.tensor(np.asarray(x))
     return x.permute(0, 3, 1, 2).contiguous() if family == "cnn" else x
 
@@ -257,6 +267,7 @@ def to_torch_input(x, family):
 def torch_joint_pgd_loop(models, x0, ref, steps, eps, alpha, gen):
     import torch
     import torch.nn.functional as F
+
     x = (x0 + (torch.rand(x0.shape, generator=gen) * 2 - 1) * eps).clamp(0, 1)
     for _ in range(steps):
         x.requires_grad_(True)
@@ -271,6 +282,7 @@ def torch_joint_pgd_vmap(models, x0, ref, steps, eps, alpha, gen):
     import torch
     import torch.nn.functional as F
     from torch.func import functional_call, stack_module_state, vmap
+
     params, buffers = stack_module_state(models)
     base = models[0]
 
@@ -281,9 +293,8 @@ def torch_joint_pgd_vmap(models, x0, ref, steps, eps, alpha, gen):
     x = (x0 + (torch.rand(x0.shape, generator=gen) * 2 - 1) * eps).clamp(0, 1)
     for _ in range(steps):
         x.requires_grad_(True)
-        logits = fwd(params, buffers, x)                      # [M, B, C]
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ref.T.reshape(-1),
-                               reduction="sum") / len(models)
+        logits = fwd(params, buffers, x)  # [M, B, C]
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ref.T.reshape(-1), reduction="sum") / len(models)
         (g,) = torch.autograd.grad(loss, x)
         with torch.no_grad():
             x = torch.min(torch.max(x + alpha * g.sign(), x0 - eps), x0 + eps).clamp(0, 1)
@@ -292,6 +303,7 @@ def torch_joint_pgd_vmap(models, x0, ref, steps, eps, alpha, gen):
 
 # ----------------------------------------------------------------------------- main
 
+
 def main():
     global NHWCFlatten
     ap = argparse.ArgumentParser()
@@ -299,28 +311,52 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--batches", type=int, nargs="+", default=[64, 256])
     ap.add_argument("--families", nargs="+", default=["mlp", "cnn"])
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                   "results", "joint_attack_throughput.json"))
-    ap.add_argument("--conv-impls", nargs="+", default=["im2col", "xla", "fused"],
-                    help="CNN formulations measured: im2col, xla (zoo._member_conv), fused "
-                         "(sarjax.models.fused), shared")
-    ap.add_argument("--torch-threads", type=int, nargs="+", default=[1, os.cpu_count() or 1],
-                    help="torch.set_num_threads variants measured (the fastest is the baseline)")
-    ap.add_argument("--matmul-only", action=argparse.BooleanOptionalAction, default=True,
-                    help="also time the MLP step reduced to its matmuls (xla_matmuls_only; not an attack)")
-    ap.add_argument("--peak", action=argparse.BooleanOptionalAction, default=True,
-                    help="also time a 2048^2 float32 matmul in torch, JAX and NumPy in the same round-robin: "
-                         "the machine's peak and the ceiling it implies for any implementation of the step")
-    ap.add_argument("--jax-single-thread", action="store_true",
-                    help="run XLA's CPU backend single-threaded (faster on an oversubscribed machine)")
+    ap.add_argument(
+        "--out",
+        default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "joint_attack_throughput.json"),
+    )
+    ap.add_argument(
+        "--conv-impls",
+        nargs="+",
+        default=["im2col", "xla", "fused"],
+        help="CNN formulations measured: im2col, xla (zoo._member_conv), fused (sarjax.models.fused), shared",
+    )
+    ap.add_argument(
+        "--torch-threads",
+        type=int,
+        nargs="+",
+        default=[1, os.cpu_count() or 1],
+        help="torch.set_num_threads variants measured (the fastest is the baseline)",
+    )
+    ap.add_argument(
+        "--matmul-only",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also time the MLP step reduced to its matmuls (xla_matmuls_only; not an attack)",
+    )
+    ap.add_argument(
+        "--peak",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also time a 2048^2 float32 matmul in torch, JAX and NumPy in the same round-robin: "
+        "the machine's peak and the ceiling it implies for any implementation of the step",
+    )
+    ap.add_argument(
+        "--jax-single-thread",
+        action="store_true",
+        help="run XLA's CPU backend single-threaded (faster on an oversubscribed machine)",
+    )
     args = ap.parse_args()
 
     import torch
+
     NHWCFlatten = _make_nhwc_flatten()
     threads = os.cpu_count() or 1
     torch.set_num_threads(threads)
-    print(f"jax {jax.__version__} ({jax.devices()[0].platform}), torch {torch.__version__}, "
-          f"threads {threads}, M={M}, steps={args.steps}, reps={args.reps}")
+    print(
+        f"jax {jax.__version__} ({jax.devices()[0].platform}), torch {torch.__version__}, "
+        f"threads {threads}, M={M}, steps={args.steps}, reps={args.reps}"
+    )
     load_before = os.getloadavg()
     results = []
     peak_runners, peak_flops = sgemm_peak_runners() if args.peak else ({}, 0)
@@ -332,29 +368,32 @@ def main():
             pools = {"im2col": base_pool} if "im2col" in args.conv_impls else {}
         for impl in ("xla", "fused"):
             if family == "cnn" and impl in args.conv_impls:
-                pools[impl] = build_pool(family, impl)   # same keys -> same weights
+                pools[impl] = build_pool(family, impl)  # same keys -> same weights
         models = torch_models(base_pool, family)
         for B in args.batches:
             x0 = jax.random.uniform(jax.random.PRNGKey(B), (B, 28, 28, 1))
-            ref = jnp.argmax(base_pool.logits(x0), -1).T.astype(jnp.int32)    # [B, M] own predictions
+            ref = jnp.argmax(base_pool.logits(x0), -1).T.astype(jnp.int32)  # [B, M] own predictions
             mask = jnp.ones((B, M), jnp.float32)
             runners = {}
             for impl, pool in pools.items():
                 atk = make_joint_pgd(pool.apply, eps=EPS, steps=args.steps, restarts=1)
-                runners[f"sarjax[{impl}]"] = (lambda atk=atk, pool=pool: jax.block_until_ready(
-                    atk(pool.params, x0, ref, mask, jax.random.PRNGKey(1)).x_adv))
+                runners[f"sarjax[{impl}]"] = lambda atk=atk, pool=pool: jax.block_until_ready(
+                    atk(pool.params, x0, ref, mask, jax.random.PRNGKey(1)).x_adv
+                )
             if family == "mlp" and args.matmul_only:
                 mm = mlp_matmul_only_steps(base_pool, args.steps)
                 runners["xla_matmuls_only"] = lambda mm=mm: jax.block_until_ready(mm(x0))
             if family == "cnn" and "shared" in args.conv_impls:
                 sh_apply = shared_first_layer_apply(base_pool.stacks[0].arch)
                 atk = make_joint_pgd(sh_apply, eps=EPS, steps=args.steps, restarts=1)
-                runners["sarjax[shared]"] = (lambda atk=atk: jax.block_until_ready(
-                    atk(base_pool.params, x0, ref, mask, jax.random.PRNGKey(1)).x_adv))
+                runners["sarjax[shared]"] = lambda atk=atk: jax.block_until_ready(
+                    atk(base_pool.params, x0, ref, mask, jax.random.PRNGKey(1)).x_adv
+                )
             tx0 = to_torch_input(x0, family)
             tref = torch.tensor(np.asarray(ref)).long()
             gen = torch.Generator().manual_seed(0)
             for th in args.torch_threads:
+
                 def loop(th=th):
                     torch.set_num_threads(th)
                     return torch_joint_pgd_loop(models, tx0, tref, args.steps, EPS, EPS / 16, gen)
@@ -367,10 +406,12 @@ def main():
                 runners[f"torch_func_vmap[t{th}]"] = fvmap
             if args.peak:
                 for lib, f in peak_runners.items():
+
                     def peak(f=f, lib=lib):
                         if lib == "torch":
                             torch.set_num_threads(threads)
                         f()
+
                     runners[f"machine_sgemm_peak[{lib}]"] = peak
             # parity check of the formulations (logits), then warm-up (compiles)
             zj = np.asarray(base_pool.logits(x0))
@@ -385,49 +426,77 @@ def main():
             for r in runners.values():
                 r()
             times = {k: [] for k in runners}
-            for _ in range(args.reps):   # alternate: one of each per repetition
+            for _ in range(args.reps):  # alternate: one of each per repetition
                 for k, r in runners.items():
                     t = time.perf_counter()
                     r()
                     times[k].append(time.perf_counter() - t)
                     if k.startswith("machine_sgemm_peak"):
-                        time.sleep(SETTLE_S)   # untimed: let the BLAS worker threads stop spinning
+                        time.sleep(SETTLE_S)  # untimed: let the BLAS worker threads stop spinning
             work = M * B * args.steps
             peak_times = {k: times.pop(k) for k in list(times) if k.startswith("machine_sgemm_peak")}
             med = {k: statistics.median(v) for k, v in times.items()}
             thr = {k: work / v for k, v in med.items()}
             best_torch = max(v for k, v in thr.items() if k.startswith("torch"))
             flops = step_flops(base_pool.stacks[0].arch)
-            row = {"family": family, "B": B, "M": M, "steps": args.steps, "logit_parity_maxabs": parity,
-                   "seconds_median": med, "member_sample_steps_per_s": thr,
-                   "ratio_vs_faster_torch": {k: thr[k] / best_torch for k in thr if k.startswith(("sarjax", "xla"))},
-                   "step_flops_per_member_sample": flops,
-                   "step_gflops": {k: v * flops / 1e9 for k, v in thr.items()}}
+            row = {
+                "family": family,
+                "B": B,
+                "M": M,
+                "steps": args.steps,
+                "logit_parity_maxabs": parity,
+                "seconds_median": med,
+                "member_sample_steps_per_s": thr,
+                "ratio_vs_faster_torch": {k: thr[k] / best_torch for k in thr if k.startswith(("sarjax", "xla"))},
+                "step_flops_per_member_sample": flops,
+                "step_gflops": {k: v * flops / 1e9 for k, v in thr.items()},
+            }
             if peak_times:
                 peak_gflops = {k: peak_flops / min(v) / 1e9 for k, v in peak_times.items()}
                 peak = max(peak_gflops.values())
                 ceiling = peak * 1e9 / flops
-                row.update({"machine_sgemm_peak_gflops": peak_gflops,
-                            "share_of_peak": {k: v / peak for k, v in row["step_gflops"].items()},
-                            "ceiling_member_sample_steps_per_s": ceiling,
-                            "ceiling_ratio_vs_faster_torch": ceiling / best_torch})
+                row.update(
+                    {
+                        "machine_sgemm_peak_gflops": peak_gflops,
+                        "share_of_peak": {k: v / peak for k, v in row["step_gflops"].items()},
+                        "ceiling_member_sample_steps_per_s": ceiling,
+                        "ceiling_ratio_vs_faster_torch": ceiling / best_torch,
+                    }
+                )
             results.append(row)
-            print(f"{family:4s} B={B:4d} | " + " | ".join(f"{k} {thr[k]:,.0f}/s" for k in thr)
-                  + " | ratio vs faster torch: "
-                  + ", ".join(f"{k} {v:.2f}x" for k, v in row["ratio_vs_faster_torch"].items())
-                  + f" | parity {parity:.1e} | load {os.getloadavg()[0]:.1f}", flush=True)
+            print(
+                f"{family:4s} B={B:4d} | "
+                + " | ".join(f"{k} {thr[k]:,.0f}/s" for k in thr)
+                + " | ratio vs faster torch: "
+                + ", ".join(f"{k} {v:.2f}x" for k, v in row["ratio_vs_faster_torch"].items())
+                + f" | parity {parity:.1e} | load {os.getloadavg()[0]:.1f}",
+                flush=True,
+            )
             if peak_times:
-                print(f"          step {flops:,} FLOPs per member-sample | GFLOP/s (share of peak): "
-                      + ", ".join(f"{k} {v:.0f} ({row['share_of_peak'][k]:.0%})" for k, v in row["step_gflops"].items())
-                      + f" | sgemm peak {peak:.0f} GFLOP/s ("
-                      + ", ".join(f"{k.split('[')[1][:-1]} {v:.0f}" for k, v in peak_gflops.items())
-                      + f") -> ceiling {ceiling:,.0f}/s = {row['ceiling_ratio_vs_faster_torch']:.2f}x the fastest torch",
-                      flush=True)
+                print(
+                    f"          step {flops:,} FLOPs per member-sample | GFLOP/s (share of peak): "
+                    + ", ".join(f"{k} {v:.0f} ({row['share_of_peak'][k]:.0%})" for k, v in row["step_gflops"].items())
+                    + f" | sgemm peak {peak:.0f} GFLOP/s ("
+                    + ", ".join(f"{k.split('[')[1][:-1]} {v:.0f}" for k, v in peak_gflops.items())
+                    + f") -> ceiling {ceiling:,.0f}/s = {row['ceiling_ratio_vs_faster_torch']:.2f}x the fastest torch",
+                    flush=True,
+                )
     with open(args.out, "w") as fh:
-        json.dump({"jax": jax.__version__, "torch": torch.__version__, "threads": threads,
-                   "jax_single_thread": args.jax_single_thread, "xla_flags": os.environ.get("XLA_FLAGS", ""),
-                   "command": " ".join(sys.argv), "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
-                   "results": results}, fh, indent=2)
+        json.dump(
+            {
+                "jax": jax.__version__,
+                "torch": torch.__version__,
+                "threads": threads,
+                "jax_single_thread": args.jax_single_thread,
+                "xla_flags": os.environ.get("XLA_FLAGS", ""),
+                "command": " ".join(sys.argv),
+                "loadavg_before": load_before,
+                "loadavg_after": os.getloadavg(),
+                "results": results,
+            },
+            fh,
+            indent=2,
+        )
     print(f"wrote {args.out}")
 
 

@@ -27,7 +27,6 @@ import tempfile
 import time
 
 
-
 def _hide_broken_torchvision():
     """A torchvision built for another torch fails on import and breaks transformers' lazy
     imports; hide it (only when it is broken) since no vision code is needed here."""
@@ -51,8 +50,13 @@ def _build_members(m, layers, d, heads, kv_heads, ffn, vocab, tmp):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = LlamaConfig(
-        vocab_size=vocab, hidden_size=d, intermediate_size=ffn, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=512,
+        vocab_size=vocab,
+        hidden_size=d,
+        intermediate_size=ffn,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=512,
     )
     models, paths = [], []
     for i in range(m):
@@ -87,8 +91,13 @@ def main(argv=None):
     ap.add_argument("--gen-batch", type=int, default=8)
     ap.add_argument("--gen-tokens", type=int, default=32)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2],
-                    help="torch intra-op thread counts to time (the baseline is the fastest; default 1 2)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        nargs="+",
+        default=[1, 2],
+        help="torch intra-op thread counts to time (the baseline is the fastest; default 1 2)",
+    )
     ap.add_argument("--out", default="benchmarks/results/llm_throughput.json")
     a = ap.parse_args(argv)
 
@@ -127,7 +136,9 @@ def main(argv=None):
             for mdl in models:
                 # logits only where the target is predicted (as sarjax does): a fair baseline
                 lg = mdl(seq, logits_to_keep=tt + 1).logits[:, :-1].float()
-                out.append(torch.nn.functional.cross_entropy(lg.reshape(-1, lg.shape[-1]), tgt.repeat(n), reduction="none"))
+                out.append(
+                    torch.nn.functional.cross_entropy(lg.reshape(-1, lg.shape[-1]), tgt.repeat(n), reduction="none")
+                )
         return torch.stack(out).reshape(len(models), n, tt)
 
     # correctness first: the two sides agree
@@ -155,7 +166,9 @@ def main(argv=None):
         "candidates_per_s_jax_stack_shared_prefix": a.members * n / med(t_pre),
     }
     score["ratio_jax_vs_torch"] = score["candidates_per_s_jax_stack"] / score["candidates_per_s_torch_loop"]
-    score["ratio_jax_prefix_vs_torch"] = score["candidates_per_s_jax_stack_shared_prefix"] / score["candidates_per_s_torch_loop"]
+    score["ratio_jax_prefix_vs_torch"] = (
+        score["candidates_per_s_jax_stack_shared_prefix"] / score["candidates_per_s_torch_loop"]
+    )
 
     # greedy decoding
     b, g = a.gen_batch, a.gen_tokens
@@ -168,8 +181,14 @@ def main(argv=None):
     def torch_gen():
         with torch.inference_mode():
             return [
-                mdl.generate(pt, attention_mask=torch.ones_like(pt), max_new_tokens=g, min_new_tokens=g,
-                             do_sample=False, pad_token_id=0)[:, tp:]
+                mdl.generate(
+                    pt,
+                    attention_mask=torch.ones_like(pt),
+                    max_new_tokens=g,
+                    min_new_tokens=g,
+                    do_sample=False,
+                    pad_token_id=0,
+                )[:, tp:]
                 for mdl in models
             ]
 
@@ -195,21 +214,35 @@ def main(argv=None):
 
     res = {
         "config": vars(a),
-        "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
-                    "load_average_at_end": os.getloadavg(), "torch": torch.__version__, "jax": jax.__version__},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "processor": platform.processor() or platform.machine(),
+            "load_average_at_end": os.getloadavg(),
+            "torch": torch.__version__,
+            "jax": jax.__version__,
+        },
         "devices": [str(d) for d in jax.devices()],
         "nll_max_abs_diff": err,
         "greedy_agreement": agree,
         "scoring": score,
         "greedy": gen,
-        "raw_seconds": {"torch_nll": {str(k): v for k, v in t_torch.items()}, "jax_nll": t_full, "jax_nll_prefix": t_pre,
-                        "torch_gen": {str(k): v for k, v in t_tg.items()}, "jax_gen": t_jg},
+        "raw_seconds": {
+            "torch_nll": {str(k): v for k, v in t_torch.items()},
+            "jax_nll": t_full,
+            "jax_nll_prefix": t_pre,
+            "torch_gen": {str(k): v for k, v in t_tg.items()},
+            "jax_gen": t_jg,
+        },
     }
-    print(f"scoring  (M={a.members}, N={n}, T={tp + ts}+{tt}): torch loop ({best_th} thr, fastest) {score['candidates_per_s_torch_loop']:.0f} cand/s | "
-          f"jax stack {score['candidates_per_s_jax_stack']:.0f} ({score['ratio_jax_vs_torch']:.2f}x) | "
-          f"jax shared prefix {score['candidates_per_s_jax_stack_shared_prefix']:.0f} ({score['ratio_jax_prefix_vs_torch']:.2f}x)")
-    print(f"greedy   (M={a.members}, B={b}, {g} new): torch generate ({best_gth} thr, fastest) {gen['tokens_per_s_torch_generate_loop']:.0f} tok/s | "
-          f"jax {gen['tokens_per_s_jax_stack_greedy']:.0f} tok/s ({gen['ratio_jax_vs_torch']:.2f}x)")
+    print(
+        f"scoring  (M={a.members}, N={n}, T={tp + ts}+{tt}): torch loop ({best_th} thr, fastest) {score['candidates_per_s_torch_loop']:.0f} cand/s | "
+        f"jax stack {score['candidates_per_s_jax_stack']:.0f} ({score['ratio_jax_vs_torch']:.2f}x) | "
+        f"jax shared prefix {score['candidates_per_s_jax_stack_shared_prefix']:.0f} ({score['ratio_jax_prefix_vs_torch']:.2f}x)"
+    )
+    print(
+        f"greedy   (M={a.members}, B={b}, {g} new): torch generate ({best_gth} thr, fastest) {gen['tokens_per_s_torch_generate_loop']:.0f} tok/s | "
+        f"jax {gen['tokens_per_s_jax_stack_greedy']:.0f} tok/s ({gen['ratio_jax_vs_torch']:.2f}x)"
+    )
     print(f"load average at the end: {os.getloadavg()} (a quiet machine reads well under its core count)")
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as fh:

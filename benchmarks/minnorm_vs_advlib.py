@@ -43,6 +43,7 @@ def _import_advlib():
             sys.modules[name] = m
     import torch
     from adv_lib.attacks import alma, ddn, fab, fmn, pdgd, pdpgd, sigma_zero
+
     return torch, dict(alma=alma, ddn=ddn, fab=fab, fmn=fmn, pdgd=pdgd, pdpgd=pdpgd, sigma_zero=sigma_zero)
 
 
@@ -97,7 +98,7 @@ def train_members(seed=0, epochs=4, at_eps=0.1):
         for ep in range(epochs):
             perm = rng.permutation(len(data.y_train))
             for i in range(0, len(perm) - 127, 128):
-                idx = perm[i:i + 128]
+                idx = perm[i : i + 128]
                 x, y = data.x_train[idx], data.y_train[idx]
                 if adv and ep > 0:  # one clean warm-up epoch, then PGD-AT (Madry et al. 2018)
                     x = np.asarray(pgd(params, x, y, key=jax.random.key(ep * 10000 + i)).x_adv)
@@ -122,8 +123,14 @@ def _cases(C, T):
         ("ddn", [2], {}, lambda a, p: dict(fn=a["ddn"], kw=dict(steps=s2, levels=None))),
         ("alma", [1, 2], {}, lambda a, p: dict(fn=a["alma"], kw=dict(distance=f"l{int(p)}", num_steps=s2))),
         ("pdgd", [2], {}, lambda a, p: dict(fn=a["pdgd"], kw=dict(num_steps=s2))),
-        ("pdpgd", [0, 1, 2, math.inf], {}, lambda a, p: dict(
-            fn=a["pdpgd"], kw=dict(norm=p, num_steps=s2, **({"proximal_operator": 23} if p == 0 else {})))),
+        (
+            "pdpgd",
+            [0, 1, 2, math.inf],
+            {},
+            lambda a, p: dict(
+                fn=a["pdpgd"], kw=dict(norm=p, num_steps=s2, **({"proximal_operator": 23} if p == 0 else {}))
+            ),
+        ),
         ("sigma_zero", [0], {}, lambda a, p: dict(fn=a["sigma_zero"], kw=dict(num_steps=s2))),
         ("fab", [1, 2, math.inf], {}, lambda a, p: dict(fn=a["fab"], kw=dict(norm=p, n_iter=fab_iter))),
     ]
@@ -131,6 +138,7 @@ def _cases(C, T):
 
 def _spec(name, **kw):
     import importlib
+
     return importlib.import_module(f"sarjax.attacks.{name}").spec(**kw)
 
 
@@ -142,8 +150,10 @@ def run_mnist(args, torch, adv):
 
     t0 = time.time()
     arch, members, data = train_members()
-    print(f"trained 2 MLP members in {time.time() - t0:.0f}s: test acc standard {members[0][1]:.3f}, "
-          f"PGD-AT {members[1][1]:.3f}")
+    print(
+        f"trained 2 MLP members in {time.time() - t0:.0f}s: test acc standard {members[0][1]:.3f}, "
+        f"PGD-AT {members[1][1]:.3f}"
+    )
     params = jax.tree.map(lambda *xs: jnp.stack(xs), *[m[0] for m in members])
     tmods = [torch_mlp(torch, m[0]) for m in members]
     x_all, y_all = data.x_test, data.y_test
@@ -163,7 +173,7 @@ def run_mnist(args, torch, adv):
             continue
         for p in norms:
             spec = _spec(name, **skw)
-            fn = mn.make(spec, arch.apply, norm=p, max_queries=T, stacked=True)   # results [B, M]
+            fn = mn.make(spec, arch.apply, norm=p, max_queries=T, stacked=True)  # results [B, M]
             # warm-up (compile), then alternate adv-lib / sarjax
             fn(params, x0, y, key=jax.random.key(0))
             ta = 0.0
@@ -175,7 +185,7 @@ def run_mnist(args, torch, adv):
                 ta += time.time() - t1
                 if err:
                     print(f"  adv-lib {name} l{p} raised {err[:120]}")
-                succ = (tm(xa).argmax(1).numpy() != y)
+                succ = tm(xa).argmax(1).numpy() != y
                 a_norm.append(np.where(succ, _norm(xa.numpy() - x0, p), np.inf))
             t1 = time.time()
             res = fn(params, x0, y, key=jax.random.key(0))
@@ -184,17 +194,31 @@ def run_mnist(args, torch, adv):
             for m in range(2):
                 sn = np.asarray(res.norm[:, m], np.float64)
                 an = a_norm[m]
-                row = dict(member=["standard", "pgd-at"][m], attack=name, norm="linf" if p == math.inf else f"l{int(p)}",
-                           queries=T, n=len(y), sarjax_median=float(np.median(sn)), advlib_median=float(np.median(an)),
-                           sarjax_success=float(np.isfinite(sn).mean()), advlib_success=float(np.isfinite(an).mean()),
-                           sarjax_time_s=ts / 2, advlib_time_s=ta / 2)
-                row["median_ratio"] = row["sarjax_median"] / row["advlib_median"] if row["advlib_median"] > 0 else float("nan")
+                row = dict(
+                    member=["standard", "pgd-at"][m],
+                    attack=name,
+                    norm="linf" if p == math.inf else f"l{int(p)}",
+                    queries=T,
+                    n=len(y),
+                    sarjax_median=float(np.median(sn)),
+                    advlib_median=float(np.median(an)),
+                    sarjax_success=float(np.isfinite(sn).mean()),
+                    advlib_success=float(np.isfinite(an).mean()),
+                    sarjax_time_s=ts / 2,
+                    advlib_time_s=ta / 2,
+                )
+                row["median_ratio"] = (
+                    row["sarjax_median"] / row["advlib_median"] if row["advlib_median"] > 0 else float("nan")
+                )
                 row["speedup"] = row["advlib_time_s"] / max(row["sarjax_time_s"], 1e-9)
                 rows.append(row)
-                print(f"{row['member']:9s} {name:10s} {row['norm']:5s} median sarjax {row['sarjax_median']:.4g} "
-                      f"adv-lib {row['advlib_median']:.4g} (x{row['median_ratio']:.3f})  success "
-                      f"{row['sarjax_success']:.2f}/{row['advlib_success']:.2f}  time {row['sarjax_time_s']:.2f}s/"
-                      f"{row['advlib_time_s']:.2f}s (x{row['speedup']:.1f} faster)", flush=True)
+                print(
+                    f"{row['member']:9s} {name:10s} {row['norm']:5s} median sarjax {row['sarjax_median']:.4g} "
+                    f"adv-lib {row['advlib_median']:.4g} (x{row['median_ratio']:.3f})  success "
+                    f"{row['sarjax_success']:.2f}/{row['advlib_success']:.2f}  time {row['sarjax_time_s']:.2f}s/"
+                    f"{row['advlib_time_s']:.2f}s (x{row['speedup']:.1f} faster)",
+                    flush=True,
+                )
     return rows
 
 
@@ -229,10 +253,20 @@ def run_affine(torch, adv):
                     print(f"  adv-lib {name} l{p} raised {err[:120]}")
                 succ = model(xa).argmax(1).numpy() != y
                 an = np.where(succ, _norm(xa.numpy() - x0, p), np.inf)
-                rows.append(dict(attack=name, norm=str(p), case=k, sarjax_worst=float((np.asarray(r.norm)[:, 0] / opt).max()),
-                                 advlib_worst=float((an / opt).max())))
-                print(f"affine {name:10s} l{p} case {k}: worst norm/optimum sarjax {rows[-1]['sarjax_worst']:.3f} "
-                      f"adv-lib {rows[-1]['advlib_worst']:.3f}", flush=True)
+                rows.append(
+                    dict(
+                        attack=name,
+                        norm=str(p),
+                        case=k,
+                        sarjax_worst=float((np.asarray(r.norm)[:, 0] / opt).max()),
+                        advlib_worst=float((an / opt).max()),
+                    )
+                )
+                print(
+                    f"affine {name:10s} l{p} case {k}: worst norm/optimum sarjax {rows[-1]['sarjax_worst']:.3f} "
+                    f"adv-lib {rows[-1]['advlib_worst']:.3f}",
+                    flush=True,
+                )
     return rows
 
 

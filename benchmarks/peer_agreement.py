@@ -46,6 +46,7 @@ def train_mlp(x, y, epochs=15, seed=0):
     def step(params, opt, xb, yb):
         def loss(p):
             return optax.softmax_cross_entropy_with_integer_labels(arch.apply(p, xb), yb).mean()
+
         g = jax.grad(loss)(params)
         upd, opt = tx.update(g, opt, params)
         return optax.apply_updates(params, upd), opt
@@ -54,7 +55,7 @@ def train_mlp(x, y, epochs=15, seed=0):
     for _ in range(epochs):
         perm = rng.permutation(len(y))
         for i in range(0, len(y) - 63, 64):
-            idx = perm[i:i + 64]
+            idx = perm[i : i + 64]
             params, opt = step(params, opt, x[idx], y[idx])
     return arch, params
 
@@ -62,6 +63,7 @@ def train_mlp(x, y, epochs=15, seed=0):
 def torch_mlp(arch, params):
     import torch
     from torch import nn
+
     P = jax.tree.map(np.asarray, params)
     layers, fan = [nn.Flatten()], 28 * 28
     for i, w in enumerate(arch.widths):
@@ -91,11 +93,12 @@ def main():
 
     import torch
     import torchattacks
+
     torch.set_num_threads(1)
     data = load_mnist()
     arch, params = train_mlp(data.x_train, data.y_train)
-    x = jnp.asarray(data.x_test[:args.n])
-    y = np.asarray(data.y_test[:args.n])
+    x = jnp.asarray(data.x_test[: args.n])
+    y = np.asarray(data.y_test[: args.n])
     model = torch_mlp(arch, params)
     tx = torch.tensor(np.asarray(x)).permute(0, 3, 1, 2).contiguous()  # NCHW for torch
     ty = torch.tensor(y).long()
@@ -110,9 +113,11 @@ def main():
     tmodel = Wrapped().eval()
     clean_j = np.asarray(jnp.argmax(arch.apply(params, x), -1)) == y
     with torch.no_grad():
-        clean_t = (tmodel(tx).argmax(-1).numpy() == y)
-    print(f"clean accuracy: jax {clean_j.mean():.4f} torch {clean_t.mean():.4f} "
-          f"(logit parity {float(np.abs(np.asarray(arch.apply(params, x)) - tmodel(tx).detach().numpy()).max()):.1e})")
+        clean_t = tmodel(tx).argmax(-1).numpy() == y
+    print(
+        f"clean accuracy: jax {clean_j.mean():.4f} torch {clean_t.mean():.4f} "
+        f"(logit parity {float(np.abs(np.asarray(arch.apply(params, x)) - tmodel(tx).detach().numpy()).max()):.1e})"
+    )
 
     alpha = args.eps / 8
     rows = []
@@ -123,18 +128,30 @@ def main():
             return float(((tmodel(adv).argmax(-1).numpy() == y) & clean_t).mean())
 
     specs = [
-        ("PGD-linf", lambda s: make_pgd(arch.apply, norm="linf", steps=args.pgd_steps, step_size=alpha,
-                                        restarts=1, random_start=True),
-         lambda: torchattacks.PGD(tmodel, eps=args.eps, alpha=alpha, steps=args.pgd_steps, random_start=True),
-         "final"),
-        ("APGD-CE-linf", lambda s: make_apgd(arch.apply, norm="linf", n_iter=args.apgd_iter, loss="ce"),
-         lambda: torchattacks.APGD(tmodel, norm="Linf", eps=args.eps, steps=args.apgd_iter, n_restarts=1,
-                                   loss="ce", rho=0.75, seed=0),
-         "best"),
-        ("APGD-DLR-linf", lambda s: make_apgd(arch.apply, norm="linf", n_iter=args.apgd_iter, loss="dlr"),
-         lambda: torchattacks.APGD(tmodel, norm="Linf", eps=args.eps, steps=args.apgd_iter, n_restarts=1,
-                                   loss="dlr", rho=0.75, seed=0),
-         "best"),
+        (
+            "PGD-linf",
+            lambda s: make_pgd(
+                arch.apply, norm="linf", steps=args.pgd_steps, step_size=alpha, restarts=1, random_start=True
+            ),
+            lambda: torchattacks.PGD(tmodel, eps=args.eps, alpha=alpha, steps=args.pgd_steps, random_start=True),
+            "final",
+        ),
+        (
+            "APGD-CE-linf",
+            lambda s: make_apgd(arch.apply, norm="linf", n_iter=args.apgd_iter, loss="ce"),
+            lambda: torchattacks.APGD(
+                tmodel, norm="Linf", eps=args.eps, steps=args.apgd_iter, n_restarts=1, loss="ce", rho=0.75, seed=0
+            ),
+            "best",
+        ),
+        (
+            "APGD-DLR-linf",
+            lambda s: make_apgd(arch.apply, norm="linf", n_iter=args.apgd_iter, loss="dlr"),
+            lambda: torchattacks.APGD(
+                tmodel, norm="Linf", eps=args.eps, steps=args.apgd_iter, n_restarts=1, loss="dlr", rho=0.75, seed=0
+            ),
+            "best",
+        ),
     ]
     for name, mk_j, mk_t, which in specs:
         rj, rt, tj, tt = [], [], 0.0, 0.0
@@ -151,15 +168,24 @@ def main():
             adv = tatk(tx, ty)
             tt += time.perf_counter() - t0
             rt.append(robust_torch(adv))
-        row = {"attack": name, "eps": args.eps, "n": args.n, "robust_acc_sarjax": float(np.mean(rj)),
-               "robust_acc_torchattacks": float(np.mean(rt)),
-               "diff_pp": 100 * (float(np.mean(rj)) - float(np.mean(rt))),
-               "seconds_sarjax": tj, "seconds_torchattacks": tt}
+        row = {
+            "attack": name,
+            "eps": args.eps,
+            "n": args.n,
+            "robust_acc_sarjax": float(np.mean(rj)),
+            "robust_acc_torchattacks": float(np.mean(rt)),
+            "diff_pp": 100 * (float(np.mean(rj)) - float(np.mean(rt))),
+            "seconds_sarjax": tj,
+            "seconds_torchattacks": tt,
+        }
         row["within_1pp"] = abs(row["diff_pp"]) <= 1.0
         rows.append(row)
-        print(f"{name:14s} eps={args.eps}: sarjax {row['robust_acc_sarjax']:.4f} | torchattacks "
-              f"{row['robust_acc_torchattacks']:.4f} | diff {row['diff_pp']:+.2f} pp "
-              f"({'OK' if row['within_1pp'] else 'OUTSIDE 1pp'}) | time {tj:.1f}s vs {tt:.1f}s", flush=True)
+        print(
+            f"{name:14s} eps={args.eps}: sarjax {row['robust_acc_sarjax']:.4f} | torchattacks "
+            f"{row['robust_acc_torchattacks']:.4f} | diff {row['diff_pp']:+.2f} pp "
+            f"({'OK' if row['within_1pp'] else 'OUTSIDE 1pp'}) | time {tj:.1f}s vs {tt:.1f}s",
+            flush=True,
+        )
     with open(args.out, "w") as fh:
         json.dump({"clean_acc": float(clean_j.mean()), "command": " ".join(sys.argv), "rows": rows}, fh, indent=2)
     print(f"wrote {args.out}")

@@ -58,8 +58,7 @@ def _timed(fn, args, inner):
 
 def _variants(p):
     box = (0.0, 1.0)
-    v = {"old": lambda x, c, e: _ref_project(x, c, e, p),
-         "project": lambda x, c, e: geometry.project(x, c, e, p)}
+    v = {"old": lambda x, c, e: _ref_project(x, c, e, p), "project": lambda x, c, e: geometry.project(x, c, e, p)}
     if p == 2:
         v["sort"] = lambda x, c, e: geometry._project_l2_sort(x, c, e, box)
         v["newton"] = lambda x, c, e: geometry._project_l2_newton(x, c, e, box)
@@ -89,21 +88,37 @@ def main():
                 for k, f in fns.items():
                     times[k].append(_timed(f, data, args.inner))
             med = {k: statistics.median(t) for k, t in times.items()}
-            row = dict(norm=f"l{p}", batch=batch, dim=args.dim,
-                       ms={k: 1e3 * t for k, t in med.items()},
-                       speedup_vs_old={k: med["old"] / t for k, t in med.items()},
-                       max_abs_diff_vs_old=diffs)
+            row = dict(
+                norm=f"l{p}",
+                batch=batch,
+                dim=args.dim,
+                ms={k: 1e3 * t for k, t in med.items()},
+                speedup_vs_old={k: med["old"] / t for k, t in med.items()},
+                max_abs_diff_vs_old=diffs,
+            )
             rows.append(row)
-            print(f"B={batch} l{p}: " + ", ".join(
-                f"{k} {1e3 * med[k]:.3f} ms (x{med['old'] / med[k]:.2f})" for k in fns)
-                + "; max |diff| vs old " + ", ".join(f"{k} {d:.1e}" for k, d in diffs.items() if k != "old"),
-                flush=True)
-    out = dict(command=" ".join(sys.argv), backend=jax.default_backend(),
-               device=str(jax.devices()[0]), jax=jax.__version__, reps=args.reps, inner=args.inner,
-               implementations={"old": "48-step bisection (l1, l2) / double argsort (l0): the previous code",
-                                "project": "geometry.project as shipped",
-                                "sort": "one sort + cumulative sums", "newton": "piecewise Newton, no sort"},
-               rows=rows)
+            print(
+                f"B={batch} l{p}: "
+                + ", ".join(f"{k} {1e3 * med[k]:.3f} ms (x{med['old'] / med[k]:.2f})" for k in fns)
+                + "; max |diff| vs old "
+                + ", ".join(f"{k} {d:.1e}" for k, d in diffs.items() if k != "old"),
+                flush=True,
+            )
+    out = dict(
+        command=" ".join(sys.argv),
+        backend=jax.default_backend(),
+        device=str(jax.devices()[0]),
+        jax=jax.__version__,
+        reps=args.reps,
+        inner=args.inner,
+        implementations={
+            "old": "48-step bisection (l1, l2) / double argsort (l0): the previous code",
+            "project": "geometry.project as shipped",
+            "sort": "one sort + cumulative sums",
+            "newton": "piecewise Newton, no sort",
+        },
+        rows=rows,
+    )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1))
     print(f"wrote {args.out}")

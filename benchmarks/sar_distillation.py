@@ -47,16 +47,33 @@ def main() -> None:
     ap.add_argument("--emnist-dir", default=None, help="EMNIST-digits IDX directory (else augmented MNIST)")
     ap.add_argument("--cache", default="sarjax-demo/pools")
     ap.add_argument("--no-cache", action="store_true", help="train the student pool in memory, write no cache")
-    ap.add_argument("--budget-s", type=float, default=None,
-                    help="evaluate no new checkpoint after this many seconds (the JSON is rewritten after each)")
-    ap.add_argument("--precision", default=None, choices=["default", "high", "highest"],
-                    help="jax_default_matmul_precision (on GPUs 'default' may use TF32)")
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="evaluate no new checkpoint after this many seconds (the JSON is rewritten after each)",
+    )
+    ap.add_argument(
+        "--precision",
+        default=None,
+        choices=["default", "high", "highest"],
+        help="jax_default_matmul_precision (on GPUs 'default' may use TF32)",
+    )
     ap.add_argument("--out", default="benchmarks/results/sar_distillation")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true")
     a = ap.parse_args()
     if a.quick:
-        a.samples, a.members, a.epochs, a.teacher_epochs, a.transfer, a.distill_epochs, a.steps, a.restarts = 12, 6, 2, 2, 2000, 2, 10, 1
+        a.samples, a.members, a.epochs, a.teacher_epochs, a.transfer, a.distill_epochs, a.steps, a.restarts = (
+            12,
+            6,
+            2,
+            2,
+            2000,
+            2,
+            10,
+            1,
+        )
     if a.precision:
         jax.config.update("jax_default_matmul_precision", a.precision)
     out = Path(a.out)
@@ -64,12 +81,21 @@ def main() -> None:
     t0 = time.time()
     data = load_mnist()
     x = data.x_test[: a.samples]
-    students, _ = get_pool("high", data, DemoSettings(members=a.members, epochs=a.epochs, seed=a.seed),
-                           None if a.no_cache else Path(a.cache))
+    students, _ = get_pool(
+        "high",
+        data,
+        DemoSettings(members=a.members, epochs=a.epochs, seed=a.seed),
+        None if a.no_cache else Path(a.cache),
+    )
 
     teacher_arch = zoo.resnet((16, 32), blocks=2, dense=128)
-    teacher, _ = train_pool([(teacher_arch, MemberConfig(seed=10_000 + a.seed, aug_strength=0.5))], data.x_train, data.y_train,
-                            config=TrainConfig(epochs=a.teacher_epochs, patience=4), names=["teacher"])
+    teacher, _ = train_pool(
+        [(teacher_arch, MemberConfig(seed=10_000 + a.seed, aug_strength=0.5))],
+        data.x_train,
+        data.y_train,
+        config=TrainConfig(epochs=a.teacher_epochs, patience=4),
+        names=["teacher"],
+    )
     teacher_acc = float(teacher.accuracy(data.x_test, data.y_test)[0])
     print(f"teacher {teacher_arch.name}: test accuracy {teacher_acc:.4f}")
     if a.emnist_dir:
@@ -89,14 +115,30 @@ def main() -> None:
             snapshots.setdefault(epoch, []).append(Stack(stack.arch, params, stack.names))
 
         snapshots.setdefault(0, []).append(stack)
-        train_stack(stack.arch, cfgs, xt, yt, init_params=stack.params, names=stack.names, callback=snap,
-                    config=TrainConfig(epochs=a.distill_epochs, patience=0), label=f"distill {stack.arch.name}")
+        train_stack(
+            stack.arch,
+            cfgs,
+            xt,
+            yt,
+            init_params=stack.params,
+            names=stack.names,
+            callback=snap,
+            config=TrainConfig(epochs=a.distill_epochs, patience=0),
+            label=f"distill {stack.arch.name}",
+        )
     steps_per_epoch = int(0.9 * len(xt)) // TrainConfig().batch_size
     delta = round(1 - a.coverage, 10)
     print(f"distillation done ({time.time() - t0:.0f}s)", flush=True)
-    doc = {"settings": vars(a), "device": str(jax.devices()[0]), "jax": jax.__version__,
-           "teacher": {"arch": teacher_arch.spec(), "test_accuracy": teacher_acc},
-           "transfer_set": source, "samples": int(len(x)), "rows": [], "complete": False}
+    doc = {
+        "settings": vars(a),
+        "device": str(jax.devices()[0]),
+        "jax": jax.__version__,
+        "teacher": {"arch": teacher_arch.spec(), "test_accuracy": teacher_acc},
+        "transfer_set": source,
+        "samples": int(len(x)),
+        "rows": [],
+        "complete": False,
+    }
     rows = doc["rows"]
     attack = make_joint_pgd(Pool(snapshots[0]).apply, steps=a.steps, restarts=a.restarts)  # reused: same archs
     epochs = sorted(snapshots)
@@ -110,21 +152,40 @@ def main() -> None:
         pool = Pool(snapshots[epoch])
         acc = pool.accuracy(data.x_test, data.y_test)
         agree = (pool.predict(data.x_test) == teacher.predict(data.x_test)[0]).mean()
-        res, member_asr = evaluate_pool(pool, x, a.eps, [delta], steps=a.steps, restarts=a.restarts,
-                                        key=jax.random.key(a.seed), progress=False, attack=attack)
+        res, member_asr = evaluate_pool(
+            pool,
+            x,
+            a.eps,
+            [delta],
+            steps=a.steps,
+            restarts=a.restarts,
+            key=jax.random.key(a.seed),
+            progress=False,
+            attack=attack,
+        )
         v = res.valid
-        row = {"epoch": epoch, "step": epoch * steps_per_epoch, "accuracy": float(acc.mean()),
-               "teacher_agreement": float(agree), "asr": float(member_asr.mean()), "member_asr": member_asr.tolist(),
-               "sar": float(res.sar[v, 0].mean()),
-               "sar_sem": float(res.sar[v, 0].std(ddof=1) / np.sqrt(v.sum())) if v.sum() > 1 else None,
-               "median_sar": float(np.median(res.sar[v, 0])),
-               "share_sar_one": float((res.sar[v, 0] >= 1).mean()), "per_sample_sar": res.sar[v, 0].tolist(),
-               "seconds": time.time() - t1}
+        row = {
+            "epoch": epoch,
+            "step": epoch * steps_per_epoch,
+            "accuracy": float(acc.mean()),
+            "teacher_agreement": float(agree),
+            "asr": float(member_asr.mean()),
+            "member_asr": member_asr.tolist(),
+            "sar": float(res.sar[v, 0].mean()),
+            "sar_sem": float(res.sar[v, 0].std(ddof=1) / np.sqrt(v.sum())) if v.sum() > 1 else None,
+            "median_sar": float(np.median(res.sar[v, 0])),
+            "share_sar_one": float((res.sar[v, 0] >= 1).mean()),
+            "per_sample_sar": res.sar[v, 0].tolist(),
+            "seconds": time.time() - t1,
+        }
         rows.append(row)
         rows.sort(key=lambda r: r["epoch"])
-        print(f"epoch {epoch} (step {row['step']}): acc {row['accuracy']:.4f} agree {agree:.3f} ASR {row['asr']:.3f} "
-              f"SAR_{a.coverage:g} {row['sar']:.3f} (median {row['median_sar']:.3f}, SAR=1 {row['share_sar_one']:.0%})"
-              f"  ({time.time() - t0:.0f}s)", flush=True)
+        print(
+            f"epoch {epoch} (step {row['step']}): acc {row['accuracy']:.4f} agree {agree:.3f} ASR {row['asr']:.3f} "
+            f"SAR_{a.coverage:g} {row['sar']:.3f} (median {row['median_sar']:.3f}, SAR=1 {row['share_sar_one']:.0%})"
+            f"  ({time.time() - t0:.0f}s)",
+            flush=True,
+        )
         doc["seconds"] = time.time() - t0
         (out / "sar_distillation.json").write_text(json.dumps(doc, indent=2))
     doc["complete"] = len(rows) == len(epochs)
@@ -133,7 +194,9 @@ def main() -> None:
     doc["asr_change"] = rows[-1]["asr"] - rows[0]["asr"]
     (out / "sar_distillation.json").write_text(json.dumps(doc, indent=2))
     plot(doc, a.coverage, out)
-    print(f"SAR change {doc['sar_change']:+.3f}, ASR change {doc['asr_change']:+.3f}; wrote {out} ({doc['seconds']:.0f}s)")
+    print(
+        f"SAR change {doc['sar_change']:+.3f}, ASR change {doc['asr_change']:+.3f}; wrote {out} ({doc['seconds']:.0f}s)"
+    )
 
 
 def plot(doc: dict, coverage: float, out: Path) -> None:

@@ -33,23 +33,41 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=100)
     ap.add_argument("--members", type=int, default=20)
     ap.add_argument("--epochs", type=int, default=10)
-    ap.add_argument("--eps", type=float, nargs="+", default=[0.05, 0.1, 0.2, 0.02, 0.15],
-                    help="radii, run in this order (0.05, the paper's headline, first)")
+    ap.add_argument(
+        "--eps",
+        type=float,
+        nargs="+",
+        default=[0.05, 0.1, 0.2, 0.02, 0.15],
+        help="radii, run in this order (0.05, the paper's headline, first)",
+    )
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--restarts", type=int, default=3)
     ap.add_argument("--cache", default="sarjax-demo/pools", help="trained-pool cache (shared with sarjax demo)")
     ap.add_argument("--no-cache", action="store_true", help="train the pools in memory, write no cache")
-    ap.add_argument("--budget-s", type=float, default=None,
-                    help="start no new eps after this many seconds (the JSON is rewritten after every pool x eps)")
-    ap.add_argument("--precision", default=None, choices=["default", "high", "highest"],
-                    help="jax_default_matmul_precision (on GPUs 'default' may use TF32)")
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="start no new eps after this many seconds (the JSON is rewritten after every pool x eps)",
+    )
+    ap.add_argument(
+        "--precision",
+        default=None,
+        choices=["default", "high", "highest"],
+        help="jax_default_matmul_precision (on GPUs 'default' may use TF32)",
+    )
     ap.add_argument("--out", default="benchmarks/results/sar_diversity")
     ap.add_argument("--data-dir", default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
-                    help="merge the eps results of several runs' sar_diversity.json (same pools and samples) "
-                         "into OUT/sar_diversity.json and redraw OUT/sar_vs_eps.png; runs nothing")
+    ap.add_argument(
+        "--merge",
+        nargs="+",
+        default=None,
+        metavar="JSON",
+        help="merge the eps results of several runs' sar_diversity.json (same pools and samples) "
+        "into OUT/sar_diversity.json and redraw OUT/sar_vs_eps.png; runs nothing",
+    )
     a = ap.parse_args()
     if a.merge:
         merge(a.merge, Path(a.out))
@@ -64,8 +82,16 @@ def main() -> None:
     x = data.x_test[: a.samples]
     s = DemoSettings(members=a.members, epochs=a.epochs, samples=a.samples, seed=a.seed)
     deltas = [round(1 - c, 10) for c in COVERAGES]
-    doc = {"settings": vars(a), "data": data.source, "samples": int(len(x)), "coverages": list(COVERAGES),
-           "device": str(jax.devices()[0]), "jax": jax.__version__, "pools": {}, "complete": False}
+    doc = {
+        "settings": vars(a),
+        "data": data.source,
+        "samples": int(len(x)),
+        "coverages": list(COVERAGES),
+        "device": str(jax.devices()[0]),
+        "jax": jax.__version__,
+        "pools": {},
+        "complete": False,
+    }
     t0 = time.time()
     pools, attacks = {}, {}
     for preset in PRESETS:
@@ -74,9 +100,16 @@ def main() -> None:
         pools[preset] = pool
         attacks[preset] = make_joint_pgd(pool.apply, steps=a.steps, restarts=a.restarts)
         acc = pool.accuracy(data.x_test, data.y_test)
-        doc["pools"][preset] = {"accuracy": float(acc.mean()), "member_accuracy": acc.tolist(),
-                                "train_seconds": cfg.get("train_seconds", time.time() - t1), "eps": {}}
-        print(f"{preset:6s} M={pool.num_members} mean test accuracy {acc.mean():.4f} ({time.time() - t0:.0f}s)", flush=True)
+        doc["pools"][preset] = {
+            "accuracy": float(acc.mean()),
+            "member_accuracy": acc.tolist(),
+            "train_seconds": cfg.get("train_seconds", time.time() - t1),
+            "eps": {},
+        }
+        print(
+            f"{preset:6s} M={pool.num_members} mean test accuracy {acc.mean():.4f} ({time.time() - t0:.0f}s)",
+            flush=True,
+        )
     per_sample = {}
     done_eps = []
     for eps in a.eps:
@@ -85,15 +118,26 @@ def main() -> None:
             break
         for preset, pool in pools.items():
             t1 = time.time()
-            res, member_asr = evaluate_pool(pool, x, eps, deltas, steps=a.steps, restarts=a.restarts,
-                                            key=jax.random.key(a.seed), progress=False, attack=attacks[preset])
+            res, member_asr = evaluate_pool(
+                pool,
+                x,
+                eps,
+                deltas,
+                steps=a.steps,
+                restarts=a.restarts,
+                key=jax.random.key(a.seed),
+                progress=False,
+                attack=attacks[preset],
+            )
             v = res.valid
             rec = {
                 "asr": float(member_asr.mean()),
                 "member_asr": member_asr.tolist(),
                 "sar": {f"{c:g}": float(res.sar[v, j].mean()) for j, c in enumerate(COVERAGES)},
-                "sar_sem": {f"{c:g}": float(res.sar[v, j].std(ddof=1) / np.sqrt(v.sum())) if v.sum() > 1 else None
-                            for j, c in enumerate(COVERAGES)},
+                "sar_sem": {
+                    f"{c:g}": float(res.sar[v, j].std(ddof=1) / np.sqrt(v.sum())) if v.sum() > 1 else None
+                    for j, c in enumerate(COVERAGES)
+                },
                 "share_sar_one": {f"{c:g}": float((res.sar[v, j] >= 1).mean()) for j, c in enumerate(COVERAGES)},
                 "share_fallback": float(res.fallback_fired[v].mean()),
                 "mean_queries_per_sample": float(res.queries[v].mean()),
@@ -102,9 +146,12 @@ def main() -> None:
             doc["pools"][preset]["eps"][f"{eps:g}"] = rec
             per_sample[(preset, eps)] = res.sar[v]
             rec["per_sample_sar"] = np.round(res.sar[v], 4).tolist()  # [N, 4]: the distribution plot's data
-            print(f"{preset:6s} eps={eps:<5g} ASR={member_asr.mean():.3f} "
-                  + " ".join(f"SAR{c:g}={rec['sar'][f'{c:g}']:.3f}" for c in COVERAGES)
-                  + f"  ({rec['seconds']:.0f}s, total {time.time() - t0:.0f}s)", flush=True)
+            print(
+                f"{preset:6s} eps={eps:<5g} ASR={member_asr.mean():.3f} "
+                + " ".join(f"SAR{c:g}={rec['sar'][f'{c:g}']:.3f}" for c in COVERAGES)
+                + f"  ({rec['seconds']:.0f}s, total {time.time() - t0:.0f}s)",
+                flush=True,
+            )
             doc["seconds"] = time.time() - t0
             (out / "sar_diversity.json").write_text(json.dumps(doc, indent=2))
         done_eps.append(eps)
@@ -122,8 +169,10 @@ def claim_check(doc: dict, eps_done: list[float]) -> dict:
     """SAR(high) - SAR(low|medium) per coverage at eps = 0.05 (or the first eps done)."""
     e = "0.05" if 0.05 in eps_done else f"{eps_done[0]:g}"
     hi = doc["pools"]["high"]["eps"][e]["sar"]
-    return {f"high_minus_{p}_at_eps_{e}": {c: hi[c] - doc["pools"][p]["eps"][e]["sar"][c] for c in hi}
-            for p in ("low", "medium")}
+    return {
+        f"high_minus_{p}_at_eps_{e}": {c: hi[c] - doc["pools"][p]["eps"][e]["sar"][c] for c in hi}
+        for p in ("low", "medium")
+    }
 
 
 def merge(paths: list[str], out: Path) -> None:
@@ -135,8 +184,10 @@ def merge(paths: list[str], out: Path) -> None:
             raise ValueError(f"runs differ in samples or members: {d['samples']} vs {base['samples']}")
         for preset, rec in d["pools"].items():
             if abs(rec["accuracy"] - base["pools"][preset]["accuracy"]) > 1e-6:
-                raise ValueError(f"pool {preset} differs between runs (accuracy {rec['accuracy']} vs "
-                                 f"{base['pools'][preset]['accuracy']}): not the same trained pool")
+                raise ValueError(
+                    f"pool {preset} differs between runs (accuracy {rec['accuracy']} vs "
+                    f"{base['pools'][preset]['accuracy']}): not the same trained pool"
+                )
             base["pools"][preset]["eps"].update(rec["eps"])
     eps_done = sorted({float(e) for rec in base["pools"].values() for e in rec["eps"]})
     base["eps_done"] = eps_done
@@ -146,8 +197,12 @@ def merge(paths: list[str], out: Path) -> None:
     base["claim_check"] = claim_check(base, eps_done)
     out.mkdir(parents=True, exist_ok=True)
     (out / "sar_diversity.json").write_text(json.dumps(base, indent=2))
-    per_sample = {(p, float(e)): np.asarray(r["per_sample_sar"]) for p, rec in base["pools"].items()
-                  for e, r in rec["eps"].items() if "per_sample_sar" in r}
+    per_sample = {
+        (p, float(e)): np.asarray(r["per_sample_sar"])
+        for p, rec in base["pools"].items()
+        for e, r in rec["eps"].items()
+        if "per_sample_sar" in r
+    }
     plot(base, per_sample, eps_done, out)
     print(json.dumps(base["claim_check"], indent=1))
     print(f"merged {len(paths)} runs (eps {eps_done}) into {out}/sar_diversity.json")

@@ -125,7 +125,12 @@ def torch_module(arch: Arch):
     for ch in arch.widths:
         layers += [nn.Conv2d(cin, ch, arch.kernel, padding="same"), _torch_act(arch.act), nn.MaxPool2d(2)]
         cin, h, w = ch, h // 2, w // 2
-    layers += [nn.Flatten(), nn.Linear(h * w * cin, arch.dense), _torch_act(arch.act), nn.Linear(arch.dense, arch.num_classes)]
+    layers += [
+        nn.Flatten(),
+        nn.Linear(h * w * cin, arch.dense),
+        _torch_act(arch.act),
+        nn.Linear(arch.dense, arch.num_classes),
+    ]
     return nn.Sequential(*layers)
 
 
@@ -210,7 +215,9 @@ def _numpy_init(arch: Arch, members: int, rng: np.random.Generator) -> dict:
         if leaf == "b":
             return jnp.zeros((members, *sd.shape), jnp.float32)
         gain = 1.0 if layer == "out" else 2.0
-        w = rng.standard_normal((members, *sd.shape), dtype=np.float32) * np.float32(np.sqrt(gain / np.prod(sd.shape[:-1])))
+        w = rng.standard_normal((members, *sd.shape), dtype=np.float32) * np.float32(
+            np.sqrt(gain / np.prod(sd.shape[:-1]))
+        )
         return jnp.asarray(w)
 
     return jax.tree_util.tree_map_with_path(draw, shapes)
@@ -224,7 +231,10 @@ class Setup:
         n = len(x)
         rng = np.random.default_rng(seed)
         # [steps, M, bs] per-member batch order (each member its own permutation, tiled)
-        per = [np.resize(np.concatenate([rng.permutation(n) for _ in range(-(-steps * BATCH // n))]), steps * BATCH) for _ in range(members)]
+        per = [
+            np.resize(np.concatenate([rng.permutation(n) for _ in range(-(-steps * BATCH // n))]), steps * BATCH)
+            for _ in range(members)
+        ]
         self.idx = np.stack(per).reshape(members, steps, BATCH).transpose(1, 0, 2).astype(np.int32)
         self.x, self.y = x, y
         self.xd = jnp.asarray(x)
@@ -232,7 +242,9 @@ class Setup:
         base = jnp.stack([jax.random.key(seed * 1000 + m) for m in range(members)])
         self.params0 = _numpy_init(arch, members, rng)
         # [steps, M] keys, as train_stack folds them (epoch 0)
-        fold = jax.vmap(lambda k: jax.vmap(lambda s: jax.random.fold_in(jax.random.fold_in(k, 0), s))(jnp.arange(steps)))
+        fold = jax.vmap(
+            lambda k: jax.vmap(lambda s: jax.random.fold_in(jax.random.fold_in(k, 0), s))(jnp.arange(steps))
+        )
         self.keys = jax.jit(fold)(base).T
         jax.block_until_ready((self.params0, self.keys))
 
@@ -275,6 +287,7 @@ def make_jax_loop(st: Setup, scan: bool = False):
     p0 = [jax.tree.map(lambda a, i=i: a[i], st.params0) for i in range(m)]
     o0 = [_init_opt(tx, p) for p in p0]
     if scan:
+
         @jax.jit
         def member_run(params, opt_state, x, y, idx, keys):  # idx: [steps, bs], keys: [steps]
             def body(c, inp):
@@ -360,7 +373,13 @@ def _timed(fn):
 
 
 def _max_diff(a: list, b: list) -> float:
-    return float(max(np.abs(np.asarray(u) - np.asarray(v)).max() for pa, pb in zip(a, b) for u, v in zip(jax.tree.leaves(pa), jax.tree.leaves(pb))))
+    return float(
+        max(
+            np.abs(np.asarray(u) - np.asarray(v)).max()
+            for pa, pb in zip(a, b)
+            for u, v in zip(jax.tree.leaves(pa), jax.tree.leaves(pb))
+        )
+    )
 
 
 def check_torch_twin(st: Setup) -> float:
@@ -394,8 +413,13 @@ def bench_family(name: str, arch: Arch, x, y, xt, yt, a) -> dict:
     warm, finals = {}, {}
     for c, fn in runners.items():
         warm[c], finals[c] = _timed(fn)
-    acc_fn = jax.jit(lambda p, xx, yy: (jnp.argmax(jax.vmap(arch.apply, in_axes=(0, None))(p, xx), -1) == yy[None]).mean(-1))
-    test_acc = {c: float(np.mean(acc_fn(jax.tree.map(lambda *v: jnp.stack(v), *ps), jnp.asarray(xt), jnp.asarray(yt)))) for c, ps in finals.items()}
+    acc_fn = jax.jit(
+        lambda p, xx, yy: (jnp.argmax(jax.vmap(arch.apply, in_axes=(0, None))(p, xx), -1) == yy[None]).mean(-1)
+    )
+    test_acc = {
+        c: float(np.mean(acc_fn(jax.tree.map(lambda *v: jnp.stack(v), *ps), jnp.asarray(xt), jnp.asarray(yt))))
+        for c, ps in finals.items()
+    }
     init_acc = float(np.mean(acc_fn(st.params0, jnp.asarray(xt), jnp.asarray(yt))))
     diffs = {f"{c}_vs_sarjax": _max_diff(finals[c], finals["sarjax"]) for c in runners if c != "sarjax"}
     del finals
@@ -404,7 +428,9 @@ def bench_family(name: str, arch: Arch, x, y, xt, yt, a) -> dict:
     for r in range(a.repeats):  # alternate: a, b, c, a, b, c, ...
         for c, fn in runners.items():
             times[c].append(_timed(fn)[0])
-        print(f"  {name} round {r + 1}/{a.repeats}: " + "  ".join(f"{c} {times[c][-1]:.2f}s" for c in runners), flush=True)
+        print(
+            f"  {name} round {r + 1}/{a.repeats}: " + "  ".join(f"{c} {times[c][-1]:.2f}s" for c in runners), flush=True
+        )
     work = a.members * a.steps * BATCH
     med = {c: float(np.median(t)) for c, t in times.items()}
     thr = {c: work / med[c] for c in runners}
@@ -431,11 +457,17 @@ def main(argv=None) -> dict:
     ap.add_argument("--members", type=int, default=20, help="pool size M (default 20, the SAR paper's)")
     ap.add_argument("--steps", type=int, default=50, help="training steps per member (default 50)")
     ap.add_argument("--repeats", type=int, default=3, help="timed rounds per contender (default 3)")
-    ap.add_argument("--families", default=None, help=f"comma-separated, from {sorted(FAMILIES)} (default mlp,cnn; --quick: mlp)")
+    ap.add_argument(
+        "--families", default=None, help=f"comma-separated, from {sorted(FAMILIES)} (default mlp,cnn; --quick: mlp)"
+    )
     ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     ap.add_argument("--no-torch-1t", action="store_true", help="skip the extra one-thread torch loop contender")
-    ap.add_argument("--with-scan-loop", action="store_true", help="add a 4th contender: JAX loop over members of a jitted scan")
-    ap.add_argument("--quick", action="store_true", help="M=4, 16 steps, 2 repeats, mlp unless --families (under a minute)")
+    ap.add_argument(
+        "--with-scan-loop", action="store_true", help="add a 4th contender: JAX loop over members of a jitted scan"
+    )
+    ap.add_argument(
+        "--quick", action="store_true", help="M=4, 16 steps, 2 repeats, mlp unless --families (under a minute)"
+    )
     ap.add_argument("--out", default="benchmarks/results/train_throughput.json")
     a = ap.parse_args(argv)
     if a.quick:
@@ -467,28 +499,51 @@ def main(argv=None) -> dict:
     print("\nmedian member-samples/s (higher is better)")
     print(head)
     for f, r in res["families"].items():
-        print(f"{f:<10}" + "".join(f"{r['median_member_samples_per_s'][c]:>15.0f}" for c in cols)
-              + "".join(f"{r['ratios']['sarjax/' + c]:>21.2f}x" for c in ratio_cols))
+        print(
+            f"{f:<10}"
+            + "".join(f"{r['median_member_samples_per_s'][c]:>15.0f}" for c in cols)
+            + "".join(f"{r['ratios']['sarjax/' + c]:>21.2f}x" for c in ratio_cols)
+        )
     for f, r in res["families"].items():
         e = r["equivalence"]
-        print(f"{f}: torch twin logits diff {e['torch_twin_init_logits_max_abs_diff']:.1e}; final params max diff vs sarjax "
-              + ", ".join(f"{k.split('_vs')[0]} {v:.1e}" for k, v in e["final_params_max_abs_diff"].items())
-              + "; test acc " + ", ".join(f"{k} {v:.3f}" for k, v in e["mean_test_acc_after_training"].items())
-              + f" (init {e['mean_test_acc_at_init']:.3f})")
+        print(
+            f"{f}: torch twin logits diff {e['torch_twin_init_logits_max_abs_diff']:.1e}; final params max diff vs sarjax "
+            + ", ".join(f"{k.split('_vs')[0]} {v:.1e}" for k, v in e["final_params_max_abs_diff"].items())
+            + "; test acc "
+            + ", ".join(f"{k} {v:.3f}" for k, v in e["mean_test_acc_after_training"].items())
+            + f" (init {e['mean_test_acc_at_init']:.3f})"
+        )
 
     res["settings"] = {
-        "members": a.members, "steps": a.steps, "batch_size": BATCH, "repeats": a.repeats, "families": fams,
-        "optimizer": f"AdamW lr={LR} weight_decay=0 betas=(0.9,0.999) eps=1e-8", "loss": "softmax cross-entropy",
-        "torch_threads": a.threads, "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-        "torch_parallel_info": torch_info, "quick": a.quick, "with_scan_loop": a.with_scan_loop,
+        "members": a.members,
+        "steps": a.steps,
+        "batch_size": BATCH,
+        "repeats": a.repeats,
+        "families": fams,
+        "optimizer": f"AdamW lr={LR} weight_decay=0 betas=(0.9,0.999) eps=1e-8",
+        "loss": "softmax cross-entropy",
+        "torch_threads": a.threads,
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "torch_parallel_info": torch_info,
+        "quick": a.quick,
+        "with_scan_loop": a.with_scan_loop,
         "data": f"{data.source}, train split {len(data.y_train)} images",
-        "command": " ".join(["python", "benchmarks/train_throughput.py", *(argv if argv is not None else sys.argv[1:])]),
+        "command": " ".join(
+            ["python", "benchmarks/train_throughput.py", *(argv if argv is not None else sys.argv[1:])]
+        ),
     }
     res["machine"] = {
-        "cpu_count": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-        "jax": jax.__version__, "jaxlib": __import__("jaxlib").__version__,
-        "jax_devices": [str(d) for d in jax.devices()], "torch": torch.__version__, "optax": optax.__version__,
-        "loadavg_start": load0, "loadavg_end": os.getloadavg(), "wall_seconds": time.time() - t0,
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+        "jaxlib": __import__("jaxlib").__version__,
+        "jax_devices": [str(d) for d in jax.devices()],
+        "torch": torch.__version__,
+        "optax": optax.__version__,
+        "loadavg_start": load0,
+        "loadavg_end": os.getloadavg(),
+        "wall_seconds": time.time() - t0,
     }
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)

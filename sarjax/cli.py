@@ -53,7 +53,9 @@ def cmd_train_pool(args: argparse.Namespace) -> int:
     problem = _check_train_pool(args)
     if problem is not None:
         raise ValueError(problem)
-    objective = make_objective(args.objective, eps=args.eps, norm=args.norm, steps=args.attack_steps, beta=args.trades_beta)
+    objective = make_objective(
+        args.objective, eps=args.eps, norm=args.norm, steps=args.attack_steps, beta=args.trades_beta
+    )
     data = load_mnist(args.data_dir)
     print(f"data: {data.summary()}")
     members = preset_members(args.preset, args.members, args.seed)
@@ -61,18 +63,34 @@ def cmd_train_pool(args: argparse.Namespace) -> int:
     t0 = time.time()
     if objective is not None:
         print(f"objective: {objective_spec(objective)}")
-    pool, info = train_pool(members, data.x_train, data.y_train, config=cfg, names=preset_names(args.preset, args.members),
-                            objective=objective)
+    pool, info = train_pool(
+        members,
+        data.x_train,
+        data.y_train,
+        config=cfg,
+        names=preset_names(args.preset, args.members),
+        objective=objective,
+    )
     acc = pool.accuracy(data.x_test, data.y_test)
     config = {
-        "preset": args.preset, "members": args.members, "seed": args.seed, "epochs": args.epochs,
-        "batch_size": args.batch_size, "patience": args.patience, "data": data.source,
+        "preset": args.preset,
+        "members": args.members,
+        "seed": args.seed,
+        "epochs": args.epochs,
+        "batch_size": args.batch_size,
+        "patience": args.patience,
+        "data": data.source,
         "objective": objective_spec(objective),
-        "member_configs": [vars(c) for _, c in members], "history": info,
-        "test_accuracy": acc.tolist(), "mean_test_accuracy": float(acc.mean()), "train_seconds": time.time() - t0,
+        "member_configs": [vars(c) for _, c in members],
+        "history": info,
+        "test_accuracy": acc.tolist(),
+        "mean_test_accuracy": float(acc.mean()),
+        "train_seconds": time.time() - t0,
     }
     out = save_pool(pool, args.out, config)
-    print(f"{pool}: mean test accuracy {acc.mean():.4f} (min {acc.min():.4f}, max {acc.max():.4f}) in {time.time() - t0:.0f}s")
+    print(
+        f"{pool}: mean test accuracy {acc.mean():.4f} (min {acc.min():.4f}, max {acc.max():.4f}) in {time.time() - t0:.0f}s"
+    )
     print(f"saved to {out}")
     return 0
 
@@ -95,20 +113,34 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train-pool", help="train a diversity-preset pool on MNIST and save it")
     t.add_argument("--preset", choices=["low", "medium", "high"], required=True, help="diversity preset (SAR paper)")
     t.add_argument("--out", required=True, help="output pool directory")
-    t.add_argument("--data-dir", default=None, help="directory with MNIST IDX files (default: the embedded 5,000 digits)")
+    t.add_argument(
+        "--data-dir", default=None, help="directory with MNIST IDX files (default: the embedded 5,000 digits)"
+    )
     t.add_argument("--members", type=_positive_int, default=20, help="pool size M (default 20)")
     t.add_argument("--epochs", type=_positive_int, default=10, help="maximum epochs (default 10)")
     t.add_argument("--batch-size", type=_positive_int, default=32, help="per-member batch size (default 32)")
     t.add_argument("--patience", type=int, default=3, help="early-stopping patience in epochs (0 = off)")
     t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--objective", choices=["standard", "pgd-at", "trades"], default="standard",
-                   help="training objective: standard cross-entropy, PGD-AT (Madry et al. 2018) or TRADES "
-                        "(Zhang et al. 2019); adversarial ones need --eps (docs/defenses.md)")
+    t.add_argument(
+        "--objective",
+        choices=["standard", "pgd-at", "trades"],
+        default="standard",
+        help="training objective: standard cross-entropy, PGD-AT (Madry et al. 2018) or TRADES "
+        "(Zhang et al. 2019); adversarial ones need --eps (docs/defenses.md)",
+    )
     t.add_argument("--norm", choices=["linf", "l2"], default="linf", help="threat model of the adversarial objective")
-    t.add_argument("--eps", type=_positive_float, default=None, help="training radius of pgd-at / trades (e.g. 0.1 linf)")
-    t.add_argument("--attack-steps", type=_positive_int, default=None,
-                   help="inner attack steps of pgd-at / trades (default 10, of eps/4 each)")
-    t.add_argument("--trades-beta", type=_nonnegative_float, default=None, help="TRADES' KL weight (default 6, the paper's)")
+    t.add_argument(
+        "--eps", type=_positive_float, default=None, help="training radius of pgd-at / trades (e.g. 0.1 linf)"
+    )
+    t.add_argument(
+        "--attack-steps",
+        type=_positive_int,
+        default=None,
+        help="inner attack steps of pgd-at / trades (default 10, of eps/4 each)",
+    )
+    t.add_argument(
+        "--trades-beta", type=_nonnegative_float, default=None, help="TRADES' KL weight (default 6, the paper's)"
+    )
     t.set_defaults(func=cmd_train_pool)
 
     for register in _EXTRA_COMMANDS:
@@ -120,8 +152,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """SAR of the low / medium / high diversity pools on the embedded MNIST."""
     from sarjax.demo import run_demo
 
-    run_demo(args.out, quick=args.quick, cache_dir=args.cache, samples=args.samples, seed=args.seed, data_dir=args.data_dir,
-             overwrite=args.overwrite)
+    run_demo(
+        args.out,
+        quick=args.quick,
+        cache_dir=args.cache,
+        samples=args.samples,
+        seed=args.seed,
+        data_dir=args.data_dir,
+        overwrite=args.overwrite,
+    )
     return 0
 
 
@@ -129,39 +168,71 @@ def cmd_sar(args: argparse.Namespace) -> int:
     """SAR of a saved pool."""
     from sarjax.demo import run_sar_on_saved_pool
 
-    run_sar_on_saved_pool(args.pool, args.eps, args.delta, samples=args.samples, out=args.out, data_dir=args.data_dir,
-                          steps=args.steps, restarts=args.restarts, seed=args.seed, conv_impl=args.conv_impl,
-                          overwrite=args.overwrite)
+    run_sar_on_saved_pool(
+        args.pool,
+        args.eps,
+        args.delta,
+        samples=args.samples,
+        out=args.out,
+        data_dir=args.data_dir,
+        steps=args.steps,
+        restarts=args.restarts,
+        seed=args.seed,
+        conv_impl=args.conv_impl,
+        overwrite=args.overwrite,
+    )
     return 0
 
 
 def _register_demo(sub) -> None:
     d = sub.add_parser("demo", help="the main job: SAR of the three MNIST diversity pools (trains or loads them)")
-    d.add_argument("--out", default=None,
-                   help="output directory (default ./sarjax-demo, ./sarjax-demo-quick with --quick)")
-    d.add_argument("--quick", action="store_true", help="3-minute version: 6 members, 2 epochs, 12 images, 20 steps, 1 restart")
+    d.add_argument(
+        "--out", default=None, help="output directory (default ./sarjax-demo, ./sarjax-demo-quick with --quick)"
+    )
+    d.add_argument(
+        "--quick", action="store_true", help="3-minute version: 6 members, 2 epochs, 12 images, 20 steps, 1 restart"
+    )
     d.add_argument("--cache", default=None, help="trained-pool cache directory (default OUT/pools)")
-    d.add_argument("--samples", type=_positive_int, default=None, help="test images to attack, at most the test split (default 20, quick 12)")
-    d.add_argument("--data-dir", default=None, help="directory with MNIST IDX files (default: the embedded 5,000 digits)")
+    d.add_argument(
+        "--samples",
+        type=_positive_int,
+        default=None,
+        help="test images to attack, at most the test split (default 20, quick 12)",
+    )
+    d.add_argument(
+        "--data-dir", default=None, help="directory with MNIST IDX files (default: the embedded 5,000 digits)"
+    )
     d.add_argument("--seed", type=int, default=0)
-    d.add_argument("--overwrite", action="store_true",
-                   help="discard an earlier run in OUT (results, plots, checkpoints; the pool cache is kept and checked)")
+    d.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="discard an earlier run in OUT (results, plots, checkpoints; the pool cache is kept and checked)",
+    )
     d.set_defaults(func=cmd_demo)
 
     s = sub.add_parser("sar", help="SAR_{1-delta} of a saved pool on MNIST test images (joint PGD greedy)")
     s.add_argument("--pool", required=True, help="pool directory written by train-pool")
     s.add_argument("--eps", type=float, required=True, help="linf budget, a finite float > 0 (the paper: 0.05)")
     s.add_argument("--delta", type=float, required=True, help="allowed uncovered share, in [0, 1)")
-    s.add_argument("--samples", type=_positive_int, default=100, help="test images to attack, at most the test split (default 100)")
+    s.add_argument(
+        "--samples", type=_positive_int, default=100, help="test images to attack, at most the test split (default 100)"
+    )
     s.add_argument("--out", default="sarjax-sar", help="output directory (results.json, sar.png, arrays)")
     s.add_argument("--data-dir", default=None, help="directory with MNIST IDX files (default: embedded)")
     s.add_argument("--steps", type=_positive_int, default=40, help="PGD steps (Table 1: 40)")
     s.add_argument("--restarts", type=_positive_int, default=3, help="PGD restarts (Table 1: 3)")
-    s.add_argument("--conv-impl", choices=["im2col", "xla", "fused"], default=None,
-                   help="convolution formulation for the attack (default: the saved one; fused is the fastest on CPU)")
+    s.add_argument(
+        "--conv-impl",
+        choices=["im2col", "xla", "fused"],
+        default=None,
+        help="convolution formulation for the attack (default: the saved one; fused is the fastest on CPU)",
+    )
     s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--overwrite", action="store_true",
-                   help="discard an earlier run in OUT (a rerun with the same settings resumes; other settings are refused)")
+    s.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="discard an earlier run in OUT (a rerun with the same settings resumes; other settings are refused)",
+    )
     s.set_defaults(func=cmd_sar)
 
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -46,7 +47,7 @@ class DemoSettings:
     quick: bool = False
 
     @classmethod
-    def quick_settings(cls, seed: int = 0) -> "DemoSettings":
+    def quick_settings(cls, seed: int = 0) -> DemoSettings:
         return cls(members=6, epochs=2, samples=12, steps=20, restarts=1, seed=seed, quick=True)
 
 
@@ -65,12 +66,25 @@ def validate_sar_args(eps: float, deltas: Sequence[float]) -> None:
 
 def pool_settings(preset: str, data: Split, s: DemoSettings) -> dict[str, Any]:
     """What a cached demo pool must have been trained with (checked on every cache hit)."""
-    return {"preset": preset, "members": s.members, "epochs": s.epochs, "seed": s.seed, "data": data.source,
-            "sarjax_version": resume.sarjax_version()}
+    return {
+        "preset": preset,
+        "members": s.members,
+        "epochs": s.epochs,
+        "seed": s.seed,
+        "data": data.source,
+        "sarjax_version": resume.sarjax_version(),
+    }
 
 
-def get_pool(preset: str, data: Split, s: DemoSettings, cache_dir: Path | None, progress: bool = True, *,
-             retrain_on_mismatch: bool = False) -> tuple[Pool, dict]:
+def get_pool(
+    preset: str,
+    data: Split,
+    s: DemoSettings,
+    cache_dir: Path | None,
+    progress: bool = True,
+    *,
+    retrain_on_mismatch: bool = False,
+) -> tuple[Pool, dict]:
     """Load a preset pool from the cache directory, or train it (and cache it).
 
     A cached pool is used only when the settings it was trained with (:func:`pool_settings`:
@@ -96,13 +110,20 @@ def get_pool(preset: str, data: Split, s: DemoSettings, cache_dir: Path | None, 
                 print(f"[{preset}] loaded cached pool {path}")
                 return pool, cfg
             reason = resume.mismatch_reason(f"cached pool {path}", got, want, diff).replace(
-                "was written with", "was trained with", 1)
+                "was written with", "was trained with", 1
+            )
             if not retrain_on_mismatch:
                 raise ValueError(f"{reason}; delete it or choose another --cache")
             print(f"[{preset}] {reason}; retraining")
     t0 = time.time()
-    pool, info = train_pool(preset_members(preset, s.members, s.seed), data.x_train, data.y_train,
-                            config=TrainConfig(epochs=s.epochs), names=preset_names(preset, s.members), progress=progress)
+    pool, info = train_pool(
+        preset_members(preset, s.members, s.seed),
+        data.x_train,
+        data.y_train,
+        config=TrainConfig(epochs=s.epochs),
+        names=preset_names(preset, s.members),
+        progress=progress,
+    )
     cfg = {**want, "history": info, "train_seconds": time.time() - t0}
     if path is not None:
         try:
@@ -112,9 +133,19 @@ def get_pool(preset: str, data: Split, s: DemoSettings, cache_dir: Path | None, 
     return pool, cfg
 
 
-def evaluate_pool(pool: Pool, x: np.ndarray, eps: float, deltas: Sequence[float], *, steps: int, restarts: int,
-                  key: jax.Array, progress: bool = True, checkpoint_dir: Path | None = None,
-                  attack=None) -> tuple[SARResult, np.ndarray]:
+def evaluate_pool(
+    pool: Pool,
+    x: np.ndarray,
+    eps: float,
+    deltas: Sequence[float],
+    *,
+    steps: int,
+    restarts: int,
+    key: jax.Array,
+    progress: bool = True,
+    checkpoint_dir: Path | None = None,
+    attack=None,
+) -> tuple[SARResult, np.ndarray]:
     """SAR (joint PGD greedy) and per-member ASR (the same PGD on each member alone).
 
     The per-member attacks double as Algorithm 1's single-member fallback (looked up, not rerun).
@@ -130,12 +161,32 @@ def evaluate_pool(pool: Pool, x: np.ndarray, eps: float, deltas: Sequence[float]
 
     validate_sar_args(eps, deltas)
     clean = pool.predict(x)  # [M, B]
-    single = attack_members(pool, make_pgd, x, clean, jax.random.fold_in(key, 1), eps=eps, norm="linf",
-                            steps=steps, restarts=restarts, rel_step=1.0 / 16)
+    single = attack_members(
+        pool,
+        make_pgd,
+        x,
+        clean,
+        jax.random.fold_in(key, 1),
+        eps=eps,
+        norm="linf",
+        steps=steps,
+        restarts=restarts,
+        rel_step=1.0 / 16,
+    )
     member_asr = asr_metric(np.asarray(single.success).T)
-    result = run_sar(pool, x, eps, deltas, key=jax.random.fold_in(key, 2), steps=steps, restarts=restarts,
-                     progress=progress, attack=attack, checkpoint_dir=checkpoint_dir,
-                     member_attacks=(np.asarray(single.x_adv), np.asarray(single.queries)))
+    result = run_sar(
+        pool,
+        x,
+        eps,
+        deltas,
+        key=jax.random.fold_in(key, 2),
+        steps=steps,
+        restarts=restarts,
+        progress=progress,
+        attack=attack,
+        checkpoint_dir=checkpoint_dir,
+        member_attacks=(np.asarray(single.x_adv), np.asarray(single.queries)),
+    )
     return result, member_asr
 
 
@@ -195,11 +246,20 @@ def plot_demo(records: dict[str, dict], out: Path) -> Path:
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     for name, rec in records.items():
         cov = [float(c) for c in rec["sar"]]
-        line = ax.errorbar(cov, list(rec["sar"].values()), yerr=err(rec, "sar_se"), marker="o", capsize=3,
-                           label=f"{name} SAR")[0]
+        line = ax.errorbar(
+            cov, list(rec["sar"].values()), yerr=err(rec, "sar_se"), marker="o", capsize=3, label=f"{name} SAR"
+        )[0]
         if "sar_singleton" in rec:
-            ax.errorbar(cov, list(rec["sar_singleton"].values()), yerr=err(rec, "sar_singleton_se"), marker="s",
-                        ls="--", capsize=3, color=line.get_color(), label=f"{name} singleton-completed")
+            ax.errorbar(
+                cov,
+                list(rec["sar_singleton"].values()),
+                yerr=err(rec, "sar_singleton_se"),
+                marker="s",
+                ls="--",
+                capsize=3,
+                color=line.get_color(),
+                label=f"{name} singleton-completed",
+            )
         ax.axhline(1 - rec["asr"], ls=":", color=line.get_color(), label=f"{name} 1-ASR")
     ax.set_xlabel("coverage target 1 - delta")
     ax.set_ylabel("mean SAR (k_hat / M) ± standard error")
@@ -224,9 +284,11 @@ def print_table(records: dict[str, dict], eps: float) -> None:
         se = r.get(f"{key}_se", {}).get(f"{c:g}")
         return f"{mean:.3f}±{se:.3f}" if se is not None else f"{mean:.3f}"
 
-    t = Table(title=f"SAR at eps={eps:g} (joint PGD, safe region = own clean prediction)",
-              caption="mean ± standard error over the images; SAR_sc = singleton-completed SAR (members still "
-                      "missing when the target is out of reach cost one input each; docs/cover.md)")
+    t = Table(
+        title=f"SAR at eps={eps:g} (joint PGD, safe region = own clean prediction)",
+        caption="mean ± standard error over the images; SAR_sc = singleton-completed SAR (members still "
+        "missing when the target is out of reach cost one input each; docs/cover.md)",
+    )
     t.add_column("pool")
     t.add_column("M", justify="right")
     t.add_column("test acc", justify="right")
@@ -238,9 +300,15 @@ def print_table(records: dict[str, dict], eps: float) -> None:
     t.add_column("k_hat at 1-delta=0.85 (k:images)")
     for name, r in records.items():
         hist = r["k_hat_histogram"].get("0.85", {})
-        t.add_row(name, str(r["members"]), f"{r['accuracy']:.4f}", f"{r['asr']:.3f}",
-                  *[cell(r, "sar", c) for c in COVERAGES], *[cell(r, "sar_singleton", c) for c in COVERAGES],
-                  " ".join(f"{k}:{v}" for k, v in hist.items()))
+        t.add_row(
+            name,
+            str(r["members"]),
+            f"{r['accuracy']:.4f}",
+            f"{r['asr']:.3f}",
+            *[cell(r, "sar", c) for c in COVERAGES],
+            *[cell(r, "sar_singleton", c) for c in COVERAGES],
+            " ".join(f"{k}:{v}" for k, v in hist.items()),
+        )
     Console(width=200).print(t)
 
 
@@ -251,8 +319,9 @@ def check_samples(samples: int, data: Split) -> None:
         raise ValueError(f"samples must be in [1, {n}] (the test images in {data.source}), got {samples}")
 
 
-def open_output(out: Path, fingerprint: dict[str, Any], overwrite: bool, owned: Sequence[str],
-                allow: Sequence[str] = ()) -> dict[str, Any] | None:
+def open_output(
+    out: Path, fingerprint: dict[str, Any], overwrite: bool, owned: Sequence[str], allow: Sequence[str] = ()
+) -> dict[str, Any] | None:
     """Check (or write) ``out/fingerprint.json`` before a command reads or writes results there.
 
     Args:
@@ -284,9 +353,17 @@ def open_output(out: Path, fingerprint: dict[str, Any], overwrite: bool, owned: 
 DEMO_OUTPUTS = (resume.FINGERPRINT_FILE, "results.json", "sar_*", "checkpoint")  # not pools/: a cache
 
 
-def run_demo(out: str | Path | None = None, *, quick: bool = False, cache_dir: str | Path | None = None,
-             samples: int | None = None, seed: int = 0, data_dir: str | None = None, progress: bool = True,
-             overwrite: bool = False) -> dict:
+def run_demo(
+    out: str | Path | None = None,
+    *,
+    quick: bool = False,
+    cache_dir: str | Path | None = None,
+    samples: int | None = None,
+    seed: int = 0,
+    data_dir: str | None = None,
+    progress: bool = True,
+    overwrite: bool = False,
+) -> dict:
     """Train (or load) the three diversity pools, measure SAR and ASR, write results.json and plots.
 
     ``out/fingerprint.json`` records the settings (members, epochs, samples, eps, steps, restarts,
@@ -324,12 +401,20 @@ def run_demo(out: str | Path | None = None, *, quick: bool = False, cache_dir: s
     check_samples(s.samples, data)
     x = data.x_test[: s.samples]
     deltas = [round(1.0 - c, 10) for c in COVERAGES]
-    fingerprint = {"kind": "demo", "sarjax_version": resume.sarjax_version(), **s.__dict__,
-                   "coverages": list(COVERAGES), "data": data.source, "images": resume.array_digest(x)}
+    fingerprint = {
+        "kind": "demo",
+        "sarjax_version": resume.sarjax_version(),
+        **s.__dict__,
+        "coverages": list(COVERAGES),
+        "data": data.source,
+        "images": resume.array_digest(x),
+    }
     open_output(out, fingerprint, overwrite, DEMO_OUTPUTS)
     if s.quick:
-        print(f"QUICK MODE: {s.members} members per pool, {s.epochs} epochs, {s.samples} test images, "
-              f"{s.steps} PGD steps x {s.restarts} restart(s) (the paper: 20 members, 40 steps x 3 restarts)")
+        print(
+            f"QUICK MODE: {s.members} members per pool, {s.epochs} epochs, {s.samples} test images, "
+            f"{s.steps} PGD steps x {s.restarts} restart(s) (the paper: 20 members, 40 steps x 3 restarts)"
+        )
     print(f"data: {data.summary()}; attacking the first {s.samples} test images at eps={s.eps}")
     records, results = {}, {}
     for preset in PRESETS:
@@ -337,9 +422,17 @@ def run_demo(out: str | Path | None = None, *, quick: bool = False, cache_dir: s
         acc = pool.accuracy(data.x_test, data.y_test)
         print(f"[{preset}] {pool}: mean test accuracy {acc.mean():.4f}")
         try:
-            res, member_asr = evaluate_pool(pool, x, s.eps, deltas, steps=s.steps, restarts=s.restarts,
-                                            key=jax.random.key(s.seed), progress=progress,
-                                            checkpoint_dir=out / "checkpoint" / preset)
+            res, member_asr = evaluate_pool(
+                pool,
+                x,
+                s.eps,
+                deltas,
+                steps=s.steps,
+                restarts=s.restarts,
+                key=jax.random.key(s.seed),
+                progress=progress,
+                checkpoint_dir=out / "checkpoint" / preset,
+            )
         except resume.FingerprintMismatch as e:  # e.g. the pool was retrained to other floats
             raise ValueError(f"{e.reason}; {OUT_HINT}") from None
         records[preset] = pool_record(pool, acc, member_asr, res)
@@ -352,7 +445,12 @@ def run_demo(out: str | Path | None = None, *, quick: bool = False, cache_dir: s
         "settings": s.__dict__,
         "data": data.source,
         "samples": s.samples,
-        "attack": {"name": "joint PGD (papers/000 Table 1)", "steps": s.steps, "step_size": "eps/16", "restarts": s.restarts},
+        "attack": {
+            "name": "joint PGD (papers/000 Table 1)",
+            "steps": s.steps,
+            "step_size": "eps/16",
+            "restarts": s.restarts,
+        },
         "pools": records,
         "seconds": time.time() - t0,
     }
@@ -366,9 +464,21 @@ def run_demo(out: str | Path | None = None, *, quick: bool = False, cache_dir: s
 SAR_OUTPUTS = (resume.FINGERPRINT_FILE, "results.json", "sar", "sar.png", "checkpoint")
 
 
-def run_sar_on_saved_pool(pool_dir: str, eps: float, delta: float, *, samples: int = 100, out: str = "sarjax-sar",
-                          data_dir: str | None = None, steps: int = 40, restarts: int = 3, seed: int = 0,
-                          progress: bool = True, conv_impl: str | None = None, overwrite: bool = False) -> dict:
+def run_sar_on_saved_pool(
+    pool_dir: str,
+    eps: float,
+    delta: float,
+    *,
+    samples: int = 100,
+    out: str = "sarjax-sar",
+    data_dir: str | None = None,
+    steps: int = 40,
+    restarts: int = 3,
+    seed: int = 0,
+    progress: bool = True,
+    conv_impl: str | None = None,
+    overwrite: bool = False,
+) -> dict:
     """SAR_{1-delta} of a saved pool on the first ``samples`` MNIST test images; writes OUT/results.json.
 
     ``conv_impl`` (e.g. ``"fused"``, the fastest joint attack on CPU) re-wraps the pool's
@@ -394,29 +504,58 @@ def run_sar_on_saved_pool(pool_dir: str, eps: float, delta: float, *, samples: i
     check_samples(samples, data)
     x = data.x_test[:samples]
     outp = Path(out)
-    fingerprint = {"kind": "sar", "sarjax_version": resume.sarjax_version(), **resume.pool_fingerprint(pool),
-                   "data": data.source, "samples": samples, "images": resume.array_digest(x), "eps": float(eps),
-                   "delta": float(delta), "steps": steps, "restarts": restarts, "seed": seed}
+    fingerprint = {
+        "kind": "sar",
+        "sarjax_version": resume.sarjax_version(),
+        **resume.pool_fingerprint(pool),
+        "data": data.source,
+        "samples": samples,
+        "images": resume.array_digest(x),
+        "eps": float(eps),
+        "delta": float(delta),
+        "steps": steps,
+        "restarts": restarts,
+        "seed": seed,
+    }
     stored = open_output(outp, fingerprint, overwrite, SAR_OUTPUTS, allow=("delta",))
     if stored is not None and stored["delta"] != float(delta):  # read it off the finished run, or stop here
         if not ((outp / "results.json").exists() and (outp / "sar" / "result.json").exists()):
-            raise ValueError(f"{resume.mismatch_reason(outp, stored, fingerprint, ['delta'])}, and another delta is "
-                             f"read off a finished run only (rerun with --delta {stored['delta']:g} to finish it "
-                             f"first); {OUT_HINT}")
+            raise ValueError(
+                f"{resume.mismatch_reason(outp, stored, fingerprint, ['delta'])}, and another delta is "
+                f"read off a finished run only (rerun with --delta {stored['delta']:g} to finish it "
+                f"first); {OUT_HINT}"
+            )
         try:
             resume.rederive(SARResult.load(outp / "sar"), [delta])
         except ValueError as e:
             raise ValueError(f"{outp}: {e}; {OUT_HINT}") from None
         print(f"{outp}: delta={delta:g} read off the finished run at delta={stored['delta']:g} (same coverage order)")
     try:
-        res, member_asr = evaluate_pool(pool, x, eps, [delta], steps=steps, restarts=restarts, key=jax.random.key(seed),
-                                        progress=progress, checkpoint_dir=outp / "checkpoint")
+        res, member_asr = evaluate_pool(
+            pool,
+            x,
+            eps,
+            [delta],
+            steps=steps,
+            restarts=restarts,
+            key=jax.random.key(seed),
+            progress=progress,
+            checkpoint_dir=outp / "checkpoint",
+        )
     except resume.FingerprintMismatch as e:
         raise ValueError(f"{e.reason}; {OUT_HINT}") from None
     acc = pool.accuracy(data.x_test, data.y_test)
     rec = pool_record(pool, acc, member_asr, res)
-    doc = {"pool": str(pool_dir), "eps": eps, "delta": delta, "samples": samples, "steps": steps, "restarts": restarts,
-           "conv_impl": conv_impl, **rec}
+    doc = {
+        "pool": str(pool_dir),
+        "eps": eps,
+        "delta": delta,
+        "samples": samples,
+        "steps": steps,
+        "restarts": restarts,
+        "conv_impl": conv_impl,
+        **rec,
+    }
     res.save(outp / "sar")
     plot_sar(res, outp / "sar.png", title=f"{pool_dir}: eps={eps}, 1-delta={1 - delta:g}")
     (outp / "results.json").write_text(json.dumps(doc, indent=2))
@@ -425,8 +564,10 @@ def run_sar_on_saved_pool(pool_dir: str, eps: float, delta: float, *, samples: i
     def pm(mean: float, se: float | None) -> str:
         return f"{mean:.4f}" if se is None else f"{mean:.4f} ± {se:.4f}"
 
-    print(f"{pool}: accuracy {acc.mean():.4f}, mean ASR {member_asr.mean():.3f}, "
-          f"SAR_{1 - delta:g} = {pm(st['mean_sar'], st['se_sar'])}, singleton-completed "
-          f"{pm(st['mean_sar_singleton'], st['se_sar_singleton'])} (mean ± standard error over {samples} "
-          f"images); wrote {outp / 'results.json'}")
+    print(
+        f"{pool}: accuracy {acc.mean():.4f}, mean ASR {member_asr.mean():.3f}, "
+        f"SAR_{1 - delta:g} = {pm(st['mean_sar'], st['se_sar'])}, singleton-completed "
+        f"{pm(st['mean_sar_singleton'], st['se_sar_singleton'])} (mean ± standard error over {samples} "
+        f"images); wrote {outp / 'results.json'}"
+    )
     return doc

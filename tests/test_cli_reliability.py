@@ -23,8 +23,9 @@ def _pool(m=2, seed=0):
     # Random params in the structure of ARCH.init (no training: the CLI paths are what is tested).
     shapes = jax.eval_shape(ARCH.init, jax.random.PRNGKey(0))
     rng = np.random.default_rng(seed)
-    params = jax.tree.map(lambda s: (3 * rng.standard_normal((m,) + s.shape) / np.sqrt(s.shape[0])).astype(np.float32),
-                          shapes)
+    params = jax.tree.map(
+        lambda s: (3 * rng.standard_normal((m,) + s.shape) / np.sqrt(s.shape[0])).astype(np.float32), shapes
+    )
     return Pool([Stack(ARCH, params, tuple(f"m{i}" for i in range(m)))])
 
 
@@ -67,8 +68,10 @@ def test_sar_rerun_with_other_settings_is_refused_and_overwrite_reruns(pool_dir,
     # The old code printed the eps=0.04 SAR again beside a fresh ASR, and saved eps 0.3.
     assert _sar(pool_dir, out, "--eps", "0.3", "--delta", "0") == 2
     err = capsys.readouterr().err.strip()
-    assert err == (f"sarjax sar: error: {out} was written with eps=0.04, this run has eps=0.3; "
-                   "pass --overwrite to discard it or choose another --out")
+    assert err == (
+        f"sarjax sar: error: {out} was written with eps=0.04, this run has eps=0.3; "
+        "pass --overwrite to discard it or choose another --out"
+    )
     assert _sar(pool_dir, out, "--eps", "0.04", "--delta", "0", "--seed", "7") == 2
     assert "seed=0, this run has seed=7" in capsys.readouterr().err
     assert _results(out) == first  # nothing was touched
@@ -101,8 +104,24 @@ def test_sar_new_delta_on_finished_run_is_derived_or_refused(pool_dir, fresh, tm
 
 def test_sar_rejects_more_samples_than_exist_and_infinite_eps(pool_dir, data, tmp_path, capsys):
     # The old code ran the 1,000 images there are and printed and saved 5000.
-    assert main(["sar", "--pool", pool_dir, "--out", str(tmp_path / "O"), "--eps", "0.1", "--delta", "0",
-                 "--samples", "5000"]) == 2
+    assert (
+        main(
+            [
+                "sar",
+                "--pool",
+                pool_dir,
+                "--out",
+                str(tmp_path / "O"),
+                "--eps",
+                "0.1",
+                "--delta",
+                "0",
+                "--samples",
+                "5000",
+            ]
+        )
+        == 2
+    )
     assert f"samples must be in [1, {len(data.x_test)}] (the test images in embedded MNIST" in capsys.readouterr().err
     for eps in ("inf", "nan", "-0.1"):
         assert _sar(pool_dir, tmp_path / "O", "--eps", eps, "--delta", "0") == 2
@@ -133,8 +152,11 @@ def test_demo_rerun_with_other_settings_into_same_out_is_refused(tmp_path, monke
     err = capsys.readouterr().err
     assert f"sarjax demo: error: {out} was written with samples=3, images=" in err
     assert err.strip().endswith("pass --overwrite to discard it or choose another --out")
-    with pytest.raises(ValueError, match=r"was written with members=6, epochs=2, steps=20, restarts=1, quick=true, this run has "
-                                         r"members=20, epochs=10, steps=40, restarts=3, quick=false; pass --overwrite"):
+    with pytest.raises(
+        ValueError,
+        match=r"was written with members=6, epochs=2, steps=20, restarts=1, quick=true, this run has "
+        r"members=20, epochs=10, steps=40, restarts=3, quick=false; pass --overwrite",
+    ):
         demo.run_demo(out, samples=3)
     with pytest.raises(_Stop):  # same settings: allowed (resumes)
         demo.run_demo(out, quick=True, samples=3)
@@ -162,8 +184,11 @@ def test_demo_pool_cache_is_checked_against_the_settings(data, tmp_path, monkeyp
 
     monkeypatch.setattr(demo, "train_pool", fake_train)
     # A cache the user named: an error naming the setting; the old code used the pool silently.
-    with pytest.raises(ValueError, match=r"cached pool .* was trained with sarjax_version=0\.0\.1, this run has "
-                                         r"sarjax_version=.*; delete it or choose another --cache"):
+    with pytest.raises(
+        ValueError,
+        match=r"cached pool .* was trained with sarjax_version=0\.0\.1, this run has "
+        r"sarjax_version=.*; delete it or choose another --cache",
+    ):
         demo.get_pool("low", data, s, tmp_path, progress=False)
     assert not trained
     # The demo's default cache: retrained, with the reason printed.

@@ -8,7 +8,8 @@ sample_ids=None) -> AttackResult`` (validated, audited against ``x0``; ``key`` r
 :class:`~sarjax.attacks.core.Attack`).
 """
 
-from sarjax.attacks import core, geometry, queries
+# minimum-norm attacks (docs/minnorm.md): each module has spec(**hp) and a factory make_<name>(apply, *, norm, max_queries)
+from sarjax.attacks import alma, apgd_min, core, ddn, fab, fmn, geometry, minnorm, pdgd, pdpgd, queries, sigma_zero  # noqa: E402
 from sarjax.attacks.apgd import make_apgd, make_apgd_t
 from sarjax.attacks.audit import AuditReport, audit, check
 from sarjax.attacks.core import Attack, AttackFn, Problem
@@ -18,22 +19,51 @@ from sarjax.attacks.geometry import dual_norm, norm, project, random_in_ball, st
 from sarjax.attacks.joint import make_joint_pgd
 from sarjax.attacks.members import attack_members, make_member_attack
 from sarjax.attacks.mifgsm import make_mifgsm
+from sarjax.attacks.minnorm import MinNormResult  # noqa: E402
 from sarjax.attacks.pgd import make_pgd
 from sarjax.attacks.result import AttackResult
 from sarjax.attacks.rounds import make_rounds
 from sarjax.attacks.square import make_square
 from sarjax.attacks.threat import Threat, canonical_norm, check_labels
 
-# minimum-norm attacks (docs/minnorm.md): each module has spec(**hp) and a factory make_<name>(apply, *, norm, max_queries)
-from sarjax.attacks import alma, apgd_min, ddn, fab, fmn, minnorm, pdgd, pdpgd, sigma_zero  # noqa: E402
-from sarjax.attacks.minnorm import MinNormResult  # noqa: E402
-
 __all__ = [
-    "Attack", "AttackFn", "AttackResult", "AuditReport", "Problem", "Threat", "core", "attack_members", "audit",
-    "canonical_norm", "check",
+    "Attack",
+    "AttackFn",
+    "AttackResult",
+    "AuditReport",
+    "Problem",
+    "Threat",
+    "core",
+    "attack_members",
+    "audit",
+    "canonical_norm",
+    "check",
     "check_labels",
-    "dual_norm", "geometry", "make_apgd", "make_apgd_t", "make_fgsm", "make_joint_pgd",
-    "make_member_attack", "make_mifgsm", "make_pgd", "make_rounds", "make_square", "norm",
-    "project", "queries", "random_in_ball", "steepest", "with_input_noise",
-    "MinNormResult", "alma", "apgd_min", "ddn", "fab", "fmn", "minnorm", "pdgd", "pdpgd", "sigma_zero",
+    "dual_norm",
+    "geometry",
+    "make_apgd",
+    "make_apgd_t",
+    "make_fgsm",
+    "make_joint_pgd",
+    "make_member_attack",
+    "make_mifgsm",
+    "make_pgd",
+    "make_rounds",
+    "make_square",
+    "norm",
+    "project",
+    "queries",
+    "random_in_ball",
+    "steepest",
+    "with_input_noise",
+    "MinNormResult",
+    "alma",
+    "apgd_min",
+    "ddn",
+    "fab",
+    "fmn",
+    "minnorm",
+    "pdgd",
+    "pdpgd",
+    "sigma_zero",
 ]

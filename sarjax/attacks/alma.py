@@ -29,7 +29,7 @@ _LR_DOUBLINGS = 40
 
 
 def _p2(v, rho, mu):
-    sup = mu * v + mu * rho * v ** 2 + rho ** 2 * v ** 3 / 6.0
+    sup = mu * v + mu * rho * v**2 + rho**2 * v**3 / 6.0
     inf = mu * v / (1.0 - rho * jnp.minimum(v, 0.0))
     return jnp.where(v >= 0, sup, inf)
 
@@ -68,8 +68,11 @@ def _init_lr(x0, g, p, target):
         lo, hi, n = c
         return hi, hi * 2.0, n + 1
 
-    lo, hi, _ = jax.lax.while_loop(lambda c: (dist(c[1]) <= target) & (c[2] < _LR_DOUBLINGS), double,
-                                   (jnp.zeros(()), jnp.ones(()), jnp.zeros((), jnp.int32)))
+    lo, hi, _ = jax.lax.while_loop(
+        lambda c: (dist(c[1]) <= target) & (c[2] < _LR_DOUBLINGS),
+        double,
+        (jnp.zeros(()), jnp.ones(()), jnp.zeros((), jnp.int32)),
+    )
 
     def bisect(_, c):
         lo, hi = c
@@ -134,8 +137,19 @@ def _init(ctx, x_init):
     if _init_dist(ctx) is not None:
         rand_dir = jax.random.normal(jax.random.fold_in(ctx.key, 0), x0.shape, x0.dtype)
         rand_dir = rand_dir / jnp.maximum(jnp.sqrt(jnp.sum(rand_dir * rand_dir)), 1e-12)
-    s = (x_init, jnp.ones_like(x0), jnp.zeros_like(x0), f32(hp["lr_init"]), f32(hp["rho_init"]),
-         f32(hp["mu_init"]), f32(0.0), jnp.asarray(False), f32(ctx.steps + 2.0), x0, f32(jnp.inf))
+    s = (
+        x_init,
+        jnp.ones_like(x0),
+        jnp.zeros_like(x0),
+        f32(hp["lr_init"]),
+        f32(hp["rho_init"]),
+        f32(hp["mu_init"]),
+        f32(0.0),
+        jnp.asarray(False),
+        f32(ctx.steps + 2.0),
+        x0,
+        f32(jnp.inf),
+    )
     s = _alma_step(ctx, s, jnp.zeros((), jnp.float32), first=True, rand_dir=rand_dir)
     return s, s[-1]
 
@@ -148,9 +162,19 @@ def _costs(hp, num_classes):
     return 2, 2
 
 
-def spec(*, lr_init: float = 0.1, lr_reduction: float = 0.01, mu_init: float = 1.0, rho_init: float = 1.0,
-         check_steps: int = 10, tau: float = 0.95, gamma: float = 1.2, alpha: float = 0.9,
-         logit_tolerance: float = 1e-4, init_lr_distance=None) -> mn.Spec:
+def spec(
+    *,
+    lr_init: float = 0.1,
+    lr_reduction: float = 0.01,
+    mu_init: float = 1.0,
+    rho_init: float = 1.0,
+    check_steps: int = 10,
+    tau: float = 0.95,
+    gamma: float = 1.2,
+    alpha: float = 0.9,
+    logit_tolerance: float = 1e-4,
+    init_lr_distance=None,
+) -> mn.Spec:
     """ALMA as a :class:`~sarjax.attacks.minnorm.Spec`.
 
     Defaults are adv-lib's ``alma`` defaults (Rony et al. 2021): lr 0.1
@@ -175,16 +199,33 @@ def spec(*, lr_init: float = 0.1, lr_reduction: float = 0.01, mu_init: float = 1
         finite float > 0.
     """
     if init_lr_distance is not None and init_lr_distance != "paper":
-        if isinstance(init_lr_distance, bool) or not isinstance(init_lr_distance, (int, float)) \
-                or not (math.isfinite(init_lr_distance) and init_lr_distance > 0):
+        if (
+            isinstance(init_lr_distance, bool)
+            or not isinstance(init_lr_distance, (int, float))
+            or not (math.isfinite(init_lr_distance) and init_lr_distance > 0)
+        ):
             raise ValueError(f"init_lr_distance must be None, 'paper' or a finite float > 0, got {init_lr_distance!r}")
         init_lr_distance = float(init_lr_distance)
-    return mn.make_spec("alma", _init, _step, (1, 2),
-                        dict(lr_init=float(lr_init), lr_reduction=float(lr_reduction), mu_init=float(mu_init),
-                             rho_init=float(rho_init), check_steps=int(check_steps), tau=float(tau),
-                             gamma=float(gamma), alpha=float(alpha), logit_tolerance=float(logit_tolerance),
-                             init_lr_distance=init_lr_distance),
-                        costs=_costs, min_classes=3)
+    return mn.make_spec(
+        "alma",
+        _init,
+        _step,
+        (1, 2),
+        dict(
+            lr_init=float(lr_init),
+            lr_reduction=float(lr_reduction),
+            mu_init=float(mu_init),
+            rho_init=float(rho_init),
+            check_steps=int(check_steps),
+            tau=float(tau),
+            gamma=float(gamma),
+            alpha=float(alpha),
+            logit_tolerance=float(logit_tolerance),
+            init_lr_distance=init_lr_distance,
+        ),
+        costs=_costs,
+        min_classes=3,
+    )
 
 
 make_alma = mn.factory(spec, 2, 2000)

@@ -43,7 +43,8 @@ sizes the difference is one coordinate of ``topk * d``.
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -58,11 +59,11 @@ from sarjax.attacks.losses import cross_entropy, dlr, dlr_targeted, fooled
 from sarjax.attacks.result import AttackResult
 from sarjax.attacks.threat import canonical_norm
 
-L1_TOPK = 0.2          # initial top-k share (AutoAttack autopgd_base.py, l1)
+L1_TOPK = 0.2  # initial top-k share (AutoAttack autopgd_base.py, l1)
 L1_CHECK_EVERY = 0.04  # checkpoint period as a share of n_iter (idem)
-L1_SPARSER = 0.95      # "sparser" threshold on sp / sp_last (idem)
-L1_SHRINK = 1.5        # topk = sp / d / 1.5 and step / 1.5 (idem, adasp_redstep)
-L1_MIN_STEP = 10.0     # step >= initial step / 10 (idem, adasp_minstep)
+L1_SPARSER = 0.95  # "sparser" threshold on sp / sp_last (idem)
+L1_SHRINK = 1.5  # topk = sp / d / 1.5 and step / 1.5 (idem, adasp_redstep)
+L1_MIN_STEP = 10.0  # step >= initial step / 10 (idem, adasp_minstep)
 
 
 def l1_sparsity_update(sp_best, sp_last, eta, eta0, n_features):
@@ -127,15 +128,15 @@ class ApgdConfig(NamedTuple):
     p: float
     n_iter: int
     restarts: int
-    loss: str            # "ce" | "dlr" | "dlr-targeted" | "ce-targeted"
-    n_targets: int       # 0 = fixed ref; k = APGD-T over the top-k other classes
-    hit_target: bool     # success = prediction == ref (user targets) instead of != ref
+    loss: str  # "ce" | "dlr" | "dlr-targeted" | "ce-targeted"
+    n_targets: int  # 0 = fixed ref; k = APGD-T over the top-k other classes
+    hit_target: bool  # success = prediction == ref (user targets) instead of != ref
     rho: float
     alpha: float
-    step0: float         # initial step as a multiple of eps
+    step0: float  # initial step as a multiple of eps
     box: tuple
-    l1_topk: float       # l1: initial top-k share of the sparse steps
-    eot: int = 1         # EOT draws of a stochastic apply(params, x, key) (1: deterministic)
+    l1_topk: float  # l1: initial top-k share of the sparse steps
+    eot: int = 1  # EOT draws of a stochastic apply(params, x, key) (1: deterministic)
 
 
 def _losses(cfg, z, leave, target):
@@ -206,11 +207,12 @@ def _evaluators(cfg: ApgdConfig):
     def score(z, ref, mask, leave, target):
         ev = E.evaluation(_losses(cfg, z, leave, target), fooled(z, ref, cfg.hit_target), mask)
         return ev.obj, ev
+
     return E.evaluators(cfg.apply, score, cfg.eot)
 
 
 def _keys(problem: Problem):
-    ekey = jax.random.fold_in(problem.key, E.EOT_SALT)   # run r, iteration i: fold_in(fold_in(ekey, r + 1), i + 1)
+    ekey = jax.random.fold_in(problem.key, E.EOT_SALT)  # run r, iteration i: fold_in(fold_in(ekey, r + 1), i + 1)
     return ekey, jax.random.fold_in(ekey, 0)
 
 
@@ -223,17 +225,34 @@ def init(cfg: ApgdConfig, params, problem: Problem) -> ApgdState:
     _, clean_key = _keys(problem)
     # EOT: the clean logits that rank the targets / give the clean prediction are one draw
     clean_apply = E.at_key(cfg.apply, cfg.eot, jax.random.fold_in(clean_key, 0))
-    z0 = E.batch_logits(clean_apply, params, x0)               # [B, M, C], same forward as ev0
+    z0 = E.batch_logits(clean_apply, params, x0)  # [B, M, C], same forward as ev0
     order = jnp.argsort(-z0, axis=-1)
     # user targets: ref is the target, leave the clean prediction; else leave ref
     leave = order[..., 0].astype(jnp.int32) if cfg.hit_target else ref
     _, ev0 = evaluate(params, x0, ref, mask, leave, ref, clean_key)
     count = jnp.full((B,), cfg.eot * M, jnp.int32)
     zo = jnp.where(jax.nn.one_hot(ref, z0.shape[-1], dtype=bool), -jnp.inf, z0)
-    ranked = jnp.argsort(-zo, axis=-1).astype(jnp.int32)     # other classes by clean logit
+    ranked = jnp.argsort(-zo, axis=-1).astype(jnp.int32)  # other classes by clean logit
     zi, zf = jnp.zeros((B,), jnp.int32), jnp.zeros((B,), jnp.float32)
-    run = RunState(x0, x0, jnp.zeros_like(x0), zf, zf, x0, jnp.zeros_like(x0), zf, zi, zi, zi, zf,
-                   jnp.zeros((B,), bool), count, E.Best(x0, ev0), zf, zf)
+    run = RunState(
+        x0,
+        x0,
+        jnp.zeros_like(x0),
+        zf,
+        zf,
+        x0,
+        jnp.zeros_like(x0),
+        zf,
+        zi,
+        zi,
+        zi,
+        zf,
+        jnp.zeros((B,), bool),
+        count,
+        E.Best(x0, ev0),
+        zf,
+        zf,
+    )
     return ApgdState(problem, jnp.zeros((), jnp.int32), run, jnp.zeros((B,), bool), x0, ev0, leave, ranked)
 
 
@@ -251,7 +270,7 @@ def _iterate(cfg: ApgdConfig, s: ApgdState, params, r, t, target) -> ApgdState:
     ekey, clean_key = _keys(pr)
     n_sel = jnp.sum(mask > 0, axis=1).astype(jnp.int32)
     cost = eot * (M + n_sel)
-    reserve = 0 if eot == 1 else eot * M   # EOT: each run's final re-evaluation of xmax
+    reserve = 0 if eot == 1 else eot * M  # EOT: each run's final re-evaluation of xmax
     rkey = jax.random.fold_in(ekey, r + 1)
     warm_run = pr.has_init & (r == 0)
     ok0 = jnp.where(t == 0, (n_sel > 0) & Q.allowed(s.run.count, cost + reserve, cap), s.ok0)
@@ -303,7 +322,7 @@ def _iterate(cfg: ApgdConfig, s: ApgdState, params, r, t, target) -> ApgdState:
         return E.select(ok, RunState(**new), st)
 
     def start_x(st):
-        kr = jax.vmap(lambda k: jax.random.fold_in(k, r))(sample_keys(pr))   # run r's start: fold_in(keys[b], r)
+        kr = jax.vmap(lambda k: jax.random.fold_in(k, r))(sample_keys(pr))  # run r's start: fold_in(keys[b], r)
         x = jax.vmap(lambda k, c, e: G.random_in_ball(k, c, e, p, box))(kr, x0, eps)
         warm = jax.vmap(lambda x, c, e: G.project(x, c, e, p, box))(pr.x_init, x0, eps)
         return jnp.where(warm_run, warm, x)
@@ -321,10 +340,25 @@ def _iterate(cfg: ApgdConfig, s: ApgdState, params, r, t, target) -> ApgdState:
         sp0 = jax.vmap(lambda a, b: G.norm(a - b, 0))(x1, x0)
         topk0 = jnp.where(warm_run, sp0 / n_feat / L1_SHRINK, cfg.l1_topk)
         sp_last0 = jnp.where(warm_run, sp0, float(n_feat))
-        return RunState(x1, x1, g1, f, f, x1, g1, cfg.step0 * eps, zeros, zeros + k0, zeros, f,
-                        jnp.zeros((B,), bool), Q.charge(st.count, cost, ok0),
-                        jax.vmap(E.update_best)(st.best, x1, ev1, ok0),
-                        topk0.astype(jnp.float32), sp_last0.astype(jnp.float32))
+        return RunState(
+            x1,
+            x1,
+            g1,
+            f,
+            f,
+            x1,
+            g1,
+            cfg.step0 * eps,
+            zeros,
+            zeros + k0,
+            zeros,
+            f,
+            jnp.zeros((B,), bool),
+            Q.charge(st.count, cost, ok0),
+            jax.vmap(E.update_best)(st.best, x1, ev1, ok0),
+            topk0.astype(jnp.float32),
+            sp_last0.astype(jnp.float32),
+        )
 
     def later(st):
         ok = ok0 & Q.allowed(st.count, cost + reserve, cap)
@@ -356,9 +390,9 @@ def step(cfg: ApgdConfig, s: ApgdState, params) -> ApgdState:
     L = cfg.n_iter + 1
     q, t = s.i // L, s.i % L
     if cfg.n_targets:
-        n_eff = min(cfg.n_targets, s.ranked.shape[-1] - 1)   # n_targets capped at C - 1
+        n_eff = min(cfg.n_targets, s.ranked.shape[-1] - 1)  # n_targets capped at C - 1
         j = q % cfg.n_targets
-        r = (q // cfg.n_targets) * n_eff + j                  # the run index of the capped schedule
+        r = (q // cfg.n_targets) * n_eff + j  # the run index of the capped schedule
         target = s.ranked[..., jnp.minimum(j, n_eff - 1)]
         s = jax.lax.cond(j < n_eff, lambda s: _iterate(cfg, s, params, r, t, target), lambda s: s, s)
     else:
@@ -370,9 +404,16 @@ def result(cfg: ApgdConfig, s: ApgdState, params) -> AttackResult:
     """``x_adv``: the best run's highest-objective point; ``best_x``: the best-so-far point."""
     del cfg, params
     ev, best = s.final_ev, s.run.best
-    return AttackResult(x_adv=s.final_x, success=ev.success, objective=ev.obj, member_loss=ev.losses,
-                        queries=s.run.count, best_x=best.x, best_success=best.ev.success,
-                        best_objective=best.ev.obj)
+    return AttackResult(
+        x_adv=s.final_x,
+        success=ev.success,
+        objective=ev.obj,
+        member_loss=ev.losses,
+        queries=s.run.count,
+        best_x=best.x,
+        best_success=best.ev.success,
+        best_objective=best.ev.obj,
+    )
 
 
 def apgd_attack(cfg: ApgdConfig) -> Attack:
@@ -381,10 +422,23 @@ def apgd_attack(cfg: ApgdConfig) -> Attack:
     return Attack(init, step, result, cfg.restarts * max(cfg.n_targets, 1) * (cfg.n_iter + 1), cfg, E.prepare_cfg)
 
 
-def make_apgd(apply: Callable, *, norm="linf", eps=None, n_iter: int = 100, restarts: int = 1,
-              loss: str = "ce", targeted: bool = False, rho: float = 0.75, momentum: float = 0.75,
-              step0: float | None = None, l1_topk: float = L1_TOPK, box=(0.0, 1.0),
-              audit: bool = True, eot: int = 1) -> AttackFn:
+def make_apgd(
+    apply: Callable,
+    *,
+    norm="linf",
+    eps=None,
+    n_iter: int = 100,
+    restarts: int = 1,
+    loss: str = "ce",
+    targeted: bool = False,
+    rho: float = 0.75,
+    momentum: float = 0.75,
+    step0: float | None = None,
+    l1_topk: float = L1_TOPK,
+    box=(0.0, 1.0),
+    audit: bool = True,
+    eot: int = 1,
+) -> AttackFn:
     """APGD-CE / APGD-DLR (untargeted) or targeted APGD with user-given targets.
 
     Args:
@@ -427,17 +481,50 @@ def make_apgd(apply: Callable, *, norm="linf", eps=None, n_iter: int = 100, rest
     if step0 is None:
         step0 = 1.0 if p == 1.0 else 2.0
     kind = (loss + "-targeted") if targeted else loss
-    cfg = ApgdConfig(apply, p, n_iter, restarts, kind, 0, targeted, float(rho), float(momentum),
-                     float(step0), tuple(float(b) for b in box), _check_topk(l1_topk), V.check_eot(eot))
-    return V.public(apgd_attack(cfg), name=f"apgd-{kind}", p=p, default_eps=eps, box=box,
-                    audit=audit, apply=apply, eot=cfg.eot,
-                    ref_name="targets" if targeted else "labels")
+    cfg = ApgdConfig(
+        apply,
+        p,
+        n_iter,
+        restarts,
+        kind,
+        0,
+        targeted,
+        float(rho),
+        float(momentum),
+        float(step0),
+        tuple(float(b) for b in box),
+        _check_topk(l1_topk),
+        V.check_eot(eot),
+    )
+    return V.public(
+        apgd_attack(cfg),
+        name=f"apgd-{kind}",
+        p=p,
+        default_eps=eps,
+        box=box,
+        audit=audit,
+        apply=apply,
+        eot=cfg.eot,
+        ref_name="targets" if targeted else "labels",
+    )
 
 
-def make_apgd_t(apply: Callable, *, norm="linf", eps=None, n_iter: int = 100, n_targets: int = 9,
-                restarts: int = 1, rho: float = 0.75, momentum: float = 0.75,
-                step0: float | None = None, l1_topk: float = L1_TOPK, box=(0.0, 1.0),
-                audit: bool = True, eot: int = 1) -> AttackFn:
+def make_apgd_t(
+    apply: Callable,
+    *,
+    norm="linf",
+    eps=None,
+    n_iter: int = 100,
+    n_targets: int = 9,
+    restarts: int = 1,
+    rho: float = 0.75,
+    momentum: float = 0.75,
+    step0: float | None = None,
+    l1_topk: float = L1_TOPK,
+    box=(0.0, 1.0),
+    audit: bool = True,
+    eot: int = 1,
+) -> AttackFn:
     """APGD-T (AutoAttack): targeted DLR toward each of the top ``n_targets`` other classes.
 
     For every target (the classes with the highest clean logits other than
@@ -466,11 +553,24 @@ def make_apgd_t(apply: Callable, *, norm="linf", eps=None, n_iter: int = 100, n_
     restarts = V.check_positive_int("restarts", restarts)
     if step0 is None:
         step0 = 1.0 if p == 1.0 else 2.0
-    cfg = ApgdConfig(apply, p, n_iter, restarts, "dlr-targeted", n_targets, False, float(rho),
-                     float(momentum), float(step0), tuple(float(b) for b in box), _check_topk(l1_topk),
-                     V.check_eot(eot))
-    return V.public(apgd_attack(cfg), name="apgd-t", p=p, default_eps=eps, box=box,
-                    audit=audit, apply=apply, eot=cfg.eot)
+    cfg = ApgdConfig(
+        apply,
+        p,
+        n_iter,
+        restarts,
+        "dlr-targeted",
+        n_targets,
+        False,
+        float(rho),
+        float(momentum),
+        float(step0),
+        tuple(float(b) for b in box),
+        _check_topk(l1_topk),
+        V.check_eot(eot),
+    )
+    return V.public(
+        apgd_attack(cfg), name="apgd-t", p=p, default_eps=eps, box=box, audit=audit, apply=apply, eot=cfg.eot
+    )
 
 
 def _check_topk(topk):

@@ -76,7 +76,7 @@ def _init(ctx, x_init):
     # start: one forward, two backward passes
     logits, vjp = jax.vjp(f, x_init)
     A = -objective(logits, y, t)
-    g = -vjp(jax.grad(objective)(logits, y, t))[0]          # ascent direction of the attack loss
+    g = -vjp(jax.grad(objective)(logits, y, t))[0]  # ascent direction of the attack loss
     gm = vjp(jax.grad(mn.margin)(logits, y, t))[0]
     g = jnp.where(jnp.isfinite(g), g, 0.0)
     gm = jnp.where(jnp.isfinite(gm), gm, 0.0)
@@ -92,11 +92,29 @@ def _init(ctx, x_init):
     sp0 = geometry.norm(x_init - x0, 0)
     topk = jnp.where(sp0 > 0, sp0 / d / 1.5, 0.2)
     k, _, _ = _schedule(ctx.steps, p)
-    state = dict(x=x_init, xp=x_init, g=g, A=A, eps=eps, eta=eta, bx=bx, bn=bn, bg=bg,
-                 found=adv, Ab=A, xab=x_init, gab=g, nincr=jnp.zeros((), jnp.int32),
-                 Ab_last=A, red_last=jnp.asarray(False), since=jnp.zeros((), jnp.int32),
-                 topk=jnp.asarray(topk, jnp.float32), sp_old=jnp.asarray(jnp.where(sp0 > 0, sp0, d), jnp.float32),
-                 next_check=k - 1.0, ck=k)
+    state = dict(
+        x=x_init,
+        xp=x_init,
+        g=g,
+        A=A,
+        eps=eps,
+        eta=eta,
+        bx=bx,
+        bn=bn,
+        bg=bg,
+        found=adv,
+        Ab=A,
+        xab=x_init,
+        gab=g,
+        nincr=jnp.zeros((), jnp.int32),
+        Ab_last=A,
+        red_last=jnp.asarray(False),
+        since=jnp.zeros((), jnp.int32),
+        topk=jnp.asarray(topk, jnp.float32),
+        sp_old=jnp.asarray(jnp.where(sp0 > 0, sp0, d), jnp.float32),
+        next_check=k - 1.0,
+        ck=k,
+    )
     return state, bn
 
 
@@ -163,10 +181,29 @@ def _step(ctx, s, i):
     xp = jnp.where(restart, x_next, x)
     g_next = jnp.where(restart, rg, g_new)
     A_next = A_new  # loss of the point the increase counter compares against
-    s = dict(x=x_next, xp=xp, g=g_next, A=A_next, eps=eps_new, eta=eta, bx=bx, bn=bn, bg=bg,
-             found=found, Ab=Ab, xab=xab, gab=gab,
-             nincr=jnp.where(is_check, 0, nincr), Ab_last=Ab_last, red_last=red_last,
-             since=jnp.where(is_check, 0, since), topk=topk, sp_old=sp_old, next_check=next_check, ck=ck)
+    s = dict(
+        x=x_next,
+        xp=xp,
+        g=g_next,
+        A=A_next,
+        eps=eps_new,
+        eta=eta,
+        bx=bx,
+        bn=bn,
+        bg=bg,
+        found=found,
+        Ab=Ab,
+        xab=xab,
+        gab=gab,
+        nincr=jnp.where(is_check, 0, nincr),
+        Ab_last=Ab_last,
+        red_last=red_last,
+        since=jnp.where(is_check, 0, since),
+        topk=topk,
+        sp_old=sp_old,
+        next_check=next_check,
+        ck=ck,
+    )
     return s
 
 
@@ -178,9 +215,7 @@ def _costs(hp, num_classes):
     return 3, 2  # the start: one forward, two backward passes; then 2 per step
 
 
-
-def spec(*, loss: str = "ce", rho: float = 0.75, gamma_init: float = 0.05,
-         gamma_final: float = 0.001) -> mn.Spec:
+def spec(*, loss: str = "ce", rho: float = 0.75, gamma_init: float = 0.05, gamma_final: float = 0.001) -> mn.Spec:
     """APGD-min as a :class:`~sarjax.attacks.minnorm.Spec`.
 
     Args:
@@ -192,10 +227,16 @@ def spec(*, loss: str = "ce", rho: float = 0.75, gamma_init: float = 0.05,
     """
     if loss not in _OBJECTIVES:
         raise ValueError(f"loss must be 'ce' or 'dlr', got {loss!r}")
-    return mn.make_spec(f"apgd_min-{loss}", _init, _step, (1, 2, math.inf),
-                        dict(loss=loss, rho=float(rho), gamma_init=float(gamma_init),
-                             gamma_final=float(gamma_final)),
-                        costs=_costs, best=_best, min_classes=3 if loss == "dlr" else 2)
+    return mn.make_spec(
+        f"apgd_min-{loss}",
+        _init,
+        _step,
+        (1, 2, math.inf),
+        dict(loss=loss, rho=float(rho), gamma_init=float(gamma_init), gamma_final=float(gamma_final)),
+        costs=_costs,
+        best=_best,
+        min_classes=3 if loss == "dlr" else 2,
+    )
 
 
 make_apgd_min = mn.factory(spec, math.inf, 1000)

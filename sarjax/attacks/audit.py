@@ -56,9 +56,11 @@ class AuditReport:
         bad = np.flatnonzero(~self.within)
         if bad.size == 0:
             return bad
-        score = np.where(self.nan[bad], np.inf,
-                         np.maximum(self.excess[bad] / np.maximum(self.eps[bad], 1e-30),
-                                    self.box_violation[bad]))
+        score = np.where(
+            self.nan[bad],
+            np.inf,
+            np.maximum(self.excess[bad] / np.maximum(self.eps[bad], 1e-30), self.box_violation[bad]),
+        )
         return bad[np.argsort(-score, kind="stable")][:n]
 
     def describe(self, n: int = 5) -> str:
@@ -70,9 +72,11 @@ class AuditReport:
             if self.nan[i]:
                 parts.append(f"sample {i}: non-finite values")
             else:
-                parts.append(f"sample {i}: {self.threat_name} norm {self.norm[i]:.6g} vs eps "
-                             f"{self.eps[i]:.6g} (x{self.norm[i] / max(self.eps[i], 1e-30):.3g}), "
-                             f"box violation {self.box_violation[i]:.3g}")
+                parts.append(
+                    f"sample {i}: {self.threat_name} norm {self.norm[i]:.6g} vs eps "
+                    f"{self.eps[i]:.6g} (x{self.norm[i] / max(self.eps[i], 1e-30):.3g}), "
+                    f"box violation {self.box_violation[i]:.3g}"
+                )
         nbad = int((~self.within).sum())
         return f"{nbad}/{self.norm.shape[0]} samples outside the threat model; " + "; ".join(parts)
 
@@ -112,8 +116,11 @@ def audit(x0, x_adv, threat: Threat, rtol: float = 1e-6, atol: float | None = No
     if a.ndim < 1:
         raise ValueError(f"expected a batch [B, *S], got shape {a.shape}")
     B = a.shape[0]
-    eps = np.broadcast_to(np.asarray(threat.eps, np.float64), (B,)) if np.ndim(threat.eps) == 0 \
+    eps = (
+        np.broadcast_to(np.asarray(threat.eps, np.float64), (B,))
+        if np.ndim(threat.eps) == 0
         else np.asarray(threat.eps, np.float64)
+    )
     if eps.shape != (B,):
         raise ValueError(f"per-sample eps must have shape [{B}], got {eps.shape}")
     nan = ~np.isfinite(b.reshape(B, -1)).all(axis=1)
@@ -145,12 +152,21 @@ def audit(x0, x_adv, threat: Threat, rtol: float = 1e-6, atol: float | None = No
     box_v = np.maximum(np.maximum(lo - bf, bf - hi).max(axis=1, initial=0.0), 0.0)
     in_ball = nrm <= eps * (1.0 + rtol) + tol_abs
     within = in_ball & (box_v == 0.0) & ~nan
-    return AuditReport(norm=nrm, eps=eps, excess=nrm - eps, box_violation=box_v, nan=nan,
-                       within=within, ok=bool(within.all()), threat_name=threat.name)
+    return AuditReport(
+        norm=nrm,
+        eps=eps,
+        excess=nrm - eps,
+        box_violation=box_v,
+        nan=nan,
+        within=within,
+        ok=bool(within.all()),
+        threat_name=threat.name,
+    )
 
 
-def check(x0, x_adv, threat: Threat, what: str = "attack", rtol: float = 1e-6,
-          atol: float | None = None) -> AuditReport:
+def check(
+    x0, x_adv, threat: Threat, what: str = "attack", rtol: float = 1e-6, atol: float | None = None
+) -> AuditReport:
     """Audits and raises if any sample leaves the threat model.
 
     Args:

@@ -41,8 +41,14 @@ def _step(ctx, state, i):
     return x, eps, bx, bn
 
 
-def spec(*, gamma: float = 0.05, init_norm: float = 1.0, alpha_init: float = 1.0,
-         alpha_final: float = 0.01, levels: int | None = None) -> mn.Spec:
+def spec(
+    *,
+    gamma: float = 0.05,
+    init_norm: float = 1.0,
+    alpha_init: float = 1.0,
+    alpha_final: float = 0.01,
+    levels: int | None = None,
+) -> mn.Spec:
     """DDN as a :class:`~sarjax.attacks.minnorm.Spec`.
 
     Args:
@@ -55,9 +61,19 @@ def spec(*, gamma: float = 0.05, init_norm: float = 1.0, alpha_init: float = 1.0
     """
     if levels is not None and (int(levels) != levels or levels < 2):
         raise ValueError(f"levels must be None or an int >= 2, got {levels!r}")
-    return mn.make_spec("ddn", _init, _step, (2,),
-                        dict(gamma=float(gamma), init_norm=float(init_norm), alpha_init=float(alpha_init),
-                             alpha_final=float(alpha_final), levels=None if levels is None else int(levels)))
+    return mn.make_spec(
+        "ddn",
+        _init,
+        _step,
+        (2,),
+        dict(
+            gamma=float(gamma),
+            init_norm=float(init_norm),
+            alpha_init=float(alpha_init),
+            alpha_final=float(alpha_final),
+            levels=None if levels is None else int(levels),
+        ),
+    )
 
 
 make_ddn = mn.factory(spec, 2, 200)

@@ -55,8 +55,7 @@ def hyperplane_box_step(x: jax.Array, w: jax.Array, b, p) -> jax.Array:
         prev = cum - g
         full = cum <= need
         part = (prev < need) & (cum > need)
-        amt_s = jnp.where(full, room[order],
-                          jnp.where(part, (need - prev) / jnp.maximum(absa[order], 1e-30), 0.0))
+        amt_s = jnp.where(full, room[order], jnp.where(part, (need - prev) / jnp.maximum(absa[order], 1e-30), 0.0))
         amt = jnp.zeros_like(xf).at[order].set(amt_s)
         d = sgn * amt
     else:
@@ -64,8 +63,8 @@ def hyperplane_box_step(x: jax.Array, w: jax.Array, b, p) -> jax.Array:
         r = jnp.where(s > 0, room / jnp.where(s > 0, s, 1.0), jnp.inf)
         order = jnp.argsort(r)
         rs, gs, ws = r[order], (absa * room)[order], (absa * s)[order]
-        S = jnp.cumsum(gs) - gs                     # fully clipped before k
-        A = jnp.cumsum(ws[::-1])[::-1]              # still linear from k on
+        S = jnp.cumsum(gs) - gs  # fully clipped before k
+        A = jnp.cumsum(ws[::-1])[::-1]  # still linear from k on
         fin = jnp.isfinite(rs)
         H = jnp.where(fin, S + jnp.where(fin, rs, 0.0) * A, S)
         ok = H >= need
@@ -97,7 +96,7 @@ def _step(ctx, s, i):
             j = jnp.where(t >= 0, t, jnp.argmax(other))
             (dg,) = vjp(eye[j] - eye[y])
             return logits[j] - logits[y], dg
-        dgs = jax.vmap(lambda e: vjp(e - eye[y])[0])(eye)          # [C, *S]
+        dgs = jax.vmap(lambda e: vjp(e - eye[y])[0])(eye)  # [C, *S]
         dfs = logits - logits[y]
         norms = jax.vmap(lambda g: geometry.norm(g, q))(dgs)
         ratio = jnp.abs(dfs) / jnp.maximum(norms, 1e-12)
@@ -137,14 +136,30 @@ def spec(*, targeted: bool = False, alpha_max: float = 0.1, eta: float = 1.05, b
       alpha_max, eta, beta: AutoAttack's FAB defaults 0.1, 1.05, 0.9
         (Croce & Hein 2020).
     """
-    return mn.make_spec("fab-t" if targeted else "fab", _init, _step, (1, 2, math.inf),
-                        dict(targeted=bool(targeted), alpha_max=float(alpha_max), eta=float(eta),
-                             beta=float(beta)), costs=_costs)
+    return mn.make_spec(
+        "fab-t" if targeted else "fab",
+        _init,
+        _step,
+        (1, 2, math.inf),
+        dict(targeted=bool(targeted), alpha_max=float(alpha_max), eta=float(eta), beta=float(beta)),
+        costs=_costs,
+    )
 
 
-def make_fab(apply, *, norm=math.inf, max_queries: int = 1000, fab_t: bool = False, targeted: bool = False,
-             success: str | None = None, restarts: int = 0, init_eps=None, stacked: bool = False,
-             audit: bool = True, **hp) -> mn.MinNormAttackFn:
+def make_fab(
+    apply,
+    *,
+    norm=math.inf,
+    max_queries: int = 1000,
+    fab_t: bool = False,
+    targeted: bool = False,
+    success: str | None = None,
+    restarts: int = 0,
+    init_eps=None,
+    stacked: bool = False,
+    audit: bool = True,
+    **hp,
+) -> mn.MinNormAttackFn:
     """FAB on a pool (l1, l2, linf; :func:`sarjax.attacks.minnorm.make`); default norm linf, 1000
     queries.
 
@@ -158,5 +173,15 @@ def make_fab(apply, *, norm=math.inf, max_queries: int = 1000, fab_t: bool = Fal
       **hp: ``alpha_max``, ``eta``, ``beta`` (see :func:`spec`); the rest as
         :func:`sarjax.attacks.minnorm.make`.
     """
-    return mn.make(spec(targeted=fab_t, **hp), apply, norm=norm, max_queries=max_queries, targeted=targeted,
-                   success=success, restarts=restarts, init_eps=init_eps, stacked=stacked, audit=audit)
+    return mn.make(
+        spec(targeted=fab_t, **hp),
+        apply,
+        norm=norm,
+        max_queries=max_queries,
+        targeted=targeted,
+        success=success,
+        restarts=restarts,
+        init_eps=init_eps,
+        stacked=stacked,
+        audit=audit,
+    )

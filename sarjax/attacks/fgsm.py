@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from sarjax.attacks.core import AttackFn
 from sarjax.attacks.core import validate as V
@@ -10,8 +10,17 @@ from sarjax.attacks.core.gradient import Config, gradient_attack
 from sarjax.attacks.threat import canonical_norm
 
 
-def make_fgsm(apply: Callable, *, norm="linf", eps=None, loss: str = "ce", targeted: bool = False,
-              box=(0.0, 1.0), audit: bool = True, eot: int = 1) -> AttackFn:
+def make_fgsm(
+    apply: Callable,
+    *,
+    norm="linf",
+    eps=None,
+    loss: str = "ce",
+    targeted: bool = False,
+    box=(0.0, 1.0),
+    audit: bool = True,
+    eot: int = 1,
+) -> AttackFn:
     """FGSM (Goodfellow et al. 2015) and its l2 / l1 analogues (fast gradient method).
 
     One step ``x0 + eps * steepest(grad, p)`` projected onto the ball and the
@@ -39,8 +48,27 @@ def make_fgsm(apply: Callable, *, norm="linf", eps=None, loss: str = "ce", targe
         raise ValueError("FGSM supports norms l1, l2, linf; got l0")
     V.check_loss(loss, targeted)
     # l1: the plain one-hot steepest step, i.e. sparsity = all but one coordinate.
-    cfg = Config(apply=apply, p=p, steps=1, restarts=1, random_start=False, loss=loss,
-                 targeted=targeted, box=tuple(float(b) for b in box), rel_step=1.0, l1_sparsity=1.0 - 1e-9,
-                 eot=V.check_eot(eot))
-    return V.public(gradient_attack(cfg), name="fgsm", p=p, default_eps=eps, box=box, audit=audit, apply=apply,
-                    eot=cfg.eot, ref_name="targets" if targeted else "labels")
+    cfg = Config(
+        apply=apply,
+        p=p,
+        steps=1,
+        restarts=1,
+        random_start=False,
+        loss=loss,
+        targeted=targeted,
+        box=tuple(float(b) for b in box),
+        rel_step=1.0,
+        l1_sparsity=1.0 - 1e-9,
+        eot=V.check_eot(eot),
+    )
+    return V.public(
+        gradient_attack(cfg),
+        name="fgsm",
+        p=p,
+        default_eps=eps,
+        box=box,
+        audit=audit,
+        apply=apply,
+        eot=cfg.eot,
+        ref_name="targets" if targeted else "labels",
+    )

@@ -52,8 +52,7 @@ def _step(ctx, state, i):
         eps = jnp.maximum(jnp.where(adv, shrink, grow), 0.0)
     else:
         dist = jnp.abs(m) / jnp.maximum(geometry.dual_norm(g, p), 1e-12)
-        eps = jnp.where(adv, jnp.minimum(eps * (1.0 - gamma), bn),
-                        jnp.where(found, eps * (1.0 + gamma), n + dist))
+        eps = jnp.where(adv, jnp.minimum(eps * (1.0 - gamma), bn), jnp.where(found, eps * (1.0 + gamma), n + dist))
     eps = jnp.minimum(eps, worst)
     gn = jnp.maximum(jnp.sqrt(jnp.sum(g * g)), 1e-12)
     x = x - alpha * g / gn
@@ -61,8 +60,13 @@ def _step(ctx, state, i):
     return x, eps, found, bx, bn
 
 
-def spec(*, alpha_init: float | None = None, alpha_final: float | None = None,
-         gamma_init: float = 0.05, gamma_final: float = 0.001) -> mn.Spec:
+def spec(
+    *,
+    alpha_init: float | None = None,
+    alpha_final: float | None = None,
+    gamma_init: float = 0.05,
+    gamma_final: float = 0.001,
+) -> mn.Spec:
     """FMN as a :class:`~sarjax.attacks.minnorm.Spec` (for ``run_stack``/``run_pool``).
 
     Args:
@@ -73,9 +77,15 @@ def spec(*, alpha_init: float | None = None, alpha_final: float | None = None,
       gamma_init, gamma_final: radius update factor, cosine-decayed
         0.05 -> 0.001 (FMN paper / adv-lib default).
     """
-    return mn.make_spec("fmn", _init, _step, (0, 1, 2, math.inf),
-                        dict(alpha_init=alpha_init, alpha_final=alpha_final,
-                             gamma_init=float(gamma_init), gamma_final=float(gamma_final)))
+    return mn.make_spec(
+        "fmn",
+        _init,
+        _step,
+        (0, 1, 2, math.inf),
+        dict(
+            alpha_init=alpha_init, alpha_final=alpha_final, gamma_init=float(gamma_init), gamma_final=float(gamma_final)
+        ),
+    )
 
 
 make_fmn = mn.factory(spec, 2, 1000)

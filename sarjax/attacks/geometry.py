@@ -26,7 +26,7 @@ import jax.numpy as jnp
 
 from sarjax.attacks.threat import canonical_norm
 
-_SHRINK = 2.0 ** -22  # final rescale lands a few ulps inside the ball
+_SHRINK = 2.0**-22  # final rescale lands a few ulps inside the ball
 _NEWTON_ITERS = 64  # cap; 2-9 steps are typical on 784-dim inputs (measured)
 _FREE_NEWTON = 16  # l1: unguarded Newton steps before the bracket must halve every other step
 _TINY = 1e-12
@@ -137,7 +137,7 @@ def project(x: jnp.ndarray, x0: jnp.ndarray, eps, p, box=(0.0, 1.0)) -> jnp.ndar
     lo, hi = box
     if p == math.inf:
         y = jnp.clip(x, jnp.maximum(x0 - eps, lo), jnp.minimum(x0 + eps, hi))
-        return jnp.where(jnp.abs(y - x0) > eps, jnp.nextafter(y, x0), y)   # x0 +- eps rounded outward
+        return jnp.where(jnp.abs(y - x0) > eps, jnp.nextafter(y, x0), y)  # x0 +- eps rounded outward
     if p == 2.0:
         return _project_l2_newton(x, x0, eps, box)
     if p == 1.0:
@@ -188,16 +188,16 @@ def _project_l2_sort(x, x0, eps, box):
     a = jnp.ravel(box[0] - x0)
     b = jnp.ravel(box[1] - x0)
     pos, neg = v > 0, v < 0
-    sat = jnp.where(pos, b, jnp.where(neg, a, 0.0))           # value once saturated
+    sat = jnp.where(pos, b, jnp.where(neg, a, 0.0))  # value once saturated
     den = jnp.where(pos | neg, v, 1.0)
     tb = jnp.where(pos | neg, jnp.minimum(sat / den, 2.0), 2.0)  # breakpoints, clamped
     v2 = v * v
     ts, s2, r2 = jax.lax.sort((tb, sat * sat, v2), num_keys=1)
     zero = jnp.zeros((1,), v.dtype)
-    S = jnp.concatenate([zero, jnp.cumsum(s2)])               # S[k]: k first saturated
-    R = jnp.concatenate([jnp.cumsum(r2[::-1])[::-1], zero])   # R[k]: the others free
+    S = jnp.concatenate([zero, jnp.cumsum(s2)])  # S[k]: k first saturated
+    R = jnp.concatenate([jnp.cumsum(r2[::-1])[::-1], zero])  # R[k]: the others free
     eps2 = eps * eps
-    f_at = S[1:] + ts * ts * R[1:]                            # f(t_(j)), j = 1..n
+    f_at = S[1:] + ts * ts * R[1:]  # f(t_(j)), j = 1..n
     k = jnp.sum(f_at <= eps2)
     n = v.shape[0]
     t_lo = jnp.where(k > 0, ts[jnp.maximum(k - 1, 0)], 0.0)
@@ -235,12 +235,12 @@ def _project_l1_sort(x, x0, eps, box):
     mag = jnp.abs(v)
     ev = jnp.maximum(jnp.concatenate([mag, mag - cap]), 0.0)
     sg = jnp.concatenate([jnp.ones_like(mag), -jnp.ones_like(mag)])
-    neg_e, sg = jax.lax.sort((-ev, sg), num_keys=1)           # descending events
+    neg_e, sg = jax.lax.sort((-ev, sg), num_keys=1)  # descending events
     es = -neg_e
     C = jnp.cumsum(sg * es)
     N = jnp.cumsum(sg)
-    g_at = C - es * N                                         # g(e_(k)), k = 1..2d
-    k = jnp.sum(g_at <= eps)                                  # >= 1 when eps >= 0
+    g_at = C - es * N  # g(e_(k)), k = 1..2d
+    k = jnp.sum(g_at <= eps)  # >= 1 when eps >= 0
     m = es.shape[0]
     i = jnp.clip(k - 1, 0, m - 1)
     lam = (C[i] - eps) / jnp.maximum(N[i], 1.0)
@@ -274,7 +274,7 @@ def _project_l2_newton(x, x0, eps, box):
     pos, neg = v > 0, v < 0
     sat = jnp.where(pos, b, jnp.where(neg, a, 0.0))
     den = jnp.where(pos | neg, v, 1.0)
-    tb = jnp.where(pos | neg, sat / den, jnp.inf)             # saturation breakpoints
+    tb = jnp.where(pos | neg, sat / den, jnp.inf)  # saturation breakpoints
     s2, v2 = sat * sat, v * v
     eps2 = eps * eps
 
@@ -326,7 +326,7 @@ def _project_l1_newton(x, x0, eps, box):
 
     g0 = jnp.sum(jnp.minimum(mag, cap))
     top = jnp.max(mag)
-    tol = 2.0 ** -22
+    tol = 2.0**-22
 
     def cond(s):
         return ~s[5] & (s[4] < _NEWTON_ITERS)
@@ -345,7 +345,7 @@ def _project_l1_newton(x, x0, eps, box):
         return c_next, lo, hi, hi - lo, i + 1, done
 
     zero = jnp.zeros((), v.dtype)
-    trivial = (g0 <= eps) | (eps <= 0)                        # inside, or lam = max |v|
+    trivial = (g0 <= eps) | (eps <= 0)  # inside, or lam = max |v|
     init = (jnp.where(eps <= 0, top, zero), zero, top, 2.0 * top, 0, trivial)
     c, lo, hi, _, _, _ = jax.lax.while_loop(cond, body, init)
     lam = jnp.where(g0 <= eps, 0.0, jnp.where(eps <= 0, top, jnp.clip(c, lo, hi)))

@@ -7,14 +7,25 @@ mask never recompiles.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from sarjax.attacks.pgd import make_pgd
 
 
-def make_joint_pgd(apply: Callable, *, eps=None, steps: int = 40, step_size: float | None = None,
-                   restarts: int = 3, norm="linf", loss: str = "ce", targeted: bool = False,
-                   box=(0.0, 1.0), audit: bool = True, eot: int = 1) -> Callable:
+def make_joint_pgd(
+    apply: Callable,
+    *,
+    eps=None,
+    steps: int = 40,
+    step_size: float | None = None,
+    restarts: int = 3,
+    norm="linf",
+    loss: str = "ce",
+    targeted: bool = False,
+    box=(0.0, 1.0),
+    audit: bool = True,
+    eot: int = 1,
+) -> Callable:
     """Joint PGD of the SAR paper's Table 1 (papers/000).
 
     Untargeted, maximises the average cross-entropy of the selected
@@ -40,6 +51,18 @@ def make_joint_pgd(apply: Callable, *, eps=None, steps: int = 40, step_size: flo
       ``success [B, M]`` for EVERY member (selected or not), ``objective [B]``,
       ``member_loss [B, M]``, ``queries [B]``.
     """
-    return make_pgd(apply, norm=norm, eps=eps, steps=steps, step_size=step_size,
-                    rel_step=1.0 / 16, restarts=restarts, random_start=True, loss=loss,
-                    targeted=targeted, box=box, audit=audit, eot=eot)
+    return make_pgd(
+        apply,
+        norm=norm,
+        eps=eps,
+        steps=steps,
+        step_size=step_size,
+        rel_step=1.0 / 16,
+        restarts=restarts,
+        random_start=True,
+        loss=loss,
+        targeted=targeted,
+        box=box,
+        audit=audit,
+        eot=eot,
+    )

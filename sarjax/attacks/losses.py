@@ -81,8 +81,9 @@ def margin(logits: jnp.ndarray, label: jnp.ndarray) -> jnp.ndarray:
     return other - z_y
 
 
-def member_loss(logits: jnp.ndarray, ref: jnp.ndarray, kind: str, targeted: bool,
-                source: jnp.ndarray | None = None) -> jnp.ndarray:
+def member_loss(
+    logits: jnp.ndarray, ref: jnp.ndarray, kind: str, targeted: bool, source: jnp.ndarray | None = None
+) -> jnp.ndarray:
     """The loss each member contributes, oriented so that larger = more adversarial.
 
     Args:

@@ -10,7 +10,8 @@ per-member ASR matrix the cover metrics need.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -25,8 +26,9 @@ from sarjax.attacks.result import AttackResult
 from sarjax.attacks.threat import Threat, canonical_norm, check_labels
 
 
-def make_member_attack(member_apply: Callable, factory: Callable, *, norm="linf", box=(0.0, 1.0),
-                       **hp: Any) -> Callable:
+def make_member_attack(
+    member_apply: Callable, factory: Callable, *, norm="linf", box=(0.0, 1.0), **hp: Any
+) -> Callable:
     """Builds ``fn(stacked_params, x0, labels, key, *, eps, max_queries=None, sample_ids=None) -> AttackResult``.
 
     Args:
@@ -73,13 +75,14 @@ def make_member_attack(member_apply: Callable, factory: Callable, *, norm="linf"
         targeted = bool(hp.get("targeted", False))
         check_labels(np.asarray(lab).T, n_classes, name="targets" if targeted else "labels")
         sid = V.check_sample_ids(sample_ids, B)
-        ref = lab.astype(jnp.int32)[..., None]               # [K, B, 1]
+        ref = lab.astype(jnp.int32)[..., None]  # [K, B, 1]
         mask = jnp.ones((B, 1), jnp.float32)
         cap = Q.normalize_cap(max_queries, B)
         keys = jax.vmap(lambda k: jax.random.fold_in(key, k))(jnp.arange(K))
         res = batched(stacked_params, x0n, ref, mask, eps_arr, cap, keys, sid)
-        res = res._replace(success=res.success[..., 0], member_loss=res.member_loss[..., 0],
-                           best_success=res.best_success[..., 0])
+        res = res._replace(
+            success=res.success[..., 0], member_loss=res.member_loss[..., 0], best_success=res.best_success[..., 0]
+        )
         threat = Threat(p, np.asarray(eps_arr), box)
         for k in range(K):  # host-side audit of each member's outputs
             check(x0n, res.x_adv[k], threat, what=f"member {k} attack (x_adv)")
@@ -89,8 +92,9 @@ def make_member_attack(member_apply: Callable, factory: Callable, *, norm="linf"
     return fn
 
 
-def attack_members(pool, factory: Callable, x0, labels, key=None, *, eps, norm="linf",
-                   max_queries=None, sample_ids=None, **hp: Any) -> AttackResult:
+def attack_members(
+    pool, factory: Callable, x0, labels, key=None, *, eps, norm="linf", max_queries=None, sample_ids=None, **hp: Any
+) -> AttackResult:
     """Attacks every member of a :class:`sarjax.models.pool.Pool` independently.
 
     One compiled call per stack (vmapped over that stack's members),
@@ -120,16 +124,25 @@ def attack_members(pool, factory: Callable, x0, labels, key=None, *, eps, norm="
     outs, start = [], 0
     for i, stack in enumerate(pool.stacks):
         fn = _cached_member_attack(stack.arch.apply, factory, norm, hp)
-        lab_i = lab if lab.ndim == 1 else lab[start:start + stack.size]
-        outs.append(fn(stack.params, x0, lab_i, jax.random.fold_in(key, i), eps=eps,
-                       max_queries=max_queries, sample_ids=sample_ids))
+        lab_i = lab if lab.ndim == 1 else lab[start : start + stack.size]
+        outs.append(
+            fn(
+                stack.params,
+                x0,
+                lab_i,
+                jax.random.fold_in(key, i),
+                eps=eps,
+                max_queries=max_queries,
+                sample_ids=sample_ids,
+            )
+        )
         start += stack.size
     if len(outs) == 1:
         return outs[0]
     return jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=0), *outs)
 
 
-_KERNELS: "OrderedDict[Any, Callable]" = OrderedDict()
+_KERNELS: OrderedDict[Any, Callable] = OrderedDict()
 _KERNELS_MAX = 32
 
 

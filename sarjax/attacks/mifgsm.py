@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from sarjax.attacks.core import AttackFn
 from sarjax.attacks.core import validate as V
@@ -10,9 +10,20 @@ from sarjax.attacks.core.gradient import Config, gradient_attack
 from sarjax.attacks.threat import canonical_norm
 
 
-def make_mifgsm(apply: Callable, *, norm="linf", eps=None, steps: int = 10, decay: float = 1.0,
-                step_size: float | None = None, loss: str = "ce", targeted: bool = False,
-                box=(0.0, 1.0), audit: bool = True, eot: int = 1) -> AttackFn:
+def make_mifgsm(
+    apply: Callable,
+    *,
+    norm="linf",
+    eps=None,
+    steps: int = 10,
+    decay: float = 1.0,
+    step_size: float | None = None,
+    loss: str = "ce",
+    targeted: bool = False,
+    box=(0.0, 1.0),
+    audit: bool = True,
+    eot: int = 1,
+) -> AttackFn:
     """MI-FGSM (Dong et al. 2018): ``g <- mu g + grad / ||grad||_1``, step along steepest(g).
 
     Defaults from Dong et al. 2018 (Sec. 3.1 / Algorithm 1): ``T = 10``
@@ -37,9 +48,28 @@ def make_mifgsm(apply: Callable, *, norm="linf", eps=None, steps: int = 10, deca
         raise ValueError(f"MI-FGSM supports l2 and linf, got {norm!r}")
     steps = V.check_positive_int("steps", steps)
     V.check_loss(loss, targeted)
-    cfg = Config(apply=apply, p=p, steps=steps, restarts=1, random_start=False, loss=loss,
-                 targeted=targeted, box=tuple(float(b) for b in box), rel_step=1.0 / steps,
-                 abs_step=V.check_step(step_size), momentum=float(decay),
-                 eot=V.check_eot(eot))
-    return V.public(gradient_attack(cfg), name="mifgsm", p=p, default_eps=eps, box=box, audit=audit,
-                    apply=apply, eot=cfg.eot, ref_name="targets" if targeted else "labels")
+    cfg = Config(
+        apply=apply,
+        p=p,
+        steps=steps,
+        restarts=1,
+        random_start=False,
+        loss=loss,
+        targeted=targeted,
+        box=tuple(float(b) for b in box),
+        rel_step=1.0 / steps,
+        abs_step=V.check_step(step_size),
+        momentum=float(decay),
+        eot=V.check_eot(eot),
+    )
+    return V.public(
+        gradient_attack(cfg),
+        name="mifgsm",
+        p=p,
+        default_eps=eps,
+        box=box,
+        audit=audit,
+        apply=apply,
+        eot=cfg.eot,
+        ref_name="targets" if targeted else "labels",
+    )

@@ -57,9 +57,9 @@ import numpy as np
 
 from sarjax.attacks import geometry
 from sarjax.attacks import queries as Q
-from sarjax.attacks.core.validate import check_sample_ids
 from sarjax.attacks.audit import check as audit_check
 from sarjax.attacks.core.protocol import Attack, Problem, run, run_jit
+from sarjax.attacks.core.validate import check_sample_ids
 from sarjax.attacks.threat import Threat, canonical_norm, check_labels
 
 LogitsFn = Callable[[jax.Array], jax.Array]
@@ -158,16 +158,17 @@ class Spec:
         return max(c0 + c, 2)
 
 
-def make_spec(name, init, step, norms, hp: dict, *, costs=_gradient_costs, best=None,
-              min_classes: int = 2) -> Spec:
+def make_spec(name, init, step, norms, hp: dict, *, costs=_gradient_costs, best=None, min_classes: int = 2) -> Spec:
     """Builds a hashable :class:`Spec` from a hyperparameter dict."""
-    return Spec(name, init, step, tuple(canonical_norm(p) for p in norms), tuple(sorted(hp.items())),
-                costs, best, min_classes)
+    return Spec(
+        name, init, step, tuple(canonical_norm(p) for p in norms), tuple(sorted(hp.items())), costs, best, min_classes
+    )
 
 
 # ---------------------------------------------------------------------------------------------
 # losses and success, for one example (logits: [C])
 # ---------------------------------------------------------------------------------------------
+
 
 def _other_max(logits, c):
     C = logits.shape[-1]
@@ -274,6 +275,7 @@ def worst_norm(x0, p, box=(0.0, 1.0)):
 # the state machine
 # ---------------------------------------------------------------------------------------------
 
+
 class MinNormProblem(NamedTuple):
     """One minimum-norm call: the protocol's :class:`~sarjax.attacks.core.protocol.Problem`
     plus what minimum-norm attacks add (every field traced).
@@ -350,12 +352,13 @@ def _member_fns(cfg: Cfg, params, M: int):
     """``(members, make_f)``: what is vmapped over the member axis and the logits function of
     one example for one member."""
     if cfg.stacked:
-        return params, lambda mem: (lambda x: cfg.apply(mem, x[None])[0])
+        return params, lambda mem: lambda x: cfg.apply(mem, x[None])[0]
 
     def make_f(m):
         def f(x):
             out = cfg.apply(params, x[None])
             return out[m, 0] if out.ndim == 3 else out[0]
+
         return f
 
     return jnp.arange(M), make_f
@@ -404,9 +407,11 @@ def _init(cfg: Cfg, params, prob: MinNormProblem) -> State:
     rkeys = jax.vmap(lambda k: jax.vmap(lambda r: jax.random.fold_in(k, r))(jnp.arange(R1)))(skeys)
     start = jnp.where(base.has_init, base.x_init, x0)
     if cfg.R > 0:
+
         def starts(k, xs, x, e):
             rand = jax.vmap(lambda kr: geometry.random_in_ball(jax.random.fold_in(kr, 0), x, e, cfg.p))(k)
             return jnp.where((jnp.arange(R1) == 0).reshape((R1,) + (1,) * x.ndim), xs[None], rand)
+
         xin = jax.vmap(starts)(rkeys, start, x0, prob.init_eps)
     else:
         xin = start[:, None]
@@ -423,8 +428,23 @@ def _init(cfg: Cfg, params, prob: MinNormProblem) -> State:
     if bn0 is not None:
         hist = hist.at[..., 0].set(jnp.where(ran0, bn0, jnp.inf))
     spent_log = jnp.zeros((B, M, R1, K + 1), jnp.int32).at[..., 0].set(spent)
-    return State(core, jnp.zeros((B, M, R1), jnp.int32), spent, budget, ran0, hist, spent_log,
-                 jnp.zeros((), jnp.int32), x0, y, t, ckeys, steps, mask, per_run)
+    return State(
+        core,
+        jnp.zeros((B, M, R1), jnp.int32),
+        spent,
+        budget,
+        ran0,
+        hist,
+        spent_log,
+        jnp.zeros((), jnp.int32),
+        x0,
+        y,
+        t,
+        ckeys,
+        steps,
+        mask,
+        per_run,
+    )
 
 
 def _step(cfg: Cfg, st: State, params) -> State:
@@ -442,8 +462,14 @@ def _step(cfg: Cfg, st: State, params) -> State:
     spent = Q.charge(st.spent, c, active)
     _, bn = _best(cfg.spec, core)
     k = st.k + 1
-    return st._replace(core=core, i=st.i + active.astype(jnp.int32), spent=spent,
-                       hist=st.hist.at[..., k].set(bn), spent_log=st.spent_log.at[..., k].set(spent), k=k)
+    return st._replace(
+        core=core,
+        i=st.i + active.astype(jnp.int32),
+        spent=spent,
+        hist=st.hist.at[..., k].set(bn),
+        spent_log=st.spent_log.at[..., k].set(spent),
+        k=k,
+    )
 
 
 def _trajectory(hist, spent, T):
@@ -495,6 +521,7 @@ _member_logits_jit = jax.jit(_member_logits, static_argnums=0)
 # the two entries
 # ---------------------------------------------------------------------------------------------
 
+
 def _logits_shape(apply, stacked, params, x0):
     if stacked:
         return jax.eval_shape(lambda p, x: jax.vmap(apply, (0, None))(p, x), params, x0).shape
@@ -542,8 +569,20 @@ class MinNormAttackFn:
       x_init: ``[B, *S]`` start of run 0 (default ``x0``).
     """
 
-    def __init__(self, spec: Spec, apply: Callable, *, p: float, T: int, R: int, targeted: bool,
-                 strict: bool, init_eps, stacked: bool, audit: bool):
+    def __init__(
+        self,
+        spec: Spec,
+        apply: Callable,
+        *,
+        p: float,
+        T: int,
+        R: int,
+        targeted: bool,
+        strict: bool,
+        init_eps,
+        stacked: bool,
+        audit: bool,
+    ):
         self.spec, self.apply, self.p, self.T, self.R = spec, apply, p, T, R
         self.targeted, self.strict, self.init_eps = targeted, strict, init_eps
         self.stacked, self.audit = stacked, audit
@@ -551,8 +590,9 @@ class MinNormAttackFn:
         self.__name__ = spec.name
 
     def cfg(self, num_classes: int) -> Cfg:
-        return Cfg(self.spec, self.apply, self.stacked, self.p, self.T, self.R, self.targeted,
-                   self.strict, int(num_classes))
+        return Cfg(
+            self.spec, self.apply, self.stacked, self.p, self.T, self.R, self.targeted, self.strict, int(num_classes)
+        )
 
     def attack_for(self, num_classes: int) -> Attack:
         """The state machine for a model with ``num_classes`` classes (FAB's step cost, hence
@@ -564,12 +604,17 @@ class MinNormAttackFn:
         B = x0.shape[0]
         shape = _logits_shape(self.apply, self.stacked, params, x0)
         C, M = shape[-1], (shape[0] if len(shape) == 3 else 1)
-        base = Problem(x0, _per_sample(ref, B, M, jnp.int32),
-                       jnp.ones((B, M), jnp.float32) if mask is None else _per_member(mask, B, M, jnp.float32),
-                       jnp.full((B,), jnp.inf, jnp.float32),
-                       jnp.broadcast_to(jnp.asarray(self.T if max_queries is None else max_queries).astype(jnp.int32), (B,)),
-                       key, jnp.arange(B, dtype=jnp.int32) if sample_ids is None else jnp.asarray(sample_ids).astype(jnp.int32),
-                       x0 if x_init is None else jnp.asarray(x_init, jnp.float32), jnp.asarray(x_init is not None))
+        base = Problem(
+            x0,
+            _per_sample(ref, B, M, jnp.int32),
+            jnp.ones((B, M), jnp.float32) if mask is None else _per_member(mask, B, M, jnp.float32),
+            jnp.full((B,), jnp.inf, jnp.float32),
+            jnp.broadcast_to(jnp.asarray(self.T if max_queries is None else max_queries).astype(jnp.int32), (B,)),
+            key,
+            jnp.arange(B, dtype=jnp.int32) if sample_ids is None else jnp.asarray(sample_ids).astype(jnp.int32),
+            x0 if x_init is None else jnp.asarray(x_init, jnp.float32),
+            jnp.asarray(x_init is not None),
+        )
         lab = base.ref if labels is None else _per_sample(labels, B, M, jnp.int32)
         e = self.init_eps if init_eps is None else init_eps
         e = jnp.broadcast_to(jnp.asarray(0.0 if e is None else e, jnp.float32), (B,))
@@ -592,8 +637,10 @@ class MinNormAttackFn:
         try:
             shape = _logits_shape(self.apply, self.stacked, params, jnp.asarray(xa, jnp.float32))
         except Exception as err:  # noqa: BLE001 - re-raised with what was expected
-            raise TypeError(f"{name}: apply(params, x0) failed ({err}); expected logits [M, B, C] or [B, C]"
-                            + (" from one member's apply vmapped over stacked params" if self.stacked else "")) from err
+            raise TypeError(
+                f"{name}: apply(params, x0) failed ({err}); expected logits [M, B, C] or [B, C]"
+                + (" from one member's apply vmapped over stacked params" if self.stacked else "")
+            ) from err
         if len(shape) not in (2, 3) or shape[-2] != B:
             raise ValueError(f"{name}: apply must return logits [M, B, C] or [B, C] with B={B}, got {shape}")
         C, M = shape[-1], (shape[0] if len(shape) == 3 else 1)
@@ -605,16 +652,19 @@ class MinNormAttackFn:
         check_labels(r, C, name="targets" if self.targeted else "labels")
         if self.targeted:
             if labels is None:
-                raise ValueError(f"{name}: targeted=True needs labels= (the true labels [B] or [B, M]): "
-                                 "the targeted losses and the success test read them")
+                raise ValueError(
+                    f"{name}: targeted=True needs labels= (the true labels [B] or [B, M]): "
+                    "the targeted losses and the success test read them"
+                )
             lab = np.asarray(labels)
             if lab.shape not in ((B,), (B, M)):
                 raise ValueError(f"{name}: labels must be [B] or [B, M] with B={B}, M={M}, got shape {lab.shape}")
             check_labels(lab, C, name="labels")
             same = np.broadcast_to(lab.reshape(B, -1), (B, M)) == np.broadcast_to(r.reshape(B, -1), (B, M))
             if same.any():
-                raise ValueError(f"{name}: a target equals the true label for samples "
-                                 f"{np.flatnonzero(same.any(1))[:10].tolist()}")
+                raise ValueError(
+                    f"{name}: a target equals the true label for samples {np.flatnonzero(same.any(1))[:10].tolist()}"
+                )
         elif labels is not None:
             raise ValueError(f"{name}: labels= is only read by targeted attacks (ref holds the labels)")
         if mask is not None:
@@ -622,7 +672,9 @@ class MinNormAttackFn:
             if mk.shape not in ((M,), (B, M)):
                 raise ValueError(f"{name}: mask must be [M] or [B, M] with B={B}, M={M}, got shape {mk.shape}")
             if not np.isin(mk, (0, 1)).all():
-                raise ValueError(f"{name}: mask must hold 0/1 (or bool) per member, got values {np.unique(mk)[:5].tolist()}")
+                raise ValueError(
+                    f"{name}: mask must hold 0/1 (or bool) per member, got values {np.unique(mk)[:5].tolist()}"
+                )
         if max_queries is not None:
             if isinstance(max_queries, bool):
                 raise TypeError(f"{name}: max_queries must be None, an int or [B] ints, got a bool")
@@ -634,28 +686,52 @@ class MinNormAttackFn:
             cap = np.broadcast_to(cap, (B,))
             over = np.flatnonzero(cap > self.T)
             if over.size:
-                raise ValueError(f"{name}: max_queries above the factory's maximum T={self.T} for samples "
-                                 f"{over[:10].tolist()} ({cap[over[:10]].tolist()}); build the attack with a larger max_queries")
+                raise ValueError(
+                    f"{name}: max_queries above the factory's maximum T={self.T} for samples "
+                    f"{over[:10].tolist()} ({cap[over[:10]].tolist()}); build the attack with a larger max_queries"
+                )
             need = self.spec.min_budget(C) * (self.R + 1)
             low = np.flatnonzero(cap < need)
             if low.size:
-                raise ValueError(f"{name}: max_queries below {need} (the smallest budget of {self.R + 1} run(s)) for "
-                                 f"samples {low[:10].tolist()} ({cap[low[:10]].tolist()})")
+                raise ValueError(
+                    f"{name}: max_queries below {need} (the smallest budget of {self.R + 1} run(s)) for "
+                    f"samples {low[:10].tolist()} ({cap[low[:10]].tolist()})"
+                )
         if self.R > 0:
             e = self.init_eps if init_eps is None else init_eps
             ea = None if e is None else np.asarray(e, np.float64)
-            if ea is None or ea.ndim > 1 or (ea.ndim == 1 and ea.shape != (B,)) or not (np.isfinite(ea).all() and (ea > 0).all()):
+            if (
+                ea is None
+                or ea.ndim > 1
+                or (ea.ndim == 1 and ea.shape != (B,))
+                or not (np.isfinite(ea).all() and (ea > 0).all())
+            ):
                 raise ValueError(f"{name}: restarts > 0 needs init_eps, a finite radius > 0 (scalar or [B]), got {e!r}")
         sid = check_sample_ids(sample_ids, B)
         if x_init is not None:
             xi = np.asarray(x_init)
             if xi.shape != xa.shape or not np.isfinite(xi).all() or xi.min() < 0 or xi.max() > 1:
-                raise ValueError(f"{name}: x_init must be finite, in [0, 1] and of shape {xa.shape}, got shape {xi.shape}")
-        return self._make(params, jnp.asarray(xa, jnp.float32), jnp.asarray(r), mask, key, max_queries, sid, labels,
-                          init_eps, x_init)
+                raise ValueError(
+                    f"{name}: x_init must be finite, in [0, 1] and of shape {xa.shape}, got shape {xi.shape}"
+                )
+        return self._make(
+            params, jnp.asarray(xa, jnp.float32), jnp.asarray(r), mask, key, max_queries, sid, labels, init_eps, x_init
+        )
 
-    def __call__(self, params, x0, ref, mask=None, key=None, *, max_queries=None, sample_ids=None, labels=None,
-                 init_eps=None, x_init=None) -> MinNormResult:
+    def __call__(
+        self,
+        params,
+        x0,
+        ref,
+        mask=None,
+        key=None,
+        *,
+        max_queries=None,
+        sample_ids=None,
+        labels=None,
+        init_eps=None,
+        x_init=None,
+    ) -> MinNormResult:
         prob, C = self._validate(params, x0, ref, mask, key, max_queries, sample_ids, labels, init_eps, x_init)
         cfg = self.cfg(C)
         res = run_jit(attack_of(cfg), params, prob)
@@ -663,8 +739,20 @@ class MinNormAttackFn:
             _audit(cfg, params, prob, res)
         return res
 
-    def jit(self, params, x0, ref, mask=None, key=None, *, max_queries=None, sample_ids=None, labels=None,
-            init_eps=None, x_init=None) -> MinNormResult:
+    def jit(
+        self,
+        params,
+        x0,
+        ref,
+        mask=None,
+        key=None,
+        *,
+        max_queries=None,
+        sample_ids=None,
+        labels=None,
+        init_eps=None,
+        x_init=None,
+    ) -> MinNormResult:
         """The jit-safe entry: no host call, no validation, no audit (labels must lie in
         ``[0, C)``; caps ``<= T``)."""
         if key is None:
@@ -689,8 +777,13 @@ def _audit(cfg: Cfg, params, prob: MinNormProblem, res: MinNormResult):
     x0m = np.broadcast_to(x0[:, None], xa.shape)
     xa = np.where(ok.reshape((B, M) + (1,) * (x0.ndim - 1)), xa, x0m)
     what = cfg.spec.name
-    audit_check(x0m.reshape((B * M,) + x0.shape[1:]), xa.reshape((B * M,) + x0.shape[1:]),
-                Threat(cfg.p, nrm.reshape(-1)), what=what, rtol=1e-5)
+    audit_check(
+        x0m.reshape((B * M,) + x0.shape[1:]),
+        xa.reshape((B * M,) + x0.shape[1:]),
+        Threat(cfg.p, nrm.reshape(-1)),
+        what=what,
+        rtol=1e-5,
+    )
     if not ok.any():
         return
     lg = np.asarray(_member_logits_jit(cfg, params, jnp.asarray(xa)))
@@ -702,13 +795,25 @@ def _audit(cfg: Cfg, params, prob: MinNormProblem, res: MinNormResult):
     bad = ok & ~good & ~tie
     if bad.any():
         b, m = np.nonzero(bad)
-        raise ValueError(f"{what}: returned points are not adversarial for (sample, member) "
-                         f"{list(zip(b[:5].tolist(), m[:5].tolist()))} although their norm is finite")
+        raise ValueError(
+            f"{what}: returned points are not adversarial for (sample, member) "
+            f"{list(zip(b[:5].tolist(), m[:5].tolist()))} although their norm is finite"
+        )
 
 
-def make(spec: Spec, apply: Callable, *, norm, max_queries: int = 1000, targeted: bool = False,
-         success: str | None = None, restarts: int = 0, init_eps=None, stacked: bool = False,
-         audit: bool = True) -> MinNormAttackFn:
+def make(
+    spec: Spec,
+    apply: Callable,
+    *,
+    norm,
+    max_queries: int = 1000,
+    targeted: bool = False,
+    success: str | None = None,
+    restarts: int = 0,
+    init_eps=None,
+    stacked: bool = False,
+    audit: bool = True,
+) -> MinNormAttackFn:
     """Builds a minimum-norm attack on a pool (the factory behind every ``make_<attack>``).
 
     Args:
@@ -743,8 +848,10 @@ def make(spec: Spec, apply: Callable, *, norm, max_queries: int = 1000, targeted
         raise ValueError(f"restarts must be an int >= 0, got {restarts!r}")
     T, R = int(max_queries), int(restarts)
     if T < TRAJ_EVERY or T // (R + 1) < spec.min_budget(2):
-        raise ValueError(f"max_queries={T} is too small for {spec.name} with {R} restarts: need >= "
-                         f"{max(TRAJ_EVERY, spec.min_budget(2) * (R + 1))}")
+        raise ValueError(
+            f"max_queries={T} is too small for {spec.name} with {R} restarts: need >= "
+            f"{max(TRAJ_EVERY, spec.min_budget(2) * (R + 1))}"
+        )
     if success is None:
         success = "targeted" if targeted else "untargeted"
     if success not in ("targeted", "untargeted"):
@@ -753,28 +860,60 @@ def make(spec: Spec, apply: Callable, *, norm, max_queries: int = 1000, targeted
         raise ValueError("success='targeted' needs targeted=True (ref holds the targets)")
     if init_eps is not None and not (np.ndim(init_eps) == 0 and float(init_eps) > 0 and math.isfinite(float(init_eps))):
         raise ValueError(f"init_eps must be a finite scalar > 0, got {init_eps!r}")
-    return MinNormAttackFn(spec, apply, p=p, T=T, R=R, targeted=bool(targeted), strict=success == "targeted",
-                           init_eps=None if init_eps is None else float(init_eps), stacked=bool(stacked),
-                           audit=bool(audit))
+    return MinNormAttackFn(
+        spec,
+        apply,
+        p=p,
+        T=T,
+        R=R,
+        targeted=bool(targeted),
+        strict=success == "targeted",
+        init_eps=None if init_eps is None else float(init_eps),
+        stacked=bool(stacked),
+        audit=bool(audit),
+    )
 
 
 def factory(spec_fn: Callable, default_norm, default_queries: int):
     """A ``make_<attack>(apply, *, norm, max_queries, ..., **hp)`` over :func:`make`."""
 
-    def make_attack(apply: Callable, *, norm=default_norm, max_queries: int = default_queries,
-                    targeted: bool = False, success: str | None = None, restarts: int = 0, init_eps=None,
-                    stacked: bool = False, audit: bool = True, **hp) -> MinNormAttackFn:
-        return make(spec_fn(**hp), apply, norm=norm, max_queries=max_queries, targeted=targeted,
-                    success=success, restarts=restarts, init_eps=init_eps, stacked=stacked, audit=audit)
+    def make_attack(
+        apply: Callable,
+        *,
+        norm=default_norm,
+        max_queries: int = default_queries,
+        targeted: bool = False,
+        success: str | None = None,
+        restarts: int = 0,
+        init_eps=None,
+        stacked: bool = False,
+        audit: bool = True,
+        **hp,
+    ) -> MinNormAttackFn:
+        return make(
+            spec_fn(**hp),
+            apply,
+            norm=norm,
+            max_queries=max_queries,
+            targeted=targeted,
+            success=success,
+            restarts=restarts,
+            init_eps=init_eps,
+            stacked=stacked,
+            audit=audit,
+        )
 
-    make_attack.__doc__ = (f"Builds the attack of :func:`spec` on a pool: :func:`sarjax.attacks.minnorm.make`"
-                           f" with ``spec(**hp)`` (default norm {default_norm}, ``max_queries={default_queries}``).")
+    make_attack.__doc__ = (
+        f"Builds the attack of :func:`spec` on a pool: :func:`sarjax.attacks.minnorm.make`"
+        f" with ``spec(**hp)`` (default norm {default_norm}, ``max_queries={default_queries}``)."
+    )
     return make_attack
 
 
 # ---------------------------------------------------------------------------------------------
 # combining runs
 # ---------------------------------------------------------------------------------------------
+
 
 def top_k_targets(logits: jax.Array, y: jax.Array, k: int = 9) -> jax.Array:
     """The ``k`` most likely wrong classes per sample (papers/001 Section 5.1: top-9).
@@ -831,6 +970,22 @@ def best_of(results: list[MinNormResult]) -> MinNormResult:
     return MinNormResult(x, n, traj, q, jnp.isfinite(n))
 
 
-__all__ = ["MinNormResult", "MinNormAttackFn", "MinNormProblem", "Spec", "Ctx", "Cfg", "State", "make_spec",
-           "make", "factory", "attack_of", "num_steps", "top_k_targets", "best_of", "margin", "is_success",
-           "TRAJ_EVERY"]
+__all__ = [
+    "MinNormResult",
+    "MinNormAttackFn",
+    "MinNormProblem",
+    "Spec",
+    "Ctx",
+    "Cfg",
+    "State",
+    "make_spec",
+    "make",
+    "factory",
+    "attack_of",
+    "num_steps",
+    "top_k_targets",
+    "best_of",
+    "margin",
+    "is_success",
+    "TRAJ_EVERY",
+]

@@ -30,8 +30,9 @@ def dual_init(hp):
 
 def dual_update(lam, lam_ema, m, i, steps, hp):
     """Ascent on the log dual ratio with sign(m), then the EMA of its softmax."""
-    theta = hp["dual_lr"] * ((steps - 1 - i) / jnp.maximum(steps - 1, 1) * (1 - hp["dual_lr_decrease"])
-                             + hp["dual_lr_decrease"])
+    theta = hp["dual_lr"] * (
+        (steps - 1 - i) / jnp.maximum(steps - 1, 1) * (1 - hp["dual_lr_decrease"]) + hp["dual_lr_decrease"]
+    )
     lo = math.log(hp["dual_min_ratio"])
     lam = lam.at[1].set(jnp.clip(lam[1] + theta * jnp.sign(m), lo, -lo))
     lam_ema = lam_ema + (1.0 - hp["dual_ema"]) * (jax.nn.softmax(lam) - lam_ema)
@@ -64,12 +65,24 @@ def _step(ctx, s, i):
     return x, m1, m2, lam, lam_ema, bx, bn
 
 
-def default_hp(primal_lr=0.1, primal_lr_decrease=0.01, dual_ratio_init=0.01, dual_lr=0.1,
-               dual_lr_decrease=0.1, dual_ema=0.9, dual_min_ratio=1e-6):
-    return dict(primal_lr=float(primal_lr), primal_lr_decrease=float(primal_lr_decrease),
-                dual_ratio_init=float(dual_ratio_init), dual_lr=float(dual_lr),
-                dual_lr_decrease=float(dual_lr_decrease), dual_ema=float(dual_ema),
-                dual_min_ratio=float(dual_min_ratio))
+def default_hp(
+    primal_lr=0.1,
+    primal_lr_decrease=0.01,
+    dual_ratio_init=0.01,
+    dual_lr=0.1,
+    dual_lr_decrease=0.1,
+    dual_ema=0.9,
+    dual_min_ratio=1e-6,
+):
+    return dict(
+        primal_lr=float(primal_lr),
+        primal_lr_decrease=float(primal_lr_decrease),
+        dual_ratio_init=float(dual_ratio_init),
+        dual_lr=float(dual_lr),
+        dual_lr_decrease=float(dual_lr_decrease),
+        dual_ema=float(dual_ema),
+        dual_min_ratio=float(dual_min_ratio),
+    )
 
 
 def spec(**hp) -> mn.Spec:

@@ -58,7 +58,7 @@ def prox_linf(x, lam):
 def prox_l23(x, lam):
     """Closed-form proximal operator of ``lam |x|^(2/3)`` (Cao, Sun & Xu 2013)."""
     x2 = x * x
-    disc = x2 * x2 / 256.0 - 8.0 * lam ** 3 / 729.0
+    disc = x2 * x2 / 256.0 - 8.0 * lam**3 / 729.0
     ok = disc >= 0
     a = jnp.sqrt(jnp.where(ok, disc, 0.0))
     b = 2.0 * (jnp.cbrt(x2 / 16.0 + a) + jnp.cbrt(x2 / 16.0 - a))
@@ -106,8 +106,7 @@ def _step(ctx, s, i):
         zn = jnp.clip(x0 + zn, 0.0, 1.0) - x0
         upd = e > hp["eps_threshold"]
         z_new = jnp.where(upd, zn, z)
-        e = jnp.where(upd, jnp.sqrt(jnp.sum((z_new - z) ** 2)) /
-                      jnp.maximum(jnp.sqrt(jnp.sum(z_new ** 2)), 1e-12), e)
+        e = jnp.where(upd, jnp.sqrt(jnp.sum((z_new - z) ** 2)) / jnp.maximum(jnp.sqrt(jnp.sum(z_new**2)), 1e-12), e)
         return z_new, e
 
     z, _ = jax.lax.fori_loop(0, hp["proximal_steps"], sub, (r, jnp.asarray(1.0, jnp.float32)))

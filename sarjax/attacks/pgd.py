@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from sarjax.attacks.core import AttackFn
 from sarjax.attacks.core import validate as V
@@ -10,10 +10,23 @@ from sarjax.attacks.core.gradient import Config, gradient_attack
 from sarjax.attacks.threat import canonical_norm
 
 
-def make_pgd(apply: Callable, *, norm="linf", eps=None, steps: int = 40, step_size: float | None = None,
-             rel_step: float | None = None, restarts: int = 1, random_start: bool = True,
-             loss: str = "ce", targeted: bool = False, l1_sparsity: float = 0.99,
-             box=(0.0, 1.0), audit: bool = True, eot: int = 1) -> AttackFn:
+def make_pgd(
+    apply: Callable,
+    *,
+    norm="linf",
+    eps=None,
+    steps: int = 40,
+    step_size: float | None = None,
+    rel_step: float | None = None,
+    restarts: int = 1,
+    random_start: bool = True,
+    loss: str = "ce",
+    targeted: bool = False,
+    l1_sparsity: float = 0.99,
+    box=(0.0, 1.0),
+    audit: bool = True,
+    eot: int = 1,
+) -> AttackFn:
     """PGD (Madry et al. 2018) against the mean loss of the selected members.
 
     With one member this is classic PGD; with a ``[B, M]`` mask it is the
@@ -68,9 +81,28 @@ def make_pgd(apply: Callable, *, norm="linf", eps=None, steps: int = 40, step_si
         raise ValueError(f"l1_sparsity must be in [0, 1), got {l1_sparsity!r}")
     if rel_step is None:
         rel_step = 1.0 / 16 if p == float("inf") else 0.25
-    cfg = Config(apply=apply, p=p, steps=steps, restarts=restarts, random_start=bool(random_start),
-                 loss=loss, targeted=targeted, box=tuple(float(b) for b in box),
-                 rel_step=float(rel_step), abs_step=V.check_step(step_size),
-                 l1_sparsity=float(l1_sparsity), eot=V.check_eot(eot))
-    return V.public(gradient_attack(cfg), name="pgd", p=p, default_eps=eps, box=box, audit=audit, apply=apply,
-                    eot=cfg.eot, ref_name="targets" if targeted else "labels")
+    cfg = Config(
+        apply=apply,
+        p=p,
+        steps=steps,
+        restarts=restarts,
+        random_start=bool(random_start),
+        loss=loss,
+        targeted=targeted,
+        box=tuple(float(b) for b in box),
+        rel_step=float(rel_step),
+        abs_step=V.check_step(step_size),
+        l1_sparsity=float(l1_sparsity),
+        eot=V.check_eot(eot),
+    )
+    return V.public(
+        gradient_attack(cfg),
+        name="pgd",
+        p=p,
+        default_eps=eps,
+        box=box,
+        audit=audit,
+        apply=apply,
+        eot=cfg.eot,
+        ref_name="targets" if targeted else "labels",
+    )

@@ -72,6 +72,7 @@ def normalize_cap(max_queries, batch: int) -> jnp.ndarray:
     if max_queries is None:
         return jnp.full((batch,), NO_CAP, jnp.int32)
     import numpy as np
+
     arr = np.asarray(max_queries)
     if arr.ndim > 1 or (arr.ndim == 1 and arr.shape[0] != batch):
         raise ValueError(f"max_queries must be None, a scalar or shape [{batch}], got shape {arr.shape}")

@@ -11,7 +11,7 @@ combined output is audited once more.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -26,8 +26,7 @@ def _pick(better, a, b):
     return jax.tree.map(lambda u, v: jnp.where(better.reshape((-1,) + (1,) * (u.ndim - 1)), u, v), a, b)
 
 
-def make_rounds(attack: Callable, rounds: int, *, norm, warm_start: bool = True,
-                box=(0.0, 1.0)) -> Callable:
+def make_rounds(attack: Callable, rounds: int, *, norm, warm_start: bool = True, box=(0.0, 1.0)) -> Callable:
     """Runs ``attack`` for ``rounds`` rounds against the same ``x0`` and keeps the best.
 
     Each round uses key ``fold_in(key, r)`` (fresh random starts; sample ``b`` then draws from
@@ -63,13 +62,21 @@ def make_rounds(attack: Callable, rounds: int, *, norm, warm_start: bool = True,
         acc = None
         for r in range(rounds):  # host loop over a few compiled calls
             init = acc.best_x if (warm_start and acc is not None) else None
-            res = attack(params, x0, ref, m, jax.random.fold_in(key, r), eps=eps,
-                         max_queries=max_queries, x_init=init, sample_ids=sample_ids)
+            res = attack(
+                params,
+                x0,
+                ref,
+                m,
+                jax.random.fold_in(key, r),
+                eps=eps,
+                max_queries=max_queries,
+                x_init=init,
+                sample_ids=sample_ids,
+            )
             if acc is None:
                 acc = res
                 continue
-            sel = (jnp.ones_like(res.success, jnp.float32) if m is None
-                   else jnp.broadcast_to(m, res.success.shape)) > 0
+            sel = (jnp.ones_like(res.success, jnp.float32) if m is None else jnp.broadcast_to(m, res.success.shape)) > 0
 
             def score(s):
                 return jnp.sum(s & sel, axis=-1)
@@ -78,10 +85,16 @@ def make_rounds(attack: Callable, rounds: int, *, norm, warm_start: bool = True,
             b1 = (nf > of) | ((nf == of) & (res.objective > acc.objective))
             nb, ob = score(res.best_success), score(acc.best_success)
             b2 = (nb > ob) | ((nb == ob) & (res.best_objective > acc.best_objective))
-            final = _pick(b1, (res.x_adv, res.success, res.objective, res.member_loss),
-                          (acc.x_adv, acc.success, acc.objective, acc.member_loss))
-            best = _pick(b2, (res.best_x, res.best_success, res.best_objective),
-                         (acc.best_x, acc.best_success, acc.best_objective))
+            final = _pick(
+                b1,
+                (res.x_adv, res.success, res.objective, res.member_loss),
+                (acc.x_adv, acc.success, acc.objective, acc.member_loss),
+            )
+            best = _pick(
+                b2,
+                (res.best_x, res.best_success, res.best_objective),
+                (acc.best_x, acc.best_success, acc.best_objective),
+            )
             acc = AttackResult(*final, acc.queries + res.queries, *best)
         threat = Threat(norm, np.broadcast_to(np.asarray(eps, np.float32), (np.shape(x0)[0],)), box)
         check(x0, acc.x_adv, threat, what=f"{rounds}-round combinator (x_adv)")

@@ -52,8 +52,13 @@ def spec(*, eta0: float = 1.0, sigma: float = 1e-3, tau0: float = 0.3, tau_facto
     Defaults (sigma-zero paper and reference code, as adv-lib): eta0 1 with
     cosine annealing to 0.1 eta0, sigma 1e-3, tau0 0.3, tau factor 0.01.
     """
-    return mn.make_spec("sigma_zero", _init, _step, (0,),
-                        dict(eta0=float(eta0), sigma=float(sigma), tau0=float(tau0), tau_factor=float(tau_factor)))
+    return mn.make_spec(
+        "sigma_zero",
+        _init,
+        _step,
+        (0,),
+        dict(eta0=float(eta0), sigma=float(sigma), tau0=float(tau0), tau_factor=float(tau_factor)),
+    )
 
 
 make_sigma_zero = mn.factory(spec, 0, 2000)

@@ -49,7 +49,8 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -73,7 +74,7 @@ def p_schedule(p_init: float, it, n_iters: int):
     """Square area share at iteration ``it`` (paper's schedule, defined for 10,000 iterations)."""
     i = jnp.floor(it / n_iters * 10000)
     k = jnp.searchsorted(jnp.asarray(_SCHEDULE_AT, jnp.float32), i, side="left")
-    return p_init / (2.0 ** k)
+    return p_init / (2.0**k)
 
 
 def l2_window_side(p, n_features: int, channels: int, max_side: int):
@@ -104,8 +105,8 @@ def _halves(a, b, s, table, xp=jnp):
     local coordinates ``(a, b)`` (integer arrays, broadcastable); zero outside."""
     h1 = s // 2
     h2 = s - h1
-    top_k = s // 2 + 1             # number of concentric rectangles (both halves)
-    cb = s // 2                    # centre column
+    top_k = s // 2 + 1  # number of concentric rectangles (both halves)
+    cb = s // 2  # centre column
     inside_b = (b >= 0) & (b < s)
     in1 = (a >= 0) & (a < h1) & inside_b
     in2 = (a >= h1) & (a < s) & inside_b
@@ -116,7 +117,7 @@ def _halves(a, b, s, table, xp=jnp):
     return xp.where(in1, v1, 0.0), xp.where(in2, v2, 0.0)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _half_norms(max_side: int) -> np.ndarray:
     """l2 norms of the two unnormalised halves of ``eta(s)`` for ``s = 0..max_side``
     (float32 ``[max_side + 1, 2]``), computed once on the host."""
@@ -150,7 +151,7 @@ def centred_pattern(a, b, s, flip, max_side: int) -> jnp.ndarray:
       float32 array of the broadcast shape of ``a, b, flip``.
     """
     table = jnp.asarray(_inv_square_table(max_side + 1))
-    norms = jnp.asarray(_half_norms(max_side))          # [max_side + 1, 2], static
+    norms = jnp.asarray(_half_norms(max_side))  # [max_side + 1, 2], static
     n1, n2 = norms[s, 0], norms[s, 1]
     # both halves are unit vectors on disjoint supports: the window norm is
     # sqrt(2), or 1 when s == 1 (no first half)
@@ -221,15 +222,15 @@ def l2_window_update(delta, r1, c1, r2, c2, s, flip, sign, eps, max_side: int) -
     C = delta.shape[-1]
     ii = jnp.arange(H)[:, None]
     jj = jnp.arange(W)[None, :]
-    w1 = ((ii >= r1) & (ii < r1 + s) & (jj >= c1) & (jj < c1 + s))[..., None]   # [H, W, 1]
+    w1 = ((ii >= r1) & (ii < r1 + s) & (jj >= c1) & (jj < c1 + s))[..., None]  # [H, W, 1]
     w2 = ((ii >= r2) & (ii < r2 + s) & (jj >= c2) & (jj < c2 + s))[..., None]
     sq = delta * delta
     norm_img = jnp.sqrt(jnp.sum(sq))
-    norm_w1 = jnp.sqrt(jnp.sum(jnp.where(w1, sq, 0.0), axis=(0, 1)))              # [C]
-    norm_union = jnp.sqrt(jnp.sum(jnp.where(w1 | w2, sq, 0.0), axis=(0, 1)))      # [C]
-    pat = centred_pattern(ii - r1, jj - c1, s, flip, max_side)[..., None]          # [H, W, 1]
+    norm_w1 = jnp.sqrt(jnp.sum(jnp.where(w1, sq, 0.0), axis=(0, 1)))  # [C]
+    norm_union = jnp.sqrt(jnp.sum(jnp.where(w1 | w2, sq, 0.0), axis=(0, 1)))  # [C]
+    pat = centred_pattern(ii - r1, jj - c1, s, flip, max_side)[..., None]  # [H, W, 1]
     new = jnp.where(w1, pat * sign + delta / (norm_w1 + _TINY), 0.0)
-    new_norm = jnp.sqrt(jnp.sum(new * new, axis=(0, 1)))                           # [C]
+    new_norm = jnp.sqrt(jnp.sum(new * new, axis=(0, 1)))  # [C]
     mass = jnp.sqrt(jnp.maximum(eps * eps - norm_img * norm_img, 0.0) / C + norm_union * norm_union)
     new = new * (mass / jnp.maximum(new_norm, _TINY))
     d = jnp.where(w1, new, jnp.where(w2, 0.0, delta))
@@ -256,8 +257,7 @@ def l2_proposal(key, x, x0, eps, p, box=(0.0, 1.0)) -> jnp.ndarray:
     s = l2_window_side(p, H * W * C, C, max_side)
     # one uniform draw per proposal (cheaper to compile than several randint/choice calls)
     u = jax.random.uniform(key, (6 + C,))
-    r1, c1, r2, c2 = (_uniform_int(u[i], n) for i, n in enumerate((H - s + 1, W - s + 1,
-                                                                    H - s + 1, W - s + 1)))
+    r1, c1, r2, c2 = (_uniform_int(u[i], n) for i, n in enumerate((H - s + 1, W - s + 1, H - s + 1, W - s + 1)))
     flip = u[4] < 0.5
     sign = jnp.where(u[6:] < 0.5, -1.0, 1.0)
     d = l2_window_update(x - x0, r1, c1, r2, c2, s, flip, sign, eps, max_side)
@@ -278,6 +278,7 @@ def _score(targeted):
         losses = -cross_entropy(z, ref) if targeted else margin(z, ref)  # maximise
         ev = E.evaluation(losses, fooled(z, ref, targeted), mask)
         return ev.obj, ev
+
     return score
 
 
@@ -320,7 +321,7 @@ def init(cfg: SquareConfig, params, problem: Problem) -> SquareState:
         warm = G.project(xi, x0, eps, cfg.p, cfg.box)
         return jnp.where(problem.has_init, warm, x)
 
-    keys = sample_keys(problem)   # init: fold_in(keys[b], 0), iteration it: fold_in(keys[b], it + 1)
+    keys = sample_keys(problem)  # init: fold_in(keys[b], 0), iteration it: fold_in(keys[b], it + 1)
     x = jax.vmap(init_one)(jax.vmap(lambda k: jax.random.fold_in(k, 0))(keys), x0, eps, problem.x_init)
     ok0 = (n_sel > 0) & Q.allowed(count, M, cap)
     _, ev = evaluate(params, x, ref, mask)
@@ -375,9 +376,16 @@ def step(cfg: SquareConfig, s: SquareState, params) -> SquareState:
 def result(cfg: SquareConfig, s: SquareState, params) -> AttackResult:
     """``x_adv``: the current (accepted) point; ``best_x``: the best-so-far point."""
     del cfg, params
-    return AttackResult(x_adv=s.x, success=s.ev.success, objective=s.ev.obj, member_loss=s.ev.losses,
-                        queries=s.count, best_x=s.best.x, best_success=s.best.ev.success,
-                        best_objective=s.best.ev.obj)
+    return AttackResult(
+        x_adv=s.x,
+        success=s.ev.success,
+        objective=s.ev.obj,
+        member_loss=s.ev.losses,
+        queries=s.count,
+        best_x=s.best.x,
+        best_success=s.best.ev.success,
+        best_objective=s.best.ev.obj,
+    )
 
 
 def square_attack(cfg: SquareConfig) -> Attack:
@@ -385,8 +393,17 @@ def square_attack(cfg: SquareConfig) -> Attack:
     return Attack(init, step, result, cfg.n_queries - 1, cfg)
 
 
-def make_square(apply: Callable, *, norm="linf", eps=None, n_queries: int = 5000, p_init: float = 0.8,
-                targeted: bool = False, box=(0.0, 1.0), audit: bool = True) -> AttackFn:
+def make_square(
+    apply: Callable,
+    *,
+    norm="linf",
+    eps=None,
+    n_queries: int = 5000,
+    p_init: float = 0.8,
+    targeted: bool = False,
+    box=(0.0, 1.0),
+    audit: bool = True,
+) -> AttackFn:
     """Square attack (linf or l2), the black-box member of the suite.
 
     Args:
@@ -420,6 +437,13 @@ def make_square(apply: Callable, *, norm="linf", eps=None, n_queries: int = 5000
     if not 0.0 < p_init <= 1.0:
         raise ValueError(f"p_init must be in (0, 1], got {p_init!r}")
     cfg = SquareConfig(apply, n_queries, float(p_init), bool(targeted), tuple(float(b) for b in box), p)
-    return V.public(square_attack(cfg), name="square" if p == math.inf else "square-l2",
-                    p=p, default_eps=eps, box=box, audit=audit, apply=apply,
-                    ref_name="targets" if targeted else "labels")
+    return V.public(
+        square_attack(cfg),
+        name="square" if p == math.inf else "square-l2",
+        p=p,
+        default_eps=eps,
+        box=box,
+        audit=audit,
+        apply=apply,
+        ref_name="targets" if targeted else "labels",
+    )

@@ -16,8 +16,15 @@ import jax.numpy as jnp
 import numpy as np
 
 _NORM_ALIASES = {
-    "l0": 0.0, "linf": math.inf, "l1": 1.0, "l2": 2.0, "inf": math.inf,
-    "infinity": math.inf, "0": 0.0, "1": 1.0, "2": 2.0,
+    "l0": 0.0,
+    "linf": math.inf,
+    "l1": 1.0,
+    "l2": 2.0,
+    "inf": math.inf,
+    "infinity": math.inf,
+    "0": 0.0,
+    "1": 1.0,
+    "2": 2.0,
 }
 
 
@@ -38,8 +45,7 @@ def canonical_norm(p: Any) -> float:
     if isinstance(p, str):
         key = p.strip().lower()
         if key not in _NORM_ALIASES:
-            raise ValueError(
-                f"norm must be one of 0, 1, 2, inf or 'l0', 'l1', 'l2', 'linf'; got {p!r}")
+            raise ValueError(f"norm must be one of 0, 1, 2, inf or 'l0', 'l1', 'l2', 'linf'; got {p!r}")
         return _NORM_ALIASES[key]
     if isinstance(p, bool) or not isinstance(p, (int, float, np.integer, np.floating)):
         raise TypeError(f"norm must be a number or a string, got {type(p).__name__}: {p!r}")
@@ -149,5 +155,6 @@ def check_labels(labels, num_classes: int, *, name: str = "labels", untargeted: 
     first = [int(vals[s][np.argmax(rows[s])]) for s in samples[:10]]
     more = f" (and {samples.size - 10} more samples)" if samples.size > 10 else ""
     allowed = "" if untargeted is None else f" or {untargeted}"
-    raise ValueError(f"{name} out of range [0, C={int(num_classes)}){allowed}: samples "
-                     f"{samples[:10].tolist()} have {first}{more}")
+    raise ValueError(
+        f"{name} out of range [0, C={int(num_classes)}){allowed}: samples {samples[:10].tolist()} have {first}{more}"
+    )

@@ -59,9 +59,7 @@ def _prepare(sets: Any, tau: int, precovered: Any) -> tuple[np.ndarray, np.ndarr
     else:
         pre = np.asarray(precovered)
         if pre.dtype != np.bool_ or pre.shape != (m,):
-            raise ValueError(
-                f"precovered must be a bool array of shape [{m}], got {pre.dtype} {pre.shape}"
-            )
+            raise ValueError(f"precovered must be a bool array of shape [{m}], got {pre.dtype} {pre.shape}")
     return s, pre, int(tau) - int(pre.sum())
 
 
@@ -193,7 +191,7 @@ class CoverCheck:
 
 
 def exact_check(
-    result: "SARResult",
+    result: SARResult,
     alpha: float = 1.0,
     extra_sets: Any = None,
     time_limit: float | None = None,
@@ -217,9 +215,7 @@ def exact_check(
     if extra_sets is not None:
         extra = np.asarray(extra_sets)
         if extra.dtype != np.bool_ or extra.ndim != 3 or extra.shape[0] != b or extra.shape[2] != m:
-            raise ValueError(
-                f"extra_sets must be bool [{b}, N, {m}], got {extra.dtype} {extra.shape}"
-            )
+            raise ValueError(f"extra_sets must be bool [{b}, N, {m}], got {extra.dtype} {extra.shape}")
     taus = np.asarray(result.taus, dtype=np.int64)
     factor = np.asarray([theorem1_factor(int(t), alpha) for t in taus])
     d = len(taus)

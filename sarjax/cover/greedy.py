@@ -36,27 +36,18 @@ def _check_candidates(
     out: Any, who: str, b: int, m: int, x_shape: tuple[int, ...] | None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     if not isinstance(out, tuple) or len(out) != 4:
-        raise TypeError(
-            f"{who} must return Candidates(x_adv, covered, queries, objective), "
-            f"got {type(out).__name__}"
-        )
+        raise TypeError(f"{who} must return Candidates(x_adv, covered, queries, objective), got {type(out).__name__}")
     x_adv, covered, queries, objective = (np.asarray(a) for a in out)
     if covered.dtype != np.bool_ or covered.shape != (b, m):
-        raise ValueError(
-            f"{who}: covered must be bool [{b}, {m}], got {covered.dtype} {covered.shape}"
-        )
+        raise ValueError(f"{who}: covered must be bool [{b}, {m}], got {covered.dtype} {covered.shape}")
     if queries.shape != (b,) or not np.issubdtype(queries.dtype, np.integer):
         raise ValueError(f"{who}: queries must be int [{b}], got {queries.dtype} {queries.shape}")
     if objective.shape != (b, m) or not np.issubdtype(objective.dtype, np.number):
-        raise ValueError(
-            f"{who}: objective must be numeric [{b}, {m}], got {objective.dtype} {objective.shape}"
-        )
+        raise ValueError(f"{who}: objective must be numeric [{b}, {m}], got {objective.dtype} {objective.shape}")
     if x_adv.ndim < 1 or x_adv.shape[0] != b:
         raise ValueError(f"{who}: x_adv must have leading dim {b}, got shape {x_adv.shape}")
     if x_shape is not None and x_adv.shape != x_shape:
-        raise ValueError(
-            f"{who}: x_adv shape changed between calls: {x_adv.shape} vs {x_shape}"
-        )
+        raise ValueError(f"{who}: x_adv shape changed between calls: {x_adv.shape} vs {x_shape}")
     return x_adv, covered, queries.astype(np.int64), objective.astype(np.float64)
 
 
@@ -149,9 +140,7 @@ def _save_state(directory: Path, state: _State, config: dict[str, Any]) -> None:
     )
 
 
-def _load_state(
-    directory: Path, config: dict[str, Any], clean_broken: np.ndarray, valid: np.ndarray
-) -> _State | None:
+def _load_state(directory: Path, config: dict[str, Any], clean_broken: np.ndarray, valid: np.ndarray) -> _State | None:
     path = directory / _STATE_FILE
     if not path.exists():
         return None
@@ -181,9 +170,7 @@ def _load_state(
     return state
 
 
-def _active(
-    state: _State, valid: np.ndarray, taus: np.ndarray, stop_when_unreachable: bool
-) -> np.ndarray:
+def _active(state: _State, valid: np.ndarray, taus: np.ndarray, stop_when_unreachable: bool) -> np.ndarray:
     count = state.covered.sum(axis=1)
     left = state.uncovered.sum(axis=1)
     pending = count[:, None] < taus[None, :]  # [B, D]
@@ -290,7 +277,7 @@ def greedy_sar(
 
     rows = np.arange(b)
     x_shape = state.inputs[0].shape if state.inputs else None
-    bars = contextlib.ExitStack()   # sarjax.progress: a rich bar, or a no-op stand-in without progress
+    bars = contextlib.ExitStack()  # sarjax.progress: a rich bar, or a no-op stand-in without progress
     bar = bars.enter_context(progress_bar(progress))
     task = bar.add_task("SAR greedy", total=m, completed=state.next_round)
     try:
@@ -314,9 +301,7 @@ def greedy_sar(
             x_rec = x_j.copy() if store_inputs else None
             if need.any():
                 tgt = np.where(need, _fallback_target(obj_j, unc), 0)
-                x_f, cov_f, q_f, _ = _check_candidates(
-                    single(tgt.copy(), need.copy(), r), "single", b, m, x_shape
-                )
+                x_f, cov_f, q_f, _ = _check_candidates(single(tgt.copy(), need.copy(), r), "single", b, m, x_shape)
                 cov_f = cov_f & need[:, None]
                 q_f = np.where(need, q_f, 0)
                 success = need & cov_f[rows, tgt]
@@ -377,12 +362,18 @@ def greedy_sar(
             fallback_success=np.zeros((0, b), bool),
             fallback_queries=np.zeros((0, b), np.int64),
         )
-    sar, k_hat, reached = derive_sar(
-        arrays["new_covered"], arrays["recorded"], cb, vd, taus, m, count_clean_input
-    )
+    sar, k_hat, reached = derive_sar(arrays["new_covered"], arrays["recorded"], cb, vd, taus, m, count_clean_input)
     sar_sc, k_sc, sc_added, sc_unbreakable = derive_singleton(
-        arrays["new_covered"], arrays["recorded"], arrays["fallback"], arrays["fallback_success"],
-        cb, vd, taus, m, count_clean_input, stop_when_unreachable,
+        arrays["new_covered"],
+        arrays["recorded"],
+        arrays["fallback"],
+        arrays["fallback_success"],
+        cb,
+        vd,
+        taus,
+        m,
+        count_clean_input,
+        stop_when_unreachable,
     )
     return SARResult(
         num_members=m,

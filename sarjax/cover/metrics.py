@@ -124,9 +124,7 @@ def tasc(covered: Any, valid: Any = None, exclude_source: bool = False) -> np.nd
     _, ms, mt = c.shape
     if exclude_source:
         if ms != mt:
-            raise ValueError(
-                f"exclude_source needs M_source == M_target, got {ms} and {mt}"
-            )
+            raise ValueError(f"exclude_source needs M_source == M_target, got {ms} and {mt}")
         if mt < 2:
             raise ValueError("exclude_source needs at least 2 targets")
         off = ~np.eye(ms, dtype=bool)

@@ -55,10 +55,13 @@ def plot_sar(result: SARResult, path: str | os.PathLike, title: str | None = Non
         return f"delta={delta:.3g}: {mean:.3f}" + ("" if se is None else f" ± {se:.3f}")
 
     for j, (delta, st) in enumerate(zip(result.deltas, result.sar_stats())):
-        ax1.hist(result.sar[v, j], bins=bins, alpha=0.5,
-                 label=label(delta, st["mean_sar"], st["se_sar"]))
-        ax2.hist(result.sar_singleton[v, j], bins=bins, alpha=0.5,
-                 label=label(delta, st["mean_sar_singleton"], st["se_sar_singleton"]))
+        ax1.hist(result.sar[v, j], bins=bins, alpha=0.5, label=label(delta, st["mean_sar"], st["se_sar"]))
+        ax2.hist(
+            result.sar_singleton[v, j],
+            bins=bins,
+            alpha=0.5,
+            label=label(delta, st["mean_sar_singleton"], st["se_sar_singleton"]),
+        )
     ax1.set_xlabel("SAR (k_hat / M; 1 = target not reached)")
     ax2.set_xlabel("singleton-completed SAR (missing members: one input each)")
     for ax in (ax1, ax2):

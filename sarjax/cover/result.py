@@ -130,13 +130,9 @@ def derive_singleton(
     m = num_members
     clean = clean_broken.sum(axis=1)  # [B]
     zero = np.zeros((b, 1), dtype=np.int64)
-    counts = clean[:, None] + np.concatenate(
-        [zero, np.cumsum(new_covered.sum(axis=2).T, axis=1)], axis=1
-    )  # [B, R + 1]
+    counts = clean[:, None] + np.concatenate([zero, np.cumsum(new_covered.sum(axis=2).T, axis=1)], axis=1)  # [B, R + 1]
     offset = (count_clean_input & (clean > 0)).astype(np.int64)
-    ks = offset[:, None] + np.concatenate(
-        [zero, np.cumsum(recorded.T.astype(np.int64), axis=1)], axis=1
-    )
+    ks = offset[:, None] + np.concatenate([zero, np.cumsum(recorded.T.astype(np.int64), axis=1)], axis=1)
     failed = (fallback & ~fallback_success).T.astype(np.int64)  # [B, R]
     unbreakable = np.concatenate([zero, np.cumsum(failed, axis=1)], axis=1)
     left = np.where(valid[:, None], m - counts - unbreakable, 0)  # |I| per state
@@ -180,8 +176,7 @@ def mean_and_se(values: Any) -> tuple[float | None, float | None, int]:
     return float(v.mean()), se, n
 
 
-_PER_SAMPLE = ("valid", "clean_broken", "unbreakable", "covered", "covered_round",
-               "sar", "k_hat", "reached")
+_PER_SAMPLE = ("valid", "clean_broken", "unbreakable", "covered", "covered_round", "sar", "k_hat", "reached")
 _SINGLETON = ("sar_singleton", "k_singleton", "singleton_added", "singleton_unbreakable")
 
 
@@ -309,9 +304,7 @@ class SARResult:
 
         tau = coverage_target(delta, self.num_members)
         if tau > max(self.taus):
-            raise ValueError(
-                f"delta={delta} needs tau={tau} > the strictest run tau={max(self.taus)}"
-            )
+            raise ValueError(f"delta={delta} needs tau={tau} > the strictest run tau={max(self.taus)}")
         return rederive(self, [delta]).sar[:, 0]
 
     def candidate_sets(self, sample: int) -> np.ndarray:
@@ -346,7 +339,7 @@ class SARResult:
             curve[:, k] = np.maximum(clean, upto.max(axis=0) if self.num_rounds else clean)
         return curve
 
-    def select(self, index: Any) -> "SARResult":
+    def select(self, index: Any) -> SARResult:
         """A result with only the samples at ``index`` (``[K]`` int or ``[B]`` bool)."""
         idx = np.arange(self.batch_size)[np.asarray(index)]
         per_sample = {name: getattr(self, name)[idx] for name in _PER_SAMPLE + _SINGLETON}
@@ -405,9 +398,7 @@ class SARResult:
                     **stats,
                     "share_sar_one": float((self.sar[v, j] >= 1.0).mean()) if v.any() else None,
                     "mean_k_hat_reached": (
-                        float(self.k_hat[v & self.reached[:, j], j].mean())
-                        if (v & self.reached[:, j]).any()
-                        else None
+                        float(self.k_hat[v & self.reached[:, j], j].mean()) if (v & self.reached[:, j]).any() else None
                     ),
                 }
             )
@@ -426,9 +417,7 @@ class SARResult:
         for b in range(self.batch_size):
             inputs = []
             for r in np.flatnonzero(self.recorded[:, b]):
-                coverage = np.where(
-                    self.fallback[r, b], self.fallback_covered[r, b], self.joint_covered[r, b]
-                )
+                coverage = np.where(self.fallback[r, b], self.fallback_covered[r, b], self.joint_covered[r, b])
                 inputs.append(
                     {
                         "round": int(r),
@@ -443,9 +432,7 @@ class SARResult:
                     "sar": [None if np.isnan(s) else float(s) for s in self.sar[b]],
                     "k_hat": self.k_hat[b].tolist(),
                     "reached": self.reached[b].tolist(),
-                    "sar_singleton": [
-                        None if np.isnan(s) else float(s) for s in self.sar_singleton[b]
-                    ],
+                    "sar_singleton": [None if np.isnan(s) else float(s) for s in self.sar_singleton[b]],
                     "k_singleton": self.k_singleton[b].tolist(),
                     "singleton_added": self.singleton_added[b].tolist(),
                     "singleton_unbreakable": self.singleton_unbreakable[b].tolist(),
@@ -472,16 +459,12 @@ class SARResult:
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
         (path / "result.json").write_text(json.dumps(self.to_json_dict(), indent=1))
-        arrays = {
-            f.name: getattr(self, f.name)
-            for f in fields(self)
-            if isinstance(getattr(self, f.name), np.ndarray)
-        }
+        arrays = {f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), np.ndarray)}
         np.savez_compressed(path / "arrays.npz", **arrays)
         return path
 
     @classmethod
-    def load(cls, directory: str | os.PathLike) -> "SARResult":
+    def load(cls, directory: str | os.PathLike) -> SARResult:
         """Read a result written by :meth:`save`.
 
         Results saved before the singleton-completed fields existed get them
@@ -506,7 +489,7 @@ class SARResult:
 _ROUND_FILL = {"fallback_target": -1}
 
 
-def concat_results(results: "list[SARResult]") -> SARResult:
+def concat_results(results: list[SARResult]) -> SARResult:
     """Concatenate results of runs over disjoint sample chunks (same pool and deltas).
 
     Round logs are padded to the longest run (inactive rounds: False, 0, and -1
@@ -521,7 +504,11 @@ def concat_results(results: "list[SARResult]") -> SARResult:
     first = results[0]
     for r in results[1:]:
         same = (r.num_members, r.deltas, r.count_clean_input, r.stop_when_unreachable) == (
-            first.num_members, first.deltas, first.count_clean_input, first.stop_when_unreachable)
+            first.num_members,
+            first.deltas,
+            first.count_clean_input,
+            first.stop_when_unreachable,
+        )
         if not same:
             raise ValueError("results disagree on num_members, deltas or options")
         if (r.inputs is None) != (first.inputs is None):
@@ -539,8 +526,7 @@ def concat_results(results: "list[SARResult]") -> SARResult:
         for name in ROUND_FIELDS
     }
     per_sample = {
-        name: np.concatenate([getattr(r, name) for r in results], axis=0)
-        for name in _PER_SAMPLE + _SINGLETON
+        name: np.concatenate([getattr(r, name) for r in results], axis=0) for name in _PER_SAMPLE + _SINGLETON
     }
     inputs = None
     if first.inputs is not None:

@@ -101,8 +101,13 @@ def pool_fingerprint(pool: Any) -> dict[str, Any]:
         digest = pool.content_hash()
     else:
         digest = array_digest(np.asarray(pool.num_members), *jax.tree.leaves(pool.params))
-    impls = sorted({str(s.arch.conv_impl) for s in getattr(pool, "stacks", ())
-                    if getattr(s.arch, "family", None) != "mlp" and hasattr(s.arch, "conv_impl")})
+    impls = sorted(
+        {
+            str(s.arch.conv_impl)
+            for s in getattr(pool, "stacks", ())
+            if getattr(s.arch, "family", None) != "mlp" and hasattr(s.arch, "conv_impl")
+        }
+    )
     return {"pool": digest, "conv_impl": impls or None}
 
 
@@ -138,8 +143,9 @@ def differing_fields(stored: dict[str, Any], fp: dict[str, Any]) -> list[str]:
     return [k for k in list(b) + [k for k in a if k not in b] if a.get(k, _MISSING) != b.get(k, _MISSING)]
 
 
-def mismatch_reason(directory: str | os.PathLike, stored: dict[str, Any], fp: dict[str, Any],
-                    differing: Sequence[str]) -> str:
+def mismatch_reason(
+    directory: str | os.PathLike, stored: dict[str, Any], fp: dict[str, Any], differing: Sequence[str]
+) -> str:
     """``DIR was written with eps=0.04, this run has eps=0.3`` (every differing field)."""
     a, b = _normal(stored), _normal(fp)
     old = ", ".join(_name(k, a.get(k, _MISSING)) for k in differing)
@@ -175,8 +181,9 @@ def write_fingerprint(directory: str | os.PathLike, fp: dict[str, Any]) -> Path:
     return path / FINGERPRINT_FILE
 
 
-def check_fingerprint(directory: str | os.PathLike, fp: dict[str, Any], *, hint: str,
-                      holds_results: bool, allow: Iterable[str] = ()) -> dict[str, Any] | None:
+def check_fingerprint(
+    directory: str | os.PathLike, fp: dict[str, Any], *, hint: str, holds_results: bool, allow: Iterable[str] = ()
+) -> dict[str, Any] | None:
     """Compare a directory's stored fingerprint with this run's, field by field.
 
     Args:
@@ -202,7 +209,11 @@ def check_fingerprint(directory: str | os.PathLike, fp: dict[str, Any], *, hint:
         if holds_results:
             raise FingerprintMismatch(
                 f"{directory} holds results without a {FINGERPRINT_FILE} (written by an older "
-                f"sarjax), so their settings cannot be checked", hint, (), {})
+                f"sarjax), so their settings cannot be checked",
+                hint,
+                (),
+                {},
+            )
         return None
     want = {"format": FORMAT, **fp}
     diff = differing_fields(stored, want)
@@ -258,8 +269,9 @@ def rederive(result: SARResult, deltas: Sequence[float]) -> SARResult:
         raise ValueError("deltas must hold at least one delta")
     m = result.num_members
     taus = tuple(coverage_target(d, m) for d in deltas)
-    sar, k_hat, reached = derive_sar(result.new_covered, result.recorded, result.clean_broken,
-                                     result.valid, taus, m, result.count_clean_input)
+    sar, k_hat, reached = derive_sar(
+        result.new_covered, result.recorded, result.clean_broken, result.valid, taus, m, result.count_clean_input
+    )
     count = result.covered.sum(axis=1)
     left = np.where(result.valid, m - count - result.unbreakable.sum(axis=1), 0)
     for j, (delta, tau) in enumerate(zip(deltas, taus)):
@@ -268,9 +280,10 @@ def rederive(result: SARResult, deltas: Sequence[float]) -> SARResult:
             raise ValueError(
                 f"delta={delta:g} (tau={tau} of M={m}) is not determined by the stored run at "
                 f"deltas={list(result.deltas)}: samples {open_[:10].tolist()}"
-                f"{' ...' if open_.size > 10 else ''} stopped with tau={tau} still reachable")
+                f"{' ...' if open_.size > 10 else ''} stopped with tau={tau} still reachable"
+            )
     names = {f.name for f in dataclasses.fields(result)}
-    derived = {n: None for n in ("sar_singleton", "k_singleton", "singleton_added", "singleton_unbreakable")
-               if n in names}  # rebuilt for the new taus from the round logs
-    return dataclasses.replace(result, deltas=deltas, taus=taus, sar=sar, k_hat=k_hat, reached=reached,
-                               **derived)
+    derived = {
+        n: None for n in ("sar_singleton", "k_singleton", "singleton_added", "singleton_unbreakable") if n in names
+    }  # rebuilt for the new taus from the round logs
+    return dataclasses.replace(result, deltas=deltas, taus=taus, sar=sar, k_hat=k_hat, reached=reached, **derived)

@@ -38,9 +38,7 @@ class SetSystemOracle:
     with most visible ways to break it.
     """
 
-    def __init__(
-        self, sets: Any, joint_visible: Any = None, queries_per_call: int = 1, alpha: float = 1.0
-    ):
+    def __init__(self, sets: Any, joint_visible: Any = None, queries_per_call: int = 1, alpha: float = 1.0):
         s = np.asarray(sets)
         if s.dtype != np.bool_ or s.ndim != 3:
             raise TypeError(f"sets must be a bool array [B, N, M], got {s.dtype} {s.shape}")

@@ -6,8 +6,7 @@ reused every greedy round without recompiling (the uncovered set travels as a
 ``[B, M]`` bool mask, never as a list of indices).
 """
 
-
-from typing import Any, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -72,6 +71,4 @@ class SingleAttack(Protocol):
         ``covered[b, target[b]]``.
     """
 
-    def __call__(
-        self, target: np.ndarray, active: np.ndarray, round_index: int
-    ) -> Candidates: ...
+    def __call__(self, target: np.ndarray, active: np.ndarray, round_index: int) -> Candidates: ...

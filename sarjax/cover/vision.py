@@ -9,8 +9,9 @@ uncovered set is a ``[B, M]`` mask, the round enters the PRNG key as data.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -121,8 +122,10 @@ def precomputed_single(pool: Any, x_adv: Any, queries: Any, ref: Any) -> SingleA
     m, b = x_adv.shape[:2]
     ref = np.asarray(ref)
     if ref.shape != (b, m) or np.shape(queries) != (m, b):
-        raise ValueError(f"expected x_adv [M={m}, B={b}, ...], queries [{m}, {b}], ref [{b}, {m}]; "
-                         f"got {x_adv.shape}, {np.shape(queries)}, {ref.shape}")
+        raise ValueError(
+            f"expected x_adv [M={m}, B={b}, ...], queries [{m}, {b}], ref [{b}, {m}]; "
+            f"got {x_adv.shape}, {np.shape(queries)}, {ref.shape}"
+        )
     preds = pool.predict(x_adv.reshape(m * b, *x_adv.shape[2:])).reshape(m, m, b)  # [evaluated, source, B]
     covered_all = preds.transpose(1, 2, 0) != ref[None]  # [source j, B, evaluated member]
     q = np.asarray(queries, np.int64) + m
@@ -156,8 +159,7 @@ def _open_checkpoint(root: Path, fingerprint: dict, overwrite: bool, num_chunks:
     if overwrite and root.is_dir():
         resume.remove_paths(root, _CKPT_FILES)
     holds = root.is_dir() and any(root.glob("chunk_*"))
-    stored = resume.check_fingerprint(root, fingerprint, hint=_CKPT_HINT, holds_results=holds,
-                                      allow=("deltas",))
+    stored = resume.check_fingerprint(root, fingerprint, hint=_CKPT_HINT, holds_results=holds, allow=("deltas",))
     if stored is None:
         resume.write_fingerprint(root, fingerprint)
         return
@@ -166,7 +168,10 @@ def _open_checkpoint(root: Path, fingerprint: dict, overwrite: bool, num_chunks:
         raise resume.FingerprintMismatch(
             resume.mismatch_reason(root, stored, fingerprint, ["deltas"]) + ", and other deltas are read "
             f"off a finished run only (rerun with deltas={stored['deltas']} to finish it first)",
-            _CKPT_HINT, ["deltas"], stored)
+            _CKPT_HINT,
+            ["deltas"],
+            stored,
+        )
 
 
 def run_sar(
@@ -260,8 +265,10 @@ def run_sar(
     """
     missing = [a for a in _POOL_API if not hasattr(pool, a)]
     if missing:
-        raise TypeError(f"pool must be a sarjax.models.Pool (with {', '.join(_POOL_API)}), got "
-                        f"{type(pool).__name__} without {', '.join(missing)}")
+        raise TypeError(
+            f"pool must be a sarjax.models.Pool (with {', '.join(_POOL_API)}), got "
+            f"{type(pool).__name__} without {', '.join(missing)}"
+        )
     if isinstance(eps, bool) or not isinstance(eps, (int, float, np.floating, np.integer)):
         raise TypeError(f"eps must be a finite float > 0, got {type(eps).__name__}")
     if not np.isfinite(eps) or eps <= 0:
@@ -275,8 +282,9 @@ def run_sar(
         coverage_target(d, pool.num_members)  # raises for a delta outside [0, 1)
     shape = tuple(pool.input_shape)
     if x is None or not hasattr(x, "shape") or not hasattr(x, "dtype"):
-        raise TypeError(f"x must be an array of images [B, {', '.join(map(str, shape))}] in [0, 1], "
-                        f"got {type(x).__name__}")
+        raise TypeError(
+            f"x must be an array of images [B, {', '.join(map(str, shape))}] in [0, 1], got {type(x).__name__}"
+        )
     pool.check_input(x)  # ValueError naming the expected [B, *input_shape] and the given shape
     x = np.asarray(x, dtype=np.float32)
     b, m = x.shape[0], pool.num_members
@@ -308,8 +316,7 @@ def run_sar(
     if attack is None:
         from sarjax.attacks.joint import make_joint_pgd
 
-        attack = make_joint_pgd(pool.apply, eps=float(eps), steps=steps, step_size=step_size,
-                                restarts=restarts)
+        attack = make_joint_pgd(pool.apply, eps=float(eps), steps=steps, step_size=step_size, restarts=restarts)
     from sarjax.attacks.core.validate import check_sample_ids
 
     ids = np.asarray(check_sample_ids(sample_ids, b))  # each row's index in the data set
@@ -356,12 +363,19 @@ def run_sar(
                     raise ValueError(f"{root}: {e}; {_CKPT_HINT}") from None
         else:
             joint, single = make_attack_oracles(
-                attack, pool.params, x[idx], ref[idx], key,
-                eps=float(eps), use_best=use_best, sample_ids=ids[idx],
+                attack,
+                pool.params,
+                x[idx],
+                ref[idx],
+                key,
+                eps=float(eps),
+                use_best=use_best,
+                sample_ids=ids[idx],
             )
             if member_attacks is not None:
-                single = precomputed_single(pool, np.asarray(member_attacks[0])[:, idx],
-                                            np.asarray(member_attacks[1])[:, idx], ref[idx])
+                single = precomputed_single(
+                    pool, np.asarray(member_attacks[0])[:, idx], np.asarray(member_attacks[1])[:, idx], ref[idx]
+                )
             part = greedy_sar(
                 joint,
                 single,

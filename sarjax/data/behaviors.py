@@ -10,7 +10,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import os
-from typing import Iterable
+from collections.abc import Iterable
 
 COLUMNS = ("Behavior", "FunctionalCategory", "SemanticCategory", "Tags", "ContextString", "BehaviorID")
 

@@ -111,7 +111,9 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
     shape = tuple(int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
     size = int(np.prod(shape))
     if len(data) - header != size:
-        raise ValueError(f"{path}: expected {size} data bytes for shape {shape}, found {len(data) - header} (corrupt or truncated)")
+        raise ValueError(
+            f"{path}: expected {size} data bytes for shape {shape}, found {len(data) - header} (corrupt or truncated)"
+        )
     return np.frombuffer(data, np.uint8, offset=header).reshape(shape)
 
 

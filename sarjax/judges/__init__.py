@@ -12,7 +12,14 @@ from sarjax.judges.harmbench import (
 from sarjax.judges.refusal import GCG_REFUSAL_PHRASES, is_refusal, refusal_judge
 
 __all__ = [
-    "classifier_prompt", "clip_generation", "encode_classifier_inputs", "GCG_REFUSAL_PHRASES",
-    "HARMBENCH_CONTEXTUAL_PROMPT", "HARMBENCH_PROMPT", "HarmBenchClassifier", "is_refusal",
-    "label_from_text", "refusal_judge",
+    "classifier_prompt",
+    "clip_generation",
+    "encode_classifier_inputs",
+    "GCG_REFUSAL_PHRASES",
+    "HARMBENCH_CONTEXTUAL_PROMPT",
+    "HARMBENCH_PROMPT",
+    "HarmBenchClassifier",
+    "is_refusal",
+    "label_from_text",
+    "refusal_judge",
 ]

@@ -9,7 +9,7 @@ case-sensitively; pass ``case_sensitive=True`` for that).
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 

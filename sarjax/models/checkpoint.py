@@ -66,13 +66,17 @@ def probe_logits(pool: Pool, x: np.ndarray) -> np.ndarray:
 
 
 def _leaves(tree) -> list[tuple[str, tuple[int, ...], str]]:
-    return [(jax.tree_util.keystr(p), tuple(int(d) for d in np.shape(l)), str(np.dtype(l.dtype)))
-            for p, l in jax.tree_util.tree_flatten_with_path(tree)[0]]
+    return [
+        (jax.tree_util.keystr(p), tuple(int(d) for d in np.shape(l)), str(np.dtype(l.dtype)))
+        for p, l in jax.tree_util.tree_flatten_with_path(tree)[0]
+    ]
 
 
 def member_hashes(stack: Stack) -> list[str]:
     """SHA-256 (hex) of each member's params: every leaf's path, per-member shape, dtype and bytes."""
-    leaves = [(jax.tree_util.keystr(p), np.asarray(l)) for p, l in jax.tree_util.tree_flatten_with_path(stack.params)[0]]
+    leaves = [
+        (jax.tree_util.keystr(p), np.asarray(l)) for p, l in jax.tree_util.tree_flatten_with_path(stack.params)[0]
+    ]
     out = []
     for i in range(stack.size):
         h = hashlib.sha256()
@@ -85,14 +89,15 @@ def member_hashes(stack: Stack) -> list[str]:
 
 
 def _file_sizes(directory: Path) -> dict[str, int]:
-    return {f.relative_to(directory).as_posix(): f.stat().st_size
-            for f in sorted(directory.rglob("*")) if f.is_file()}
+    return {f.relative_to(directory).as_posix(): f.stat().st_size for f in sorted(directory.rglob("*")) if f.is_file()}
 
 
 # ----------------------------------------------------------------------------- save
 
 
-def save_pool(pool: Pool, path: str | os.PathLike, config: dict[str, Any] | None = None, *, overwrite: bool = True) -> Path:
+def save_pool(
+    pool: Pool, path: str | os.PathLike, config: dict[str, Any] | None = None, *, overwrite: bool = True
+) -> Path:
     """Save a pool: params (orbax), architecture specs, member names, a config and a fingerprint.
 
     Args:
@@ -118,13 +123,18 @@ def save_pool(pool: Pool, path: str | os.PathLike, config: dict[str, Any] | None
         "config": config or {},
         "fingerprint": {
             "stacks": [
-                {"leaves": [[k, list(shape), dt] for k, shape, dt in _leaves(s.params)],
-                 "files": _file_sizes(path / f"stack_{i:03d}"),
-                 "members": member_hashes(s)}
+                {
+                    "leaves": [[k, list(shape), dt] for k, shape, dt in _leaves(s.params)],
+                    "files": _file_sizes(path / f"stack_{i:03d}"),
+                    "members": member_hashes(s),
+                }
                 for i, s in enumerate(pool.stacks)
             ],
-            "probe": {"seed": PROBE_SEED, "batch": PROBE_BATCH,
-                      "logits": probe_logits(pool, x).tolist()},   # float32 -> float: exact
+            "probe": {
+                "seed": PROBE_SEED,
+                "batch": PROBE_BATCH,
+                "logits": probe_logits(pool, x).tolist(),
+            },  # float32 -> float: exact
         },
     }
     tmp = path / "pool.json.tmp"
@@ -151,7 +161,9 @@ def load_pool_meta(path: str | os.PathLike) -> dict:
         raise CheckpointError(f"pool checkpoint {path}: directory does not exist")
     meta_file = path / "pool.json"
     if not meta_file.is_file():
-        raise CheckpointError(f"pool checkpoint {path}: missing pool.json (found {sorted(p.name for p in path.iterdir())})")
+        raise CheckpointError(
+            f"pool checkpoint {path}: missing pool.json (found {sorted(p.name for p in path.iterdir())})"
+        )
     try:
         meta = json.loads(meta_file.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -167,7 +179,9 @@ def load_pool_meta(path: str | os.PathLike) -> dict:
         raise bad(f"'names' must be a list of member names, got {meta.get('names')!r:.80}")
     stacks = meta.get("stacks")
     if not isinstance(stacks, list) or not stacks:
-        raise bad(f"'stacks' must be a non-empty list of {{'arch': {{...}}, 'names': [...]}} objects, got {stacks!r:.80}")
+        raise bad(
+            f"'stacks' must be a non-empty list of {{'arch': {{...}}, 'names': [...]}} objects, got {stacks!r:.80}"
+        )
     for i, sm in enumerate(stacks):
         if not isinstance(sm, dict) or not isinstance(sm.get("arch"), dict) or not _is_str_list(sm.get("names")):
             raise bad(f"stack {i}: expected {{'arch': {{...}}, 'names': [...]}}, got {sm!r:.80}")
@@ -175,13 +189,25 @@ def load_pool_meta(path: str | os.PathLike) -> dict:
         raise bad(f"'config' must be an object, got {type(meta['config']).__name__}")
     if meta["format"] == FORMAT:
         fp = meta.get("fingerprint")
-        ok = (isinstance(fp, dict) and isinstance(fp.get("stacks"), list) and len(fp["stacks"]) == len(stacks)
-              and all(isinstance(f, dict) and isinstance(f.get("leaves"), list) and isinstance(f.get("files"), dict)
-                      and _is_str_list(f.get("members")) for f in fp["stacks"])
-              and isinstance(fp.get("probe"), dict) and isinstance(fp["probe"].get("logits"), list))
+        ok = (
+            isinstance(fp, dict)
+            and isinstance(fp.get("stacks"), list)
+            and len(fp["stacks"]) == len(stacks)
+            and all(
+                isinstance(f, dict)
+                and isinstance(f.get("leaves"), list)
+                and isinstance(f.get("files"), dict)
+                and _is_str_list(f.get("members"))
+                for f in fp["stacks"]
+            )
+            and isinstance(fp.get("probe"), dict)
+            and isinstance(fp["probe"].get("logits"), list)
+        )
         if not ok:
-            raise bad(f"has no valid 'fingerprint' (leaves, files and member hashes for each of the "
-                      f"{len(stacks)} stack(s), probe logits); re-save the pool")
+            raise bad(
+                f"has no valid 'fingerprint' (leaves, files and member hashes for each of the "
+                f"{len(stacks)} stack(s), probe logits); re-save the pool"
+            )
     return meta
 
 
@@ -195,20 +221,30 @@ def _check_files(path: Path, i: int, target_dir: Path, files: dict) -> None:
         elif f.stat().st_size != size:
             problems.append(f"{rel} has {f.stat().st_size} bytes, saved with {size}")
     if problems:
-        raise CheckpointError(f"pool checkpoint {path}: stack {i} params files are truncated or changed: "
-                              + "; ".join(problems[:5]) + (f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""))
+        raise CheckpointError(
+            f"pool checkpoint {path}: stack {i} params files are truncated or changed: "
+            + "; ".join(problems[:5])
+            + (f" (and {len(problems) - 5} more)" if len(problems) > 5 else "")
+        )
 
 
-def _compare_leaves(path: Path, i: int, arch: Arch, want_leaves: list, got_leaves: list, want_is: str,
-                    got_is: str) -> None:
+def _compare_leaves(
+    path: Path, i: int, arch: Arch, want_leaves: list, got_leaves: list, want_is: str, got_is: str
+) -> None:
     want = {k: (tuple(s), d) for k, s, d in want_leaves}
     got = {k: (tuple(s), d) for k, s, d in got_leaves}
     if want == got:
         return
-    diffs = [f"{k}: {got_is} {got.get(k, 'absent')}, {want_is} {want.get(k, 'absent')}"
-             for k in sorted(set(want) | set(got)) if want.get(k) != got.get(k)]
-    raise CheckpointError(f"pool checkpoint {path}: stack {i} ({arch.name}): params (shape, dtype) do not match: "
-                          + "; ".join(diffs[:4]) + (f" (and {len(diffs) - 4} more)" if len(diffs) > 4 else ""))
+    diffs = [
+        f"{k}: {got_is} {got.get(k, 'absent')}, {want_is} {want.get(k, 'absent')}"
+        for k in sorted(set(want) | set(got))
+        if want.get(k) != got.get(k)
+    ]
+    raise CheckpointError(
+        f"pool checkpoint {path}: stack {i} ({arch.name}): params (shape, dtype) do not match: "
+        + "; ".join(diffs[:4])
+        + (f" (and {len(diffs) - 4} more)" if len(diffs) > 4 else "")
+    )
 
 
 def load_pool(path: str | os.PathLike) -> tuple[Pool, dict]:
@@ -235,8 +271,12 @@ def load_pool(path: str | os.PathLike) -> tuple[Pool, dict]:
     meta = load_pool_meta(path)
     fp = meta.get("fingerprint")
     if fp is None:
-        warnings.warn(f"pool checkpoint {path}: format {meta['format']!r} has no fingerprint; loaded without "
-                      f"verifying params or logits (re-save it with save_pool to add one)", CheckpointWarning, stacklevel=2)
+        warnings.warn(
+            f"pool checkpoint {path}: format {meta['format']!r} has no fingerprint; loaded without "
+            f"verifying params or logits (re-save it with save_pool to add one)",
+            CheckpointWarning,
+            stacklevel=2,
+        )
     stacks = []
     for i, sm in enumerate(meta["stacks"]):
         try:
@@ -246,27 +286,37 @@ def load_pool(path: str | os.PathLike) -> tuple[Pool, dict]:
         names = tuple(sm["names"])
         target_dir = path / f"stack_{i:03d}"
         if not target_dir.is_dir():
-            raise CheckpointError(f"pool checkpoint {path}: missing params directory {target_dir.name} for stack {i} ({arch.name})")
+            raise CheckpointError(
+                f"pool checkpoint {path}: missing params directory {target_dir.name} for stack {i} ({arch.name})"
+            )
         try:
             abstract = jax.eval_shape(jax.vmap(arch.init), jax.random.split(jax.random.key(0), len(names)))
         except Exception as e:
-            raise CheckpointError(f"pool checkpoint {path}: stack {i}: the architecture spec cannot build params: "
-                                  f"{type(e).__name__}: {e}") from e
+            raise CheckpointError(
+                f"pool checkpoint {path}: stack {i}: the architecture spec cannot build params: {type(e).__name__}: {e}"
+            ) from e
         if fp is not None:
             sfp = fp["stacks"][i]
             try:
                 saved = [(str(k), tuple(int(d) for d in s), str(dt)) for k, s, dt in sfp["leaves"]]
             except (TypeError, ValueError) as e:
-                raise CheckpointError(f"pool checkpoint {path}: pool.json fingerprint of stack {i} is malformed ({e})") from e
-            _compare_leaves(path, i, arch, saved, _leaves(abstract), "saved params", "the architecture in pool.json gives")
+                raise CheckpointError(
+                    f"pool checkpoint {path}: pool.json fingerprint of stack {i} is malformed ({e})"
+                ) from e
+            _compare_leaves(
+                path, i, arch, saved, _leaves(abstract), "saved params", "the architecture in pool.json gives"
+            )
             _check_files(path, i, target_dir, sfp["files"])
         try:
             with ocp.StandardCheckpointer() as ckptr:
                 params = ckptr.restore(target_dir, abstract)
         except Exception as e:  # orbax / tensorstore raise many types for corrupt files
-            raise CheckpointError(f"pool checkpoint {path}: cannot restore {target_dir.name} ({arch.name}): {type(e).__name__}: {e}") from e
-        _compare_leaves(path, i, arch, _leaves(abstract), _leaves(params), "the architecture in pool.json gives",
-                        "restored params")
+            raise CheckpointError(
+                f"pool checkpoint {path}: cannot restore {target_dir.name} ({arch.name}): {type(e).__name__}: {e}"
+            ) from e
+        _compare_leaves(
+            path, i, arch, _leaves(abstract), _leaves(params), "the architecture in pool.json gives", "restored params"
+        )
         try:
             stack = Stack(arch, params, names)
         except ValueError as e:
@@ -274,20 +324,26 @@ def load_pool(path: str | os.PathLike) -> tuple[Pool, dict]:
         if fp is not None:
             got = member_hashes(stack)
             if len(fp["stacks"][i]["members"]) != len(got):
-                raise CheckpointError(f"pool checkpoint {path}: stack {i}: {len(got)} members but "
-                                      f"{len(fp['stacks'][i]['members'])} saved hashes")
+                raise CheckpointError(
+                    f"pool checkpoint {path}: stack {i}: {len(got)} members but "
+                    f"{len(fp['stacks'][i]['members'])} saved hashes"
+                )
             bad = [n for n, g, w in zip(names, got, fp["stacks"][i]["members"]) if g != w]
             if bad:
-                raise CheckpointError(f"pool checkpoint {path}: stack {i} ({arch.name}): params of member(s) {bad} "
-                                      f"differ from the saved ones (SHA-256 mismatch: corrupt or replaced files)")
+                raise CheckpointError(
+                    f"pool checkpoint {path}: stack {i} ({arch.name}): params of member(s) {bad} "
+                    f"differ from the saved ones (SHA-256 mismatch: corrupt or replaced files)"
+                )
         stacks.append(stack)
     try:
         pool = Pool(stacks)
     except ValueError as e:
         raise CheckpointError(f"pool checkpoint {path}: {e}") from e
     if list(pool.names) != list(meta["names"]):
-        raise CheckpointError(f"pool checkpoint {path}: member names in pool.json ({meta['names']}) do not match "
-                              f"the stacks ({list(pool.names)})")
+        raise CheckpointError(
+            f"pool checkpoint {path}: member names in pool.json ({meta['names']}) do not match "
+            f"the stacks ({list(pool.names)})"
+        )
     if fp is not None:
         _check_probe(path, pool, fp["probe"])
     return pool, meta.get("config", {})
@@ -302,9 +358,11 @@ def _check_probe(path: Path, pool: Pool, probe: dict) -> None:
         raise CheckpointError(f"pool checkpoint {path}: pool.json probe logits are malformed ({e})") from e
     got = probe_logits(pool, x)
     if want.shape != got.shape:
-        raise CheckpointError(f"pool checkpoint {path}: the restored pool gives probe logits of shape {list(got.shape)} "
-                              f"[members, batch, classes], the saved pool gave {list(want.shape)}: pool.json's "
-                              f"architecture (e.g. num_classes) was changed")
+        raise CheckpointError(
+            f"pool checkpoint {path}: the restored pool gives probe logits of shape {list(got.shape)} "
+            f"[members, batch, classes], the saved pool gave {list(want.shape)}: pool.json's "
+            f"architecture (e.g. num_classes) was changed"
+        )
     err = np.abs(got - want).reshape(len(want), -1).max(axis=1)
     tol = PROBE_RTOL * (1.0 + np.abs(want).reshape(len(want), -1).max(axis=1))
     bad = np.flatnonzero(~(err <= tol))
@@ -313,8 +371,12 @@ def _check_probe(path: Path, pool: Pool, probe: dict) -> None:
         for s, sl in zip(pool.stacks, pool.member_slices):
             hit = [m for m in bad if sl.start <= m < sl.stop]
             if hit:
-                parts.append(f"stack {pool.stacks.index(s)} (arch {s.arch.spec()}): "
-                             + ", ".join(f"{pool.names[m]!r} by {err[m]:.3g} (tolerance {tol[m]:.2g})" for m in hit[:4])
-                             + (f" and {len(hit) - 4} more" if len(hit) > 4 else ""))
-        raise CheckpointError(f"pool checkpoint {path}: probe-batch logits of {bad.size} member(s) differ from the saved "
-                              f"ones; pool.json's architecture does not compute the saved model: " + "; ".join(parts))
+                parts.append(
+                    f"stack {pool.stacks.index(s)} (arch {s.arch.spec()}): "
+                    + ", ".join(f"{pool.names[m]!r} by {err[m]:.3g} (tolerance {tol[m]:.2g})" for m in hit[:4])
+                    + (f" and {len(hit) - 4} more" if len(hit) > 4 else "")
+                )
+        raise CheckpointError(
+            f"pool checkpoint {path}: probe-batch logits of {bad.size} member(s) differ from the saved "
+            f"ones; pool.json's architecture does not compute the saved model: " + "; ".join(parts)
+        )

@@ -43,11 +43,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from sarjax.models.zoo import ACTIVATIONS, _lax_conv, _input_grad_conv_args, _same_padding
+from sarjax.models.zoo import ACTIVATIONS, _input_grad_conv_args, _lax_conv, _same_padding
 
-_ELEMENTWISE_TAPS = 32   # first layer: sum of products up to this many taps, one matmul above
-ROUTE_CHUNK = 4          # samples per block when routing the first layer's cotangent
-MEMBER_UNROLL = 32       # members per iteration of the member loops (whole pools up to 32)
+_ELEMENTWISE_TAPS = 32  # first layer: sum of products up to this many taps, one matmul above
+ROUTE_CHUNK = 4  # samples per block when routing the first layer's cotangent
+MEMBER_UNROLL = 32  # members per iteration of the member loops (whole pools up to 32)
 
 
 def phase_taps(x: jax.Array, k: int) -> jax.Array:
@@ -68,8 +68,11 @@ def phase_taps(x: jax.Array, k: int) -> jax.Array:
     phases = []
     for a in (0, 1):
         for b in (0, 1):
-            taps = [xp[:, a + di:a + di + 2 * ho - 1:2, b + dj:b + dj + 2 * wo - 1:2, :]
-                    for di in range(k) for dj in range(k)]
+            taps = [
+                xp[:, a + di : a + di + 2 * ho - 1 : 2, b + dj : b + dj + 2 * wo - 1 : 2, :]
+                for di in range(k)
+                for dj in range(k)
+            ]
             phases.append(jnp.concatenate(taps, axis=-1))
     return jnp.stack(phases)
 
@@ -111,7 +114,7 @@ def _route(g, idx, dact, p):
 def _unpool(g, idx, dact, h, w):
     """Cotangent of the pre-activation map [B, h, w, C] from the pooled cotangent [B, h/2, w/2, C]."""
     b, ho, wo, c = g.shape
-    parts = jnp.stack([_route(g, idx, dact, p) for p in range(4)], axis=3)     # [B, ho, wo, 4, C]
+    parts = jnp.stack([_route(g, idx, dact, p) for p in range(4)], axis=3)  # [B, ho, wo, 4, C]
     z = parts.reshape(b, ho, wo, 2, 2, c).transpose(0, 1, 3, 2, 4, 5).reshape(b, 2 * ho, 2 * wo, c)
     if (h, w) != (2 * ho, 2 * wo):
         z = jnp.pad(z, ((0, 0), (0, h - 2 * ho), (0, w - 2 * wo), (0, 0)))
@@ -129,10 +132,10 @@ def _conv_input_grad(g, w):
 
 def _first_layer(arch, p0, taps):
     """All members' first conv + act + pool on the shared input, member-major: [M, B, h, w, C0]."""
-    w, b = p0["w"], p0["b"]                       # [M, k, k, Cin, C0], [M, C0]
+    w, b = p0["w"], p0["b"]  # [M, k, k, Cin, C0], [M, C0]
     m, k, _, cin, c0 = w.shape
     t = k * k * cin
-    wt = w.reshape(m, t, c0)[:, :, None, None, None, :]          # [M, T, 1, 1, 1, C0]
+    wt = w.reshape(m, t, c0)[:, :, None, None, None, :]  # [M, T, 1, 1, 1, C0]
     bb = b[:, None, None, None, :]
     if t <= _ELEMENTWISE_TAPS:
         zs = [sum(taps[p, None, ..., i, None] * wt[:, i] for i in range(t)) + bb for p in range(4)]
@@ -150,19 +153,20 @@ def _first_layer_taps_grad(dh1, idx0, dact0, w0, chunk):
     """
     bsz, ho, wo, m, c0 = dh1.shape
     t = w0.shape[1] * w0.shape[2] * w0.shape[3]
-    wt = w0.reshape(m, t, c0).transpose(0, 2, 1).reshape(m * c0, t)     # [M*C0, T]
+    wt = w0.reshape(m, t, c0).transpose(0, 2, 1).reshape(m * c0, t)  # [M*C0, T]
 
     def one(args):
         d, i, a = args
         n = d.shape[0]
-        return jnp.stack([(_route(d, i, a, p).reshape(n * ho * wo, m * c0) @ wt).reshape(n, ho, wo, t)
-                          for p in range(4)])
+        return jnp.stack(
+            [(_route(d, i, a, p).reshape(n * ho * wo, m * c0) @ wt).reshape(n, ho, wo, t) for p in range(4)]
+        )
 
     chunk = max(1, min(chunk, bsz))
-    while bsz % chunk:           # the largest block size <= chunk that divides the batch
+    while bsz % chunk:  # the largest block size <= chunk that divides the batch
         chunk -= 1
     split = lambda v: None if v is None else v.reshape(bsz // chunk, chunk, *v.shape[1:])
-    out = jax.lax.map(one, (split(dh1), split(idx0), split(dact0)))    # [n, 4, chunk, h, w, T]
+    out = jax.lax.map(one, (split(dh1), split(idx0), split(dact0)))  # [n, 4, chunk, h, w, T]
     return jnp.moveaxis(out, 1, 0).reshape(4, bsz, ho, wo, t)
 
 
@@ -178,7 +182,7 @@ def _member_forward(arch, p, h):
         z = _conv(h, p[f"conv{i}"]["w"]) + p[f"conv{i}"]["b"]
         _, hh, ww, _ = z.shape
         ho, wo = hh // 2, ww // 2
-        zs = [z[:, a:2 * ho:2, c:2 * wo:2] for a in (0, 1) for c in (0, 1)]
+        zs = [z[:, a : 2 * ho : 2, c : 2 * wo : 2] for a in (0, 1) for c in (0, 1)]
         h, idx, dact = _pool(zs, act, relu)
         res.append((idx, dact))
     b = h.shape[0]
@@ -204,14 +208,14 @@ def _reference_apply(arch, params, x):
     return jax.vmap(arch.apply, in_axes=(0, None))(params, x)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _kernel(arch, route_chunk: int, unroll: int) -> Any:
     k = arch.kernel
 
     def forward(params, x):
         p0 = params["conv0"]
         rest = {n: v for n, v in params.items() if n != "conv0"}
-        h1, idx0, dact0 = _first_layer(arch, p0, phase_taps(x, k))   # [M, B, h, w, C0]
+        h1, idx0, dact0 = _first_layer(arch, p0, phase_taps(x, k))  # [M, B, h, w, C0]
         logits, res = _member_map(lambda a: _member_forward(arch, *a), (rest, h1), unroll)
         return logits, (rest, p0["w"], idx0, dact0, res)
 
@@ -234,11 +238,11 @@ def _kernel(arch, route_chunk: int, unroll: int) -> Any:
             return vjp(g)
         rest, w0, idx0, dact0, member_res = res
         shapes = _shapes(arch)
-        dh1 = _member_map(lambda a: _member_backward(arch, a[0], a[1], a[2], shapes),
-                          (rest, member_res, g), unroll)               # [M, B, h, w, C0]
+        dh1 = _member_map(
+            lambda a: _member_backward(arch, a[0], a[1], a[2], shapes), (rest, member_res, g), unroll
+        )  # [M, B, h, w, C0]
         batch_major = lambda v: None if v is None else jnp.moveaxis(v, 0, 3)
-        dtaps = _first_layer_taps_grad(batch_major(dh1), batch_major(idx0), batch_major(dact0),
-                                       w0, route_chunk)
+        dtaps = _first_layer_taps_grad(batch_major(dh1), batch_major(idx0), batch_major(dact0), w0, route_chunk)
         x_spec = jax.ShapeDtypeStruct((dh1.shape[1], *arch.input_shape), dtaps.dtype)
         (dx,) = jax.linear_transpose(lambda z: phase_taps(z, k), x_spec)(dtaps)
         return None, dx

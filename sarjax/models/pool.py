@@ -10,9 +10,10 @@ subset never recompiles anything.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import jax
 import jax.core  # jax.core.Tracer: a concrete value can be checked on the host
@@ -57,7 +58,9 @@ class Stack:
     def __post_init__(self):
         sizes = {np.shape(l)[0] if np.ndim(l) else None for l in jax.tree.leaves(self.params)}
         if len(sizes) != 1 or None in sizes:
-            raise ValueError(f"stack {self.arch.name}: params leaves must share one leading member axis, got sizes {sizes}")
+            raise ValueError(
+                f"stack {self.arch.name}: params leaves must share one leading member axis, got sizes {sizes}"
+            )
         (n,) = sizes
         if len(self.names) != n:
             raise ValueError(f"stack {self.arch.name}: {n} members but {len(self.names)} names")
@@ -68,14 +71,14 @@ class Stack:
         return len(self.names)
 
     @classmethod
-    def from_keys(cls, arch: Arch, keys: jax.Array, names: Sequence[str] | None = None) -> "Stack":
+    def from_keys(cls, arch: Arch, keys: jax.Array, names: Sequence[str] | None = None) -> Stack:
         """Initialise ``len(keys)`` members of ``arch`` with ``jax.vmap(arch.init)(keys)``."""
         params = jax.vmap(arch.init)(keys)
         n = len(keys)
         return cls(arch, params, tuple(names) if names is not None else tuple(f"{arch.name}/{i}" for i in range(n)))
 
     @classmethod
-    def from_members(cls, arch: Arch, members: Sequence[PyTree], names: Sequence[str]) -> "Stack":
+    def from_members(cls, arch: Arch, members: Sequence[PyTree], names: Sequence[str]) -> Stack:
         """Stack a list of one-member params of the same architecture."""
         return cls(arch, stack_trees(members), tuple(names))
 
@@ -95,7 +98,7 @@ class Stack:
         call, outside their step loops (XLA does not hoist the transposes out of a loop itself).
         """
         if self.arch.family == "mlp":
-            w = params["dense0"]["w"]                                     # [K, D, H]
+            w = params["dense0"]["w"]  # [K, D, H]
             return {**params, "_dense0_cat": jnp.moveaxis(w, 0, 1).reshape(w.shape[1], -1)}
         return params
 
@@ -103,8 +106,7 @@ class Stack:
         """:meth:`apply` on the output of :meth:`prepare`."""
         if "_dense0_cat" in prepared:
             return _mlp_shared_apply(self.arch, prepared, x)
-        if (self.arch.conv_impl == "fused" and fused.supports(self.arch)
-                and jax.default_backend() == "cpu"):
+        if self.arch.conv_impl == "fused" and fused.supports(self.arch) and jax.default_backend() == "cpu":
             return fused.cnn_pool_apply(self.arch, prepared, x)
         return jax.vmap(self.arch.apply, in_axes=(0, None))(prepared, x)
 
@@ -118,7 +120,7 @@ def _mlp_shared_apply(arch: Arch, p: PyTree, x: jax.Array) -> jax.Array:
     b = x.shape[0]
     k, _, h = p["dense0"]["w"].shape
     z = (x.reshape(b, -1) @ p["_dense0_cat"]).reshape(b, k, h) + p["dense0"]["b"]
-    z = jnp.moveaxis(f(z), 1, 0)                                          # [K, B, H]
+    z = jnp.moveaxis(f(z), 1, 0)  # [K, B, H]
     for i in range(1, len(arch.widths)):
         z = f(jnp.einsum("kbh,khn->kbn", z, p[f"dense{i}"]["w"]) + p[f"dense{i}"]["b"][:, None])
     return jnp.einsum("kbh,khn->kbn", z, p["out"]["w"]) + p["out"]["b"][:, None]
@@ -164,13 +166,15 @@ class Pool:
                 leaf = np.asarray(leaf)
                 bad |= ~np.isfinite(leaf.reshape(s.size, -1)).all(axis=1)
             if bad.any():
-                raise ValueError(f"non-finite (NaN/inf) params in member(s) {[s.names[i] for i in np.flatnonzero(bad)]}")
+                raise ValueError(
+                    f"non-finite (NaN/inf) params in member(s) {[s.names[i] for i in np.flatnonzero(bad)]}"
+                )
         self.stacks = stacks
         self.names = names
 
     # -- construction --------------------------------------------------------------------------
     @classmethod
-    def from_members(cls, members: Sequence[tuple[Arch, PyTree]], names: Sequence[str] | None = None) -> "Pool":
+    def from_members(cls, members: Sequence[tuple[Arch, PyTree]], names: Sequence[str] | None = None) -> Pool:
         """Build a pool from ``(arch, params)`` pairs, grouping members into stacks.
 
         Members go to the same stack when they share the architecture and the params' tree
@@ -237,11 +241,11 @@ class Pool:
                 h.update(a.tobytes())
         return h.hexdigest()
 
-    def with_params(self, params: Sequence[PyTree]) -> "Pool":
+    def with_params(self, params: Sequence[PyTree]) -> Pool:
         """A pool with the same structure and new stacked params (e.g. after training)."""
         return Pool([Stack(s.arch, p, s.names) for s, p in zip(self.stacks, params)])
 
-    def with_conv_impl(self, conv_impl: str) -> "Pool":
+    def with_conv_impl(self, conv_impl: str) -> Pool:
         """The same members (same params) with every convolutional stack's ``conv_impl`` replaced.
 
         E.g. ``pool.with_conv_impl("fused")`` before a joint attack on CPU (docs/models.md); MLP
@@ -249,10 +253,18 @@ class Pool:
         """
         if conv_impl not in CONV_IMPLS:
             raise ValueError(f"conv_impl must be one of {CONV_IMPLS}, got {conv_impl!r}")
-        return Pool([Stack(s.arch if s.arch.family == "mlp" else dataclasses.replace(s.arch, conv_impl=conv_impl),
-                           s.params, s.names) for s in self.stacks])
+        return Pool(
+            [
+                Stack(
+                    s.arch if s.arch.family == "mlp" else dataclasses.replace(s.arch, conv_impl=conv_impl),
+                    s.params,
+                    s.names,
+                )
+                for s in self.stacks
+            ]
+        )
 
-    def select(self, index: Sequence[int] | np.ndarray) -> "Pool":
+    def select(self, index: Sequence[int] | np.ndarray) -> Pool:
         """A new pool with the members at ``index`` (host side, for building sub-pools; use masks in attacks)."""
         index = [int(i) for i in np.atleast_1d(index)]
         members = []
@@ -301,7 +313,9 @@ class Pool:
         """Validate a batch of inputs: [B, *input_shape], finite. Raises ValueError otherwise."""
         shape = tuple(np.shape(x))
         if len(shape) != 1 + len(self.input_shape) or shape[1:] != self.input_shape:
-            raise ValueError(f"expected inputs of shape [B, {', '.join(map(str, self.input_shape))}], got {list(shape)}")
+            raise ValueError(
+                f"expected inputs of shape [B, {', '.join(map(str, self.input_shape))}], got {list(shape)}"
+            )
         if not isinstance(x, jax.core.Tracer) and not bool(np.isfinite(np.asarray(x)).all()):
             raise ValueError("inputs contain NaN or inf")
         return x
@@ -314,7 +328,9 @@ class Pool:
     def predict(self, x: jax.Array, batch: int = 1000) -> np.ndarray:
         """[M, B] int32 predicted classes, evaluated in chunks of ``batch`` inputs."""
         self.check_input(x)
-        out = [np.asarray(jnp.argmax(self._jit_apply(self.params, x[i : i + batch]), -1)) for i in range(0, len(x), batch)]
+        out = [
+            np.asarray(jnp.argmax(self._jit_apply(self.params, x[i : i + batch]), -1)) for i in range(0, len(x), batch)
+        ]
         return np.concatenate(out, axis=1).astype(np.int32)
 
     def accuracy(self, x: jax.Array, y: np.ndarray, batch: int = 1000) -> np.ndarray:

@@ -12,11 +12,11 @@ success, losses and query counts as on one device.
 
 from __future__ import annotations
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from sarjax.models.pool import Pool, Stack
 
@@ -166,10 +166,12 @@ class ShardedPool:
                 raise ValueError(f"per-sample argument has leading size {np.shape(a)[0]}, the batch has {b}")
             return place_batch(a, self.mesh)[0]
 
-        always = lambda ndim: True           # noqa: E731  x0, ref [B] or [B, M], x_init
-        rows = lambda ndim: ndim == 1        # noqa: E731  eps / max_queries [B] (not scalars)
-        kwargs = {k: pad(v, always if k == "x_init" else rows) if k in ("eps", "max_queries", "x_init") else v
-                  for k, v in kwargs.items()}
+        always = lambda ndim: True  # noqa: E731  x0, ref [B] or [B, M], x_init
+        rows = lambda ndim: ndim == 1  # noqa: E731  eps / max_queries [B] (not scalars)
+        kwargs = {
+            k: pad(v, always if k == "x_init" else rows) if k in ("eps", "max_queries", "x_init") else v
+            for k, v in kwargs.items()
+        }
         ids = kwargs.get("sample_ids")
         kwargs["sample_ids"] = pad(np.arange(b, dtype=np.int32) if ids is None else np.asarray(ids), always)
         xs = pad(x0, always)

@@ -69,7 +69,7 @@ def _input_grad_conv_args(w: jax.Array, pad: tuple) -> tuple:
     return jnp.flip(w, (0, 1)).swapaxes(2, 3), ((kh - 1 - lh, kh - 1 - hh), (kw - 1 - lw, kw - 1 - hw))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _batched_conv(pad: tuple) -> Any:
     """Stride-1 convolution with static padding ``pad`` whose vmap rule avoids grouped convolutions.
 
@@ -105,7 +105,7 @@ def _batched_conv(pad: tuple) -> Any:
     return conv
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _conv_with_vjp(pad: tuple) -> Any:
     """:func:`_batched_conv` with its gradients written as convolutions of the same kind
     (``custom_vmap`` functions are not reverse-differentiable on their own)."""
@@ -156,7 +156,7 @@ def conv2d(x: jax.Array, p: Params, impl: str = "im2col") -> jax.Array:
     """Stride-1 SAME convolution. x: [B, H, W, Cin]; p["w"]: [k, k, Cin, Cout] -> [B, H, W, Cout]."""
     w = p["w"]
     k, _, cin, cout = w.shape
-    if impl in ("xla", "fused"):   # "fused": one member's convolutions are the "xla" ones
+    if impl in ("xla", "fused"):  # "fused": one member's convolutions are the "xla" ones
         return _member_conv(x, w, _same_padding(k)) + p["b"]
     pad = k // 2
     b, h, wd, _ = x.shape
@@ -226,13 +226,20 @@ class Arch:
     def spec(self) -> dict:
         """A JSON-able description; ``Arch.from_spec(arch.spec()) == arch``."""
         return {
-            "family": self.family, "widths": list(self.widths), "act": self.act, "dense": self.dense,
-            "kernel": self.kernel, "blocks": self.blocks, "conv_impl": self.conv_impl,
-            "input_shape": list(self.input_shape), "num_classes": self.num_classes, "name": self.name,
+            "family": self.family,
+            "widths": list(self.widths),
+            "act": self.act,
+            "dense": self.dense,
+            "kernel": self.kernel,
+            "blocks": self.blocks,
+            "conv_impl": self.conv_impl,
+            "input_shape": list(self.input_shape),
+            "num_classes": self.num_classes,
+            "name": self.name,
         }
 
     @classmethod
-    def from_spec(cls, spec: dict) -> "Arch":
+    def from_spec(cls, spec: dict) -> Arch:
         s = dict(spec)
         s["widths"] = tuple(s["widths"])
         s["input_shape"] = tuple(s["input_shape"])
@@ -275,7 +282,9 @@ class Arch:
         p["out"] = _dense_init(next(keys), self.dense, self.num_classes, gain=1.0)
         return p
 
-    def apply(self, params: Params, x: jax.Array, *, key: jax.Array | None = None, dropout: float | jax.Array = 0.0) -> jax.Array:
+    def apply(
+        self, params: Params, x: jax.Array, *, key: jax.Array | None = None, dropout: float | jax.Array = 0.0
+    ) -> jax.Array:
         """Logits of ONE member.
 
         Args:

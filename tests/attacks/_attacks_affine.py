@@ -1,12 +1,12 @@
 """Affine test problems whose minimal adversarial perturbation is analytic (shared helpers)."""
 
-import numpy as np
 import jax.numpy as jnp
+import numpy as np
 
 from sarjax.attacks.threat import canonical_norm
 
-D = 8      # input elements
-C = 4      # classes 0/1 decide; 2 and 3 are dummies far below
+D = 8  # input elements
+C = 4  # classes 0/1 decide; 2 and 3 are dummies far below
 
 
 def affine_apply(params, x):

@@ -5,24 +5,26 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _attacks_affine import affine_apply, binary_problem
 
 from sarjax.attacks.apgd import l1_sparsity_update, make_apgd, sparse_sign_direction
-
-from _attacks_affine import affine_apply, binary_problem
 
 
 def test_l1_sparsity_update_hand_computed():
     #            sp_best sp_last eta   eta0  -> topk,            eta,       restart
-    cases = [(8.0, 12.0, 0.30, 0.5, 8 / 16 / 1.5, 0.5, True),        # sparser by > 5%: reset step
-             (12.0, 12.0, 0.50, 0.5, 12 / 16 / 1.5, 0.5 / 1.5, False),  # not sparser: step / 1.5
-             (12.0, 12.5, 0.06, 0.5, 12 / 16 / 1.5, 0.05, False),    # 0.04 clipped to eta0 / 10
-             (19.0, 20.0, 0.40, 0.5, 19 / 16 / 1.5, 0.4 / 1.5, False),  # exactly 0.95: not sparser
-             (18.0, 20.0, 0.40, 0.5, 18 / 16 / 1.5, 0.5, True),
-             (16.0, 4.0, 0.50, 0.5, 16 / 16 / 1.5, 0.5 / 1.5, False),   # denser: k grows
-             (0.0, 0.0, 0.50, 0.5, 0.0, 0.5 / 1.5, False)]           # nothing moved yet
+    cases = [
+        (8.0, 12.0, 0.30, 0.5, 8 / 16 / 1.5, 0.5, True),  # sparser by > 5%: reset step
+        (12.0, 12.0, 0.50, 0.5, 12 / 16 / 1.5, 0.5 / 1.5, False),  # not sparser: step / 1.5
+        (12.0, 12.5, 0.06, 0.5, 12 / 16 / 1.5, 0.05, False),  # 0.04 clipped to eta0 / 10
+        (19.0, 20.0, 0.40, 0.5, 19 / 16 / 1.5, 0.4 / 1.5, False),  # exactly 0.95: not sparser
+        (18.0, 20.0, 0.40, 0.5, 18 / 16 / 1.5, 0.5, True),
+        (16.0, 4.0, 0.50, 0.5, 16 / 16 / 1.5, 0.5 / 1.5, False),  # denser: k grows
+        (0.0, 0.0, 0.50, 0.5, 0.0, 0.5 / 1.5, False),
+    ]  # nothing moved yet
     a = np.array(cases, np.float64)
     topk, eta, sp_last, restart = jax.jit(jax.vmap(l1_sparsity_update, in_axes=(0, 0, 0, 0, None)))(
-        *(jnp.asarray(a[:, i], jnp.float32) for i in range(4)), 16)
+        *(jnp.asarray(a[:, i], jnp.float32) for i in range(4)), 16
+    )
     np.testing.assert_allclose(np.asarray(topk), a[:, 4], rtol=1e-6)
     np.testing.assert_allclose(np.asarray(eta), a[:, 5], rtol=1e-6)
     np.testing.assert_array_equal(np.asarray(sp_last), a[:, 0])
@@ -57,8 +59,9 @@ def test_l1_apgd_adapts_sparsity_per_sample_along_a_hand_computed_trajectory():
     warm[:, order[:8]] += (eps[:, None] / 20) * s[order[:8]]
     warm[:, order[8:12]] += (eps[:, None] / 100) * s[order[8:12]]
     attack = make_apgd(affine_apply, norm="l1", n_iter=3, step0=0.5)
-    res = attack(params, x0, np.zeros(batch, np.int32), key=jax.random.PRNGKey(0), eps=eps,
-                 x_init=warm.astype(np.float32))
+    res = attack(
+        params, x0, np.zeros(batch, np.int32), key=jax.random.PRNGKey(0), eps=eps, x_init=warm.astype(np.float32)
+    )
     want = np.zeros((batch, 16))
     want[:, order[:5]] = 0.1625
     want[:, order[5:8]] = 0.0625

@@ -4,21 +4,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _attacks_affine import affine_apply
 
 from sarjax.attacks.audit import audit, check
 from sarjax.attacks.pgd import make_pgd
 from sarjax.attacks.rounds import make_rounds
 from sarjax.attacks.threat import Threat
 
-from _attacks_affine import affine_apply
-
 
 def test_audit_reports_norms_box_and_nan():
     x0 = np.full((4, 2, 2), 0.5, np.float32)
     xa = x0.copy()
-    xa[0, 0, 0] += 0.1           # within eps = 0.1
-    xa[1, 0, 1] += 0.3           # linf 0.3 > eps
-    xa[2, 1, 1] = 1.2            # out of the box (and out of the ball)
+    xa[0, 0, 0] += 0.1  # within eps = 0.1
+    xa[1, 0, 1] += 0.3  # linf 0.3 > eps
+    xa[2, 1, 1] = 1.2  # out of the box (and out of the ball)
     xa[3, 0, 0] = np.nan
     rep = audit(x0, xa, Threat("linf", 0.1))
     np.testing.assert_allclose(rep.norm[:3], [0.1, 0.3, 0.7], rtol=1e-6)
@@ -48,8 +47,10 @@ def test_chained_rounds_bug_is_flagged_and_combinator_stays_in_ball():
     # A linear model whose gradient sign never changes: every round walks eps further.
     rng = np.random.default_rng(0)
     w = rng.choice([-1.0, 1.0], 8) * rng.uniform(0.5, 1.5, 8)
-    params = {"W": jnp.asarray(np.stack([w, -w, 0 * w, 0 * w], 1), jnp.float32),
-              "b": jnp.asarray([3.0, -3.0, -100.0, -100.0], jnp.float32)}  # never fooled
+    params = {
+        "W": jnp.asarray(np.stack([w, -w, 0 * w, 0 * w], 1), jnp.float32),
+        "b": jnp.asarray([3.0, -3.0, -100.0, -100.0], jnp.float32),
+    }  # never fooled
     x0 = jnp.full((1, 8), 0.5, jnp.float32)
     ref = jnp.zeros((1,), jnp.int32)
     eps, k = 8 / 255, 4

@@ -6,10 +6,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _attacks_affine import binary_problem, pool_apply
 
 from sarjax.attacks import Threat, audit, make_fgsm, make_joint_pgd, make_pgd, make_rounds
-
-from _attacks_affine import binary_problem, pool_apply
 
 M = 3
 
@@ -56,7 +55,7 @@ def test_eot_fgsm_follows_the_expected_gradient_where_one_draw_does_not():
     many draws steps exactly to x0 - eps * sign(w); one draw flips about 10% of the elements."""
     B = 8
     params, x0, opt = binary_problem("linf", B, seed=3)
-    w = np.asarray(params["W"][:, 0] - params["W"][:, 1]) * 2.0       # the hyperplane normal
+    w = np.asarray(params["W"][:, 0] - params["W"][:, 1]) * 2.0  # the hyperplane normal
     pp = _pool(params)
     ref = jnp.zeros((B, M), jnp.int32)
     eps = 0.05
@@ -65,7 +64,8 @@ def test_eot_fgsm_follows_the_expected_gradient_where_one_draw_does_not():
     np.testing.assert_allclose(np.asarray(many.x_adv), want, atol=1e-6)
     # one draw (a fixed key, so a deterministic apply) does not follow the expected gradient
     one_draw = make_fgsm(lambda p, x: _masked_apply(0.9)(p, x, jax.random.PRNGKey(11)), eps=eps)(
-        pp, x0, ref, None, jax.random.PRNGKey(7))
+        pp, x0, ref, None, jax.random.PRNGKey(7)
+    )
     flipped = np.mean(np.abs(np.asarray(one_draw.x_adv) - want) > 1e-6)
     assert 0.02 < flipped < 0.3, flipped
     assert audit(x0, many.x_adv, Threat("linf", eps)).ok
@@ -80,13 +80,11 @@ def test_eot_success_needs_every_draw():
     ref = jnp.zeros((B, M), jnp.int32)
 
     def coin(p, x, key):
-        z = pool_apply(p, x)                                     # every member predicts 0 on x0
-        flip = jax.random.bernoulli(key, 0.5)                    # one coin per draw
+        z = pool_apply(p, x)  # every member predicts 0 on x0
+        flip = jax.random.bernoulli(key, 0.5)  # one coin per draw
         bonus = jnp.where(flip, 1e3, -1e3)
         # member 0: class 1 wins on heads only; member 1: class 1 always wins; member 2: never
-        add = jnp.stack([jnp.array([0.0, 1.0, 0, 0]) * bonus,
-                         jnp.array([0.0, 1e3, 0, 0]),
-                         jnp.zeros(4)])
+        add = jnp.stack([jnp.array([0.0, 1.0, 0, 0]) * bonus, jnp.array([0.0, 1e3, 0, 0]), jnp.zeros(4)])
         return z + add[:, None, :]
 
     res = make_pgd(coin, norm="linf", steps=1, eot=16)(pp, x0, ref, None, jax.random.PRNGKey(0), eps=0.0)
@@ -109,7 +107,7 @@ def test_eot_rounds_stay_in_the_ball_of_the_original_input():
     res = make_rounds(inner, 5, norm="linf")(pp, x0, ref, None, jax.random.PRNGKey(2), eps=eps)
     rep = audit(x0, res.x_adv, Threat("linf", np.asarray(eps)))
     assert rep.ok and np.all(rep.norm <= np.asarray(eps) * (1 + 1e-6)), rep.norm
-    assert not bool(jnp.any(res.success))                  # 0.5x the optimum cannot succeed
+    assert not bool(jnp.any(res.success))  # 0.5x the optimum cannot succeed
 
 
 def test_eot_argument_is_validated():
@@ -119,8 +117,9 @@ def test_eot_argument_is_validated():
     params, x0, _ = binary_problem("linf", 2, seed=0)
     attack = make_pgd(lambda p, x, k: pool_apply(p, x), steps=1, eot=4)
     with pytest.raises(ValueError, match="eot \\* M = 4 \\* 3"):
-        attack(_pool(params), x0, jnp.zeros((2, M), jnp.int32), None, jax.random.PRNGKey(0),
-               eps=0.1, max_queries=4 * M - 1)
+        attack(
+            _pool(params), x0, jnp.zeros((2, M), jnp.int32), None, jax.random.PRNGKey(0), eps=0.1, max_queries=4 * M - 1
+        )
 
 
 def test_eot_apgd_with_a_key_ignoring_apply_equals_the_deterministic_attack():
@@ -134,8 +133,10 @@ def test_eot_apgd_with_a_key_ignoring_apply_equals_the_deterministic_attack():
     pp = _pool(params)
     ref = jnp.zeros((B, M), jnp.int32)
     eps = 1.01 * opt
-    for runs, factory in ((1, lambda a, **k: make_apgd(a, n_iter=n_iter, **k)),
-                          (2, lambda a, **k: make_apgd_t(a, n_iter=n_iter, n_targets=2, **k))):
+    for runs, factory in (
+        (1, lambda a, **k: make_apgd(a, n_iter=n_iter, **k)),
+        (2, lambda a, **k: make_apgd_t(a, n_iter=n_iter, n_targets=2, **k)),
+    ):
         det = factory(pool_apply)(pp, x0, ref, None, jax.random.PRNGKey(1), eps=eps)
         sto = factory(lambda p, x, k: pool_apply(p, x), eot=eot)(pp, x0, ref, None, jax.random.PRNGKey(1), eps=eps)
         np.testing.assert_allclose(np.asarray(sto.x_adv), np.asarray(det.x_adv), atol=1e-6)
@@ -143,7 +144,7 @@ def test_eot_apgd_with_a_key_ignoring_apply_equals_the_deterministic_attack():
         np.testing.assert_allclose(np.asarray(sto.objective), np.asarray(det.objective), rtol=1e-5, atol=1e-6)
         # eot x the deterministic queries, plus each run's re-evaluation of its best point (eot * M)
         np.testing.assert_array_equal(np.asarray(sto.queries), eot * (np.asarray(det.queries) + runs * M))
-        assert bool(jnp.all(det.success))                     # 1.01x the analytic optimum
+        assert bool(jnp.all(det.success))  # 1.01x the analytic optimum
 
 
 def test_eot_apgd_on_a_stochastic_pool_stays_in_the_ball_and_charges_every_draw():
@@ -174,11 +175,12 @@ def test_with_input_noise_known_answers():
     params, x0, _ = binary_problem("linf", B, seed=12)
     w = np.asarray(params["W"][:, 0] - params["W"][:, 1]) * 2.0
     pp = _pool(params)
-    np.testing.assert_array_equal(np.asarray(with_input_noise(pool_apply, 0.0)(pp, x0, jax.random.PRNGKey(0))),
-                                  np.asarray(pool_apply(pp, x0)))
+    np.testing.assert_array_equal(
+        np.asarray(with_input_noise(pool_apply, 0.0)(pp, x0, jax.random.PRNGKey(0))), np.asarray(pool_apply(pp, x0))
+    )
     noisy = with_input_noise(pool_apply, 0.05, clip=False)
     z1, z2 = noisy(pp, x0, jax.random.PRNGKey(1)), noisy(pp, x0, jax.random.PRNGKey(2))
-    assert not np.allclose(np.asarray(z1), np.asarray(z2))          # it is stochastic
+    assert not np.allclose(np.asarray(z1), np.asarray(z2))  # it is stochastic
     eps = 0.04
     res = make_fgsm(noisy, eps=eps, eot=8)(pp, x0, jnp.zeros((B, M), jnp.int32), None, jax.random.PRNGKey(3))
     np.testing.assert_allclose(np.asarray(res.x_adv), np.clip(np.asarray(x0) - eps * np.sign(w), 0, 1), atol=1e-6)
@@ -190,8 +192,9 @@ def test_with_input_noise_known_answers():
 def test_eot_in_single_model_mode_over_members():
     """make_member_attack with a stochastic member apply and eot: every member is attacked in
     expectation with its own draws; on noisy affine members EOT FGSM lands on x0 - eps*sign(w_m)."""
-    from sarjax.attacks import make_member_attack, with_input_noise
     from _attacks_affine import affine_apply
+
+    from sarjax.attacks import make_member_attack, with_input_noise
 
     B = 4
     params, x0, _ = binary_problem("linf", B, seed=13)
@@ -203,9 +206,10 @@ def test_eot_in_single_model_mode_over_members():
     assert res.x_adv.shape == (2,) + x0.shape
     for k, p in enumerate((params, params2)):
         w = np.asarray(p["W"][:, 0] - p["W"][:, 1])
-        np.testing.assert_allclose(np.asarray(res.x_adv[k]), np.clip(np.asarray(x0) - eps * np.sign(w), 0, 1),
-                                   atol=1e-6)
-    np.testing.assert_array_equal(np.asarray(res.queries), 4 * (1 + 2 + 1))   # clean, step (fwd+bwd), final
+        np.testing.assert_allclose(
+            np.asarray(res.x_adv[k]), np.clip(np.asarray(x0) - eps * np.sign(w), 0, 1), atol=1e-6
+        )
+    np.testing.assert_array_equal(np.asarray(res.queries), 4 * (1 + 2 + 1))  # clean, step (fwd+bwd), final
 
 
 def test_eot_query_caps_are_never_exceeded():

@@ -44,10 +44,11 @@ ARCH = mlp((8,), input_shape=SHAPE, num_classes=4)
 
 
 def _pool():
-    shapes = jax.eval_shape(ARCH.init, jax.random.PRNGKey(0))   # numpy params: no init compile
+    shapes = jax.eval_shape(ARCH.init, jax.random.PRNGKey(0))  # numpy params: no init compile
     rng = np.random.default_rng(0)
-    params = jax.tree.map(lambda s: (2.0 * rng.standard_normal((M,) + s.shape) / np.sqrt(s.shape[0]))
-                          .astype(np.float32), shapes)
+    params = jax.tree.map(
+        lambda s: (2.0 * rng.standard_normal((M,) + s.shape) / np.sqrt(s.shape[0])).astype(np.float32), shapes
+    )
     return Pool([Stack(ARCH, params, tuple(f"m{i}" for i in range(M)))])
 
 
@@ -73,39 +74,41 @@ BOX_BINDS = {"linf": 1.0, "l2": 4.0, "l1": 16.0}
 P = {"linf": np.inf, "l2": 2.0, "l1": 1.0}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _attack(name, norm):
     return COMBOS[(name, norm)]()
 
 
 def _eps_values(norm):
     big = BOX_BINDS[norm]
-    return st.one_of(st.sampled_from([0.0, 1e-6, big, 1.5 * big]),
-                     st.floats(min_value=1e-4, max_value=1.5 * big, allow_nan=False, allow_infinity=False))
+    return st.one_of(
+        st.sampled_from([0.0, 1e-6, big, 1.5 * big]),
+        st.floats(min_value=1e-4, max_value=1.5 * big, allow_nan=False, allow_infinity=False),
+    )
 
 
 @st.composite
 def _case(draw, norm):
     b = draw(st.integers(1, B_MAX))
-    seed = draw(st.integers(0, 2 ** 31 - 1))
+    seed = draw(st.integers(0, 2**31 - 1))
     rng = np.random.default_rng(seed)
     x = rng.random((B_MAX,) + SHAPE).astype(np.float32)
     faces = rng.random(x.shape)
-    x[faces < draw(st.sampled_from([0.0, 0.3]))] = 0.0          # inputs on the box faces
+    x[faces < draw(st.sampled_from([0.0, 0.3]))] = 0.0  # inputs on the box faces
     x[faces > 1.0 - draw(st.sampled_from([0.0, 0.3]))] = 1.0
     if draw(st.booleans()):
-        y = rng.integers(0, 4, (B_MAX, M)).astype(np.int32)      # arbitrary labels in range
+        y = rng.integers(0, 4, (B_MAX, M)).astype(np.int32)  # arbitrary labels in range
     else:
-        y = np.asarray(POOL.predict(x)).T.astype(np.int32)       # each member's clean prediction
+        y = np.asarray(POOL.predict(x)).T.astype(np.int32)  # each member's clean prediction
     rows = draw(st.lists(st.lists(st.booleans(), min_size=M, max_size=M), min_size=b, max_size=b))
     mask = np.zeros((B_MAX, M), bool)
     mask[:b] = np.asarray(rows, bool).reshape(b, M)
     if draw(st.booleans()):
-        eps = draw(_eps_values(norm))                              # scalar
+        eps = draw(_eps_values(norm))  # scalar
     else:
         eps = np.zeros(B_MAX, np.float32)
         eps[:b] = draw(st.lists(_eps_values(norm), min_size=b, max_size=b))
-    key = jax.random.PRNGKey(draw(st.integers(0, 2 ** 31 - 1)))
+    key = jax.random.PRNGKey(draw(st.integers(0, 2**31 - 1)))
     return b, x, y, mask, eps, key
 
 
@@ -119,15 +122,22 @@ def _check(norm, x0, x, eps, what):
     realized = np.linalg.norm(d, ord=P[norm], axis=1)
     tol = np.asarray(eps, np.float64) * (1 + 1e-5) + 1e-7
     bad = np.flatnonzero(realized > tol)
-    assert bad.size == 0, f"{what}: samples {bad.tolist()} realize {realized[bad]} > eps {np.broadcast_to(eps, realized.shape)[bad]}"
+    assert bad.size == 0, (
+        f"{what}: samples {bad.tolist()} realize {realized[bad]} > eps {np.broadcast_to(eps, realized.shape)[bad]}"
+    )
 
 
 @pytest.mark.parametrize("name, norm", list(COMBOS))
 def test_fuzz_attacks_stay_in_ball_and_box_and_are_deterministic(name, norm):
     atk = _attack(name, norm)
 
-    @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
     @given(case=_case(norm))
     def run(case):
         b, x, y, mask, eps, key = case
@@ -136,16 +146,19 @@ def test_fuzz_attacks_stay_in_ball_and_box_and_are_deterministic(name, norm):
         eps_b = np.broadcast_to(np.asarray(eps, np.float64), (B_MAX,))
         for field in ("x_adv", "best_x"):
             _check(norm, x[:b], np.asarray(getattr(res, field))[:b], eps_b[:b], f"{name}-{norm} {field}")
-        idle = ~mask.any(axis=1)                                   # no member selected (incl. padding)
+        idle = ~mask.any(axis=1)  # no member selected (incl. padding)
         np.testing.assert_array_equal(np.asarray(res.x_adv)[idle], x[idle])
         np.testing.assert_array_equal(np.asarray(res.queries)[idle], M)
         again = atk(POOL.params, x, y, mask, key, eps=eps)
         for field in ("x_adv", "success", "queries", "best_x", "objective"):
-            np.testing.assert_array_equal(np.asarray(getattr(again, field)), np.asarray(getattr(res, field)),
-                                          err_msg=f"{name}-{norm} {field} differs for the same key")
+            np.testing.assert_array_equal(
+                np.asarray(getattr(again, field)),
+                np.asarray(getattr(res, field)),
+                err_msg=f"{name}-{norm} {field} differs for the same key",
+            )
 
     run()
-    print(f"fuzz {name}-{norm}: {COUNT[(name, norm)]} examples")   # shown with -s
+    print(f"fuzz {name}-{norm}: {COUNT[(name, norm)]} examples")  # shown with -s
 
 
 COUNT = {k: 0 for k in COMBOS}

@@ -52,7 +52,7 @@ def _dykstra(x, x0, eps, ball_proj, iters=20000):
 @pytest.mark.parametrize("p,ref", [(1, _l1_ball_proj), (2, _l2_ball_proj)])
 def test_l1_l2_projection_matches_dykstra(p, ref):
     rng = np.random.default_rng(p)
-    for trial in range(6):
+    for _trial in range(6):
         d = 7
         x0 = rng.uniform(0, 1, d)
         x0[:2] = [0.0, 1.0]  # centre on the box faces too
@@ -223,8 +223,9 @@ def _ref_project(x, x0, eps, p, box=(0.0, 1.0)):
 
 _batched = jax.jit(jax.vmap(G.project, in_axes=(0, 0, 0, None, None)), static_argnums=(3, 4))
 _SORT = {1: G._project_l1_sort, 2: G._project_l2_sort}
-_batched_sort = jax.jit(jax.vmap(lambda x, x0, e, p, box: _SORT[p](x, x0, e, box), in_axes=(0, 0, 0, None, None)),
-                        static_argnums=(3, 4))
+_batched_sort = jax.jit(
+    jax.vmap(lambda x, x0, e, p, box: _SORT[p](x, x0, e, box), in_axes=(0, 0, 0, None, None)), static_argnums=(3, 4)
+)
 _batched_ref = jax.jit(jax.vmap(_ref_project, in_axes=(0, 0, 0, None, None)), static_argnums=(3, 4))
 
 
@@ -238,20 +239,20 @@ def _hard_cases(p, d=40, seed=0):
     rng = np.random.default_rng(seed)
     B = 48
     x0 = rng.uniform(0, 1, (B, d))
-    x0[:, : d // 4] = rng.integers(0, 2, (B, d // 4))             # x0 on the faces
+    x0[:, : d // 4] = rng.integers(0, 2, (B, d // 4))  # x0 on the faces
     x = x0 + rng.normal(0, 1, (B, d)) * rng.choice([0.01, 0.1, 0.5, 2.0], (B, 1))
-    x[::3, d // 4: d // 2] = x0[::3, d // 4: d // 2]               # v with exact zeros
-    x[5] = x0[5]                                                   # v = 0
-    t = np.geomspace(1e-2, 1.5, d)                                 # breakpoints spread over decades:
-    for i in (7, 8):                                               # many Newton pieces to cross
+    x[::3, d // 4 : d // 2] = x0[::3, d // 4 : d // 2]  # v with exact zeros
+    x[5] = x0[5]  # v = 0
+    t = np.geomspace(1e-2, 1.5, d)  # breakpoints spread over decades:
+    for i in (7, 8):  # many Newton pieces to cross
         x0[i] = 0.5
         x[i] = 0.5 + 0.5 / rng.permutation(t) * rng.choice([-1, 1], d)
     x0, x = x0.astype(np.float32), x.astype(np.float32)
     clipped = np.linalg.norm(np.clip(x, 0, 1).astype(np.float64) - x0, ord=p, axis=1)
-    eps = clipped * rng.uniform(0.02, 1.2, B)                      # inside and outside
+    eps = clipped * rng.uniform(0.02, 1.2, B)  # inside and outside
     eps[0], eps[1], eps[2], eps[3] = 0.0, 1e9, np.inf, clipped[3] * 1.0001
-    eps[4] = clipped[4]                                            # exactly on the sphere
-    eps[6] = 1e-4                                                  # tiny radius
+    eps[4] = clipped[4]  # exactly on the sphere
+    eps[6] = 1e-4  # tiny radius
     return jnp.asarray(x), jnp.asarray(x0), jnp.asarray(eps, jnp.float32)
 
 
@@ -267,13 +268,15 @@ def test_projection_matches_old_bisection(p, solver):
     assert got.shape == x.shape and got.dtype == np.float32
     assert np.isfinite(got).all()
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
-    np.testing.assert_array_equal(got[0], np.asarray(x0[0]))           # eps = 0 -> x0
-    for i in (1, 2, 3):                                                 # eps >= clipped norm
+    np.testing.assert_array_equal(got[0], np.asarray(x0[0]))  # eps = 0 -> x0
+    for i in (1, 2, 3):  # eps >= clipped norm
         np.testing.assert_allclose(got[i], np.clip(np.asarray(x[i]), 0, 1), atol=1e-7, rtol=0)
-    outside = np.linalg.norm((np.clip(np.asarray(x), 0, 1) - np.asarray(x0)).reshape(len(x), -1),
-                             ord=p, axis=1) > np.asarray(eps) * 1.01
+    outside = (
+        np.linalg.norm((np.clip(np.asarray(x), 0, 1) - np.asarray(x0)).reshape(len(x), -1), ord=p, axis=1)
+        > np.asarray(eps) * 1.01
+    )
     assert outside.sum() >= 10  # the cases exercise the active constraint
-    np.testing.assert_array_equal(got[5], np.asarray(x0[5]))           # v = 0
+    np.testing.assert_array_equal(got[5], np.asarray(x0[5]))  # v = 0
 
 
 @pytest.mark.parametrize("p", [1, 2])
@@ -313,16 +316,14 @@ def test_l0_single_sort_matches_double_argsort_with_ties():
     step = rng.choice([-0.5, 0.0, 0.25, 0.5, 1.5], (B, d)).astype(np.float32)  # many equal gains
     x0[:, :3] = 0.25
     x = x0 + step
-    k = rng.integers(0, d + 3, B).astype(np.float32)   # k = 0 ... > d
-    k[0], k[1] = 2.9999999, 3.5                          # floored with the 1e-6 tolerance
-    args = (jnp.asarray(x).reshape(B, 3, 4, 1), jnp.asarray(x0).reshape(B, 3, 4, 1), jnp.asarray(k), 0,
-            (0.0, 1.0))
+    k = rng.integers(0, d + 3, B).astype(np.float32)  # k = 0 ... > d
+    k[0], k[1] = 2.9999999, 3.5  # floored with the 1e-6 tolerance
+    args = (jnp.asarray(x).reshape(B, 3, 4, 1), jnp.asarray(x0).reshape(B, 3, 4, 1), jnp.asarray(k), 0, (0.0, 1.0))
     got, want = np.asarray(_batched(*args)).reshape(B, d), np.asarray(_batched_ref(*args)).reshape(B, d)
     np.testing.assert_array_equal(got, want)
     changed = (got != x0).sum(axis=1)
     assert (changed <= np.floor(k + 1e-6)).all()
     assert changed[0] <= 3 and changed[1] <= 3
-
 
 
 @pytest.mark.parametrize("p", ["l1", "l2", "linf"])
@@ -338,7 +339,7 @@ def test_projection_write_back_never_leaves_a_tiny_ball(p):
         y = np.asarray(jax.vmap(lambda a, b: _project(a, b, eps, p))(jnp.asarray(x), jnp.asarray(x0)))
         realized = np.linalg.norm(y.astype(np.float64) - x0.astype(np.float64), ord=q, axis=1)
         assert realized.max() <= np.float32(eps) * (1 + 1e-6), (p, eps, realized.max())
-        assert realized.min() > 0.5 * eps      # still uses the ball (up to float32 quantization of x0 + d)
+        assert realized.min() > 0.5 * eps  # still uses the ball (up to float32 quantization of x0 + d)
     d = jnp.asarray(rng.normal(0.0, 1e-7, x0.shape), jnp.float32)
     y = np.asarray(G.add_within(jnp.asarray(x0), d)).astype(np.float64)
     assert np.all(np.abs(y - x0) <= np.abs(np.asarray(d, np.float64)))  # elementwise, exactly

@@ -3,11 +3,10 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _attacks_affine import D, pool_apply
 
 from sarjax.attacks.joint import make_joint_pgd
 from sarjax.attacks.pgd import make_pgd
-
-from _attacks_affine import D, pool_apply
 
 M = 5
 _TRACES = []
@@ -129,22 +128,25 @@ def test_joint_pgd_on_a_heterogeneous_pool_reports_consistent_success():
     rng = np.random.default_rng(0)
 
     def dense(n, fan_in, fan_out):  # numpy init: no compile (Arch.init would compile per stack)
-        return {"w": jnp.asarray(rng.normal(0, fan_in ** -0.5, (n, fan_in, fan_out)), jnp.float32),
-                "b": jnp.asarray(rng.normal(0, 0.1, (n, fan_out)), jnp.float32)}
+        return {
+            "w": jnp.asarray(rng.normal(0, fan_in**-0.5, (n, fan_in, fan_out)), jnp.float32),
+            "b": jnp.asarray(rng.normal(0, 0.1, (n, fan_out)), jnp.float32),
+        }
 
     mlp, cnn = zoo.mlp(widths=(16,), **small), zoo.cnn(channels=(4,), dense=8, **small)
-    conv = {"w": jnp.asarray(rng.normal(0, 1 / 3, (3, 3, 3, 1, 4)), jnp.float32),
-            "b": jnp.zeros((3, 4), jnp.float32)}
-    pool = Pool((Stack(mlp, {"dense0": dense(2, 36, 16), "out": dense(2, 16, 10)}, ("m0", "m1")),
-                 Stack(cnn, {"conv0": conv, "dense": dense(3, 36, 8), "out": dense(3, 8, 10)},
-                       ("c0", "c1", "c2"))))
+    conv = {"w": jnp.asarray(rng.normal(0, 1 / 3, (3, 3, 3, 1, 4)), jnp.float32), "b": jnp.zeros((3, 4), jnp.float32)}
+    pool = Pool(
+        (
+            Stack(mlp, {"dense0": dense(2, 36, 16), "out": dense(2, 16, 10)}, ("m0", "m1")),
+            Stack(cnn, {"conv0": conv, "dense": dense(3, 36, 8), "out": dense(3, 8, 10)}, ("c0", "c1", "c2")),
+        )
+    )
     x0 = jax.random.uniform(jax.random.PRNGKey(2), (3, 6, 6, 1))
-    ref = jnp.argmax(pool.logits(x0), -1).T.astype(jnp.int32)          # [B, M] own predictions
+    ref = jnp.argmax(pool.logits(x0), -1).T.astype(jnp.int32)  # [B, M] own predictions
     mask = jnp.asarray([[1, 1, 1, 1, 1], [0, 1, 0, 1, 0], [1, 0, 0, 0, 0]], jnp.float32)
-    res = make_joint_pgd(pool.apply, steps=4, restarts=2)(pool.params, x0, ref, mask,
-                                                         jax.random.PRNGKey(3), eps=0.3)
+    res = make_joint_pgd(pool.apply, steps=4, restarts=2)(pool.params, x0, ref, mask, jax.random.PRNGKey(3), eps=0.3)
     for x, succ in ((res.x_adv, res.success), (res.best_x, res.best_success)):
-        pred = np.asarray(jnp.argmax(pool.logits(x), -1)).T                 # [B, M]
+        pred = np.asarray(jnp.argmax(pool.logits(x), -1)).T  # [B, M]
         np.testing.assert_array_equal(np.asarray(succ), pred != np.asarray(ref))
     assert np.abs(np.asarray(res.x_adv) - np.asarray(x0)).max() <= 0.3 + 1e-7
 
@@ -152,9 +154,10 @@ def test_joint_pgd_on_a_heterogeneous_pool_reports_consistent_success():
 def test_labels_b_are_shared_by_every_member_of_a_pool_apply():
     """ref [B] with no mask on a pool apply means the same label for every member: the result equals
     the explicit [B, M] call, queries count all M members, and a single-model apply keeps M = 1."""
+    from _attacks_affine import affine_apply
+
     from sarjax.attacks.apgd import make_apgd
     from sarjax.attacks.square import make_square
-    from _attacks_affine import affine_apply
 
     B, steps = 3, 4
     params, x0, need = common_direction_pool(B, seed=4)
@@ -162,9 +165,11 @@ def test_labels_b_are_shared_by_every_member_of_a_pool_apply():
     y = jnp.zeros((B,), jnp.int32)
     y_bm = jnp.zeros((B, M), jnp.int32)
     eps = 0.8 * need.min(axis=1)
-    for attack in (make_pgd(pool_apply, norm="linf", steps=steps),
-                   make_apgd(pool_apply, norm="linf", n_iter=steps),
-                   make_square(pool_apply, n_queries=steps)):
+    for attack in (
+        make_pgd(pool_apply, norm="linf", steps=steps),
+        make_apgd(pool_apply, norm="linf", n_iter=steps),
+        make_square(pool_apply, n_queries=steps),
+    ):
         shared = attack(params, x0, y, None, jax.random.PRNGKey(5), eps=eps)
         explicit = attack(params, x0, y_bm, None, jax.random.PRNGKey(5), eps=eps)
         assert shared.success.shape == (B, M)
@@ -174,7 +179,8 @@ def test_labels_b_are_shared_by_every_member_of_a_pool_apply():
     res = pgd(params, x0, y, None, jax.random.PRNGKey(5), eps=eps)
     np.testing.assert_array_equal(np.asarray(res.queries), M + steps * 2 * M + M)
     one = {"W": params["W"][0], "b": params["b"][0]}
-    single = make_pgd(affine_apply, norm="linf", steps=steps, restarts=1)(one, x0, y, None, jax.random.PRNGKey(5),
-                                                                          eps=eps)
+    single = make_pgd(affine_apply, norm="linf", steps=steps, restarts=1)(
+        one, x0, y, None, jax.random.PRNGKey(5), eps=eps
+    )
     assert single.success.shape == (B, 1)
     np.testing.assert_array_equal(np.asarray(single.queries), 1 + steps * 2 + 1)

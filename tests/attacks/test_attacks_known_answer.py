@@ -7,14 +7,13 @@ import os
 import jax
 import numpy as np
 import pytest
+from _attacks_affine import affine_apply, binary_problem
 
 from sarjax.attacks.apgd import make_apgd, make_apgd_t
 from sarjax.attacks.fgsm import make_fgsm
 from sarjax.attacks.mifgsm import make_mifgsm
 from sarjax.attacks.pgd import make_pgd
 from sarjax.attacks.threat import canonical_norm
-
-from _attacks_affine import affine_apply, binary_problem
 
 FACTORIES = {
     "fgsm": lambda norm, targeted: make_fgsm(affine_apply, norm=norm, targeted=targeted),
@@ -25,6 +24,7 @@ FACTORIES = {
     # APGD-T is untargeted in its success criterion (misclassification), targets chosen inside
     "apgd-t": lambda norm, targeted: make_apgd_t(affine_apply, norm=norm),
 }
+
 
 def run_known_answer(attack, norm, targeted, batch, seed, factor=1.01, d=None):
     params, x0, opt = binary_problem(norm, batch, seed, **({} if d is None else {"d": d}))
@@ -60,25 +60,41 @@ def run_known_answer(attack, norm, targeted, batch, seed, factor=1.01, d=None):
 BATCHES = (1, 3, 8)
 FULL = os.environ.get("SARJAX_KNOWN_ANSWER_FULL", "") == "1"
 _DEFAULT_BATCH = {  # (attack, norm, targeted) -> the batch size of the default run
-    ("fgsm", "linf", False): 1, ("fgsm", "linf", True): 3, ("fgsm", "l2", False): 8,
-    ("fgsm", "l2", True): 1, ("fgsm", "l1", False): 3, ("fgsm", "l1", True): 8,
-    ("pgd", "linf", False): 1, ("pgd", "linf", True): 3, ("pgd", "l2", False): 8,
-    ("pgd", "l2", True): 1, ("pgd", "l1", False): 3, ("pgd", "l1", True): 8,
-    ("mifgsm", "linf", False): 1, ("mifgsm", "linf", True): 3, ("mifgsm", "l2", False): 8,
+    ("fgsm", "linf", False): 1,
+    ("fgsm", "linf", True): 3,
+    ("fgsm", "l2", False): 8,
+    ("fgsm", "l2", True): 1,
+    ("fgsm", "l1", False): 3,
+    ("fgsm", "l1", True): 8,
+    ("pgd", "linf", False): 1,
+    ("pgd", "linf", True): 3,
+    ("pgd", "l2", False): 8,
+    ("pgd", "l2", True): 1,
+    ("pgd", "l1", False): 3,
+    ("pgd", "l1", True): 8,
+    ("mifgsm", "linf", False): 1,
+    ("mifgsm", "linf", True): 3,
+    ("mifgsm", "l2", False): 8,
     ("mifgsm", "l2", True): 1,
-    ("apgd-ce", "linf", False): 1, ("apgd-ce", "l2", True): 3, ("apgd-ce", "l1", False): 8,
-    ("apgd-dlr", "linf", True): 3, ("apgd-t", "l2", False): 8,
-    ("square-linf", "linf", False): 8, ("square-linf", "linf", True): 3,
+    ("apgd-ce", "linf", False): 1,
+    ("apgd-ce", "l2", True): 3,
+    ("apgd-ce", "l1", False): 8,
+    ("apgd-dlr", "linf", True): 3,
+    ("apgd-t", "l2", False): 8,
+    ("square-linf", "linf", False): 8,
+    ("square-linf", "linf", True): 3,
     # shares its compiled kernels with tests/attacks/test_attacks_square.py (same config, B = 8)
-    ("square-l2", "l2", False): 8, ("square-l2", "l2", True): 8,
+    ("square-l2", "l2", False): 8,
+    ("square-l2", "l2", True): 8,
 }
-COMBOS = ([(a, n, t) for a in ("fgsm", "pgd", "apgd-ce", "apgd-dlr") for n in ("linf", "l2", "l1")
-           for t in (False, True)]
-          + [("mifgsm", n, t) for n in ("linf", "l2") for t in (False, True)]
-          # APGD-T picks its targets itself; success is misclassification
-          + [("apgd-t", n, False) for n in ("linf", "l2", "l1")]
-          + [("square-linf", "linf", t) for t in (False, True)]
-          + [("square-l2", "l2", t) for t in (False, True)])
+COMBOS = (
+    [(a, n, t) for a in ("fgsm", "pgd", "apgd-ce", "apgd-dlr") for n in ("linf", "l2", "l1") for t in (False, True)]
+    + [("mifgsm", n, t) for n in ("linf", "l2") for t in (False, True)]
+    # APGD-T picks its targets itself; success is misclassification
+    + [("apgd-t", n, False) for n in ("linf", "l2", "l1")]
+    + [("square-linf", "linf", t) for t in (False, True)]
+    + [("square-l2", "l2", t) for t in (False, True)]
+)
 
 
 def _cases():
@@ -86,10 +102,21 @@ def _cases():
     for name, norm, targeted in COMBOS:
         default = _DEFAULT_BATCH.get((name, norm, targeted))
         for batch in BATCHES:
-            marks = () if (batch == default or FULL) else (
-                pytest.mark.skip(reason="crossed batch size: set SARJAX_KNOWN_ANSWER_FULL=1"),)
-            out.append(pytest.param(name, norm, targeted, batch, marks=marks,
-                                    id=f"{name}-{norm}-{'targeted' if targeted else 'untargeted'}-B{batch}"))
+            marks = (
+                ()
+                if (batch == default or FULL)
+                else (pytest.mark.skip(reason="crossed batch size: set SARJAX_KNOWN_ANSWER_FULL=1"),)
+            )
+            out.append(
+                pytest.param(
+                    name,
+                    norm,
+                    targeted,
+                    batch,
+                    marks=marks,
+                    id=f"{name}-{norm}-{'targeted' if targeted else 'untargeted'}-B{batch}",
+                )
+            )
     return out
 
 
@@ -104,6 +131,7 @@ _SQUARE = {"square-linf": ((2, 4, 1), 1.01, None), "square-l2": ((4, 4, 1), 2.5,
 def test_known_answer(name, norm, targeted, batch):
     if name.startswith("square"):
         from sarjax.attacks.square import make_square
+
         shape, factor, d = _SQUARE[name]
         attack = _ImageView(make_square(affine_apply, norm=norm, targeted=targeted, n_queries=300), shape)
         run_known_answer(attack, norm, targeted, batch, seed=batch, factor=factor, d=d)

@@ -10,25 +10,35 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _attacks_affine import C, affine_apply, pool_apply
 
-from sarjax.attacks import (attack_members, check_labels, fmn, make_apgd, make_apgd_t, make_fgsm, make_joint_pgd,
-                            make_member_attack, make_mifgsm, make_pgd, make_rounds, make_square)
+from sarjax.attacks import (
+    attack_members,
+    check_labels,
+    fmn,
+    make_apgd,
+    make_apgd_t,
+    make_fgsm,
+    make_joint_pgd,
+    make_member_attack,
+    make_mifgsm,
+    make_pgd,
+    make_rounds,
+    make_square,
+)
 from sarjax.models.pool import Pool, Stack
 from sarjax.models.sharding import ShardedPool, make_mesh
 from sarjax.models.zoo import mlp
 
-from _attacks_affine import C, affine_apply, pool_apply
-
 B = 4
-BAD = np.array([4, 99, 1, -3], np.int32)                     # C = 4 classes: samples 0, 1, 3 are bad
+BAD = np.array([4, 99, 1, -3], np.int32)  # C = 4 classes: samples 0, 1, 3 are bad
 KEY = jax.random.PRNGKey(0)
 MSG = r"labels out of range \[0, C=4\): samples \[0, 1, 3\] have \[4, 99, -3\]"
 
 
 def _affine_pool_params(m=2, d=8):
     rng = np.random.default_rng(0)
-    return {"W": jnp.asarray(rng.standard_normal((m, d, C)), jnp.float32),
-            "b": jnp.zeros((m, C), jnp.float32)}
+    return {"W": jnp.asarray(rng.standard_normal((m, d, C)), jnp.float32), "b": jnp.zeros((m, C), jnp.float32)}
 
 
 def _x(shape=(B, 8)):
@@ -36,7 +46,7 @@ def _x(shape=(B, 8)):
 
 
 def test_check_labels_names_samples_values_and_range():
-    check_labels(np.array([0, 3, 2]), 4)                      # in range: no error
+    check_labels(np.array([0, 3, 2]), 4)  # in range: no error
     with pytest.raises(ValueError, match=MSG):
         check_labels(BAD, 4)
     # [B, M]: the first offending value of each bad sample
@@ -50,31 +60,36 @@ def test_check_labels_names_samples_values_and_range():
         check_labels(np.array([0.0, 1.0]), 4)
 
 
-@pytest.mark.parametrize("make, kw", [
-    (make_pgd, dict(steps=2)),
-    (make_pgd, dict(steps=2, norm="l1")),
-    (make_fgsm, dict()),
-    (make_mifgsm, dict(steps=2)),
-    (make_apgd, dict(n_iter=2)),
-    (make_apgd_t, dict(n_iter=2)),
-    (make_joint_pgd, dict(steps=2)),
-])
+@pytest.mark.parametrize(
+    "make, kw",
+    [
+        (make_pgd, dict(steps=2)),
+        (make_pgd, dict(steps=2, norm="l1")),
+        (make_fgsm, dict()),
+        (make_mifgsm, dict(steps=2)),
+        (make_apgd, dict(n_iter=2)),
+        (make_apgd_t, dict(n_iter=2)),
+        (make_joint_pgd, dict(steps=2)),
+    ],
+)
 def test_gradient_attacks_reject_out_of_range_labels(make, kw):
     atk = make(pool_apply, eps=1e-9, **kw)
     params, x = _affine_pool_params(), _x()
     with pytest.raises(ValueError, match=MSG):
         atk(params, x, BAD, None, KEY)
     with pytest.raises(ValueError, match=MSG):
-        atk(params, x, jnp.asarray(BAD)[:, None] * jnp.ones((1, 2), jnp.int32), None, KEY)   # [B, M] refs
+        atk(params, x, jnp.asarray(BAD)[:, None] * jnp.ones((1, 2), jnp.int32), None, KEY)  # [B, M] refs
     with pytest.raises(ValueError, match=r"labels out of range \[0, C=4\): samples \[2\] have \[12\]"):
-        atk(params, x, np.array([0, 1, 12, 3]), np.array([True, False]), KEY)        # masked members too
+        atk(params, x, np.array([0, 1, 12, 3]), np.array([True, False]), KEY)  # masked members too
 
 
 def test_targeted_attacks_name_targets():
     params, x = _affine_pool_params(), _x()
-    for atk in (make_pgd(pool_apply, eps=0.1, steps=2, targeted=True),
-                make_apgd(pool_apply, eps=0.1, n_iter=2, targeted=True),
-                make_square(pool_apply, eps=0.1, n_queries=2, targeted=True)):
+    for atk in (
+        make_pgd(pool_apply, eps=0.1, steps=2, targeted=True),
+        make_apgd(pool_apply, eps=0.1, n_iter=2, targeted=True),
+        make_square(pool_apply, eps=0.1, n_queries=2, targeted=True),
+    ):
         with pytest.raises(ValueError, match=r"targets out of range \[0, C=4\): samples \[0, 1, 3\]"):
             atk(params, x.reshape(B, 2, 2, 2), BAD, None, KEY)
 
@@ -100,7 +115,7 @@ def test_rounds_and_member_modes_reject_out_of_range_labels():
     member = make_member_attack(affine_apply, make_pgd, steps=2)
     with pytest.raises(ValueError, match=MSG):
         member(params, x, BAD, key=KEY, eps=0.1)
-    per_member = np.array([[0, 1, 2, 3], [0, 5, 2, 3]])        # [K, B]: member 1 has 5 for sample 1
+    per_member = np.array([[0, 1, 2, 3], [0, 5, 2, 3]])  # [K, B]: member 1 has 5 for sample 1
     with pytest.raises(ValueError, match=r"samples \[1\] have \[5\]"):
         member(params, x, per_member, KEY, eps=0.1)
     with pytest.raises(ValueError, match=r"targets out of range \[0, C=4\): samples \[0, 1, 3\]"):
@@ -135,7 +150,8 @@ def test_minimum_norm_attacks_share_the_validator():
     targets = np.array([1, 2, -3, 9])
     with pytest.raises(ValueError, match=r"targets out of range \[0, C=4\): samples \[2, 3\] have \[-3, 9\]"):
         fmn.make_fmn(pool.apply, norm="l2", max_queries=20, targeted=True)(
-            pool.params, x, targets, key=jax.random.PRNGKey(0), labels=np.zeros(B, np.int32))
+            pool.params, x, targets, key=jax.random.PRNGKey(0), labels=np.zeros(B, np.int32)
+        )
 
 
 def test_sample_ids_are_validated():

@@ -4,11 +4,10 @@ affine members (member k is fooled iff its own hyperplane distance is below eps)
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _attacks_affine import affine_apply
 
 from sarjax.attacks.fgsm import make_fgsm
 from sarjax.attacks.members import make_member_attack
-
-from _attacks_affine import affine_apply
 
 
 def test_member_mode_matches_analytic_distances():

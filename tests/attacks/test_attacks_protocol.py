@@ -3,40 +3,38 @@
 The example attack below is the one in docs/attacks.md ("The protocol"), copied verbatim.
 """
 
+# ---- the example from docs/attacks.md, "The protocol" (keep the two identical) ----
+from collections.abc import Callable
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-from sarjax.attacks import AttackResult, attack_members, make_apgd_t, make_pgd, make_rounds, make_square
-from sarjax.attacks.core import Attack, AttackFn
-from sarjax.attacks.core import validate as V
-
 from _attacks_affine import affine_apply, binary_problem, pool_apply
 
-# ---- the example from docs/attacks.md, "The protocol" (keep the two identical) ----
-from typing import Callable, NamedTuple
-
+from sarjax.attacks import AttackResult, attack_members, make_apgd_t, make_pgd, make_rounds, make_square
 from sarjax.attacks import queries as Q
-from sarjax.attacks.core import Problem
+from sarjax.attacks.core import Attack, AttackFn, Problem
+from sarjax.attacks.core import validate as V
 from sarjax.attacks.core.evaluate import batch_logits
 from sarjax.attacks.losses import cross_entropy, fooled
 
 
-class BimConfig(NamedTuple):          # hashable: equal configs share one compiled kernel
+class BimConfig(NamedTuple):  # hashable: equal configs share one compiled kernel
     apply: Callable
     steps: int
 
 
 class BimState(NamedTuple):
     problem: Problem
-    x: jax.Array                      # [B, *S] current iterate
-    count: jax.Array                  # [B] queries spent
+    x: jax.Array  # [B, *S] current iterate
+    count: jax.Array  # [B] queries spent
 
 
-def bim_losses(cfg, params, x, pr):   # summed over samples, so its x-gradient is per sample
-    z = batch_logits(cfg.apply, params, x)                          # [B, M, C]
-    ce = jax.vmap(cross_entropy)(z, pr.ref)                         # [B, M]
+def bim_losses(cfg, params, x, pr):  # summed over samples, so its x-gradient is per sample
+    z = batch_logits(cfg.apply, params, x)  # [B, M, C]
+    ce = jax.vmap(cross_entropy)(z, pr.ref)  # [B, M]
     w = pr.mask / jnp.maximum(pr.mask.sum(1, keepdims=True), 1.0)
     return jnp.sum(w * ce), (z, ce)
 
@@ -47,7 +45,7 @@ def bim_init(cfg, params, problem):
 
 def bim_step(cfg, s, params):
     pr, m = s.problem, s.problem.ref.shape[1]
-    ok = Q.allowed(s.count, 3 * m, pr.cap)        # this step's 2M, the final evaluation's M
+    ok = Q.allowed(s.count, 3 * m, pr.cap)  # this step's 2M, the final evaluation's M
     g = jax.grad(lambda x: bim_losses(cfg, params, x, pr)[0])(s.x)
     e = pr.eps.reshape((-1,) + (1,) * (s.x.ndim - 1))
     x = jnp.clip(jnp.clip(s.x + e / cfg.steps * jnp.sign(g), pr.x0 - e, pr.x0 + e), 0.0, 1.0)
@@ -57,7 +55,7 @@ def bim_step(cfg, s, params):
 def bim_result(cfg, s, params):
     pr = s.problem
     _, (z, ce) = bim_losses(cfg, params, s.x, pr)
-    success = jax.vmap(fooled, in_axes=(0, 0, None))(z, pr.ref, False)   # [B, M]
+    success = jax.vmap(fooled, in_axes=(0, 0, None))(z, pr.ref, False)  # [B, M]
     obj = jnp.sum(pr.mask * ce, 1) / jnp.maximum(pr.mask.sum(1), 1.0)
     queries = s.count + pr.ref.shape[1]
     return AttackResult(s.x, success, obj, ce, queries, s.x, success, obj)
@@ -66,6 +64,8 @@ def bim_result(cfg, s, params):
 def make_bim(apply, *, eps=None, steps=10):
     attack = Attack(bim_init, bim_step, bim_result, steps, BimConfig(apply, steps))
     return V.public(attack, name="bim", p=float("inf"), default_eps=eps, box=(0.0, 1.0), apply=apply)
+
+
 # ---- end of the example ----
 
 
@@ -82,7 +82,7 @@ def _pool(seed=0):
 
 ATTACKS = {
     "pgd": lambda: make_pgd(pool_apply, steps=3, restarts=2),
-    "apgd_t": lambda: make_apgd_t(pool_apply, n_iter=3, n_targets=9),   # 9 > C - 1 = 3: skipped runs
+    "apgd_t": lambda: make_apgd_t(pool_apply, n_iter=3, n_targets=9),  # 9 > C - 1 = 3: skipped runs
     "square": lambda: make_square(pool_apply, n_queries=4),
 }
 
@@ -98,7 +98,7 @@ def test_jit_entry_inside_user_jit_compiles_once_and_equals_public_entry(name):
     traces = []
 
     @jax.jit
-    def user_step(params, x0, mask, key, eps, cap):   # e.g. a training step's inner maximisation
+    def user_step(params, x0, mask, key, eps, cap):  # e.g. a training step's inner maximisation
         traces.append(1)
         res = fn.jit(params, x0, ref, mask, key, eps=eps, max_queries=cap)
         return res, jnp.mean(res.objective)
@@ -110,11 +110,11 @@ def test_jit_entry_inside_user_jit_compiles_once_and_equals_public_entry(name):
         eps = jnp.asarray(rng.uniform(0.02, 0.2, B), jnp.float32)
         cap = jnp.asarray(rng.integers(3 * M, 60, B), jnp.int32)
         got, _ = user_step(params, x0, mask, key, eps, cap)
-        want = fn(params, x0, ref, mask, key, eps=eps, max_queries=cap)   # validated + audited entry
+        want = fn(params, x0, ref, mask, key, eps=eps, max_queries=cap)  # validated + audited entry
         for f in AttackResult._fields:
             np.testing.assert_array_equal(np.asarray(getattr(got, f)), np.asarray(getattr(want, f)), err_msg=f)
         assert np.all(np.asarray(got.queries) <= np.asarray(cap))
-    assert len(traces) == 1   # new eps, masks, keys and caps never retrace
+    assert len(traces) == 1  # new eps, masks, keys and caps never retrace
 
 
 def test_public_entry_audits_a_broken_state_machine():
@@ -130,13 +130,14 @@ def test_public_entry_audits_a_broken_state_machine():
         z = jnp.zeros(pr.ref.shape)
         return AttackResult(x, z > 0, z[:, 0], z, jnp.zeros(pr.x0.shape[0], jnp.int32), x, z > 0, z[:, 0])
 
-    apply = lambda params, x: jnp.zeros((x.shape[0], 3))   # noqa: E731
-    fn = V.public(Attack(init, step, result, 1, None), name="bad", p=float("inf"), default_eps=0.05,
-                  box=(0.0, 1.0), apply=apply)
+    apply = lambda params, x: jnp.zeros((x.shape[0], 3))  # noqa: E731
+    fn = V.public(
+        Attack(init, step, result, 1, None), name="bad", p=float("inf"), default_eps=0.05, box=(0.0, 1.0), apply=apply
+    )
     x0, ref, key = jnp.full((2, 3), 0.5), jnp.zeros((2,), jnp.int32), jax.random.PRNGKey(0)
     with pytest.raises(ValueError, match=r"bad \(x_adv\) output failed the bound audit: 2/2 samples"):
         fn(None, x0, ref, None, key)
-    res = fn.jit(None, x0, ref, None, key)   # the jit-safe entry does not audit
+    res = fn.jit(None, x0, ref, None, key)  # the jit-safe entry does not audit
     np.testing.assert_allclose(np.asarray(res.x_adv), 0.6)
 
 
@@ -155,6 +156,7 @@ def test_key_is_required_everywhere():
     class _Stack:
         class arch:
             apply = staticmethod(lambda p, x: x @ p["W"] + p["b"])
+
         params = pool_params
         size = M
 

@@ -24,18 +24,19 @@ KEY = jax.random.PRNGKey(7)
 
 
 def _pool(m=3, seed=0):
-    shapes = jax.eval_shape(ARCH.init, jax.random.PRNGKey(0))   # numpy params: no init compile
+    shapes = jax.eval_shape(ARCH.init, jax.random.PRNGKey(0))  # numpy params: no init compile
     rng = np.random.default_rng(seed)
-    params = jax.tree.map(lambda s: (rng.standard_normal((m,) + s.shape) / np.sqrt(s.shape[0])).astype(np.float32),
-                          shapes)
+    params = jax.tree.map(
+        lambda s: (rng.standard_normal((m,) + s.shape) / np.sqrt(s.shape[0])).astype(np.float32), shapes
+    )
     return Pool([Stack(ARCH, params, tuple(f"m{i}" for i in range(m)))])
 
 
 POOL = _pool()
 X = np.random.default_rng(1).random((B, 4, 4, 1), dtype=np.float32)
-Y = np.asarray(POOL.predict(X)).T.astype(np.int32)               # [B, M]: each member's own prediction
+Y = np.asarray(POOL.predict(X)).T.astype(np.int32)  # [B, M]: each member's own prediction
 MASK = np.random.default_rng(2).random((B, 3)) < 0.7
-MASK[4] = False                                                  # a sample with no member selected
+MASK[4] = False  # a sample with no member selected
 EPS = np.linspace(0.05, 0.3, B).astype(np.float32)
 
 ATTACKS = {
@@ -47,8 +48,9 @@ ATTACKS = {
 
 def _call(atk, rows, ids):
     """The attack on the rows ``rows`` of the 8 samples, with sample ids ``ids`` (None: default)."""
-    res = atk(POOL.params, X[rows], Y[rows], MASK[rows], KEY, eps=EPS[rows],
-              **({} if ids is None else {"sample_ids": ids}))
+    res = atk(
+        POOL.params, X[rows], Y[rows], MASK[rows], KEY, eps=EPS[rows], **({} if ids is None else {"sample_ids": ids})
+    )
     return {k: np.asarray(getattr(res, k)) for k in ("x_adv", "success", "queries", "best_x")}
 
 
@@ -68,14 +70,14 @@ def _chunks(atk, ids_default=False):
 @pytest.mark.parametrize("name", list(ATTACKS))
 def test_chunked_and_reversed_batches_give_identical_per_sample_results(name):
     atk = ATTACKS[name]
-    whole = _call(atk, np.arange(B), None)                      # default ids: arange(B)
+    whole = _call(atk, np.arange(B), None)  # default ids: arange(B)
     rev = np.arange(B)[::-1]
     reversed_ = _call(atk, rev, rev)
     chunked = _chunks(atk)
     for k in whole:
         np.testing.assert_array_equal(reversed_[k][::-1], whole[k], err_msg=f"{name} reversed {k}")
         np.testing.assert_array_equal(chunked[k], whole[k], err_msg=f"{name} chunked {k}")
-    assert not np.array_equal(whole["x_adv"], X)                 # the attack moved: the test can tell
+    assert not np.array_equal(whole["x_adv"], X)  # the attack moved: the test can tell
     # without the ids a chunk's samples draw positions 0..2 of every chunk: other draws
     by_position = _chunks(atk, ids_default=True)
     assert not np.array_equal(by_position["x_adv"][3:], whole["x_adv"][3:]), name
@@ -92,7 +94,7 @@ def test_member_mode_follows_sample_ids():
 
 def test_minimum_norm_attacks_follow_sample_ids():
     # random restarts of the minimum-norm attacks: sample b draws fold_in(key, sample_ids[b])
-    fn = fmn.make_fmn(POOL.apply, norm="l2", max_queries=20, restarts=1, init_eps=0.3)   # results [B, M]
+    fn = fmn.make_fmn(POOL.apply, norm="l2", max_queries=20, restarts=1, init_eps=0.3)  # results [B, M]
     whole = fn(POOL.params, X, Y[:, 0], key=KEY)
     part = fn(POOL.params, X[5:], Y[5:, 0], key=KEY, sample_ids=np.arange(5, B))
     np.testing.assert_array_equal(np.asarray(part.x_adv), np.asarray(whole.x_adv)[5:])
@@ -110,7 +112,7 @@ def test_run_sar_per_sample_result_independent_of_chunks_and_subsets():
     whole = run_sar(POOL, X, 0.3, deltas, **kw)
     chunked = run_sar(POOL, X, 0.3, deltas, chunk_size=3, **kw)
     sub = run_sar(POOL, X[2:], 0.3, deltas, chunk_size=3, sample_ids=np.arange(2, B), **kw)
-    assert whole.num_rounds >= 1 and whole.covered.any()          # something happened
+    assert whole.num_rounds >= 1 and whole.covered.any()  # something happened
     for f in ("k_hat", "sar", "covered", "covered_round", "reached"):
         np.testing.assert_array_equal(getattr(chunked, f), getattr(whole, f), err_msg=f)
         np.testing.assert_array_equal(getattr(sub, f), getattr(whole, f)[2:], err_msg=f"subset {f}")

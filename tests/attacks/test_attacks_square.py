@@ -6,13 +6,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-from sarjax.attacks.square import (centred_pattern, l2_init_perturbation, l2_window_side,
-                                   l2_window_update, make_square, p_schedule)
-
 from _attacks_affine import affine_apply, binary_problem
 
-SHAPE = (4, 4, 1)   # 16 input elements: windows of side 3 at 4 positions
+from sarjax.attacks.square import (
+    centred_pattern,
+    l2_init_perturbation,
+    l2_window_side,
+    l2_window_update,
+    make_square,
+    p_schedule,
+)
+
+SHAPE = (4, 4, 1)  # 16 input elements: windows of side 3 at 4 positions
 N_QUERIES = 300
 # Square-l2 is a random search over a finite set of window moves; on these 16-element affine
 # problems (w has random signs, i.e. no spatial smoothness) its accepted iterates stall at a
@@ -42,7 +47,7 @@ def _ref_eta(s, flip):
     eta = np.zeros((s, s))
     if s // 2 > 0:
         eta[: s // 2] = _ref_rectangles(s // 2, s)
-    eta[s // 2:] = -_ref_rectangles(s - s // 2, s)
+    eta[s // 2 :] = -_ref_rectangles(s - s // 2, s)
     eta /= np.linalg.norm(eta)
     return eta.T if flip else eta
 
@@ -57,7 +62,7 @@ def test_centred_pattern_matches_the_paper_construction(flip):
         b = jnp.arange(-2, max_side + 2)[None, :]
         got = np.asarray(fn(a, b, s))
         want = np.zeros(got.shape)
-        want[2:2 + s, 2:2 + s] = _ref_eta(s, flip)
+        want[2 : 2 + s, 2 : 2 + s] = _ref_eta(s, flip)
         np.testing.assert_allclose(got, want, atol=1e-6, err_msg=f"s={s}")
 
 
@@ -67,28 +72,33 @@ def _ref_update(delta, r1, c1, r2, c2, s, flip, sign, eps):
     eta = _ref_eta(s, flip)
     total = np.linalg.norm(delta)
     m1 = np.zeros(delta.shape[:2], bool)
-    m1[r1:r1 + s, c1:c1 + s] = True
+    m1[r1 : r1 + s, c1 : c1 + s] = True
     m2 = np.zeros(delta.shape[:2], bool)
-    m2[r2:r2 + s, c2:c2 + s] = True
+    m2[r2 : r2 + s, c2 : c2 + s] = True
     new = delta.copy()
     new[m2] = 0.0
     for ch in range(C):
-        win = delta[r1:r1 + s, c1:c1 + s, ch]
+        win = delta[r1 : r1 + s, c1 : c1 + s, ch]
         cand = eta * sign[ch] + win / (np.linalg.norm(win) + 1e-12)
         union = np.linalg.norm(delta[..., ch][m1 | m2])
-        mass = np.sqrt(max(eps ** 2 - total ** 2, 0.0) / C + union ** 2)
-        new[r1:r1 + s, c1:c1 + s, ch] = cand / np.linalg.norm(cand) * mass
+        mass = np.sqrt(max(eps**2 - total**2, 0.0) / C + union**2)
+        new[r1 : r1 + s, c1 : c1 + s, ch] = cand / np.linalg.norm(cand) * mass
     return new * eps / np.linalg.norm(new)
 
 
-@pytest.mark.parametrize("r1,c1,r2,c2,s,flip", [(0, 1, 3, 3, 3, False),   # disjoint windows
-                                                (1, 1, 2, 0, 3, True),    # overlapping
-                                                (2, 2, 2, 2, 5, False),   # W2 == W1
-                                                (0, 0, 6, 6, 1, True)])   # single elements
+@pytest.mark.parametrize(
+    "r1,c1,r2,c2,s,flip",
+    [
+        (0, 1, 3, 3, 3, False),  # disjoint windows
+        (1, 1, 2, 0, 3, True),  # overlapping
+        (2, 2, 2, 2, 5, False),  # W2 == W1
+        (0, 0, 6, 6, 1, True),
+    ],
+)  # single elements
 def test_l2_window_update_matches_the_paper_update(r1, c1, r2, c2, s, flip):
     rng = np.random.default_rng(s + 7 * r1)
     delta = rng.normal(0.0, 0.05, (7, 7, 3)).astype(np.float32)
-    delta[r1:r1 + 1, c1] = 0.0  # a zero element inside W1 does not matter
+    delta[r1 : r1 + 1, c1] = 0.0  # a zero element inside W1 does not matter
     sign = np.array([1.0, -1.0, 1.0], np.float32)
     eps = 0.9  # > ||delta||: unused budget is shared between channels
     fn = jax.jit(l2_window_update, static_argnums=9)
@@ -101,11 +111,11 @@ def test_l2_window_update_matches_the_paper_update(r1, c1, r2, c2, s, flip):
 def test_l2_window_side_and_schedule():
     side = jax.jit(l2_window_side, static_argnums=(1, 2, 3))
     # 32 x 32 x 3 (n = 3072): round(sqrt(p * 1024)), at least 3, odd
-    assert int(side(0.8, 3072, 3, 31)) == 29       # sqrt(819.2) = 28.6 -> 29
-    assert int(side(0.1, 3072, 3, 31)) == 11       # sqrt(102.4) = 10.1 -> 10 -> 11
-    assert int(side(0.05, 3072, 3, 31)) == 7       # sqrt(51.2) = 7.2 -> 7
+    assert int(side(0.8, 3072, 3, 31)) == 29  # sqrt(819.2) = 28.6 -> 29
+    assert int(side(0.1, 3072, 3, 31)) == 11  # sqrt(102.4) = 10.1 -> 10 -> 11
+    assert int(side(0.05, 3072, 3, 31)) == 7  # sqrt(51.2) = 7.2 -> 7
     assert int(side(0.8 / 512, 3072, 3, 31)) == 3  # sqrt(1.6) -> 1 -> at least 3
-    assert int(side(0.8, 16, 1, 3)) == 3           # sqrt(12.8) -> 4 -> 5 -> capped at 3
+    assert int(side(0.8, 16, 1, 3)) == 3  # sqrt(12.8) -> 4 -> 5 -> capped at 3
     # p halves at 10, 50, 200, ... of 10,000 iterations (rescaled to n_iters)
     ps = [float(p_schedule(0.8, it, 5000)) for it in (0, 5, 6, 25, 26, 100, 101, 4999)]
     np.testing.assert_allclose(ps, [0.8, 0.8, 0.4, 0.4, 0.2, 0.2, 0.1, 0.8 / 512], rtol=1e-6)
@@ -185,7 +195,7 @@ def test_square_l2_query_cap_is_exact_and_warm_start_is_projected():
     np.testing.assert_array_equal(np.asarray(res.x_adv[0]), np.asarray(x0[0]))  # no query left
     assert not np.array_equal(np.asarray(res.x_adv[1]), np.asarray(x0[1]))
 
-    far = np.clip(np.asarray(x0) + 0.3, 0.0, 1.0)   # warm start far outside the ball
+    far = np.clip(np.asarray(x0) + 0.3, 0.0, 1.0)  # warm start far outside the ball
     warm = attack(params, x0, ref, key=jax.random.PRNGKey(5), eps=0.99 * opt, max_queries=2, x_init=far)
     assert np.all(_realized_l2(warm.x_adv, x0) <= 0.99 * opt * (1 + 1e-6))
     direction = (far - np.asarray(x0)).reshape(batch, -1)

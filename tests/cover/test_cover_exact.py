@@ -38,7 +38,7 @@ def test_milp_planted_m64():
     m = 64
     blocks = np.zeros((8, m), bool)
     for i in range(8):
-        blocks[i, 8 * i: 8 * i + 8] = True
+        blocks[i, 8 * i : 8 * i + 8] = True
     decoys = np.zeros((60, m), bool)
     for d in range(60):
         decoys[d, rng.choice(m, size=int(rng.integers(3, 8)), replace=False)] = True

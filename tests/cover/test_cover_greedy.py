@@ -42,8 +42,7 @@ def reference_greedy(sets, visible, tau, clean, stop_unreachable=False):
             gain = members[best] & uncovered
         else:
             fallback = True
-            score = {j: sum(1 for i in range(n) if visible[i] and j in members[i])
-                     for j in uncovered}
+            score = {j: sum(1 for i in range(n) if visible[i] and j in members[i]) for j in uncovered}
             target = min(uncovered, key=lambda j: (-score[j], j))
             holders = [i for i in range(n) if target in members[i]]
             if not holders:
@@ -71,7 +70,7 @@ def test_greedy_within_theorem1_of_brute_force():
     rng = np.random.default_rng(3)
     deltas = [0.0, 0.2, 0.5]
     n_checked = 0
-    for trial in range(12):
+    for _trial in range(12):
         m = int(rng.integers(4, 13))
         n = int(rng.integers(3, 9))
         sets = rng.random((4, n, m)) < rng.uniform(0.2, 0.45)
@@ -97,7 +96,7 @@ def test_alpha_approximate_oracle_within_theorem1(alpha):
     """Adversarial alpha-oracle: k* <= k_hat <= (1 + ln(tau) / alpha) k*, no fallback."""
     rng = np.random.default_rng(int(alpha * 100))
     worse = 0
-    for trial in range(8):
+    for _trial in range(8):
         m = int(rng.integers(6, 13))
         sets = rng.random((4, 7, m)) < rng.uniform(0.25, 0.5)
         exact = greedy_sar(*_oracle_pair(sets, None), np.zeros((4, m), bool), [0.0, 0.25])
@@ -125,7 +124,7 @@ def test_classic_gap_instance_k_hat_3_versus_k_star_2():
     rows[0, :7] = rows[1, 7:] = True
     blocks = np.zeros((3, m), bool)
     for i, (lo, hi) in enumerate([(0, 4), (4, 6), (6, 7)]):
-        blocks[i, lo:hi] = blocks[i, 7 + lo: 7 + hi] = True
+        blocks[i, lo:hi] = blocks[i, 7 + lo : 7 + hi] = True
     sets = np.concatenate([blocks, rows])[None]
     oracle = SetSystemOracle(sets)
     res = greedy_sar(oracle.joint, oracle.single, np.zeros((1, m), bool), [0.0])
@@ -139,7 +138,7 @@ def test_classic_gap_instance_k_hat_3_versus_k_star_2():
 def test_greedy_optimal_instances_return_k_star():
     """Partition blocks plus their subsets: greedy takes the largest blocks."""
     rng = np.random.default_rng(5)
-    for trial in range(10):
+    for _trial in range(10):
         m = 12
         cuts = np.sort(rng.choice(np.arange(1, m), size=3, replace=False))
         labels = np.searchsorted(cuts, np.arange(m), side="right")
@@ -162,8 +161,7 @@ def test_infeasible_returns_one_and_marks_unbreakable():
     sets[0, 1, [2]] = True
     sets[0, 2, [1, 2]] = True  # members 3, 4, 5 are unbreakable
     oracle = SetSystemOracle(sets)
-    res = greedy_sar(oracle.joint, oracle.single, np.zeros((1, m), bool), [0.0, 0.5],
-                     stop_when_unreachable=False)
+    res = greedy_sar(oracle.joint, oracle.single, np.zeros((1, m), bool), [0.0, 0.5], stop_when_unreachable=False)
     assert res.sar[0, 0] == 1.0 and not res.reached[0, 0]
     assert res.k_hat[0, 1] == 2 and res.sar[0, 1] == 2 / 6
     assert res.unbreakable[0].tolist() == [False] * 3 + [True] * 3
@@ -191,8 +189,7 @@ def test_fallback_path_against_reference():
     sets, visible = _random_systems(7, 10, 7, 9, p=0.3, hide=0.5)
     oracle = SetSystemOracle(sets, joint_visible=visible)
     deltas = [0.0, 1 / 3]
-    res = greedy_sar(oracle.joint, oracle.single, np.zeros((10, 9), bool), deltas,
-                     stop_when_unreachable=False)
+    res = greedy_sar(oracle.joint, oracle.single, np.zeros((10, 9), bool), deltas, stop_when_unreachable=False)
     assert res.fallback_fired.sum() >= 3
     assert res.fallback_success.any()  # a fallback that found an input
     assert res.unbreakable.any()
@@ -234,8 +231,8 @@ def test_batched_equals_per_sample():
     oracle = SetSystemOracle(sets, joint_visible=visible)
     batched = greedy_sar(oracle.joint, oracle.single, clean, deltas)
     for b in range(9):
-        one = SetSystemOracle(sets[b:b + 1], joint_visible=visible[b:b + 1])
-        single = greedy_sar(one.joint, one.single, clean[b:b + 1], deltas)
+        one = SetSystemOracle(sets[b : b + 1], joint_visible=visible[b : b + 1])
+        single = greedy_sar(one.joint, one.single, clean[b : b + 1], deltas)
         np.testing.assert_array_equal(single.sar[0], batched.sar[b])
         np.testing.assert_array_equal(single.k_hat[0], batched.k_hat[b])
         np.testing.assert_array_equal(single.unbreakable[0], batched.unbreakable[b])
@@ -279,8 +276,7 @@ def test_stop_when_unreachable_keeps_sar_and_saves_queries():
     o1 = SetSystemOracle(sets, joint_visible=visible)
     o2 = SetSystemOracle(sets, joint_visible=visible)
     early = greedy_sar(o1.joint, o1.single, np.zeros((10, 8), bool), [0.0, 0.25])
-    literal = greedy_sar(o2.joint, o2.single, np.zeros((10, 8), bool), [0.0, 0.25],
-                         stop_when_unreachable=False)
+    literal = greedy_sar(o2.joint, o2.single, np.zeros((10, 8), bool), [0.0, 0.25], stop_when_unreachable=False)
     np.testing.assert_array_equal(early.sar, literal.sar)
     assert (early.queries <= literal.queries).all()
     assert early.queries.sum() < literal.queries.sum()
@@ -293,8 +289,7 @@ def test_shared_weakness_sar_is_one_over_m():
     sets[:, 2, :] = True  # one input breaks every member
     sets[:, 3, [5]] = True
     oracle = SetSystemOracle(sets)
-    res = greedy_sar(oracle.joint, oracle.single, np.zeros((3, m), bool), [0.0, 0.3, 0.6],
-                     progress=True)
+    res = greedy_sar(oracle.joint, oracle.single, np.zeros((3, m), bool), [0.0, 0.3, 0.6], progress=True)
     np.testing.assert_array_equal(res.sar, np.full((3, 3), 1 / m))
     assert res.num_rounds == 1
 
@@ -333,8 +328,9 @@ def test_clean_broken_members_are_free_and_reported():
     assert res.k_hat[1].tolist() == [2, 1]
     assert res.clean_broken[0, :2].all() and res.covered[0].all()
     assert (res.covered_round[0, :2] == -1).all()
-    res2 = greedy_sar(SetSystemOracle(sets).joint, SetSystemOracle(sets).single, clean,
-                      [0.0, 0.6], count_clean_input=True)
+    res2 = greedy_sar(
+        SetSystemOracle(sets).joint, SetSystemOracle(sets).single, clean, [0.0, 0.6], count_clean_input=True
+    )
     assert res2.k_hat[0].tolist() == [2, 1] and res2.k_hat[1].tolist() == [2, 1]
     check = exact_check(res2)
     assert check.k_star[0].tolist() == [2, 1]
@@ -380,16 +376,23 @@ def test_resume_equals_uninterrupted(tmp_path):
     with pytest.raises(_Crash):
         greedy_sar(crashing, oracle.single, np.zeros((6, 9), bool), deltas, checkpoint_dir=tmp_path)
     fresh = SetSystemOracle(sets, joint_visible=visible)
-    resumed = greedy_sar(fresh.joint, fresh.single, np.zeros((6, 9), bool), deltas,
-                         checkpoint_dir=tmp_path)
+    resumed = greedy_sar(fresh.joint, fresh.single, np.zeros((6, 9), bool), deltas, checkpoint_dir=tmp_path)
     assert fresh.joint_calls[0] == 2  # rounds 0 and 1 were not redone
-    for name in ("sar", "k_hat", "unbreakable", "covered_round", "new_covered", "inputs",
-                 "fallback_target", "joint_queries", "fallback_queries"):
+    for name in (
+        "sar",
+        "k_hat",
+        "unbreakable",
+        "covered_round",
+        "new_covered",
+        "inputs",
+        "fallback_target",
+        "joint_queries",
+        "fallback_queries",
+    ):
         np.testing.assert_array_equal(getattr(resumed, name), getattr(full, name), err_msg=name)
     # A finished run resumes to the same result without attacking again.
     idle = SetSystemOracle(sets, joint_visible=visible)
-    done = greedy_sar(idle.joint, idle.single, np.zeros((6, 9), bool), deltas,
-                      checkpoint_dir=tmp_path, progress=True)
+    done = greedy_sar(idle.joint, idle.single, np.zeros((6, 9), bool), deltas, checkpoint_dir=tmp_path, progress=True)
     assert idle.joint_calls == [] and idle.single_calls == []
     np.testing.assert_array_equal(done.sar, full.sar)
     np.testing.assert_array_equal(done.inputs, full.inputs)
@@ -476,13 +479,22 @@ def test_concat_of_chunks_equals_batched_run():
     clean = np.random.default_rng(6).random((7, 8)) < 0.1
     deltas = [0.0, 0.4]
     whole = greedy_sar(*_oracle_pair(sets, visible), clean, deltas)
-    parts = [greedy_sar(*_oracle_pair(sets[a:b], visible[a:b]), clean[a:b], deltas)
-             for a, b in [(0, 3), (3, 4), (4, 7)]]
+    parts = [
+        greedy_sar(*_oracle_pair(sets[a:b], visible[a:b]), clean[a:b], deltas) for a, b in [(0, 3), (3, 4), (4, 7)]
+    ]
     assert len({p.num_rounds for p in parts}) > 1  # padding is exercised
     joined = concat_results(parts)
     assert joined.num_rounds == whole.num_rounds
-    for name in ROUND_FIELDS + ("sar", "k_hat", "reached", "unbreakable", "covered",
-                                "covered_round", "clean_broken", "inputs"):
+    for name in ROUND_FIELDS + (
+        "sar",
+        "k_hat",
+        "reached",
+        "unbreakable",
+        "covered",
+        "covered_round",
+        "clean_broken",
+        "inputs",
+    ):
         np.testing.assert_array_equal(getattr(joined, name), getattr(whole, name), err_msg=name)
     picked = whole.select(np.array([4, 1]))
     np.testing.assert_array_equal(picked.sar, whole.sar[[4, 1]])

@@ -10,8 +10,19 @@ from sarjax.cover import asr, coverage_target, jasc, tasc, theorem1_factor
 
 @pytest.mark.parametrize(
     "delta, m, tau",
-    [(0.0, 7, 7), (0.15, 20, 17), (1 / 6, 6, 5), (1 / 3, 6, 4), (0.5, 6, 3), (3 / 8, 8, 5),
-     (0.25, 8, 6), (0.5, 8, 4), (0.99, 5, 1), (0.1, 20, 18), (0.05, 20, 19)],
+    [
+        (0.0, 7, 7),
+        (0.15, 20, 17),
+        (1 / 6, 6, 5),
+        (1 / 3, 6, 4),
+        (0.5, 6, 3),
+        (3 / 8, 8, 5),
+        (0.25, 8, 6),
+        (0.5, 8, 4),
+        (0.99, 5, 1),
+        (0.1, 20, 18),
+        (0.05, 20, 19),
+    ],
 )
 def test_coverage_target_known(delta, m, tau):
     assert coverage_target(delta, m) == tau

@@ -16,7 +16,9 @@ ARCH = mlp((8,), input_shape=(4, 4, 1), num_classes=3)
 def _pool(m):
     shapes = jax.eval_shape(ARCH.init, jax.random.PRNGKey(0))
     rng = np.random.default_rng(0)
-    params = jax.tree.map(lambda s: (rng.standard_normal((m,) + s.shape) / np.sqrt(s.shape[0])).astype(np.float32), shapes)
+    params = jax.tree.map(
+        lambda s: (rng.standard_normal((m,) + s.shape) / np.sqrt(s.shape[0])).astype(np.float32), shapes
+    )
     return Pool([Stack(ARCH, params, tuple(f"m{i}" for i in range(m)))])
 
 
@@ -44,7 +46,9 @@ def test_run_sar_with_member_attacks_marks_individually_robust_members_unbreakab
     eps = 0.15
     single = attack_members(pool, make_pgd, x, clean, jax.random.PRNGKey(0), eps=eps, steps=5, restarts=1)
     att = make_joint_pgd(pool.apply, eps=eps, steps=5, restarts=1)
-    res = run_sar(pool, x, eps, [0.0], attack=att, member_attacks=(np.asarray(single.x_adv), np.asarray(single.queries)))
+    res = run_sar(
+        pool, x, eps, [0.0], attack=att, member_attacks=(np.asarray(single.x_adv), np.asarray(single.queries))
+    )
     succ = np.asarray(single.success)  # [M, B]
     assert res.recorded.any() and res.unbreakable.any()  # the instance exercises both paths
     # a member is marked unbreakable only if its own single-model attack failed

@@ -129,8 +129,11 @@ def test_random_systems_match_reference_and_bounds(stop):
             tau = coverage_target(d, m)
             k_hat, k_sc, added, unb = reference_singleton(sets[b], visible[b], tau, clean[b], stop)
             assert res.k_hat[b, j] == k_hat
-            assert (res.k_singleton[b, j], res.singleton_added[b, j],
-                    res.singleton_unbreakable[b, j]) == (k_sc, added, unb), (b, j)
+            assert (res.k_singleton[b, j], res.singleton_added[b, j], res.singleton_unbreakable[b, j]) == (
+                k_sc,
+                added,
+                unb,
+            ), (b, j)
     # Reached: the completion changes nothing. Never above tau / M <= 1 = SAR.
     np.testing.assert_array_equal(res.k_singleton[res.reached], res.k_hat[res.reached])
     taus = np.asarray(res.taus)[None, :]
@@ -150,7 +153,7 @@ def test_batched_and_multi_delta_equal_separate_runs():
         batched = _run(sets, visible, clean, deltas, stop)
         for b in range(8):
             for j, d in enumerate(deltas):
-                one = _run(sets[b:b + 1], visible[b:b + 1], clean[b:b + 1], [d], stop)
+                one = _run(sets[b : b + 1], visible[b : b + 1], clean[b : b + 1], [d], stop)
                 for name in ("k_singleton", "singleton_added", "singleton_unbreakable"):
                     assert getattr(one, name)[0, 0] == getattr(batched, name)[b, j], (name, b, d)
                 assert one.sar_singleton[0, 0] == batched.sar_singleton[b, j]
@@ -190,21 +193,22 @@ def test_stats_summary_json_and_roundtrip(tmp_path):
         assert st["se_sar"] == pytest.approx(res.sar[:, j].std(ddof=1) / np.sqrt(6))
         assert st["mean_sar_singleton"] == pytest.approx(res.sar_singleton[:, j].mean())
         assert st["se_sar_singleton"] == pytest.approx(res.sar_singleton[:, j].std(ddof=1) / np.sqrt(6))
-        assert st["mean_singleton_unbreakable_share"] == pytest.approx(
-            res.singleton_unbreakable[:, j].mean() / 7)
+        assert st["mean_singleton_unbreakable_share"] == pytest.approx(res.singleton_unbreakable[:, j].mean() / 7)
     per_delta = res.summary()["per_delta"]
     assert per_delta[0]["se_sar"] == stats[0]["se_sar"] and "mean_k_hat_reached" in per_delta[0]
     res.save(tmp_path / "r")
     doc = json.loads((tmp_path / "r" / "result.json").read_text())
     assert doc["samples"][2]["k_singleton"] == res.k_singleton[2].tolist()
-    assert doc["summary"]["per_delta"][1]["mean_sar_singleton"] == pytest.approx(
-        stats[1]["mean_sar_singleton"])
+    assert doc["summary"]["per_delta"][1]["mean_sar_singleton"] == pytest.approx(stats[1]["mean_sar_singleton"])
     back = SARResult.load(tmp_path / "r")
     np.testing.assert_array_equal(back.k_singleton, res.k_singleton)
     # A result saved before these fields existed derives them from its round logs.
     with np.load(tmp_path / "r" / "arrays.npz") as z:
-        old = {k: z[k] for k in z.files if k not in ("sar_singleton", "k_singleton",
-                                                      "singleton_added", "singleton_unbreakable")}
+        old = {
+            k: z[k]
+            for k in z.files
+            if k not in ("sar_singleton", "k_singleton", "singleton_added", "singleton_unbreakable")
+        }
     np.savez_compressed(tmp_path / "r" / "arrays.npz", **old)
     older = SARResult.load(tmp_path / "r")
     np.testing.assert_array_equal(older.k_singleton, res.k_singleton)

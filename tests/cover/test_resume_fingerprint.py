@@ -30,7 +30,8 @@ def _pool(m=3, seed=0):
     shapes = jax.eval_shape(ARCH.init, jax.random.PRNGKey(0))
     rng = np.random.default_rng(seed)
     params = jax.tree.map(
-        lambda s: (rng.standard_normal((m,) + s.shape) / np.sqrt(s.shape[0])).astype(np.float32), shapes)
+        lambda s: (rng.standard_normal((m,) + s.shape) / np.sqrt(s.shape[0])).astype(np.float32), shapes
+    )
     return Pool([Stack(ARCH, params, tuple(f"m{i}" for i in range(m)))])
 
 
@@ -84,15 +85,16 @@ def test_other_deltas_unfinished_run_is_refused(tmp_path):
     write_fingerprint(tmp_path, {"a": 1, "deltas": [0.0]})
     with pytest.raises(FingerprintMismatch, match=r"written with a=1, this run has a=2; HINT"):
         check_fingerprint(tmp_path, {"a": 2, "deltas": [0.0]}, hint="HINT", holds_results=True)
-    stored = check_fingerprint(tmp_path, {"a": 1, "deltas": [0.5]}, hint="HINT", holds_results=True,
-                               allow=("deltas",))
+    stored = check_fingerprint(tmp_path, {"a": 1, "deltas": [0.5]}, hint="HINT", holds_results=True, allow=("deltas",))
     assert stored["deltas"] == [0.0]
     # run_sar: a run killed after its first round (no chunk result yet) cannot give other deltas.
     _sar(0.3, [0.0], tmp_path / "r")
     import shutil
 
     shutil.rmtree(tmp_path / "r" / "chunk_0" / "result")
-    with pytest.raises(ValueError, match=r"deltas=\[0\.0\], this run has deltas=\[0\.5\], and .*finish it first\); pass overwrite"):
+    with pytest.raises(
+        ValueError, match=r"deltas=\[0\.0\], this run has deltas=\[0\.5\], and .*finish it first\); pass overwrite"
+    ):
         _sar(0.3, [0.5], tmp_path / "r")
 
 
@@ -111,8 +113,11 @@ def test_new_delta_on_finished_run_is_derived_or_refused(tmp_path):
     assert not np.array_equal(derived.sar, stored.sar)
     # ... and one it does not determine is refused, naming the samples.
     _sar(0.3, [0.0], tmp_path / "b")  # tau=3: every sample stopped with a member left unbroken
-    with pytest.raises(ValueError, match=r"delta=0.333333 \(tau=2 of M=3\) is not determined by the stored "
-                                         r"run at deltas=\[0.0\]: samples \[0, 1, 2, 3\] .*overwrite=True"):
+    with pytest.raises(
+        ValueError,
+        match=r"delta=0.333333 \(tau=2 of M=3\) is not determined by the stored "
+        r"run at deltas=\[0.0\]: samples \[0, 1, 2, 3\] .*overwrite=True",
+    ):
         _sar(0.3, [1 / 3], tmp_path / "b")
 
 
@@ -191,8 +196,11 @@ def test_run_sar_rejects_bad_inputs_with_what_was_expected():
 
 def test_run_sar_rejects_labels_outside_the_classes():
     # The old code ran and returned SAR 0 for every sample (every member "broken" on the clean image).
-    with pytest.raises(ValueError, match=r"labels out of range \[0, C=3\): samples \[0, 1, 3\] "
-                                         r"have \[10, 99, -1\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"labels out of range \[0, C=3\): samples \[0, 1, 3\] "
+        r"have \[10, 99, -1\]",
+    ):
         run_sar(POOL, X, 0.1, [0.0], labels=np.array([10, 99, 2, -1]))
 
 

@@ -59,7 +59,7 @@ def test_attack_traced_once_inside_user_jit_train_step(mnist):
 
     @jax.jit
     def train_step(params, opt_state, x, labels, key, eps):
-        traces.append(1)   # runs only while tracing
+        traces.append(1)  # runs only while tracing
         y = jax.nn.one_hot(labels, 10)
         loss, g = jax.value_and_grad(lambda p: obj(apply, p, x, y, key, {"eps": eps}))(params)
         upd, opt_state = tx.update(g, opt_state, params)
@@ -70,8 +70,8 @@ def test_attack_traced_once_inside_user_jit_train_step(mnist):
     params = arch.init(jax.random.key(0))
     opt_state = tx.init(params)
     for i in range(6):
-        x = jnp.asarray(mnist.x_train[32 * i:32 * (i + 1)])
-        labels = jnp.asarray(mnist.y_train[32 * i:32 * (i + 1)])
+        x = jnp.asarray(mnist.x_train[32 * i : 32 * (i + 1)])
+        labels = jnp.asarray(mnist.y_train[32 * i : 32 * (i + 1)])
         eps = jnp.float32(0.05 + 0.02 * i)
         params, opt_state, loss, clean, x_adv = train_step(params, opt_state, x, labels, jax.random.key(i), eps)
         assert float(loss) > float(clean)
@@ -104,12 +104,14 @@ def test_objective_hp_per_member_traced_in_trainer_epoch(mnist):
     keys = jnp.stack([jnp.stack([jax.random.key(s * 10 + m) for m in range(k)]) for s in range(2)])
     base = {"aug": jnp.zeros(k), "ls": jnp.zeros(k), "dropout": jnp.zeros(k)}
     for eps in ([0.1, 0.0], [0.3, 0.2]):
-        _, _, losses = epoch(params, opt, x, y, idx, keys, {**base, "obj": {"eps": jnp.asarray(eps)}},
-                             jnp.ones(k, bool), masked=False)
+        _, _, losses = epoch(
+            params, opt, x, y, idx, keys, {**base, "obj": {"eps": jnp.asarray(eps)}}, jnp.ones(k, bool), masked=False
+        )
     assert len(calls) == 1
     # member 1 at eps 0.2 has a higher adversarial loss than at eps 0 (same params, same batches)
-    _, _, l0 = epoch(params, opt, x, y, idx, keys, {**base, "obj": {"eps": jnp.asarray([0.0, 0.0])}},
-                     jnp.ones(k, bool), masked=False)
+    _, _, l0 = epoch(
+        params, opt, x, y, idx, keys, {**base, "obj": {"eps": jnp.asarray([0.0, 0.0])}}, jnp.ones(k, bool), masked=False
+    )
     assert float(losses[1]) > float(l0[1]) + 0.01
     assert len(calls) == 1
 
@@ -154,7 +156,7 @@ def test_pgd_at_perturbation_is_pgd_and_trades_kl_ascends(mnist):
 
     for norm, eps in (("linf", EPS), ("l2", 1.0)):
         atk = make_kl_attack(arch.apply, norm=norm, eps=eps, steps=5)
-        res = atk(p, x, labels, key=key)                      # audited against x0
+        res = atk(p, x, labels, key=key)  # audited against x0
         # the start x0 + 0.001 N(0, I) has KL ~1e-7; five ascent steps reach > 1e-3 on this MLP
         assert float(res.objective.min()) > 1e-3
         assert res.kl.shape == (16, 1) and res.queries.tolist() == [1 + 5 * 2 + 1] * 16
@@ -162,7 +164,7 @@ def test_pgd_at_perturbation_is_pgd_and_trades_kl_ascends(mnist):
             jit_res = jax.jit(lambda q, xx, k: atk.jit(q, xx, labels, None, k, eps=eps))(p, x, key)
             np.testing.assert_allclose(np.asarray(jit_res.x_adv), np.asarray(res.x_adv), atol=1e-6)
         d = np.asarray(res.x_adv - x).reshape(16, -1)
-        size = np.abs(d).max(1) if norm == "linf" else np.sqrt((d ** 2).sum(1))
+        size = np.abs(d).max(1) if norm == "linf" else np.sqrt((d**2).sum(1))
         assert size.max() <= eps * (1 + 1e-5) and size.min() > 0.5 * eps
 
 
@@ -195,18 +197,23 @@ def test_fused_members_apply_matches_xla_values_and_gradients():
     gx_ref = jax.vmap(jax.grad(loss(xla.apply), argnums=1))(p, x)
     np.testing.assert_allclose(gx, gx_ref, atol=1e-6)
     assert float(jnp.abs(gx_ref).max()) > 1e-2
-    for a, c in zip(jax.tree.leaves(jax.jit(jax.vmap(jax.grad(loss(f))))(p, x)),
-                    jax.tree.leaves(jax.vmap(jax.grad(loss(xla.apply)))(p, x))):
+    for a, c in zip(
+        jax.tree.leaves(jax.jit(jax.vmap(jax.grad(loss(f))))(p, x)),
+        jax.tree.leaves(jax.vmap(jax.grad(loss(xla.apply)))(p, x)),
+    ):
         np.testing.assert_array_equal(a, c)
 
     def adv(apply):
         def obj(q, z):
             gz = jax.grad(loss(apply), argnums=1)(jax.lax.stop_gradient(q), z)
             return loss(apply)(q, jax.lax.stop_gradient(z + 0.05 * jnp.sign(gz)))
+
         return obj
 
-    for a, c in zip(jax.tree.leaves(jax.jit(jax.vmap(jax.grad(adv(f))))(p, x)),
-                    jax.tree.leaves(jax.vmap(jax.grad(adv(xla.apply)))(p, x))):
+    for a, c in zip(
+        jax.tree.leaves(jax.jit(jax.vmap(jax.grad(adv(f))))(p, x)),
+        jax.tree.leaves(jax.vmap(jax.grad(adv(xla.apply)))(p, x)),
+    ):
         np.testing.assert_allclose(a, c, rtol=1e-5, atol=1e-6)
     assert supports(arch) and not supports(zoo.mlp((8,))) and not supports(zoo.cnn((4,), input_shape=(27, 28, 1)))
     with pytest.raises(ValueError, match="cnn family"):
@@ -221,16 +228,23 @@ def test_pgd_at_trainer_fused_equals_xla(mnist):
     import dataclasses
 
     arch = zoo.cnn((4, 8), dense=16, conv_impl="fused")
-    kw = dict(config=TrainConfig(epochs=1, batch_size=40, patience=0, val_fraction=0.2), progress=False,
-              objective=pgd_at(eps=EPS, steps=3), objective_hp={"eps": [EPS, 0.05]})
+    kw = dict(
+        config=TrainConfig(epochs=1, batch_size=40, patience=0, val_fraction=0.2),
+        progress=False,
+        objective=pgd_at(eps=EPS, steps=3),
+        objective_hp={"eps": [EPS, 0.05]},
+    )
     cfgs = [MemberConfig(seed=0), MemberConfig(seed=1, data_seed=1)]
     x, y = mnist.x_train[:100], mnist.y_train[:100]
     fused, _ = train_stack(arch, cfgs, x, y, **kw)
     xla, _ = train_stack(dataclasses.replace(arch, conv_impl="xla"), cfgs, x, y, **kw)
     moved = 0.0
-    for a, c, init in zip(jax.tree.leaves(fused.params), jax.tree.leaves(xla.params),
-                          jax.tree.leaves(jax.vmap(arch.init)(jnp.stack([jax.random.key(0), jax.random.key(1)])))):
-        np.testing.assert_allclose(a, c, atol=2e-4)   # measured 4e-5: Adam steps of a PGD sign flipped by rounding
+    for a, c, init in zip(
+        jax.tree.leaves(fused.params),
+        jax.tree.leaves(xla.params),
+        jax.tree.leaves(jax.vmap(arch.init)(jnp.stack([jax.random.key(0), jax.random.key(1)]))),
+    ):
+        np.testing.assert_allclose(a, c, atol=2e-4)  # measured 4e-5: Adam steps of a PGD sign flipped by rounding
         moved = max(moved, float(jnp.abs(a - init).max()))
     assert moved > 1e-3
 
@@ -257,8 +271,14 @@ def test_objective_validation_errors():
         make_objective("mart", eps=0.1)
     assert make_objective("standard") is None
     assert make_objective("trades", eps=0.2, norm="l2", steps=7) == trades(eps=0.2, norm="l2", steps=7)
-    assert objective_spec(pgd_at(eps=0.3)) == {"objective": "pgd-at", "eps": 0.3, "norm": "linf", "steps": 10,
-                                               "rel_step": 0.25, "random_start": True}
+    assert objective_spec(pgd_at(eps=0.3)) == {
+        "objective": "pgd-at",
+        "eps": 0.3,
+        "norm": "linf",
+        "steps": 10,
+        "rel_step": 0.25,
+        "random_start": True,
+    }
     assert objective_spec(trades(eps=0.1))["beta"] == 6.0
     assert objective_spec(None) == {"objective": "standard"}
 
@@ -277,11 +297,13 @@ def test_trainer_rejects_bad_objective_hp(mnist):
     with pytest.raises(ValueError, match=r"must be finite; members \[2\]"):
         train_stack(arch, cfgs, x, y, objective=trades(eps=0.1), objective_hp={"beta": [1, 2, np.nan]}, **kw)
     with pytest.raises(ValueError, match="got unknown"):
-        train_stack(arch, cfgs, x, y, objective_hp={"eps": 0.1}, **kw)   # the standard objective takes none
+        train_stack(arch, cfgs, x, y, objective_hp={"eps": 0.1}, **kw)  # the standard objective takes none
     with pytest.raises(TypeError, match="objective must be callable"):
         train_stack(arch, cfgs, x, y, objective="pgd-at", **kw)
     with pytest.raises(ValueError, match=r"one value per member \(2 members\)"):
-        train_pool([(arch, c) for c in cfgs[:2]], x, y, objective=pgd_at(eps=0.1), objective_hp={"eps": [0.1] * 3}, **kw)
+        train_pool(
+            [(arch, c) for c in cfgs[:2]], x, y, objective=pgd_at(eps=0.1), objective_hp={"eps": [0.1] * 3}, **kw
+        )
 
 
 # ------------------------------------------------------------------ robust accuracy after training
@@ -290,8 +312,14 @@ def test_trainer_rejects_bad_objective_hp(mnist):
 @pytest.fixture(scope="module")
 def standard_mlp(mnist):
     arch = zoo.mlp((64,))
-    stack, _ = train_stack(arch, [MemberConfig(seed=0)], mnist.x_train, mnist.y_train,
-                           config=TrainConfig(epochs=2, batch_size=50, patience=0), progress=False)
+    stack, _ = train_stack(
+        arch,
+        [MemberConfig(seed=0)],
+        mnist.x_train,
+        mnist.y_train,
+        config=TrainConfig(epochs=2, batch_size=50, patience=0),
+        progress=False,
+    )
     return arch, stack
 
 
@@ -301,15 +329,24 @@ def test_pgd_at_linf_mnist_robust_accuracy(mnist, standard_mlp):
     77% vs 20% on 300 test images). Member 1 of the same program trains at eps 0 and equals the
     normally trained model (per-member eps)."""
     arch, std = standard_mlp
-    stack, _ = train_stack(arch, [MemberConfig(seed=0), MemberConfig(seed=0)], mnist.x_train, mnist.y_train,
-                           config=TrainConfig(epochs=2, batch_size=50, patience=0), progress=False,
-                           objective=pgd_at(eps=EPS), objective_hp={"eps": [EPS, 0.0]})
+    stack, _ = train_stack(
+        arch,
+        [MemberConfig(seed=0), MemberConfig(seed=0)],
+        mnist.x_train,
+        mnist.y_train,
+        config=TrainConfig(epochs=2, batch_size=50, patience=0),
+        progress=False,
+        objective=pgd_at(eps=EPS),
+        objective_hp={"eps": [EPS, 0.0]},
+    )
     for a, b in zip(jax.tree.leaves(stack.params), jax.tree.leaves(std.params)):
         np.testing.assert_allclose(np.asarray(a[1]), np.asarray(b[0]), atol=1e-4)
     x, y = jnp.asarray(mnist.x_test[:300]), jnp.asarray(mnist.y_test[:300])
     clean, robust = _robust_accuracy(stack, x, y, n_iter=50)
     clean_std, robust_std = _robust_accuracy(std, x, y, n_iter=50)
-    print(f"PGD-AT: clean {clean[0]:.3f} robust {robust[0]:.3f}; standard: clean {clean_std[0]:.3f} robust {robust_std[0]:.3f}")
+    print(
+        f"PGD-AT: clean {clean[0]:.3f} robust {robust[0]:.3f}; standard: clean {clean_std[0]:.3f} robust {robust_std[0]:.3f}"
+    )
     assert clean[0] > 0.85
     assert robust[0] >= robust_std[0] + 0.30
 
@@ -318,9 +355,15 @@ def test_trades_linf_mnist_improves_robust_accuracy(mnist, standard_mlp):
     """TRADES (beta 6, linf eps 0.1) for 2 epochs: robust accuracy (APGD-CE, eps 0.1) clearly above
     the normally trained MLP (measured 73% vs 20%)."""
     arch, std = standard_mlp
-    stack, _ = train_stack(arch, [MemberConfig(seed=0)], mnist.x_train, mnist.y_train,
-                           config=TrainConfig(epochs=2, batch_size=50, patience=0), progress=False,
-                           objective=trades(eps=EPS))
+    stack, _ = train_stack(
+        arch,
+        [MemberConfig(seed=0)],
+        mnist.x_train,
+        mnist.y_train,
+        config=TrainConfig(epochs=2, batch_size=50, patience=0),
+        progress=False,
+        objective=trades(eps=EPS),
+    )
     x, y = jnp.asarray(mnist.x_test[:300]), jnp.asarray(mnist.y_test[:300])
     clean, robust = _robust_accuracy(stack, x, y, n_iter=50)
     _, robust_std = _robust_accuracy(std, x, y, n_iter=50)
@@ -334,11 +377,20 @@ def test_pgd_at_cnn_mnist_robust_accuracy_full(mnist):
     """The presets' CNN (cnn-8x16, dense 64), 3 epochs: PGD-AT vs standard in one program (members at
     eps 0.1 and 0), APGD-CE (100 iterations) on the 1,000 test images."""
     arch = zoo.cnn((8, 16), dense=64)
-    stack, _ = train_stack(arch, [MemberConfig(seed=0), MemberConfig(seed=0)], mnist.x_train, mnist.y_train,
-                           config=TrainConfig(epochs=3, batch_size=50, patience=0), progress=False,
-                           objective=pgd_at(eps=EPS), objective_hp={"eps": [EPS, 0.0]})
+    stack, _ = train_stack(
+        arch,
+        [MemberConfig(seed=0), MemberConfig(seed=0)],
+        mnist.x_train,
+        mnist.y_train,
+        config=TrainConfig(epochs=3, batch_size=50, patience=0),
+        progress=False,
+        objective=pgd_at(eps=EPS),
+        objective_hp={"eps": [EPS, 0.0]},
+    )
     clean, robust = _robust_accuracy(stack, jnp.asarray(mnist.x_test), jnp.asarray(mnist.y_test), n_iter=100)
-    print(f"CNN PGD-AT: clean {clean[0]:.3f} robust {robust[0]:.3f}; standard: clean {clean[1]:.3f} robust {robust[1]:.3f}")
+    print(
+        f"CNN PGD-AT: clean {clean[0]:.3f} robust {robust[0]:.3f}; standard: clean {clean[1]:.3f} robust {robust[1]:.3f}"
+    )
     assert robust[0] >= robust[1] + 0.30
 
 
@@ -361,20 +413,47 @@ def test_cli_train_pool_objective_saved_in_config(tmp_path, monkeypatch, capsys)
 
     monkeypatch.setattr(train_mod, "train_pool", fake_train_pool)
     out = tmp_path / "pool"
-    rc = cli.main(["train-pool", "--preset", "low", "--members", "2", "--out", str(out), "--objective", "trades",
-                   "--norm", "l2", "--eps", "1.5", "--attack-steps", "5"])
+    rc = cli.main(
+        [
+            "train-pool",
+            "--preset",
+            "low",
+            "--members",
+            "2",
+            "--out",
+            str(out),
+            "--objective",
+            "trades",
+            "--norm",
+            "l2",
+            "--eps",
+            "1.5",
+            "--attack-steps",
+            "5",
+        ]
+    )
     assert rc == 0
     assert seen["objective"] == trades(eps=1.5, norm="l2", steps=5)
     cfg = json.loads((out / "pool.json").read_text())["config"]
-    assert cfg["objective"] == {"objective": "trades", "eps": 1.5, "norm": "l2", "beta": 6.0, "steps": 5,
-                                "rel_step": 0.25, "init_std": 0.001}
+    assert cfg["objective"] == {
+        "objective": "trades",
+        "eps": 1.5,
+        "norm": "l2",
+        "beta": 6.0,
+        "steps": 5,
+        "rel_step": 0.25,
+        "init_std": 0.001,
+    }
 
     rc = cli.main(["train-pool", "--preset", "low", "--members", "2", "--out", str(tmp_path / "p2")])
     assert rc == 0 and seen["objective"] is None
     assert json.loads((tmp_path / "p2" / "pool.json").read_text())["config"]["objective"] == {"objective": "standard"}
 
-    for argv, msg in ((["--objective", "pgd-at"], "needs --eps"), (["--eps", "0.1"], "need --objective"),
-                      (["--objective", "pgd-at", "--eps", "0.1", "--trades-beta", "3"], "needs --objective trades")):
+    for argv, msg in (
+        (["--objective", "pgd-at"], "needs --eps"),
+        (["--eps", "0.1"], "need --objective"),
+        (["--objective", "pgd-at", "--eps", "0.1", "--trades-beta", "3"], "needs --objective trades"),
+    ):
         seen.clear()
         assert cli.main(["train-pool", "--preset", "low", "--out", str(tmp_path / "x"), *argv]) == 2
         assert msg in capsys.readouterr().err

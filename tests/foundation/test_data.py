@@ -43,7 +43,8 @@ def test_idx_loader_roundtrip(tmp_path, gz):
 
 
 def test_emnist_images_are_transposed(tmp_path):
-    x = np.zeros((1, 28, 28)); x[0, 0, 5] = 255
+    x = np.zeros((1, 28, 28))
+    x[0, 0, 5] = 255
     for split in ("train", "test"):
         _write_idx(tmp_path / f"emnist-digits-{split}-images-idx3-ubyte", x)
         _write_idx(tmp_path / f"emnist-digits-{split}-labels-idx1-ubyte", np.array([3]))

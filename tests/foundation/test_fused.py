@@ -27,7 +27,7 @@ CASES = [
 ]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _params(channels, act, kernel, shape, m):
     """Stacked params, initialised once per module (eager init compiles take seconds per arch)."""
     arch = zoo.cnn(channels, act=act, kernel=kernel, dense=12, input_shape=shape)
@@ -51,6 +51,7 @@ def _loss(pool, ref):
     def f(x):
         z = pool.apply(pool.params, x)
         return -jnp.sum(jnp.take_along_axis(jax.nn.log_softmax(z), ref[..., None], -1))
+
     return f
 
 
@@ -82,6 +83,7 @@ def test_fused_params_gradient_and_vmap():
         def f(params, x):
             z = pool.apply(params, x)
             return -jnp.sum(jnp.take_along_axis(jax.nn.log_softmax(z), ref[..., None], -1))
+
         return f
 
     gp_x, gx_x = jax.grad(loss_p(pools["xla"]), argnums=(0, 1))(pools["xla"].params, x)
@@ -91,8 +93,7 @@ def test_fused_params_gradient_and_vmap():
     np.testing.assert_allclose(np.asarray(gx_f), np.asarray(gx_x), atol=1e-4)
     # per-sample gradients by vmap over single examples (batching the custom rule)
     pool = pools["fused"]
-    one = lambda xi, r: -jnp.sum(jax.nn.log_softmax(pool.apply(pool.params, xi[None])[:, 0])
-                                 [jnp.arange(3), r])
+    one = lambda xi, r: -jnp.sum(jax.nn.log_softmax(pool.apply(pool.params, xi[None])[:, 0])[jnp.arange(3), r])
     per = jax.vmap(jax.grad(one))(jnp.asarray(x), ref.T)
     full = jax.grad(_loss(pool, ref))(jnp.asarray(x))
     np.testing.assert_allclose(np.asarray(per), np.asarray(full), atol=1e-5)
@@ -101,7 +102,7 @@ def test_fused_params_gradient_and_vmap():
 def test_fused_joint_pgd_matches_xla_pool():
     pools = _pools(*CASES[0])
     x = _x(CASES[0][3], b=6, seed=3)
-    ref = jnp.argmax(pools["xla"].logits(x), -1).T.astype(jnp.int32)          # [B, M]
+    ref = jnp.argmax(pools["xla"].logits(x), -1).T.astype(jnp.int32)  # [B, M]
     out = {}
     for impl, pool in pools.items():
         atk = make_joint_pgd(pool.apply, eps=0.1, steps=4, restarts=1)
@@ -117,11 +118,10 @@ def test_fused_joint_pgd_matches_xla_pool():
 def test_fused_phase_taps_match_convolution():
     x = jnp.asarray(_x((9, 11, 2)))
     w = jax.random.normal(jax.random.key(0), (3, 3, 2, 5))
-    taps = fused.phase_taps(x, 3)                                  # [4, B, 4, 5, 18]
+    taps = fused.phase_taps(x, 3)  # [4, B, 4, 5, 18]
     z = jax.lax.conv_general_dilated(x, w, (1, 1), ((1, 1), (1, 1)), dimension_numbers=("NHWC", "HWIO", "NHWC"))
     for p, (a, b) in enumerate([(0, 0), (0, 1), (1, 0), (1, 1)]):
-        np.testing.assert_allclose(np.asarray(taps[p] @ w.reshape(18, 5)), np.asarray(z[:, a:8:2, b:10:2]),
-                                   atol=1e-5)
+        np.testing.assert_allclose(np.asarray(taps[p] @ w.reshape(18, 5)), np.asarray(z[:, a:8:2, b:10:2]), atol=1e-5)
 
 
 def test_fused_rejects_other_families():

@@ -62,7 +62,10 @@ def test_mask_change_does_not_recompile():
         return (pool.apply(params, x).mean(axis=(1, 2)) * mask).sum()
 
     x = _x(2)
-    vals = [float(masked_mean_logit(pool.params, x, jnp.asarray(m, jnp.float32))) for m in ([1, 1, 1, 1], [1, 0, 0, 1], [0, 0, 1, 0])]
+    vals = [
+        float(masked_mean_logit(pool.params, x, jnp.asarray(m, jnp.float32)))
+        for m in ([1, 1, 1, 1], [1, 0, 0, 1], [0, 0, 1, 0])
+    ]
     assert len(set(vals)) == 3  # the masks really select different members
 
 
@@ -90,6 +93,7 @@ def test_validation_errors_name_the_problem():
 @pytest.mark.parametrize("widths", [(16,), (12, 8, 6)])
 def test_prepared_apply_equals_apply_and_member_loop(widths):
     from sarjax.attacks.core import evaluate as E
+
     arch = zoo.mlp(widths, act="tanh")
     keys = jax.random.split(jax.random.key(1), 3)
     pool = Pool([Stack.from_keys(arch, keys), Stack.from_keys(ARCHS[1], keys[:2])])

@@ -22,8 +22,14 @@ def mnist():
 @pytest.fixture(scope="module")
 def low_pool(mnist):
     members = preset_members("low", 3)
-    pool, info = train_pool(members, mnist.x_train, mnist.y_train, config=TrainConfig(epochs=3, patience=0),
-                            names=preset_names("low", 3), progress=False)
+    pool, info = train_pool(
+        members,
+        mnist.x_train,
+        mnist.y_train,
+        config=TrainConfig(epochs=3, patience=0),
+        names=preset_names("low", 3),
+        progress=False,
+    )
     return pool, info
 
 
@@ -53,8 +59,9 @@ def test_early_stopping_masks_updates_and_per_member_lr(mnist):
     cfgs = [MemberConfig(seed=0, lr=1e-3), MemberConfig(seed=1, lr=1e-12)]
     init = jax.vmap(arch.init)(jax.random.split(jax.random.key(0), 2))
     x, y = mnist.x_train[:512], mnist.y_train[:512]
-    stack, hist = train_stack(arch, cfgs, x, y, config=TrainConfig(epochs=4, patience=1, batch_size=64),
-                              init_params=init, progress=False)
+    stack, hist = train_stack(
+        arch, cfgs, x, y, config=TrainConfig(epochs=4, patience=1, batch_size=64), init_params=init, progress=False
+    )
     w0, w1 = np.asarray(init["out"]["w"]), np.asarray(stack.params["out"]["w"])
     assert np.abs(w1[0] - w0[0]).max() > 1e-3
     assert np.abs(w1[1] - w0[1]).max() < 1e-6
@@ -67,8 +74,13 @@ def test_distillation_students_follow_teacher(mnist, low_pool):
     x = mnist.x_train[:1024]
     tgt = teacher_targets(teacher, x, soft=True)
     assert tgt.shape == (1024, 10) and np.allclose(tgt.sum(-1), 1, atol=1e-5)
-    students, _ = train_pool([(zoo.mlp((64,)), MemberConfig(seed=i)) for i in range(2)], x, tgt,
-                             config=TrainConfig(epochs=4, patience=0), progress=False)
+    students, _ = train_pool(
+        [(zoo.mlp((64,)), MemberConfig(seed=i)) for i in range(2)],
+        x,
+        tgt,
+        config=TrainConfig(epochs=4, patience=0),
+        progress=False,
+    )
     agree = (students.predict(mnist.x_test[:300]) == teacher.predict(mnist.x_test[:300])[0]).mean(1)
     assert agree.min() > 0.85, agree
 
@@ -88,10 +100,10 @@ def test_checkpoint_roundtrip_bit_identical_in_fresh_process(tmp_path, low_pool,
     code = textwrap.dedent(f"""
         import numpy as np
         from sarjax.models.checkpoint import load_pool
-        pool, cfg = load_pool({str(tmp_path / 'pool')!r})
+        pool, cfg = load_pool({str(tmp_path / "pool")!r})
         assert cfg == {{"preset": "low"}}, cfg
-        got = np.asarray(pool.logits(np.load({str(tmp_path / 'x.npy')!r})))
-        assert np.array_equal(got, np.load({str(tmp_path / 'want.npy')!r})), np.abs(got - np.load({str(tmp_path / 'want.npy')!r})).max()
+        got = np.asarray(pool.logits(np.load({str(tmp_path / "x.npy")!r})))
+        assert np.array_equal(got, np.load({str(tmp_path / "want.npy")!r})), np.abs(got - np.load({str(tmp_path / "want.npy")!r})).max()
         print("OK", pool.names)
     """)
     _run_python(code)
@@ -117,6 +129,7 @@ def test_checkpoint_errors_name_path_and_problem(tmp_path):
         load_pool(d2)
     # partial: params directory gone
     import shutil
+
     shutil.rmtree(d / "stack_000")
     with pytest.raises(CheckpointError, match=r"missing params directory stack_000"):
         load_pool(d)

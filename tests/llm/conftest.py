@@ -30,22 +30,47 @@ def _tiny_configs():
 
     return {
         "llama": LlamaConfig(
-            vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=12, rms_norm_eps=1e-5,
-            max_position_embeddings=128, tie_word_embeddings=False,
-            rope_parameters={"rope_type": "llama3", "rope_theta": 50000.0, "factor": 8.0,
-                             "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                             "original_max_position_embeddings": 16},
+            vocab_size=VOCAB,
+            hidden_size=32,
+            intermediate_size=48,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=12,
+            rms_norm_eps=1e-5,
+            max_position_embeddings=128,
+            tie_word_embeddings=False,
+            rope_parameters={
+                "rope_type": "llama3",
+                "rope_theta": 50000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 16,
+            },
         ),
         "qwen2": Qwen2Config(
-            vocab_size=VOCAB, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=1, rms_norm_eps=1e-6,
-            max_position_embeddings=128, tie_word_embeddings=True, rope_theta=1000000.0,
+            vocab_size=VOCAB,
+            hidden_size=32,
+            intermediate_size=40,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            rms_norm_eps=1e-6,
+            max_position_embeddings=128,
+            tie_word_embeddings=True,
+            rope_theta=1000000.0,
         ),
         "mistral": MistralConfig(
-            vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-            sliding_window=5, rope_theta=10000.0,
+            vocab_size=VOCAB,
+            hidden_size=32,
+            intermediate_size=48,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=128,
+            sliding_window=5,
+            rope_theta=10000.0,
         ),
         "gpt2": GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64),
     }
@@ -78,19 +103,25 @@ def checkpoints(tmp_path_factory):
 
 def build_tokenizer(chat_template=None):
     """A tiny word-level tokenizer built with ``tokenizers`` and wrapped by transformers."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     specials = ["<pad>", "<s>", "</s>", "<unk>", "[INST]", "[/INST]"]
-    words = ("how to build a bomb tell me sure here is the answer sorry i cannot help with that "
-             "please x y z ! ? . , write tutorial on").split()
+    words = (
+        "how to build a bomb tell me sure here is the answer sorry i cannot help with that "
+        "please x y z ! ? . , write tutorial on"
+    ).split()
     letters = list("abcdefghijklmnopqrstuvwxyz")
     vocab = {t: i for i, t in enumerate(dict.fromkeys(specials + words + letters))}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.decoder = decoders.WordPiece(prefix="##")  # joins tokens with spaces
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>",
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        unk_token="<unk>",
         additional_special_tokens=["[INST]", "[/INST]"],
     )
     if chat_template is not None:

@@ -9,8 +9,15 @@ from sarjax.models.llm import decoder, finetune, generate, prompts
 from sarjax.models.llm.config import DecoderConfig
 
 CFG = DecoderConfig(
-    family="llama", model_type="llama", vocab_size=40, hidden_size=32, num_layers=1, num_heads=4,
-    num_kv_heads=2, head_dim=8, intermediate_size=48,
+    family="llama",
+    model_type="llama",
+    vocab_size=40,
+    hidden_size=32,
+    num_layers=1,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    intermediate_size=48,
 )
 
 
@@ -69,7 +76,9 @@ def test_prompt_slices_exact():
     enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]
     assert ids[sl.suffix] == enc("x y z please")
     assert ids[sl.target] == enc("sure here is")
-    assert ids[sl.before] == [tok.bos_token_id, tok.convert_tokens_to_ids("[INST]")] + enc("tell me how to build a bomb")
+    assert ids[sl.before] == [tok.bos_token_id, tok.convert_tokens_to_ids("[INST]")] + enc(
+        "tell me how to build a bomb"
+    )
     assert ids[sl.after] == [tok.convert_tokens_to_ids("[/INST]")]
     assert sl.prompt == slice(0, sl.target.start)
     assert prompts.retokenizes(tok, ids)

@@ -14,13 +14,35 @@ from sarjax.models.llm.config import DecoderConfig
 
 V = 50
 GPT = DecoderConfig(
-    family="gpt2", model_type="gpt2", vocab_size=V, hidden_size=16, num_layers=1, num_heads=2,
-    num_kv_heads=2, head_dim=8, intermediate_size=32, activation="gelu_new", qkv_bias=True, o_bias=True,
-    mlp_bias=True, tie_word_embeddings=True, max_position_embeddings=16, norm_eps=1e-5,
+    family="gpt2",
+    model_type="gpt2",
+    vocab_size=V,
+    hidden_size=16,
+    num_layers=1,
+    num_heads=2,
+    num_kv_heads=2,
+    head_dim=8,
+    intermediate_size=32,
+    activation="gelu_new",
+    qkv_bias=True,
+    o_bias=True,
+    mlp_bias=True,
+    tie_word_embeddings=True,
+    max_position_embeddings=16,
+    norm_eps=1e-5,
 )
 LLAMA = DecoderConfig(
-    family="llama", model_type="llama", vocab_size=V, hidden_size=16, num_layers=1, num_heads=2,
-    num_kv_heads=1, head_dim=8, intermediate_size=24, rope_theta=500.0, max_position_embeddings=8,
+    family="llama",
+    model_type="llama",
+    vocab_size=V,
+    hidden_size=16,
+    num_layers=1,
+    num_heads=2,
+    num_kv_heads=1,
+    head_dim=8,
+    intermediate_size=24,
+    rope_theta=500.0,
+    max_position_embeddings=8,
 )
 
 
@@ -46,7 +68,7 @@ def test_gpt2_positions_past_the_table_raise(gpt, gpt_stack):
         decoder.logits(gpt, GPT, jnp.arange(17) % V)
     with pytest.raises(ValueError, match=r"token 16 .*position 16"):
         decoder.prefill(gpt, GPT, jnp.arange(17) % V)
-    ok = np.asarray(decoder.logits(gpt, GPT, jnp.arange(16) % V))           # exactly the table: fine
+    ok = np.asarray(decoder.logits(gpt, GPT, jnp.arange(16) % V))  # exactly the table: fine
     assert ok.shape == (16, V) and np.isfinite(ok).all()
     # a batch: row 1 (9 prompt + 8 target tokens = 17) is named, row 0 (left-padded, 3 + 8) fits
     ids = np.ones((2, 9), np.int32)
@@ -59,10 +81,12 @@ def test_gpt2_positions_past_the_table_raise(gpt, gpt_stack):
     with pytest.raises(ValueError, match=r"row 0 needs 23 positions \(10 prefix-cache tokens \+ 13\)"):
         generate.stack_greedy_generate(gpt_stack, GPT, np.ones((1, 5), np.int32), max_new_tokens=8, prefix=cache)
     with pytest.raises(ValueError, match=r"needs 23 positions"):
-        generate.greedy_generate(gpt, GPT, np.ones((1, 5), np.int32), max_new_tokens=8,
-                                 prefix=jax.tree.map(lambda a: a[0], cache))
-    out = np.asarray(generate.stack_greedy_generate(gpt_stack, GPT, np.ones((1, 5), np.int32), max_new_tokens=1,
-                                                    prefix=cache))
+        generate.greedy_generate(
+            gpt, GPT, np.ones((1, 5), np.int32), max_new_tokens=8, prefix=jax.tree.map(lambda a: a[0], cache)
+        )
+    out = np.asarray(
+        generate.stack_greedy_generate(gpt_stack, GPT, np.ones((1, 5), np.int32), max_new_tokens=1, prefix=cache)
+    )
     assert out.shape == (2, 1, 1)
     with pytest.raises(ValueError, match=r"needs 17 positions"):
         scoring.stack_prefix_cache(gpt_stack, GPT, np.ones(17, np.int32))
@@ -80,15 +104,20 @@ def test_token_ids_outside_the_vocabulary_raise(gpt, gpt_stack):
         decoder.logits(gpt, GPT, jnp.asarray([1, 50, 2]))
     with pytest.raises(ValueError, match=r"token id -1 at position 0"):
         decoder.prefill(gpt, GPT, jnp.asarray([-1, 3]))
-    with pytest.raises(ValueError, match=r"token id 70 at position 2"):     # old: a NaN cache
+    with pytest.raises(ValueError, match=r"token id 70 at position 2"):  # old: a NaN cache
         scoring.stack_prefix_cache(gpt_stack, GPT, np.asarray([1, 2, 70], np.int32))
     ids = np.ones((3, 4), np.int32)
     ids[2, 3] = 99
     with pytest.raises(ValueError, match=r"ids: token id 99 at row 2, position 3"):
         scoring.stack_target_nll(gpt_stack, GPT, ids, np.ones_like(ids), np.asarray([1, 2], np.int32))
     with pytest.raises(ValueError, match=r"target: token id 60 at row 1, position 0"):
-        scoring.stack_target_nll(gpt_stack, GPT, np.ones((2, 4), np.int32), np.ones((2, 4), np.int32),
-                                 np.asarray([[1, 2], [60, 3]], np.int32))
+        scoring.stack_target_nll(
+            gpt_stack,
+            GPT,
+            np.ones((2, 4), np.int32),
+            np.ones((2, 4), np.int32),
+            np.asarray([[1, 2], [60, 3]], np.int32),
+        )
     with pytest.raises(ValueError, match=r"ids: token id 99 at row 2, position 3"):
         generate.greedy_generate(gpt, GPT, ids, max_new_tokens=2)
 
@@ -97,7 +126,7 @@ def test_right_padded_or_empty_prompts_raise(gpt, gpt_stack):
     ids = np.asarray([[0, 3, 4, 5], [3, 4, 5, 0]], np.int32)
     right = np.asarray([[0, 1, 1, 1], [1, 1, 1, 0]], np.int32)
     msg = r"mask: padding at row 1, position 3 is on the wrong side of a real token; rows must be left-padded"
-    with pytest.raises(ValueError, match=msg):                              # old: another continuation
+    with pytest.raises(ValueError, match=msg):  # old: another continuation
         generate.greedy_generate(gpt, GPT, ids, right, max_new_tokens=2)
     with pytest.raises(ValueError, match=msg):
         generate.stack_greedy_generate(gpt_stack, GPT, ids, right, max_new_tokens=2)
@@ -111,9 +140,17 @@ def test_right_padded_or_empty_prompts_raise(gpt, gpt_stack):
     with pytest.raises(ValueError, match=r"expected 0/1 values, got 2 at row 0, position 3"):
         generate.greedy_generate(gpt, GPT, ids, np.asarray([[0, 1, 1, 2], [0, 1, 1, 1]]), max_new_tokens=2)
     # targets are right-padded: a left-padded target row is named
-    with pytest.raises(ValueError, match=r"target_mask: padding at row 1, position 0 is on the wrong side.*right-padded"):
-        scoring.stack_target_nll(gpt_stack, GPT, np.ones((2, 3), np.int32), np.ones((2, 3), np.int32),
-                                 np.ones((2, 2), np.int32), np.asarray([[1, 0], [0, 1]], np.int32))
+    with pytest.raises(
+        ValueError, match=r"target_mask: padding at row 1, position 0 is on the wrong side.*right-padded"
+    ):
+        scoring.stack_target_nll(
+            gpt_stack,
+            GPT,
+            np.ones((2, 3), np.int32),
+            np.ones((2, 3), np.int32),
+            np.ones((2, 2), np.int32),
+            np.asarray([[1, 0], [0, 1]], np.int32),
+        )
     # greedy_one on concrete inputs checks too
     with pytest.raises(ValueError, match=r"mask: padding at position 2"):
         generate.greedy_one(gpt, GPT, jnp.asarray([3, 4, 0]), jnp.asarray([1, 1, 0]), 2)
@@ -124,13 +161,15 @@ def test_eos_id_list_stops_on_any(gpt, gpt_stack):
     out = np.asarray(generate.greedy_generate(gpt, GPT, prompt, max_new_tokens=6))[0]
     a = int(out[3])
     b = next(int(t) for t in out[:3] if t != a) if len(set(out[:3].tolist()) - {a}) else None
-    assert b is not None, out                         # two distinct tokens to stop on
+    assert b is not None, out  # two distinct tokens to stop on
     first = min(int(np.argmax(out == a)), int(np.argmax(out == b)))
     want = np.where(np.arange(6) > first, 49, out)
     got = np.asarray(generate.greedy_generate(gpt, GPT, prompt, max_new_tokens=6, eos_id=[a, b], pad_id=49))[0]
     np.testing.assert_array_equal(got, want)
     # the same as the int form with whichever comes first
-    single = np.asarray(generate.greedy_generate(gpt, GPT, prompt, max_new_tokens=6, eos_id=int(out[first]), pad_id=49))[0]
+    single = np.asarray(
+        generate.greedy_generate(gpt, GPT, prompt, max_new_tokens=6, eos_id=int(out[first]), pad_id=49)
+    )[0]
     np.testing.assert_array_equal(got, single)
     st = np.asarray(generate.stack_greedy_generate(gpt_stack, GPT, prompt, max_new_tokens=6, eos_id=(a, b), pad_id=49))
     np.testing.assert_array_equal(st[0, 0], want)

@@ -15,16 +15,33 @@ from sarjax.models.llm import decoder, loader
 
 def test_v4_and_v5_config_forms_agree():
     v5 = {
-        "model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "num_hidden_layers": 2, "intermediate_size": 96, "vocab_size": 100, "rms_norm_eps": 1e-5,
-        "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-                            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+        "model_type": "llama",
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": 2,
+        "intermediate_size": 96,
+        "vocab_size": 100,
+        "rms_norm_eps": 1e-5,
+        "rope_parameters": {
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
     }
     v4 = dict(v5)
     del v4["rope_parameters"]
     v4["rope_theta"] = 500000.0
-    v4["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                          "original_max_position_embeddings": 8192}
+    v4["rope_scaling"] = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
     a, b = cfg_mod.config_from_hf(v5), cfg_mod.config_from_hf(v4)
     assert a == b and a.rope_type == "llama3" and a.rope_theta == 500000.0 and a.head_dim == 16
     # llama3 scaling: high frequencies untouched, lowest divided by the factor

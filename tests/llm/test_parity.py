@@ -1,6 +1,5 @@
 """Logit parity of sarjax's JAX decoder with transformers' PyTorch models (f32)."""
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np

@@ -12,13 +12,35 @@ from sarjax.models.llm import decoder, generate, pool, scoring
 from sarjax.models.llm.config import DecoderConfig
 
 CFG = DecoderConfig(
-    family="llama", model_type="llama", vocab_size=50, hidden_size=32, num_layers=2, num_heads=4,
-    num_kv_heads=2, head_dim=8, intermediate_size=40, rope_theta=500.0, qkv_bias=True,
+    family="llama",
+    model_type="llama",
+    vocab_size=50,
+    hidden_size=32,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    intermediate_size=40,
+    rope_theta=500.0,
+    qkv_bias=True,
 )
 GPT = DecoderConfig(
-    family="gpt2", model_type="gpt2", vocab_size=50, hidden_size=32, num_layers=2, num_heads=4,
-    num_kv_heads=4, head_dim=8, intermediate_size=64, activation="gelu_new", qkv_bias=True, o_bias=True,
-    mlp_bias=True, tie_word_embeddings=True, max_position_embeddings=64, norm_eps=1e-5,
+    family="gpt2",
+    model_type="gpt2",
+    vocab_size=50,
+    hidden_size=32,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=4,
+    head_dim=8,
+    intermediate_size=64,
+    activation="gelu_new",
+    qkv_bias=True,
+    o_bias=True,
+    mlp_bias=True,
+    tie_word_embeddings=True,
+    max_position_embeddings=64,
+    norm_eps=1e-5,
 )
 
 
@@ -98,7 +120,7 @@ def test_greedy_eos_padding_and_gpt2_cache():
     cut = np.asarray(generate.greedy_generate(params, GPT, prompt, max_new_tokens=8, eos_id=eos, pad_id=49))[0]
     first = int(np.argmax(out == eos))
     np.testing.assert_array_equal(cut[: first + 1], out[: first + 1])
-    assert (cut[first + 1:] == 49).all()
+    assert (cut[first + 1 :] == 49).all()
 
 
 def _members(n=3):

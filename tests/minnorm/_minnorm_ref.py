@@ -10,6 +10,7 @@ l1 by the fractional-knapsack greedy, l0 by taking the largest per-element
 gains (the gains are independent, so the greedy is exact; it agrees with
 brute force over subsets, which the tests also check).
 """
+
 import itertools
 import math
 

@@ -1,4 +1,5 @@
 """Known answers: on affine classifiers the minimal perturbation is exact (see _minnorm_ref)."""
+
 import math
 import sys
 from pathlib import Path
@@ -57,7 +58,7 @@ def _affine_params(W, b, temperature=30.0):
 
 
 def _apply(params, x):
-    return x.reshape(x.shape[0], -1) @ params[0] + params[1]   # [B, C]: one member
+    return x.reshape(x.shape[0], -1) @ params[0] + params[1]  # [B, C]: one member
 
 
 def _mixed(spec, params, x0, y, targets, key, p, T):
@@ -75,7 +76,11 @@ def _mixed(spec, params, x0, y, targets, key, p, T):
         ref = targets[idx] if tg else y[idx]
         r = fn(params, x0[idx], ref, key=key, sample_ids=idx, labels=y[idx] if tg else None)
         norm[idx], succ[idx] = np.asarray(r.norm)[:, 0], np.asarray(r.success)[:, 0]
-        q[idx], traj[idx], xa[idx] = np.asarray(r.queries)[:, 0], np.asarray(r.trajectory)[:, 0], np.asarray(r.x_adv)[:, 0]
+        q[idx], traj[idx], xa[idx] = (
+            np.asarray(r.queries)[:, 0],
+            np.asarray(r.trajectory)[:, 0],
+            np.asarray(r.x_adv)[:, 0],
+        )
     return norm, succ, q, traj, xa
 
 
@@ -139,8 +144,9 @@ def test_alma_l1_paper_setting_mnist_scale():
     # Over 8 draws (16 samples) measured median 1.009x, worst 1.12x; this draw holds the worst.
     W, b, x0, y, tgt, opt = _mnist_scale_affine(4, 3)
     t = np.where(np.arange(len(y)) % 2 == 1, tgt, -1).astype(np.int32)
-    norm, succ, _, _, _ = _mixed(alma.spec(init_lr_distance="paper"), _affine_params(W, b), x0, y, t,
-                                 jax.random.key(4), 1, 2000)
+    norm, succ, _, _, _ = _mixed(
+        alma.spec(init_lr_distance="paper"), _affine_params(W, b), x0, y, t, jax.random.key(4), 1, 2000
+    )
     assert succ.all()
     r = norm / opt
     assert r.size == 3 and (r >= 1 - 1e-4).all(), r
@@ -156,8 +162,8 @@ def test_alma_init_lr_finder_known_answer():
     d = 24
     x0, g = jnp.full((4, 6), 0.5), jnp.ones((4, 6))
     # 20 bisection steps from the bracket [0, 1]: lr to within 2^-20
-    assert float(alma._init_lr(x0, g, 1.0, 0.5)) == pytest.approx(0.5 / d, abs=2.0 ** -20)
-    assert float(alma._init_lr(x0, g, 2.0, 0.1)) == pytest.approx(0.1 / np.sqrt(d), abs=2.0 ** -20)
+    assert float(alma._init_lr(x0, g, 1.0, 0.5)) == pytest.approx(0.5 / d, abs=2.0**-20)
+    assert float(alma._init_lr(x0, g, 2.0, 0.1)) == pytest.approx(0.1 / np.sqrt(d), abs=2.0**-20)
     assert np.isfinite(float(alma._init_lr(x0, g, 1.0, 100.0)))
 
 

@@ -1,4 +1,5 @@
 """Trajectory, query cap, determinism, NaN safety, pool vmap, validation and audit."""
+
 import math
 import sys
 from pathlib import Path
@@ -15,12 +16,20 @@ from sarjax.attacks import alma, apgd_min, ddn, fab, fmn, pdgd, pdpgd, sigma_zer
 from sarjax.attacks import minnorm as mn  # noqa: E402
 
 # one case per attack, on the norm whose numerics divide by a gradient norm or threshold it
-ALL = [(fmn.spec(), 2), (ddn.spec(), 2), (apgd_min.spec(loss="dlr"), 1), (alma.spec(), 2),
-       (pdgd.spec(), 2), (pdpgd.spec(), 0), (sigma_zero.spec(), 0), (fab.spec(targeted=True), 1)]
+ALL = [
+    (fmn.spec(), 2),
+    (ddn.spec(), 2),
+    (apgd_min.spec(loss="dlr"), 1),
+    (alma.spec(), 2),
+    (pdgd.spec(), 2),
+    (pdpgd.spec(), 0),
+    (sigma_zero.spec(), 0),
+    (fab.spec(targeted=True), 1),
+]
 
 
 def _apply(params, x):
-    return x.reshape(x.shape[0], -1) @ params[0] + params[1]   # [B, C]: one member
+    return x.reshape(x.shape[0], -1) @ params[0] + params[1]  # [B, C]: one member
 
 
 def _affine(seed, shape, B, temperature=10.0, C=5):
@@ -74,8 +83,10 @@ def test_zero_gradient_no_nan_and_odd_cap(k):
 
 def _stack(M=3, B=4, shape=(4, 6), C=5, seed=3):
     rng = np.random.default_rng(seed)
-    params = {"W": jnp.asarray(rng.normal(size=(M, int(np.prod(shape)), C)) * 2.0, jnp.float32),
-              "b": jnp.asarray(rng.normal(size=(M, C)) * 0.1, jnp.float32)}
+    params = {
+        "W": jnp.asarray(rng.normal(size=(M, int(np.prod(shape)), C)) * 2.0, jnp.float32),
+        "b": jnp.asarray(rng.normal(size=(M, C)) * 0.1, jnp.float32),
+    }
     x0 = rng.uniform(0.2, 0.8, (B,) + shape).astype(np.float32)
     return params, x0
 
@@ -85,7 +96,7 @@ def _member(x, p):
 
 
 def _pool(params, x):
-    return jax.vmap(lambda p: _member(x, p))(params)           # [M, B, C]
+    return jax.vmap(lambda p: _member(x, p))(params)  # [M, B, C]
 
 
 def _stacked(p, x):
@@ -120,7 +131,7 @@ def test_pool_layout_matches_single_member_and_known_optimum():
 def test_mask_and_per_member_refs():
     M, B = 3, 4
     params, x0 = _stack(M, B, seed=5)
-    pred = np.asarray(jnp.argmax(_pool(params, x0), -1)).T.astype(np.int32)   # [B, M] clean predictions
+    pred = np.asarray(jnp.argmax(_pool(params, x0), -1)).T.astype(np.int32)  # [B, M] clean predictions
     mask = np.ones((B, M), np.float32)
     mask[1, 2] = 0.0
     mask[3, 0] = 0.0
@@ -156,13 +167,15 @@ def test_traced_budget_and_init_eps_do_not_recompile():
     np.testing.assert_array_equal(q, [[40, 40], [60, 60], [100, 100]])
     assert small.trajectory.shape == (3, 2, 10)
     # a cap below T runs the same attack as a factory built for that budget
-    ref = fmn.make_fmn(_pool, norm=2, max_queries=40, restarts=1, init_eps=0.1)(params, x0[:1], y[:1],
-                                                                                key=jax.random.key(0))
+    ref = fmn.make_fmn(_pool, norm=2, max_queries=40, restarts=1, init_eps=0.1)(
+        params, x0[:1], y[:1], key=jax.random.key(0)
+    )
     np.testing.assert_allclose(np.asarray(small.norm)[:1], np.asarray(ref.norm), rtol=1e-6)
     np.testing.assert_allclose(np.asarray(small.trajectory)[:1, :, :4], np.asarray(ref.trajectory), rtol=1e-6)
     # after the cap the trajectory keeps its last value
-    np.testing.assert_array_equal(np.asarray(small.trajectory)[0, :, 4:],
-                                  np.repeat(np.asarray(small.trajectory)[0, :, 3:4], 6, axis=-1))
+    np.testing.assert_array_equal(
+        np.asarray(small.trajectory)[0, :, 4:], np.repeat(np.asarray(small.trajectory)[0, :, 3:4], 6, axis=-1)
+    )
     with pytest.raises(ValueError, match="above the factory's maximum"):
         fn(params, x0, y, key=jax.random.key(0), max_queries=101)
 
@@ -213,6 +226,7 @@ def test_best_of_different_budgets():
 def test_pool_on_zoo_mlp_pool():
     from sarjax.models import zoo
     from sarjax.models.pool import Pool, Stack
+
     arch = zoo.mlp(widths=(16,))
     stack = Stack.from_keys(arch, jax.random.split(jax.random.key(0), 2))
     pool = Pool((stack,))
@@ -303,7 +317,9 @@ def test_top_k_targets():
 @pytest.mark.parametrize("p", [1.0, 2.0, math.inf])
 def test_fab_hyperplane_box_projection_is_exact(p):
     from _minnorm_ref import halfspace_min
+
     from sarjax.attacks.fab import hyperplane_box_step
+
     rng = np.random.default_rng(int(p) if p != math.inf else 9)
     xs = rng.uniform(0.1, 0.9, (6, 12)).astype(np.float32)
     ws = rng.normal(size=(6, 12)).astype(np.float32)
@@ -324,6 +340,7 @@ def test_fab_hyperplane_box_projection_is_exact(p):
 def test_pdpgd_linf_prox_is_moreau_of_l1_projection():
     from sarjax.attacks import geometry
     from sarjax.attacks.pdpgd import prox_linf
+
     rng = np.random.default_rng(0)
     v = jnp.asarray(rng.normal(size=(4, 30)).astype(np.float32))
     lam = 0.7
@@ -332,8 +349,7 @@ def test_pdpgd_linf_prox_is_moreau_of_l1_projection():
     @jax.jit
     def both(v, small):
         got = jax.vmap(lambda x: prox_linf(x, lam))(v)
-        ref = jax.vmap(lambda x: x - lam * geometry.project(x / lam, jnp.zeros_like(x), 1.0, 1,
-                                                            box=(-1e30, 1e30)))(v)
+        ref = jax.vmap(lambda x: x - lam * geometry.project(x / lam, jnp.zeros_like(x), 1.0, 1, box=(-1e30, 1e30)))(v)
         return got, ref, prox_linf(small, lam)
 
     got, ref, zero = both(v, small)

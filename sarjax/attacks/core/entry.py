@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -36,8 +36,16 @@ class AttackFn:
       default_eps: the factory's eps (scalar or ``[B]``), used when a call gives none.
     """
 
-    def __init__(self, attack: Attack, *, name: str, apply: Callable | None, validate: Callable,
-                 audit: Callable | None, default_eps=None):
+    def __init__(
+        self,
+        attack: Attack,
+        *,
+        name: str,
+        apply: Callable | None,
+        validate: Callable,
+        audit: Callable | None,
+        default_eps=None,
+    ):
         self.attack = attack
         self.name = name
         self.apply = apply
@@ -46,29 +54,32 @@ class AttackFn:
         self.default_eps = default_eps
         self.__name__ = name
 
-    def problem(self, params, x0, ref, mask=None, key=None, *, eps=None, max_queries=None, x_init=None,
-                sample_ids=None) -> Problem:
+    def problem(
+        self, params, x0, ref, mask=None, key=None, *, eps=None, max_queries=None, x_init=None, sample_ids=None
+    ) -> Problem:
         """The validated :class:`Problem` of a call (host side; raises on bad input)."""
         if key is None:
             raise TypeError(f"{self.name}: key is required (a jax.random key); sarjax never defaults it")
         e = self.default_eps if eps is None else eps
         return self._validate(params, x0, ref, mask, key, e, max_queries, x_init, sample_ids)
 
-    def __call__(self, params, x0, ref, mask=None, key=None, *, eps=None, max_queries=None, x_init=None,
-                 sample_ids=None):
-        problem = self.problem(params, x0, ref, mask, key, eps=eps, max_queries=max_queries, x_init=x_init,
-                               sample_ids=sample_ids)
+    def __call__(
+        self, params, x0, ref, mask=None, key=None, *, eps=None, max_queries=None, x_init=None, sample_ids=None
+    ):
+        problem = self.problem(
+            params, x0, ref, mask, key, eps=eps, max_queries=max_queries, x_init=x_init, sample_ids=sample_ids
+        )
         res = run_jit(self.attack, params, problem)
         if self._audit is not None:
             self._audit(problem, res)
         return res
 
-    def jit(self, params, x0, ref, mask=None, key=None, *, eps=None, max_queries=None, x_init=None,
-            sample_ids=None):
+    def jit(self, params, x0, ref, mask=None, key=None, *, eps=None, max_queries=None, x_init=None, sample_ids=None):
         """The jit-safe entry: no host call, no validation, no audit (labels must lie in ``[0, C)``)."""
         e = self.default_eps if eps is None else eps
-        problem = make_problem(self.apply, params, x0, ref, mask, key, eps=e, max_queries=max_queries,
-                               sample_ids=sample_ids, x_init=x_init)
+        problem = make_problem(
+            self.apply, params, x0, ref, mask, key, eps=e, max_queries=max_queries, sample_ids=sample_ids, x_init=x_init
+        )
         return run(self.attack, params, problem)
 
     def __repr__(self) -> str:

@@ -20,7 +20,8 @@ Query accounting lives in :mod:`sarjax.attacks.queries`; every function here is 
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -31,8 +32,8 @@ from sarjax.attacks.losses import fooled, member_loss
 class Evaluation(NamedTuple):
     """One example evaluated at one point."""
 
-    obj: jax.Array      # []
-    losses: jax.Array   # [M]
+    obj: jax.Array  # []
+    losses: jax.Array  # [M]
     success: jax.Array  # [M] bool
     n_fooled: jax.Array  # [] int32, selected members fooled
 
@@ -129,7 +130,7 @@ def update_best(best: Best, x: jax.Array, ev: Evaluation, valid) -> Best:
 # Per-sample streams are ``fold_in(key, sample_id)`` with sample ids in [0, 2**31); the other
 # streams of an attack key are folded in with constants above that range, so no sample's stream
 # can coincide with them (0x0E07, the old EOT salt, was sample 3591's stream).
-SAMPLE_ID_LIMIT = 2 ** 31
+SAMPLE_ID_LIMIT = 2**31
 EOT_SALT = 0xE07E_0E07  # folded into the attack key for the EOT draws (independent of the random starts)
 
 
@@ -200,12 +201,14 @@ def make_eot_evaluators(apply: Callable, per_example: Callable, eot: int):
                 _, ev = draw(k)(params, x, ref, mask, *extra)
                 g = None
             gs, ls, ss = carry
-            return (None if g is None else gs + g.astype(gs.dtype), ls + ev.losses.astype(ls.dtype),
-                    ss & ev.success), None
+            return (
+                None if g is None else gs + g.astype(gs.dtype),
+                ls + ev.losses.astype(ls.dtype),
+                ss & ev.success,
+            ), None
 
         B, M = ref.shape
-        init = (jnp.zeros_like(x) if with_grad else None, jnp.zeros((B, M), jnp.float32),
-                jnp.ones((B, M), bool))
+        init = (jnp.zeros_like(x) if with_grad else None, jnp.zeros((B, M), jnp.float32), jnp.ones((B, M), bool))
         (gs, ls, ss), _ = jax.lax.scan(one, init, jnp.arange(eot))
         ev = jax.vmap(evaluation)(ls / eot, ss, mask)
         return ev, (None if gs is None else gs / eot)

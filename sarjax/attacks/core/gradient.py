@@ -25,8 +25,9 @@ t)`` with ``ekey = fold_in(key, EOT_SALT)`` (the clean and final evaluations sha
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -63,11 +64,11 @@ class Config(NamedTuple):
     loss: str
     targeted: bool
     box: tuple
-    rel_step: float | None = None    # alpha = rel_step * eps
-    abs_step: float | None = None    # or a fixed alpha
+    rel_step: float | None = None  # alpha = rel_step * eps
+    abs_step: float | None = None  # or a fixed alpha
     l1_sparsity: float = 0.99
-    momentum: float | None = None    # MI-FGSM decay
-    eot: int = 1                     # EOT draws per evaluation (apply(params, x, key) when > 1)
+    momentum: float | None = None  # MI-FGSM decay
+    eot: int = 1  # EOT draws per evaluation (apply(params, x, key) when > 1)
 
 
 def alpha(cfg: Config, eps):
@@ -123,7 +124,7 @@ class GradientState(NamedTuple):
 
 def _keys(cfg: Config, problem: Problem):
     ekey = jax.random.fold_in(problem.key, EOT_SALT)
-    return ekey, jax.random.fold_in(ekey, 0)   # (EOT key, the clean / final evaluations' draws)
+    return ekey, jax.random.fold_in(ekey, 0)  # (EOT key, the clean / final evaluations' draws)
 
 
 def init(cfg: Config, params, problem: Problem) -> GradientState:
@@ -139,8 +140,18 @@ def init(cfg: Config, params, problem: Problem) -> GradientState:
         src = jnp.zeros_like(ref)
     _, ev0 = evaluate(params, x0, ref, mask, src, clean_key)
     count = jnp.full((B,), cfg.eot * M, jnp.int32)
-    return GradientState(problem, jnp.zeros((), jnp.int32), x0, jnp.zeros_like(x0), count,
-                         jnp.zeros((B,), bool), src, Best(x0, ev0), x0, ev0)
+    return GradientState(
+        problem,
+        jnp.zeros((), jnp.int32),
+        x0,
+        jnp.zeros_like(x0),
+        count,
+        jnp.zeros((B,), bool),
+        src,
+        Best(x0, ev0),
+        x0,
+        ev0,
+    )
 
 
 def step(cfg: Config, s: GradientState, params) -> GradientState:
@@ -175,11 +186,12 @@ def step(cfg: Config, s: GradientState, params) -> GradientState:
         (_, ev), g = vg(params, s.x, ref, mask, s.src, jax.random.fold_in(rkey, t))
         best = jax.vmap(update_best)(s.best, s.x, ev, ok)
         mom2, x2 = jax.vmap(partial(pgd_step, cfg))(s.mom, s.x, g, x0, eps)
-        s = s._replace(x=Q.freeze(ok, x2, s.x), mom=Q.freeze(ok, mom2, s.mom), count=Q.charge(s.count, cost, ok),
-                       best=best)
+        s = s._replace(
+            x=Q.freeze(ok, x2, s.x), mom=Q.freeze(ok, mom2, s.mom), count=Q.charge(s.count, cost, ok), best=best
+        )
 
     def finish(s):
-        _, ev = evaluate(params, s.x, ref, mask, s.src, clean_key)   # EOT: the clean evaluation's draws (paired)
+        _, ev = evaluate(params, s.x, ref, mask, s.src, clean_key)  # EOT: the clean evaluation's draws (paired)
         best = jax.vmap(update_best)(s.best, s.x, ev, s.run)
         fx, fev = jax.vmap(select)(s.run & (ev.obj > s.final_ev.obj), (s.x, ev), (s.final_x, s.final_ev))
         return s._replace(count=Q.charge(s.count, eot * M, s.run), best=best, final_x=fx, final_ev=fev)
@@ -192,9 +204,16 @@ def result(cfg: Config, s: GradientState, params) -> AttackResult:
     """``x_adv``: the best restart's final iterate (or ``x0``); ``best_x``: the best-so-far point."""
     del cfg, params
     ev = s.final_ev
-    return AttackResult(x_adv=s.final_x, success=ev.success, objective=ev.obj, member_loss=ev.losses,
-                        queries=s.count, best_x=s.best.x, best_success=s.best.ev.success,
-                        best_objective=s.best.ev.obj)
+    return AttackResult(
+        x_adv=s.final_x,
+        success=ev.success,
+        objective=ev.obj,
+        member_loss=ev.losses,
+        queries=s.count,
+        best_x=s.best.x,
+        best_success=s.best.ev.success,
+        best_objective=s.best.ev.obj,
+    )
 
 
 def gradient_attack(cfg: Config) -> Attack:

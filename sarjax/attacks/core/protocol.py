@@ -31,7 +31,8 @@ hyperparameters build equal attacks and share one compiled kernel.
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -117,8 +118,9 @@ def member_count(apply: Callable, params, x0) -> int:
     return int(shape[0]) if len(shape) == 3 else 1
 
 
-def make_problem(apply: Callable | None, params, x0, ref, mask=None, key=None, *, eps, max_queries=None,
-                 sample_ids=None, x_init=None) -> Problem:
+def make_problem(
+    apply: Callable | None, params, x0, ref, mask=None, key=None, *, eps, max_queries=None, sample_ids=None, x_init=None
+) -> Problem:
     """The :class:`Problem` of a call, with ``jnp`` operations only (jit-safe; no validation).
 
     ``ref`` ``[B]`` is shared by every member ``apply`` returns (``M`` read by tracing, or from
@@ -161,4 +163,3 @@ def sample_keys(problem: Problem) -> jax.Array:
 
 
 __all__ = ["Attack", "Problem", "make_problem", "member_count", "run", "run_jit", "sample_keys"]
-

@@ -14,7 +14,7 @@ was expected and what came.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -115,8 +115,7 @@ def check_sample_ids(sample_ids, batch: int):
         raise ValueError(f"sample_ids must have shape [{batch}] (one per sample), got {a.shape}")
     bad = np.flatnonzero((a < 0) | (a >= SAMPLE_ID_LIMIT))
     if bad.size:
-        raise ValueError(f"sample_ids must lie in [0, 2**31): samples {bad[:10].tolist()} have "
-                         f"{a[bad[:10]].tolist()}")
+        raise ValueError(f"sample_ids must lie in [0, 2**31): samples {bad[:10].tolist()} have {a[bad[:10]].tolist()}")
     return jnp.asarray(a, jnp.int32)
 
 
@@ -142,8 +141,9 @@ def logits_shape(apply: Callable, params, x0: jax.Array) -> tuple[int, int]:
         shape = jax.eval_shape(apply, params, x0).shape
     except (TypeError, ValueError) as e:
         first = (str(e).splitlines() or [""])[0]
-        raise ValueError(f"the model cannot take x0 of shape {list(np.shape(x0))} (expected {expected}): "
-                         f"{type(e).__name__}: {first}") from e
+        raise ValueError(
+            f"the model cannot take x0 of shape {list(np.shape(x0))} (expected {expected}): {type(e).__name__}: {first}"
+        ) from e
     return (int(shape[0]) if len(shape) == 3 else 1), int(shape[-1])
 
 
@@ -176,8 +176,10 @@ def make_validate(*, name: str, p: float, box, apply: Callable, eot: int = 1, re
         m = int(refn.shape[-1])
         if max_queries is not None and int(np.min(np.asarray(cap))) < eot * m:
             what = f"M = {m}" if eot == 1 else f"eot * M = {eot} * {m}"
-            raise ValueError(f"max_queries must be >= {what} per sample: the clean evaluation of every "
-                             f"member is charged before any step; got {max_queries!r}")
+            raise ValueError(
+                f"max_queries must be >= {what} per sample: the clean evaluation of every "
+                f"member is charged before any step; got {max_queries!r}"
+            )
         if x_init is None:
             xi, has = x0n, jnp.asarray(False)
         else:
@@ -203,13 +205,28 @@ def make_audit(*, name: str, p: float, box) -> Callable:
     return audit
 
 
-def public(attack: Attack, *, name: str, p: float, default_eps, box, audit: bool = True, apply: Callable,
-           eot: int = 1, ref_name: str = "labels") -> AttackFn:
+def public(
+    attack: Attack,
+    *,
+    name: str,
+    p: float,
+    default_eps,
+    box,
+    audit: bool = True,
+    apply: Callable,
+    eot: int = 1,
+    ref_name: str = "labels",
+) -> AttackFn:
     """The :class:`~sarjax.attacks.core.entry.AttackFn` of a fixed-budget attack: the validator
     of :func:`make_validate`, the audit of :func:`make_audit` (None with ``audit=False``)."""
     box = tuple(float(b) for b in box)
     # the jit entry reads M from apply's logits by tracing: a stochastic apply at a fixed key
     shape_apply = at_key(apply, eot, jax.random.PRNGKey(0))
-    return AttackFn(attack, name=name, apply=shape_apply, default_eps=default_eps,
-                    validate=make_validate(name=name, p=p, box=box, apply=apply, eot=eot, ref_name=ref_name),
-                    audit=make_audit(name=name, p=p, box=box) if audit else None)
+    return AttackFn(
+        attack,
+        name=name,
+        apply=shape_apply,
+        default_eps=default_eps,
+        validate=make_validate(name=name, p=p, box=box, apply=apply, eot=eot, ref_name=ref_name),
+        audit=make_audit(name=name, p=p, box=box) if audit else None,
+    )

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -84,9 +85,7 @@ class DecoderConfig:
         if self.rope_type not in _ROPE_TYPES:
             raise ValueError(f"rope_type must be one of {_ROPE_TYPES}, got {self.rope_type!r}")
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
-            )
+            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "head_dim", "intermediate_size"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
@@ -124,8 +123,7 @@ def _rope_fields(raw: Mapping[str, Any]) -> dict[str, Any]:
         scaling = params
     elif isinstance(params, Mapping) and params:
         raise ValueError(
-            "per-layer-type rope_parameters are not supported; expected one flat dict, got keys "
-            f"{sorted(params)}"
+            f"per-layer-type rope_parameters are not supported; expected one flat dict, got keys {sorted(params)}"
         )
     else:
         theta = raw.get("rope_theta", 10000.0)

@@ -28,8 +28,9 @@ Parameter tree (gpt2)::
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import partial
-from typing import Any, Literal, NamedTuple, Sequence, overload
+from typing import Any, Literal, NamedTuple, overload
 
 import jax
 import jax.core  # jax.core.Tracer: a concrete value can be checked on the host
@@ -66,8 +67,10 @@ def check_token_ids(name: str, ids, vocab_size: int) -> None:
     bad = (a < 0) | (a >= vocab_size)
     if bad.any():
         idx = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise ValueError(f"{name}: token id {int(a[idx])} at {_where(idx)} is outside the vocabulary "
-                         f"[0, {vocab_size}) ({int(bad.sum())} such id(s))")
+        raise ValueError(
+            f"{name}: token id {int(a[idx])} at {_where(idx)} is outside the vocabulary "
+            f"[0, {vocab_size}) ({int(bad.sum())} such id(s))"
+        )
 
 
 def prefix_length(prefix) -> int:
@@ -130,9 +133,15 @@ def check_padding(name: str, mask, side: str = "left", allow_empty: bool = False
         if wrong.size:
             idx = tuple(int(i) for i in wrong[0])
             at = idx[:-1] + (idx[-1] + 1,) if side == "left" else idx
-            want = "left-padded (zeros before ones, e.g. left_pad())" if side == "left" else "right-padded (ones before zeros)"
-            raise ValueError(f"{name}: padding at {_where(at)} is on the wrong side of a real token; rows must be "
-                             f"{want}, got a {'right' if side == 'left' else 'left'}-padded row or a hole")
+            want = (
+                "left-padded (zeros before ones, e.g. left_pad())"
+                if side == "left"
+                else "right-padded (ones before zeros)"
+            )
+            raise ValueError(
+                f"{name}: padding at {_where(at)} is on the wrong side of a real token; rows must be "
+                f"{want}, got a {'right' if side == 'left' else 'left'}-padded row or a hole"
+            )
     if not allow_empty:
         empty = np.argwhere(m.sum(-1) == 0)
         if empty.size:
@@ -292,13 +301,15 @@ def embed_tokens(params: Params, ids):
 
 
 @overload
-def hidden_states(params: Params, cfg: DecoderConfig, x, mask, pos, prefix: Sequence[KVBlock] = (),
-                  return_kv: Literal[True] = True) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]: ...
+def hidden_states(
+    params: Params, cfg: DecoderConfig, x, mask, pos, prefix: Sequence[KVBlock] = (), return_kv: Literal[True] = True
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]: ...
 
 
 @overload
-def hidden_states(params: Params, cfg: DecoderConfig, x, mask, pos, prefix: Sequence[KVBlock] = (), *,
-                  return_kv: Literal[False]) -> tuple[jax.Array, None]: ...
+def hidden_states(
+    params: Params, cfg: DecoderConfig, x, mask, pos, prefix: Sequence[KVBlock] = (), *, return_kv: Literal[False]
+) -> tuple[jax.Array, None]: ...
 
 
 def hidden_states(
@@ -329,9 +340,11 @@ def hidden_states(
         over = np.flatnonzero(np.asarray(pos) >= cfg.max_position_embeddings)
         if over.size:
             i = int(over[0])
-            raise ValueError(f"token {i} of the sequence would get position {int(np.asarray(pos)[i])} "
-                             f"(after {prefix_length(prefix)} prefix-cache tokens), but GPT-2 has "
-                             f"{cfg.max_position_embeddings} learned positions (max_position_embeddings)")
+            raise ValueError(
+                f"token {i} of the sequence would get position {int(np.asarray(pos)[i])} "
+                f"(after {prefix_length(prefix)} prefix-cache tokens), but GPT-2 has "
+                f"{cfg.max_position_embeddings} learned positions (max_position_embeddings)"
+            )
     mask = mask.astype(bool)
     t = x.shape[0]
     causal = jnp.tril(jnp.ones((t, t), bool))
@@ -455,16 +468,31 @@ def _init_params(cfg: DecoderConfig, key, dtype) -> Params:
     zeros = set()
     if cfg.family == "gpt2":
         shapes = {
-            "ln1": (L, d), "ln1_b": (L, d), "w_qkv": (L, d, 3 * d), "b_qkv": (L, 3 * d),
-            "wo": (L, d, d), "bo": (L, d), "ln2": (L, d), "ln2_b": (L, d),
-            "w_fc": (L, d, F), "b_fc": (L, F), "w_proj": (L, F, d), "b_proj": (L, d),
+            "ln1": (L, d),
+            "ln1_b": (L, d),
+            "w_qkv": (L, d, 3 * d),
+            "b_qkv": (L, 3 * d),
+            "wo": (L, d, d),
+            "bo": (L, d),
+            "ln2": (L, d),
+            "ln2_b": (L, d),
+            "w_fc": (L, d, F),
+            "b_fc": (L, F),
+            "w_proj": (L, F, d),
+            "b_proj": (L, d),
         }
         ones = {"ln1", "ln2"}
         zeros = {"ln1_b", "ln2_b"}
     else:
         shapes = {
-            "attn_norm": (L, d), "wq": (L, d, H * D), "wk": (L, d, Hk * D), "wv": (L, d, Hk * D),
-            "wo": (L, H * D, d), "mlp_norm": (L, d), "w_gate": (L, d, F), "w_up": (L, d, F),
+            "attn_norm": (L, d),
+            "wq": (L, d, H * D),
+            "wk": (L, d, Hk * D),
+            "wv": (L, d, Hk * D),
+            "wo": (L, H * D, d),
+            "mlp_norm": (L, d),
+            "w_gate": (L, d, F),
+            "w_up": (L, d, F),
             "w_down": (L, F, d),
         }
         if cfg.qkv_bias:

@@ -7,9 +7,9 @@ response tokens only. The whole run (all members, all steps) is one jitted
 members on a teacher's (prompt, generation) trajectories.
 """
 
-
+from collections.abc import Sequence
 from functools import partial
-from typing import Any, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -64,9 +64,9 @@ def make_sft_data(
     lm = np.zeros((n, t), np.float32)
     for i, (p, r) in enumerate(seqs):
         k = len(p) + len(r)
-        ids[i, t - k:] = p + r
-        mask[i, t - k:] = 1
-        lm[i, t - len(r):] = 1.0
+        ids[i, t - k :] = p + r
+        mask[i, t - k :] = 1
+        lm[i, t - len(r) :] = 1.0
     return SFTData(ids, mask, lm)
 
 

@@ -10,8 +10,8 @@ and over the members of a stack. An optional shared-prefix ``KVBlock`` (see
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import partial
-from typing import Sequence
 
 import jax
 import jax.core  # jax.core.Tracer: a concrete value can be checked on the host
@@ -118,7 +118,9 @@ def _eos_array(cfg, eos_id) -> jax.Array:
     e = np.atleast_1d(e)
     bad = (e < 0) | (e >= cfg.vocab_size)
     if bad.any():
-        raise ValueError(f"eos_id: {e[bad].tolist()} outside the vocabulary [0, {cfg.vocab_size}) (generation would never stop on it)")
+        raise ValueError(
+            f"eos_id: {e[bad].tolist()} outside the vocabulary [0, {cfg.vocab_size}) (generation would never stop on it)"
+        )
     return jnp.asarray(e, jnp.int32)
 
 
@@ -138,8 +140,9 @@ def _validate(cfg, ids, mask, max_new_tokens, prefix=None):
     # the first new token is read from the last prompt slot: a right-padded row would continue
     # from a padding token (another continuation, silently)
     m = decoder.check_padding("mask", mask, "left")
-    decoder.check_positions(cfg, f"ids + max_new_tokens={max_new_tokens}", m.sum(-1) + max_new_tokens,
-                            decoder.prefix_length(prefix))
+    decoder.check_positions(
+        cfg, f"ids + max_new_tokens={max_new_tokens}", m.sum(-1) + max_new_tokens, decoder.prefix_length(prefix)
+    )
     return jnp.asarray(ids, jnp.int32), jnp.asarray(m, jnp.int32)
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
@@ -103,7 +104,9 @@ def _llama_params(cfg: DecoderConfig, get) -> dict[str, Any]:
     }
     if cfg.qkv_bias:
         table.update(
-            bq=("self_attn.q_proj.bias", False), bk=("self_attn.k_proj.bias", False), bv=("self_attn.v_proj.bias", False)
+            bq=("self_attn.q_proj.bias", False),
+            bk=("self_attn.k_proj.bias", False),
+            bv=("self_attn.v_proj.bias", False),
         )
     if cfg.o_bias:
         table.update(bo=("self_attn.o_proj.bias", False))
@@ -121,12 +124,18 @@ def _llama_params(cfg: DecoderConfig, get) -> dict[str, Any]:
 def _gpt2_params(cfg: DecoderConfig, get) -> dict[str, Any]:
     L = range(cfg.num_layers)
     table = {
-        "ln1": "ln_1.weight", "ln1_b": "ln_1.bias",
-        "w_qkv": "attn.c_attn.weight", "b_qkv": "attn.c_attn.bias",
-        "wo": "attn.c_proj.weight", "bo": "attn.c_proj.bias",
-        "ln2": "ln_2.weight", "ln2_b": "ln_2.bias",
-        "w_fc": "mlp.c_fc.weight", "b_fc": "mlp.c_fc.bias",
-        "w_proj": "mlp.c_proj.weight", "b_proj": "mlp.c_proj.bias",
+        "ln1": "ln_1.weight",
+        "ln1_b": "ln_1.bias",
+        "w_qkv": "attn.c_attn.weight",
+        "b_qkv": "attn.c_attn.bias",
+        "wo": "attn.c_proj.weight",
+        "bo": "attn.c_proj.bias",
+        "ln2": "ln_2.weight",
+        "ln2_b": "ln_2.bias",
+        "w_fc": "mlp.c_fc.weight",
+        "b_fc": "mlp.c_fc.bias",
+        "w_proj": "mlp.c_proj.weight",
+        "b_proj": "mlp.c_proj.bias",
     }
     layers = {k: _stack(get, [f"h.{i}.{n}" for i in L], False) for k, n in table.items()}
     out = {
@@ -191,8 +200,9 @@ def _lm_head_aware(get, src):
 
 
 def _check_shapes(cfg: DecoderConfig, tree) -> None:
-    from sarjax.models.llm.decoder import init_params
     import jax
+
+    from sarjax.models.llm.decoder import init_params
 
     want = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
     flat_w = dict(jax.tree_util.tree_flatten_with_path(want)[0])

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -70,7 +71,9 @@ def tokenizer_fingerprint(tokenizer) -> str | None:
 
 def _shape_key(params) -> tuple:
     leaves, tree = jax.tree_util.tree_flatten(params)
-    return (str(tree),) + tuple((tuple(np.shape(x)), str(x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype)) for x in leaves)
+    return (str(tree),) + tuple(
+        (tuple(np.shape(x)), str(x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype)) for x in leaves
+    )
 
 
 def stack_params(members: Sequence[Any]):
@@ -115,9 +118,7 @@ def build_pool(members: Sequence[tuple[str, DecoderConfig, Any, Any]]) -> LLMPoo
         groups.setdefault(key, []).append((name, params, tok))
     stacks = []
     for (cfg, _, _), items in groups.items():
-        stacks.append(
-            LLMStack(cfg, stack_params([p for _, p, _ in items]), tuple(n for n, _, _ in items), items[0][2])
-        )
+        stacks.append(LLMStack(cfg, stack_params([p for _, p, _ in items]), tuple(n for n, _, _ in items), items[0][2]))
     return LLMPool(tuple(stacks))
 
 
@@ -137,8 +138,8 @@ def left_pad(seqs: Sequence[Sequence[int]], pad_id: int = 0, length: int | None 
     mask = np.zeros((len(seqs), t), np.int32)
     for i, s in enumerate(seqs):
         if len(s):
-            ids[i, t - len(s):] = s
-            mask[i, t - len(s):] = 1
+            ids[i, t - len(s) :] = s
+            mask[i, t - len(s) :] = 1
     return ids, mask
 
 

@@ -8,8 +8,8 @@ always occupies the last ``Tt`` positions of each row.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import partial
-from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -66,9 +66,7 @@ def target_nll(params: Params, cfg: DecoderConfig, ids, mask, target, target_mas
     Returns:
       [Tt] float32 NLL of each target token.
     """
-    return target_nll_from_embeds(
-        params, cfg, decoder.embed_tokens(params, ids), mask, target, target_mask, prefix
-    )
+    return target_nll_from_embeds(params, cfg, decoder.embed_tokens(params, ids), mask, target, target_mask, prefix)
 
 
 def _batch_nll(params, cfg, ids, mask, target, target_mask, prefix):
@@ -144,8 +142,13 @@ def stack_target_nll(
     tm = decoder.check_padding("target_mask", target_mask, "right", allow_empty=True)
     decoder.check_positions(cfg, "ids + target", m.sum(-1) + tm.sum(-1), offset)
     return _stack_nll(
-        params, cfg, jnp.asarray(ids, jnp.int32), jnp.asarray(mask, jnp.int32),
-        jnp.asarray(target, jnp.int32), jnp.asarray(target_mask, jnp.int32), prefix,
+        params,
+        cfg,
+        jnp.asarray(ids, jnp.int32),
+        jnp.asarray(mask, jnp.int32),
+        jnp.asarray(target, jnp.int32),
+        jnp.asarray(target_mask, jnp.int32),
+        prefix,
     )
 
 
