@@ -106,7 +106,7 @@ def _alma_step(ctx, s, i, first=False, rand_dir=None):
     x, sq, mom, lr, rho, mu, prev_c, found, i_found, bx, bn = s
     (_, (logits, c)), g = jax.value_and_grad(loss_fn, has_aux=True)(x, rho, mu, i == 0)
     g = jnp.where(jnp.isfinite(g), g, 0.0)
-    if first and init_dist is not None:
+    if first and init_dist is not None and rand_dir is not None:  # _init passes rand_dir exactly then
         # first step: a (near) zero gradient is replaced by a random unit direction and the
         # learning rate is set so that this step moves init_dist (ALMA paper / adv-lib's
         # init_lr_finder)

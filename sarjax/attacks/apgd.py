@@ -332,6 +332,7 @@ def _iterate(cfg: ApgdConfig, s: ApgdState, params, r, t, target) -> ApgdState:
 
     x1 = jax.lax.cond(t == 0, start_x, step_x, s.run)
     (_, ev1), g1 = vg(params, x1, ref, mask, s.leave, target, jax.random.fold_in(rkey, t))
+    assert g1 is not None  # value_and_grad always returns the gradient
 
     def first(st):
         f = ev1.obj

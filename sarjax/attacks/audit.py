@@ -123,7 +123,7 @@ def audit(x0, x_adv, threat: Threat, rtol: float = 1e-6, atol: float | None = No
     )
     if eps.shape != (B,):
         raise ValueError(f"per-sample eps must have shape [{B}], got {eps.shape}")
-    nan = ~np.isfinite(b.reshape(B, -1)).all(axis=1)
+    nan = np.asarray(~np.isfinite(b.reshape(B, -1)).all(axis=1))
     d = np.nan_to_num(b - a, nan=0.0, posinf=0.0, neginf=0.0).reshape(B, -1)
     p = threat.norm
     nz = (np.abs(d) > 0).sum(axis=1).astype(np.float64)

@@ -966,7 +966,7 @@ def best_of(results: list[MinNormResult]) -> MinNormResult:
     x = jnp.take_along_axis(xs, j.reshape((1,) + j.shape + (1,) * (xs.ndim - 1 - j.ndim)), 0)[0]
     n = jnp.min(norms, 0)
     traj = jnp.min(jnp.stack([pad(jnp.asarray(r.trajectory)) for r in results]), 0)
-    q = sum(jnp.asarray(r.queries) for r in results)
+    q = jnp.sum(jnp.stack([jnp.asarray(r.queries) for r in results]), 0)
     return MinNormResult(x, n, traj, q, jnp.isfinite(n))
 
 

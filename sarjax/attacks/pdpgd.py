@@ -13,6 +13,7 @@ operator to improve sparsity").  2 queries per step.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -126,7 +127,7 @@ def spec(*, proximal_steps: int = 5, eps_threshold: float = 1e-2, l0_proximal: s
     """
     if l0_proximal not in ("l23", "hard"):
         raise ValueError(f"l0_proximal must be 'l23' or 'hard', got {l0_proximal!r}")
-    d = default_hp(**hp)
+    d: dict[str, Any] = dict(default_hp(**hp))
     d.update(proximal_steps=int(proximal_steps), eps_threshold=float(eps_threshold), l0_proximal=l0_proximal)
     return mn.make_spec("pdpgd", _init, _step, (0, 1, 2, math.inf), d)
 

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 NO_CAP = jnp.iinfo(jnp.int32).max
 
 
-def allowed(count: jnp.ndarray, cost: jnp.ndarray, cap) -> jnp.ndarray:
+def allowed(count: jnp.ndarray, cost: jnp.ndarray | int, cap) -> jnp.ndarray:
     """Which samples may take a step of ``cost`` queries without passing ``cap``.
 
     Args:
@@ -32,7 +32,7 @@ def allowed(count: jnp.ndarray, cost: jnp.ndarray, cap) -> jnp.ndarray:
     return count <= cap - cost
 
 
-def charge(count: jnp.ndarray, cost: jnp.ndarray, active: jnp.ndarray) -> jnp.ndarray:
+def charge(count: jnp.ndarray, cost: jnp.ndarray | int, active: jnp.ndarray) -> jnp.ndarray:
     """Adds ``cost`` to the counter of the ``active`` samples.
 
     Args:

@@ -95,7 +95,10 @@ def make_rounds(attack: Callable, rounds: int, *, norm, warm_start: bool = True,
                 (res.best_x, res.best_success, res.best_objective),
                 (acc.best_x, acc.best_success, acc.best_objective),
             )
-            acc = AttackResult(*final, acc.queries + res.queries, *best)
+            x_f, s_f, o_f, l_f = final
+            x_b, s_b, o_b = best
+            acc = AttackResult(x_f, s_f, o_f, l_f, acc.queries + res.queries, x_b, s_b, o_b)
+        assert acc is not None  # rounds >= 1
         threat = Threat(norm, np.broadcast_to(np.asarray(eps, np.float32), (np.shape(x0)[0],)), box)
         check(x0, acc.x_adv, threat, what=f"{rounds}-round combinator (x_adv)")
         check(x0, acc.best_x, threat, what=f"{rounds}-round combinator (best_x)")

@@ -21,7 +21,7 @@ Query accounting lives in :mod:`sarjax.attacks.queries`; every function here is 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -52,7 +52,7 @@ def batch_logits(apply: Callable, params, x: jax.Array) -> jax.Array:
     return jnp.swapaxes(z, 0, 1)
 
 
-def prepare(apply: Callable, params):
+def prepare(apply: Callable, params) -> tuple[Callable, Any]:
     """``(apply, params)`` to use inside an attack kernel's loops.
 
     When ``apply`` is a bound method of an object with ``prepare_apply`` (e.g. ``pool.apply``),
@@ -60,8 +60,8 @@ def prepare(apply: Callable, params):
     not hoist them out of ``lax.scan``); any other ``apply`` is returned as is.
     """
     owner = getattr(apply, "__self__", None)
-    prep = getattr(owner, "prepare_apply", None)
-    if callable(prep) and getattr(apply, "__name__", "") == "apply":
+    prep: Callable[[Any], tuple[Callable, Any]] | None = getattr(owner, "prepare_apply", None)
+    if prep is not None and callable(prep) and getattr(apply, "__name__", "") == "apply":
         return prep(params)
     return apply, params
 

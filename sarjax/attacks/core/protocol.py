@@ -93,9 +93,10 @@ class Attack(NamedTuple):
     prepare: Callable | None = None
 
 
-def run(attack: Attack, params, problem: Problem):
+def run(attack: Attack, params, problem: Problem | Any):
     """Runs ``attack`` on ``problem``: ``init``, ``num_steps`` x ``step`` in a ``lax.scan``,
-    ``result``. Pure and jit-safe (no host calls, no audit)."""
+    ``result``. Pure and jit-safe (no host calls, no audit). ``problem`` is a :class:`Problem`
+    or an attack's own pytree that extends it (the minimum-norm attacks' ``MinNormProblem``)."""
     cfg = attack.cfg
     if attack.prepare is not None:
         cfg, params = attack.prepare(cfg, params)
