@@ -64,7 +64,9 @@ class MemberConfig:
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if not 0 <= self.label_smoothing < 1 or not 0 <= self.dropout < 1:
-            raise ValueError(f"label_smoothing and dropout must be in [0, 1), got {self.label_smoothing}, {self.dropout}")
+            raise ValueError(
+                f"label_smoothing and dropout must be in [0, 1), got {self.label_smoothing}, {self.dropout}"
+            )
         if not 0 < self.data_fraction <= 1:
             raise ValueError(f"data_fraction must be in (0, 1], got {self.data_fraction}")
         if self.weight_decay < 0 or self.aug_strength < 0:
@@ -152,8 +154,9 @@ def _objective_hp(objective: Objective, hp: Mapping[str, Any] | None, k: int, wh
     if known is not None:
         unknown = sorted(set(hp) - set(known))
         if unknown:
-            raise ValueError(f"objective {objective_name(objective)!r} takes hyperparameters {sorted(known)}; "
-                             f"got unknown {unknown}")
+            raise ValueError(
+                f"objective {objective_name(objective)!r} takes hyperparameters {sorted(known)}; got unknown {unknown}"
+            )
         hp = {**dict(known), **hp}
     out = {}
     for name, v in hp.items():
@@ -161,8 +164,10 @@ def _objective_hp(objective: Objective, hp: Mapping[str, Any] | None, k: int, wh
         if a.ndim == 0:
             a = np.full(k, float(a))
         if a.shape != (k,):
-            raise ValueError(f"objective hyperparameter {name!r} must be a scalar or one value per member "
-                             f"({k} {what}), got shape {list(a.shape)}")
+            raise ValueError(
+                f"objective hyperparameter {name!r} must be a scalar or one value per member "
+                f"({k} {what}), got shape {list(a.shape)}"
+            )
         if not np.all(np.isfinite(a)):
             bad = np.flatnonzero(~np.isfinite(a)).tolist()
             raise ValueError(f"objective hyperparameter {name!r} must be finite; members {bad} have {a[bad].tolist()}")
@@ -183,8 +188,13 @@ def _member_order(cfgs: Sequence[MemberConfig], n: int, epoch: int) -> np.ndarra
     return out
 
 
-def _make_epoch_fn(arch: Arch, augment: bool, tx: optax.GradientTransformation, dropout: bool = True,
-                   objective: Objective | None = None):
+def _make_epoch_fn(
+    arch: Arch,
+    augment: bool,
+    tx: optax.GradientTransformation,
+    dropout: bool = True,
+    objective: Objective | None = None,
+):
     """The jitted epoch: ``lax.scan`` over steps of a member step vmapped over the stack.
 
     ``masked`` (static) selects the variant that keeps stopped members' params and optimizer
@@ -300,7 +310,9 @@ def train_stack(
     for c in cfgs:
         c.validate()
     if objective is not None and not callable(objective):
-        raise TypeError(f"objective must be callable objective(apply, params, x, y, key, hp), got {type(objective).__name__}")
+        raise TypeError(
+            f"objective must be callable objective(apply, params, x, y, key, hp), got {type(objective).__name__}"
+        )
     obj_hp = _objective_hp(cross_entropy if objective is None else objective, objective_hp, len(cfgs))
     x = np.asarray(x, np.float32)
     if x.shape[1:] != arch.input_shape:
@@ -330,7 +342,7 @@ def train_stack(
     steps = len(x) // bs
     if init_params is None:
         init_params = jax.vmap(arch.init)(jnp.stack([jax.random.key(c.seed) for c in cfgs]))
-    hp = {
+    hp: dict[str, Any] = {
         "aug": jnp.array([c.aug_strength for c in cfgs], jnp.float32),
         "ls": jnp.array([c.label_smoothing for c in cfgs], jnp.float32),
         "dropout": jnp.array([c.dropout for c in cfgs], jnp.float32),
@@ -343,13 +355,15 @@ def train_stack(
 
     def init_state(p, lr, wd):
         s = tx.init(p)
+        assert isinstance(s, optax.InjectStatefulHyperparamsState)  # what inject_hyperparams builds
         s.hyperparams["learning_rate"] = lr
         s.hyperparams["weight_decay"] = wd
         return s
 
     opt_state = jax.vmap(init_state)(init_params, lrs, wds)
-    epoch_fn = _make_epoch_fn(arch, any(c.aug_strength > 0 for c in cfgs), tx, dropout=any(c.dropout > 0 for c in cfgs),
-                              objective=objective)
+    epoch_fn = _make_epoch_fn(
+        arch, any(c.aug_strength > 0 for c in cfgs), tx, dropout=any(c.dropout > 0 for c in cfgs), objective=objective
+    )
     eval_fn = _eval_fn(arch)
     xd, yd = jnp.asarray(x), jnp.asarray(y_soft)
     xv, yv = jnp.asarray(x_val), jnp.asarray(y_val)
@@ -367,12 +381,25 @@ def train_stack(
         task = bar.add_task(f"train {label or arch.name} (K={k})", total=config.epochs)
         for ep in range(config.epochs):
             order = _member_order(cfgs, len(x), ep)[:, : steps * bs].reshape(k, steps, bs).transpose(1, 0, 2)
-            keys = jax.vmap(lambda kk: jax.vmap(lambda s: jax.random.fold_in(jax.random.fold_in(kk, ep), s))(jnp.arange(steps)))(base_keys)
-            params, opt_state, _ = epoch_fn(params, opt_state, xd, yd, jnp.asarray(order), keys.transpose(1, 0), hp,
-                                            jnp.asarray(active), masked=not bool(active.all()))
+            keys = jax.vmap(
+                lambda kk: jax.vmap(lambda s: jax.random.fold_in(jax.random.fold_in(kk, ep), s))(jnp.arange(steps))
+            )(base_keys)
+            params, opt_state, _ = epoch_fn(
+                params,
+                opt_state,
+                xd,
+                yd,
+                jnp.asarray(order),
+                keys.transpose(1, 0),
+                hp,
+                jnp.asarray(active),
+                masked=not bool(active.all()),
+            )
             acc = np.asarray(eval_fn(params, xv, yv))
             improved = (acc > best_acc) & active
-            best = jax.tree.map(lambda b, p: jnp.where(improved.reshape((-1,) + (1,) * (p.ndim - 1)), p, b), best, params)
+            best = jax.tree.map(
+                lambda b, p: jnp.where(improved.reshape((-1,) + (1,) * (p.ndim - 1)), p, b), best, params
+            )
             best_acc = np.where(improved, acc, best_acc)
             since = np.where(improved, 0, since + 1)
             hist.val_acc.append(acc.tolist())
@@ -383,7 +410,11 @@ def train_stack(
                 for i in np.flatnonzero(stop):
                     hist.stopped_epoch[i] = ep + 1
                 active &= ~stop
-            bar.update(task, advance=1, description=f"train {label or arch.name} (K={k}) val mean {acc.mean():.3f} min {acc.min():.3f} active {active.sum()}")
+            bar.update(
+                task,
+                advance=1,
+                description=f"train {label or arch.name} (K={k}) val mean {acc.mean():.3f} min {acc.min():.3f} active {active.sum()}",
+            )
             if not active.any():
                 break
     hist.best_val_acc = best_acc.tolist()
@@ -431,16 +462,27 @@ def train_pool(
     stacks, info = [], {}
     for arch, idx in groups.items():
         stack, hist = train_stack(
-            arch, [members[i][1] for i in idx], x, y, config=config, names=[names[i] for i in idx],
-            progress=progress, label=arch.name, x_val=x_val, y_val=y_val,
-            objective=objective, objective_hp={n: np.asarray(v)[idx] for n, v in obj_hp.items()},
+            arch,
+            [members[i][1] for i in idx],
+            x,
+            y,
+            config=config,
+            names=[names[i] for i in idx],
+            progress=progress,
+            label=arch.name,
+            x_val=x_val,
+            y_val=y_val,
+            objective=objective,
+            objective_hp={n: np.asarray(v)[idx] for n, v in obj_hp.items()},
         )
         stacks.append(stack)
         info[arch.name] = hist.to_dict()
     return Pool(stacks), info
 
 
-def teacher_targets(teacher: Pool, x: np.ndarray, *, soft: bool = True, temperature: float = 1.0, batch: int = 1000) -> np.ndarray:
+def teacher_targets(
+    teacher: Pool, x: np.ndarray, *, soft: bool = True, temperature: float = 1.0, batch: int = 1000
+) -> np.ndarray:
     """Targets for distillation from the first member of ``teacher``.
 
     Args:
@@ -454,5 +496,9 @@ def teacher_targets(teacher: Pool, x: np.ndarray, *, soft: bool = True, temperat
     outs = []
     for i in range(0, len(x), batch):
         logits = teacher.logits(jnp.asarray(x[i : i + batch]))[0]
-        outs.append(np.asarray(jax.nn.softmax(logits / temperature) if soft else jax.nn.one_hot(logits.argmax(-1), logits.shape[-1])))
+        outs.append(
+            np.asarray(
+                jax.nn.softmax(logits / temperature) if soft else jax.nn.one_hot(logits.argmax(-1), logits.shape[-1])
+            )
+        )
     return np.concatenate(outs).astype(np.float32)
