@@ -55,6 +55,10 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported
+if "--jax-single-thread" in sys.argv:  # must be set before JAX initialises its CPU backend
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+    )
 
 import jax
 import jax.numpy as jnp
@@ -210,6 +214,11 @@ def main(argv=None) -> dict:
     ap.add_argument("--torch-threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--no-im2col", action="store_true", help="skip the sarjax[im2col] reference contender")
     ap.add_argument(
+        "--jax-single-thread",
+        action="store_true",
+        help="run XLA's CPU backend single-threaded (as benchmarks/joint_attack_throughput.py)",
+    )
+    ap.add_argument(
         "--out",
         default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "adv_training_throughput.json"),
     )
@@ -277,6 +286,8 @@ def main(argv=None) -> dict:
             "optimizer": f"AdamW lr={LR} weight_decay=0",
             "torch_threads": a.torch_threads,
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+            "jax_single_thread": a.jax_single_thread,
+            "xla_flags": os.environ.get("XLA_FLAGS", ""),
             "data": "embedded MNIST train split",
             "command": " ".join(
                 ["python", "benchmarks/adv_training_throughput.py", *(argv if argv is not None else sys.argv[1:])]

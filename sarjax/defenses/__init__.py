@@ -8,5 +8,14 @@
 from sarjax.defenses.kl_attack import KLResult, make_kl_attack
 from sarjax.defenses.objectives import OBJECTIVES, PGDAT, TRADES, make_objective, objective_spec, pgd_at, trades
 
-__all__ = ["KLResult", "OBJECTIVES", "PGDAT", "TRADES", "make_kl_attack", "make_objective", "objective_spec",
-           "pgd_at", "trades"]
+__all__ = [
+    "KLResult",
+    "OBJECTIVES",
+    "PGDAT",
+    "TRADES",
+    "make_kl_attack",
+    "make_objective",
+    "objective_spec",
+    "pgd_at",
+    "trades",
+]

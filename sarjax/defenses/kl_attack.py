@@ -20,7 +20,8 @@ costs M, a step M forwards plus one backward per selected member, the final eval
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -117,7 +118,7 @@ def kl_step(cfg: KLConfig, s: KLState, params) -> KLState:
     m = s.mask.shape[1]
     n_sel = jnp.sum(s.mask > 0, axis=1).astype(jnp.int32)
     cost = m + n_sel
-    ok = (n_sel > 0) & Q.allowed(s.count, cost + m, s.cap)   # the final evaluation stays affordable
+    ok = (n_sel > 0) & Q.allowed(s.count, cost + m, s.cap)  # the final evaluation stays affordable
 
     def total(x):
         return jnp.sum(_mean_over(s.mask, _kl(s.log_p, _logits(cfg.apply, params, x))))
@@ -143,36 +144,62 @@ def _validate(cfg: KLConfig, default_eps):
         x0h = np.asarray(x0)
         if x0h.ndim < 2 or not np.issubdtype(x0h.dtype, np.floating):
             raise ValueError(f"x0 must be a float batch [B, *S], got dtype {x0h.dtype} shape {list(x0h.shape)}")
-        bad = np.flatnonzero(~np.isfinite(x0h.reshape(len(x0h), -1)).all(1)
-                             | (x0h.reshape(len(x0h), -1) < cfg.box[0]).any(1)
-                             | (x0h.reshape(len(x0h), -1) > cfg.box[1]).any(1))
+        bad = np.flatnonzero(
+            ~np.isfinite(x0h.reshape(len(x0h), -1)).all(1)
+            | (x0h.reshape(len(x0h), -1) < cfg.box[0]).any(1)
+            | (x0h.reshape(len(x0h), -1) > cfg.box[1]).any(1)
+        )
         if bad.size:
             raise ValueError(f"x0 must be finite and inside the box {cfg.box}: samples {bad[:10].tolist()} are not")
         if eps is None:
             raise ValueError("eps is required (scalar or [B]) at construction or call time")
-        Threat(cfg.p, eps, cfg.box).eps_for(len(x0h))   # finite, >= 0, scalar or [B]
+        Threat(cfg.p, eps, cfg.box).eps_for(len(x0h))  # finite, >= 0, scalar or [B]
         if x_init is not None and np.shape(x_init) != x0h.shape:
             raise ValueError(f"x_init must have the shape of x0 {list(x0h.shape)}, got {list(np.shape(x_init))}")
         if sample_ids is not None:
             sid = np.asarray(sample_ids)
             if sid.shape != (len(x0h),) or not np.issubdtype(sid.dtype, np.integer) or (sid < 0).any():
-                raise ValueError(f"sample_ids must be non-negative ints of shape [{len(x0h)}], got {sid.dtype} {list(sid.shape)}")
-        return make_problem(cfg.apply, params, x0h.astype(np.float32), ref, mask, key, eps=eps,
-                            max_queries=max_queries, sample_ids=sample_ids, x_init=x_init)
+                raise ValueError(
+                    f"sample_ids must be non-negative ints of shape [{len(x0h)}], got {sid.dtype} {list(sid.shape)}"
+                )
+        return make_problem(
+            cfg.apply,
+            params,
+            x0h.astype(np.float32),
+            ref,
+            mask,
+            key,
+            eps=eps,
+            max_queries=max_queries,
+            sample_ids=sample_ids,
+            x_init=x_init,
+        )
 
     return validate
 
 
 def _audit(cfg: KLConfig):
     def audit(problem: Problem, res: KLResult) -> None:
-        check(np.asarray(problem.x0), np.asarray(res.x_adv), Threat(cfg.p, np.asarray(problem.eps), cfg.box),
-              what="trades_kl (x_adv)")
+        check(
+            np.asarray(problem.x0),
+            np.asarray(res.x_adv),
+            Threat(cfg.p, np.asarray(problem.eps), cfg.box),
+            what="trades_kl (x_adv)",
+        )
 
     return audit
 
 
-def make_kl_attack(apply: Callable, *, norm="linf", eps=None, steps: int = 10, rel_step: float = 0.25,
-                   init_std: float = 0.001, box=(0.0, 1.0)) -> AttackFn:
+def make_kl_attack(
+    apply: Callable,
+    *,
+    norm="linf",
+    eps=None,
+    steps: int = 10,
+    rel_step: float = 0.25,
+    init_std: float = 0.001,
+    box=(0.0, 1.0),
+) -> AttackFn:
     """TRADES' inner maximisation (Zhang et al. 2019) as an attack with the two protocol entries.
 
     Defaults from the TRADES paper and reference code: start at ``x0 + 0.001 * N(0, I)``;
@@ -210,8 +237,9 @@ def make_kl_attack(apply: Callable, *, norm="linf", eps=None, steps: int = 10, r
         raise ValueError(f"init_std must be a float >= 0, got {init_std!r}")
     cfg = KLConfig(apply, p, float(rel_step), float(init_std), tuple(float(b) for b in box))
     attack = Attack(kl_init, kl_step, kl_result, int(steps), cfg)
-    return AttackFn(attack, name="trades_kl", apply=apply, validate=_validate(cfg, eps), audit=_audit(cfg),
-                    default_eps=eps)
+    return AttackFn(
+        attack, name="trades_kl", apply=apply, validate=_validate(cfg, eps), audit=_audit(cfg), default_eps=eps
+    )
 
 
 __all__ = ["KLConfig", "KLResult", "KLState", "kl_init", "kl_result", "kl_step", "make_kl_attack"]

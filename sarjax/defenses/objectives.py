@@ -19,8 +19,9 @@ Both objectives are frozen dataclasses (hashable, comparable, ``spec()`` for poo
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, ClassVar, Mapping
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -30,7 +31,7 @@ from sarjax.attacks.pgd import make_pgd
 from sarjax.attacks.threat import canonical_norm, norm_name
 from sarjax.defenses.kl_attack import make_kl_attack
 
-ATTACK_STREAM = 3   # the inner attack draws from fold_in(key, 3); the trainer uses 1 (augmentation) and 2 (dropout)
+ATTACK_STREAM = 3  # the inner attack draws from fold_in(key, 3); the trainer uses 1 (augmentation) and 2 (dropout)
 ADV_DROPOUT_STREAM = 4  # TRADES: dropout of the adversarial forward pass
 
 
@@ -97,8 +98,9 @@ class PGDAT:
 
     def attack(self, apply: Callable):
         """The inner attack: ``make_pgd`` on ``apply(params, x) -> [B, C]``."""
-        return make_pgd(apply, norm=self.norm, steps=self.steps, rel_step=self.rel_step, restarts=1,
-                        random_start=self.random_start)
+        return make_pgd(
+            apply, norm=self.norm, steps=self.steps, rel_step=self.rel_step, restarts=1, random_start=self.random_start
+        )
 
     def perturb(self, apply: Callable, params: Any, x: jax.Array, labels: jax.Array, key: jax.Array, eps) -> jax.Array:
         """``x_adv [B, *S]``: PGD from a random point of the ball, the params held fixed.
@@ -118,8 +120,9 @@ class PGDAT:
         res = self.attack(apply).jit(jax.lax.stop_gradient(params), x, labels, None, key, eps=eps)
         return jax.lax.stop_gradient(res.x_adv)
 
-    def __call__(self, apply: Callable, params: Any, x: jax.Array, y: jax.Array, key: jax.Array,
-                 hp: Mapping[str, jax.Array]) -> jax.Array:
+    def __call__(
+        self, apply: Callable, params: Any, x: jax.Array, y: jax.Array, key: jax.Array, hp: Mapping[str, jax.Array]
+    ) -> jax.Array:
         """The member loss: cross-entropy of the training-mode logits at ``x_adv`` (soft targets ``y``)."""
         eps = hp.get("eps", self.eps)
         x_adv = self.perturb(apply, params, x, jnp.argmax(y, axis=-1), jax.random.fold_in(key, ATTACK_STREAM), eps)
@@ -143,7 +146,12 @@ class TRADES:
     def __post_init__(self):
         object.__setattr__(self, "norm", _norm(self.norm))
         _check_common(self.eps, self.steps, self.rel_step)
-        if isinstance(self.beta, bool) or not isinstance(self.beta, (int, float)) or not np.isfinite(self.beta) or self.beta < 0:
+        if (
+            isinstance(self.beta, bool)
+            or not isinstance(self.beta, (int, float))
+            or not np.isfinite(self.beta)
+            or self.beta < 0
+        ):
             raise ValueError(f"beta must be a finite float >= 0, got {self.beta!r}")
         if isinstance(self.init_std, bool) or not isinstance(self.init_std, (int, float)) or not self.init_std >= 0:
             raise ValueError(f"init_std must be a float >= 0, got {self.init_std!r}")
@@ -162,7 +170,9 @@ class TRADES:
         beta = np.asarray(hp.get("beta", []))
         bad = np.flatnonzero(beta < 0)
         if bad.size:
-            raise ValueError(f"trades: beta must be >= 0 for every member; members {bad.tolist()} have {beta[bad].tolist()}")
+            raise ValueError(
+                f"trades: beta must be >= 0 for every member; members {bad.tolist()} have {beta[bad].tolist()}"
+            )
 
     def spec(self) -> dict:
         """A JSON-able description (saved in pool configs)."""
@@ -178,8 +188,9 @@ class TRADES:
         res = self.attack(apply).jit(jax.lax.stop_gradient(params), x, labels, None, key, eps=eps)
         return jax.lax.stop_gradient(res.x_adv)
 
-    def __call__(self, apply: Callable, params: Any, x: jax.Array, y: jax.Array, key: jax.Array,
-                 hp: Mapping[str, jax.Array]) -> jax.Array:
+    def __call__(
+        self, apply: Callable, params: Any, x: jax.Array, y: jax.Array, key: jax.Array, hp: Mapping[str, jax.Array]
+    ) -> jax.Array:
         """The member loss ``CE(f(x), y) + beta * mean_b KL(softmax f(x_b) || softmax f(x_adv_b))``,
         both forward passes in training mode with gradients through both (the reference code)."""
         eps, beta = hp.get("eps", self.eps), hp.get("beta", self.beta)
@@ -213,8 +224,9 @@ def pgd_at(*, eps: float, norm="linf", steps: int = 10, rel_step: float = 0.25, 
     return PGDAT(eps=eps, norm=norm, steps=steps, rel_step=rel_step, random_start=random_start)
 
 
-def trades(*, eps: float, norm="linf", beta: float = 6.0, steps: int = 10, rel_step: float = 0.25,
-           init_std: float = 0.001) -> TRADES:
+def trades(
+    *, eps: float, norm="linf", beta: float = 6.0, steps: int = 10, rel_step: float = 0.25, init_std: float = 0.001
+) -> TRADES:
     """TRADES (Zhang et al. 2019), linf or l2.
 
     Defaults from the paper and its reference code: beta = 6 (their CIFAR-10 / MNIST
@@ -238,8 +250,9 @@ def trades(*, eps: float, norm="linf", beta: float = 6.0, steps: int = 10, rel_s
 OBJECTIVES = ("standard", "pgd-at", "trades")
 
 
-def make_objective(name: str, *, eps: float | None = None, norm="linf", steps: int | None = None,
-                   beta: float | None = None):
+def make_objective(
+    name: str, *, eps: float | None = None, norm="linf", steps: int | None = None, beta: float | None = None
+):
     """The objective named ``name`` (the ``sarjax train-pool --objective`` choices).
 
     Returns:
@@ -254,8 +267,7 @@ def make_objective(name: str, *, eps: float | None = None, norm="linf", steps: i
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {name!r}")
     if name == "standard":
         if eps is not None or steps is not None or beta is not None:
-            raise ValueError("the standard objective takes no eps, steps or beta "
-                             "(choose --objective pgd-at or trades)")
+            raise ValueError("the standard objective takes no eps, steps or beta (choose --objective pgd-at or trades)")
         return None
     if eps is None:
         raise ValueError(f"objective {name!r} needs eps (the training radius)")
@@ -276,8 +288,9 @@ def objective_spec(objective) -> dict:
     if objective is None:
         return {"objective": "standard"}
     spec = getattr(objective, "spec", None)
-    if callable(spec):
-        return spec()
+    out = spec() if callable(spec) else None
+    if isinstance(out, dict):
+        return out
     return {"objective": str(getattr(objective, "name", getattr(objective, "__name__", type(objective).__name__)))}
 
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -65,7 +65,7 @@ def _phase_kernel(w: jax.Array) -> jax.Array:
     lo = (k - 1) // 2
     o_min, o_max = _phase_offsets(k)
     n = o_max - o_min + 1
-    rows, cols, src = [], [], []
+    rows, src = [], []
     for a in (0, 1):
         for c in (0, 1):
             for di in range(k):
@@ -76,12 +76,14 @@ def _phase_kernel(w: jax.Array) -> jax.Array:
                         for dj in range(k):
                             if (b + dj - lo - d) % 2:
                                 continue
-                            rows.append(((a + di - lo - c) // 2 - o_min, (b + dj - lo - d) // 2 - o_min, c * 2 + d, a * 2 + b))
+                            rows.append(
+                                ((a + di - lo - c) // 2 - o_min, (b + dj - lo - d) // 2 - o_min, c * 2 + d, a * 2 + b)
+                            )
                             src.append((di, dj))
     kern = jnp.zeros((n, n, 4, 4, cin, c0), w.dtype)
     th, tw, ci, co = (jnp.array([r[i] for r in rows]) for i in range(4))
     sh, sw = jnp.array([s_[0] for s_ in src]), jnp.array([s_[1] for s_ in src])
-    kern = kern.at[th, tw, ci, co].set(w[sh, sw])          # [n, n, 4, 4, Cin, C0]
+    kern = kern.at[th, tw, ci, co].set(w[sh, sw])  # [n, n, 4, 4, Cin, C0]
     return kern.transpose(0, 1, 2, 4, 3, 5).reshape(n, n, 4 * cin, 4 * c0)
 
 
@@ -109,11 +111,12 @@ def _first_layer(arch: Arch, p0, x):
     layout (:func:`_phase_kernel`), so the full-resolution map is never written."""
     w, b = p0["w"], p0["b"]
     c0 = w.shape[-1]
-    z = _lax_conv(_space_to_depth(x), _phase_kernel(w), _phase_padding(w.shape[0]))   # [B, h, w, 4 C0]
+    z = _lax_conv(_space_to_depth(x), _phase_kernel(w), _phase_padding(w.shape[0]))  # [B, h, w, 4 C0]
     z = z.reshape(*z.shape[:3], 4, c0) + b
     if arch.act == "relu":
-        m = jnp.max(z, axis=3)
-        idx = jnp.argmax(z, axis=3)                     # the first maximal phase
+        zs = [z[..., p, :] for p in range(4)]
+        m = F._max4(zs)
+        idx = F._first_max(zs, m)  # the first maximal phase
         return jax.nn.relu(m), jnp.where(m > 0, idx, -1).astype(jnp.int8), None
     return F._pool([z[..., p, :] for p in range(4)], F._act(arch), False)
 
@@ -125,7 +128,7 @@ def _first_layer_input_grad(arch: Arch, w0, dh1, idx0, dact0):
     resolution (depth-to-space of ``Cin`` channels)."""
     g = dh1 if dact0 is None else dh1 * dact0
     phase = jnp.arange(4, dtype=idx0.dtype)[:, None]
-    routed = jnp.where(idx0[..., None, :] == phase, g[..., None, :], jnp.zeros((), g.dtype))   # [B, h, w, 4, C0]
+    routed = jnp.where(idx0[..., None, :] == phase, g[..., None, :], jnp.zeros((), g.dtype))  # [B, h, w, 4, C0]
     routed = routed.reshape(*routed.shape[:3], -1)
     pad = _phase_padding(w0.shape[0])
     return _depth_to_space(_lax_conv(routed, *_input_grad_conv_args(_phase_kernel(w0), pad)))
@@ -149,7 +152,7 @@ def _member_bwd(arch: Arch, params, res, g):
     return _first_layer_input_grad(arch, p0["w"], dh1, idx0, dact0)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _prims(arch: Arch, unroll: int):
     """The forward pass (with residuals) and the input gradient of one member as ``custom_vmap``
     functions whose vmap rule runs every member in one unrolled scan."""
@@ -187,7 +190,7 @@ def _broadcast_tree(axis_size, batched, tree):
     return jax.tree.map(lambda v, b: v if b else jnp.broadcast_to(v, (axis_size, *jnp.shape(v))), tree, batched)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def member_apply(arch: Arch, unroll: int = MEMBER_UNROLL) -> Callable:
     """One member's ``apply(params, x [B, H, W, C]) -> logits [B, C]`` (module docstring).
 

@@ -22,8 +22,9 @@ objectives built from them (PGD-AT, TRADES) live in :mod:`sarjax.defenses`.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
