@@ -44,7 +44,6 @@ only the target counts; ``success="untargeted"``: any prediction other than the 
 highest-confidence incorrect classes, yet still looking for an untargeted misclassification").
 """
 
-from __future__ import annotations
 
 import math
 from collections.abc import Callable
