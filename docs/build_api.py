@@ -24,7 +24,7 @@ def build(out: Path) -> list[str]:
     pdoc.render.configure(docformat="google", search=True, show_source=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        pdoc.pdoc("sarjax", output_directory=out)
+        pdoc.pdoc(Path(__file__).resolve().parent.parent / "sarjax", output_directory=out)  # this tree's package
     return sorted({f"{w.category.__name__}: {w.message}" for w in caught})
 
 

@@ -6,6 +6,10 @@ closes over hyperparameters and returns an :class:`~sarjax.attacks.core.AttackFn
 sample_ids=None) -> AttackResult`` (validated, audited against ``x0``; ``key`` required),
 ``fn.jit(...)`` (jit-safe, same arguments) and ``fn.attack`` (the state machine,
 :class:`~sarjax.attacks.core.Attack`).
+
+The narrative page (docs/attacks.md) follows.
+
+.. include:: ../../docs/attacks.md
 """
 
 # minimum-norm attacks (docs/minnorm.md): each module has spec(**hp) and a factory make_<name>(apply, *, norm, max_queries)

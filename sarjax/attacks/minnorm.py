@@ -42,6 +42,10 @@ FAB-T and the success test need them).  ``success="targeted"`` (the default when
 only the target counts; ``success="untargeted"``: any prediction other than the label counts
 (the Frontiers pool's mode, papers/001 Section 5.1: "targeted attacks directed at the top-9
 highest-confidence incorrect classes, yet still looking for an untargeted misclassification").
+
+The narrative page (docs/minnorm.md) follows.
+
+.. include:: ../../docs/minnorm.md
 """
 
 

@@ -2,6 +2,10 @@
 
 The cover layer drives attacks through host callables with fixed shapes
 (:class:`JointAttack`, :class:`SingleAttack`) and never touches parameters.
+
+The narrative page (docs/cover.md) follows.
+
+.. include:: ../../docs/cover.md
 """
 
 from sarjax.cover.exact import (

@@ -1,1 +1,6 @@
-"""sarjax.models."""
+"""sarjax.models.
+
+The narrative page (docs/models.md) follows.
+
+.. include:: ../../docs/models.md
+"""

@@ -1,6 +1,10 @@
 """LLM pools in JAX: decoder-only transformers loaded from Hugging Face checkpoints.
 
 See docs/llm.md for the public API.
+
+The narrative page (docs/llm.md) follows.
+
+.. include:: ../../../docs/llm.md
 """
 
 from sarjax.models.llm.config import DecoderConfig, config_from_hf, rope_inv_freq
