@@ -48,7 +48,6 @@ The narrative page (docs/minnorm.md) follows.
 .. include:: ../../docs/minnorm.md
 """
 
-
 import math
 from collections.abc import Callable
 from dataclasses import dataclass

@@ -29,7 +29,6 @@ hyperparameter in a hashable ``cfg`` (a NamedTuple), so two factories with equal
 hyperparameters build equal attacks and share one compiled kernel.
 """
 
-
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
