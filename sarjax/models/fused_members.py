@@ -8,16 +8,20 @@ written so that vmapping it over stacked members with per-member inputs runs the
 kernel's layers instead of vmapped (grouped / batched) convolutions:
 
 * vmapped over members (params and ``x`` both batched), the forward pass and the input
-  gradient are each ONE unrolled ``lax.scan`` over the members (``custom_vmap`` rules), one
-  member's activations in cache at a time and independent members on both cores;
-* per member, layer 1 is computed per 2x2 pooling phase (:func:`sarjax.models.fused.phase_taps`
-  of the member's own input; a short sum of products for ``k*k*Cin <= 32`` taps), so only the
-  pooled map is written, with the winning phase (int8) for the backward pass; the later layers
-  and the hand-written backward pass are the fused kernel's (:func:`~sarjax.models.fused._member_forward`,
-  :func:`~sarjax.models.fused._member_backward`): the cotangent is routed to the winning phase
-  with selects and every convolution's input gradient is a convolution with the flipped kernel;
-  layer 1's routed cotangent is contracted with the member's kernel and scattered back onto
-  ``x`` by the transpose of the phase cut.
+  gradient are each ONE ``lax.scan`` over the members (``custom_vmap`` rules; two members per
+  iteration, :data:`MEMBER_UNROLL`), one member's activations in cache at a time and the two
+  members of an iteration on both cores;
+* per member, layer 1 and its 2x2 max-pool are ONE stride-1 convolution of the input's
+  space-to-depth layout (``[B, H/2, W/2, 4 Cin]``) with the phase kernel (:func:`_phase_kernel`:
+  the four pooling phases' pre-activations as ``4 * C0`` output channels), so the
+  full-resolution map is never written; the pooled map keeps the winning phase (int8) for the
+  backward pass. The later layers and their hand-written backward pass are the fused kernel's
+  (:func:`~sarjax.models.fused._member_forward`, :func:`~sarjax.models.fused._member_backward`):
+  the cotangent is routed to the winning phase with selects and every convolution's input
+  gradient is a convolution with the flipped kernel; layer 1's routed phases go back through the
+  transposed phase kernel and a depth-to-space. (Layer 1 by :func:`sarjax.models.fused.phase_taps`,
+  36 strided slices, cost about 4x more in the backward pass, where their transpose is 36 padded
+  adds.)
 
 Values equal ``arch.apply`` with ``conv_impl="xla"`` to float32 rounding (layer 1 sums the same
 products in another order); input gradients equal ``jax.grad`` of it except at exact ties
