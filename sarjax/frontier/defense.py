@@ -19,6 +19,7 @@ Kendall's tau between budget tiers (Table 7).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -104,7 +105,8 @@ def kendall_tau(a, b) -> float:
     b = np.asarray(b, np.float64)
     if np.ptp(a) == 0 or np.ptp(b) == 0:
         return float("nan")
-    return float(kendalltau(a, b)[0])
+    res: Any = kendalltau(a, b)
+    return float(res.statistic)
 
 
 @dataclass
