@@ -1,0 +1,977 @@
+"""AutoAttack (Croce & Hein, ICML 2020) in JAX: the parameter-free ensemble run as a cascade.
+
+:func:`autoattack` runs AutoAttack's attacks one after the other, each on the points still
+robust after the previous ones, and returns the per-sample, per-member robust flags, the
+adversarial points (audited against the ORIGINAL inputs), exact per-sample query counts and an
+AutoAttack-like per-stage log. :func:`autoattack_pool` does the same for every member of a
+:class:`sarjax.models.pool.Pool` (members vmapped, stack by stack). :func:`sanity_checks`
+implements AutoAttack's checks (``autoattack/checks.py``) for JAX models.
+
+Versions (AutoAttack reference code ``autoattack/autoattack.py``, ``set_version``):
+
+* ``standard``, linf / l2: APGD-CE (1 restart, 100 iterations), APGD-T (top 9 other classes,
+  1 restart, 100 iterations each), FAB-T (9 targets, 1 restart, 100 iterations each), Square
+  (5,000 queries, ``p_init = 0.8``, 1 restart).
+* ``standard``, l1 (AutoAttack's l1 version, Croce & Hein 2021, "Mind the box"): APGD-CE with 5
+  restarts and 5 targets for APGD-T, both with ``use_largereps`` (each run is three chained APGD
+  phases at ``3 eps, 2 eps, eps`` for ``30 / 30 / 40 %`` of the iterations, every phase projected
+  into the ball of the ORIGINAL input and warm-started from the previous phase's highest-loss
+  point, ``autopgd_base.py::decr_eps_pgd``), FAB-T (9 targets). AutoAttack ends with an l1
+  Square attack; sarjax's Square (:mod:`sarjax.attacks.square`) has no l1 variant, so the stage
+  is skipped with a warning and logged as skipped (a documented gap).
+* ``plus``: APGD-CE and APGD-DLR (5 restarts each), FAB (untargeted, 5 restarts), Square
+  (5,000 queries), APGD-T (9 targets), FAB-T (9 targets).
+* ``rand`` (randomized defenses): APGD-CE and APGD-DLR, 1 restart, EOT over 20 draws
+  (``eot_iter = 20``). ``apply`` is then the stochastic ``apply(params, x, key)`` (the convention
+  of :func:`sarjax.attacks.eot.with_input_noise`).
+
+Every other hyperparameter is the building block's AutoAttack default (APGD: ``rho = 0.75``,
+momentum 0.75, checkpoints at ``p_j``; FAB: ``alpha_max = 0.1, eta = 1.05, beta = 0.9``; see
+:mod:`sarjax.attacks.apgd`, :mod:`sarjax.attacks.fab`, :mod:`sarjax.attacks.square`).
+
+The cascade (``autoattack.py::run_standard_evaluation``): a point starts robust for member ``m``
+if ``m`` classifies it correctly; each attack run (a restart, a target, an l1 phase schedule)
+sees the ``[B, M]`` mask of the (sample, member) pairs still robust and attacks only those
+(masks, never reshuffled batches: the shapes, hence the compiled kernels, never change); a pair
+broken by a run is removed from the mask before the next run. Restarts and targets are cascades
+too, as in AutoAttack's ``perturb``: a point broken by target 1 is not attacked at target 2.
+
+Success of a run is decided by a verification forward pass of each member at the run's returned
+point (AutoAttack's ``get_logits(adv_curr)`` after each attack): the point is adversarial for
+member ``m`` if ``m`` misclassifies it (``rand``: if ``m`` misclassifies it on more than half of
+the ``eot`` draws, i.e. the smoothed prediction; the clean accuracy uses the same rule). FAB
+runs as a fixed-eps attack: its minimum-norm point counts only if its realized norm is
+``<= eps`` (``fab_base.py``: ``res <= eps``).
+
+Query accounting (DESIGN.md): one forward or one backward pass of one member on one sample is
+one query. Per (sample, member): the clean evaluation (``eot``); per run on a still-robust pair,
+what the building block charges (APGD: its clean evaluation ``eot``, then ``2 eot`` per gradient
+iteration, ``n_iter + 1`` of them, plus ``eot`` for the final re-evaluation with EOT; FAB-T:
+``1 + 3 n_iter``; FAB: ``1 + (C + 1) n_iter``; Square: ``1`` per evaluated point while active),
+plus the verification forward (``eot``); APGD-T / FAB-T add one forward per pair at the stage's
+start to rank the targets on the clean logits. Pairs that are no longer robust ride along in the
+fixed-shape batch with an all-zero mask: their results are discarded and they are charged 0
+(AutoAttack removes them from the batch). The sanity checks are diagnostics and are not charged.
+
+Every stage's output is audited (:func:`sarjax.attacks.audit.check`) against the ORIGINAL
+inputs with the stage's eps (l1 phases at ``3 eps`` and ``2 eps`` are audited at their own
+radius; only the last phase, at ``eps``, can produce a returned point), and the final
+``x_adv`` once more.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sarjax.attacks import geometry as G
+from sarjax.attacks.apgd import make_apgd
+from sarjax.attacks.audit import check
+from sarjax.attacks.core.protocol import Problem, run
+from sarjax.attacks.fab import make_fab
+from sarjax.attacks.minnorm import MinNormProblem
+from sarjax.attacks.square import make_square
+from sarjax.attacks.threat import Threat, canonical_norm, check_labels, norm_name
+
+VERSIONS = ("standard", "plus", "rand")
+ATTACKS = ("apgd-ce", "apgd-dlr", "apgd-t", "fab", "fab-t", "square")
+
+N_ITER = 100  # APGD and FAB iterations (autoattack.py: APGDAttack / FABAttack_PT n_iter=100)
+N_TARGETS = 9  # APGD-T and FAB-T target classes (set_version: n_target_classes = 9)
+N_TARGETS_L1 = 5  # APGD-T targets of the l1 version (set_version, norm 'L1')
+RESTARTS_L1 = 5  # APGD-CE restarts of the l1 version (idem)
+RESTARTS_PLUS = 5  # APGD / FAB restarts of the plus version (idem)
+SQUARE_QUERIES = 5000  # Square n_queries (set_version)
+SQUARE_P_INIT = 0.8  # Square p_init (autoattack.py: SquareAttack(p_init=.8))
+EOT_RAND = 20  # the rand version's eot_iter (set_version)
+LARGEREPS = ((3.0, 0.3), (2.0, 0.3), (1.0, 0.4))  # l1 use_largereps: (eps multiple, share of n_iter)
+FAB_RAND_RADIUS = 0.5  # FAB restarts > 0 start at radius eps / 2 (fab_pt.py: ``* .5``)
+RANDOMIZED_RTOL = 1e-4  # checks.py check_randomized: alpha = 1e-4 on L2-normalized outputs
+PROBABILITY_ATOL = 1e-5  # checks.py check_range_output: alpha = 1e-5
+SQUARE_GAIN = 0.002  # checks.py check_square_sr: alpha = .002
+
+
+class AutoAttackWarning(UserWarning):
+    """A sanity check of :func:`sanity_checks` fired (AutoAttack's ``checks.py`` flags)."""
+
+
+class StageLog(NamedTuple):
+    """One stage of the cascade.
+
+    Attributes:
+      name: the attack (``"apgd-ce"``, ``"apgd-t"``, ...).
+      robust_accuracy: ``[M]`` robust accuracy of each member after the stage.
+      seconds: wall time of the stage (host clock, including compilation).
+      queries: total queries the stage spent (all samples and members).
+      attacked: (sample, member) pairs still robust when the stage started.
+      broken: pairs the stage made non-robust.
+      skipped: why the stage did not run (``""`` if it ran).
+    """
+
+    name: str
+    robust_accuracy: np.ndarray
+    seconds: float
+    queries: int
+    attacked: int
+    broken: int
+    skipped: str = ""
+
+
+class AutoAttackResult(NamedTuple):
+    """What :func:`autoattack` returns (host numpy arrays).
+
+    Attributes:
+      x_adv: ``[B, M, *S]`` per member the adversarial point that broke it (``x0`` where the
+        member stayed robust or was wrong on the clean input).
+      robust: ``[B, M]`` bool, member ``m`` is still correct after every stage.
+      clean: ``[B, M]`` bool, member ``m`` classifies the clean input correctly.
+      queries: ``[B, M]`` int64 queries spent on member ``m`` for sample ``b`` (clean evaluation
+        included; see the module docstring for the accounting).
+      stage_queries: ``[S, B, M]`` int64 the same per stage (index 0: the clean evaluation, then
+        one row per entry of ``log``).
+      stage_robust: ``[S, B, M]`` bool robust flags after the clean evaluation and each stage.
+      log: one :class:`StageLog` per stage.
+      version, norm, eps: the evaluation's settings (``norm`` as ``"linf"``, ``"l2"``, ``"l1"``).
+      names: member names (``("model",)`` for a single model).
+      warnings: the sanity checks' messages.
+    """
+
+    x_adv: np.ndarray
+    robust: np.ndarray
+    clean: np.ndarray
+    queries: np.ndarray
+    stage_queries: np.ndarray
+    stage_robust: np.ndarray
+    log: tuple
+    version: str
+    norm: str
+    eps: float
+    names: tuple
+    warnings: tuple
+
+    @property
+    def robust_accuracy(self) -> np.ndarray:
+        """``[M]`` robust accuracy of each member."""
+        return self.robust.mean(axis=0)
+
+    @property
+    def clean_accuracy(self) -> np.ndarray:
+        """``[M]`` clean accuracy of each member."""
+        return self.clean.mean(axis=0)
+
+    def summary(self) -> str:
+        """AutoAttack's log in words: version, initial accuracy, robust accuracy after each
+        stage (mean over members), time and queries, then per-member robust accuracy."""
+        lines = [f"AutoAttack ({self.version}, {self.norm}, eps={self.eps:g}): {len(self.names)} member(s)"]
+        lines.append(f"initial accuracy: {100 * float(self.clean_accuracy.mean()):.2f}%")
+        t = 0.0
+        for s in self.log:
+            if s.skipped:
+                lines.append(f"{s.name}: skipped ({s.skipped})")
+                continue
+            t += s.seconds
+            lines.append(
+                f"robust accuracy after {s.name.upper()}: {100 * float(s.robust_accuracy.mean()):.2f}% "
+                f"(total time {t:.1f} s, {s.queries} queries, {s.broken} of {s.attacked} broken)"
+            )
+        for name, c, r in zip(self.names, self.clean_accuracy, self.robust_accuracy):
+            lines.append(f"  {name}: clean {100 * float(c):.2f}%  robust {100 * float(r):.2f}%")
+        lines.append(f"robust accuracy: {100 * float(self.robust_accuracy.mean()):.2f}%")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        """A JSON-ready dict (settings, per-member accuracies, the log, query totals)."""
+        return {
+            "version": self.version,
+            "norm": self.norm,
+            "eps": self.eps,
+            "members": list(self.names),
+            "clean_accuracy": [float(v) for v in self.clean_accuracy],
+            "robust_accuracy": [float(v) for v in self.robust_accuracy],
+            "queries_total": int(self.queries.sum()),
+            "queries_per_sample_mean": float(self.queries.sum(axis=1).mean()),
+            "stages": [
+                {
+                    "name": s.name,
+                    "robust_accuracy": [float(v) for v in s.robust_accuracy],
+                    "seconds": s.seconds,
+                    "queries": s.queries,
+                    "attacked": s.attacked,
+                    "broken": s.broken,
+                    "skipped": s.skipped,
+                }
+                for s in self.log
+            ],
+            "warnings": list(self.warnings),
+        }
+
+
+# -- members ------------------------------------------------------------------------------------
+
+
+@functools.cache
+def _indexed(apply: Callable) -> Callable:
+    """Member ``m`` of a pool apply ``[M, B, C]``: ``f((params, m), x, *key) -> [B, C]`` (cached so
+    the same ``apply`` gives the same function: compiled kernels are shared)."""
+
+    def member(mp, x, *key):
+        return apply(mp[0], x, *key)[mp[1]]
+
+    return member
+
+
+class _Members(NamedTuple):
+    apply1: Callable  # one member: apply1(member_params, x [B, *S], *key) -> [B, C]
+    params: Any  # member params with a member axis where ``axes`` says
+    axes: Any  # vmap in_axes of params (hashable)
+    m: int
+    c: int
+
+
+def _members(apply: Callable, params, x0: jax.Array, *, stacked: bool, eot: int) -> _Members:
+    k = (jax.random.PRNGKey(0),) if eot > 1 else ()
+    if stacked:
+        sizes = {int(np.shape(leaf)[0]) if np.ndim(leaf) else -1 for leaf in jax.tree.leaves(params)}
+        if len(sizes) != 1 or -1 in sizes:
+            raise ValueError(f"stacked=True: params leaves must share one leading member axis, got sizes {sizes}")
+        m = sizes.pop()
+        one = jax.tree.map(lambda a: a[0], params)
+        shape = _shape(apply, one, x0, k, "apply(member_params, x)")
+        if len(shape) != 2:
+            raise ValueError(f"stacked=True: one member's apply must return logits [B, C], got shape {shape}")
+        return _Members(apply, params, 0, m, int(shape[-1]))
+    shape = _shape(apply, params, x0, k, "apply(params, x)")
+    if len(shape) == 2:
+        return _Members(apply, params, None, 1, int(shape[-1]))
+    if len(shape) == 3:
+        m = int(shape[0])
+        return _Members(_indexed(apply), (params, jnp.arange(m)), (None, 0), m, int(shape[-1]))
+    raise ValueError(f"apply must return logits [B, C] or [M, B, C], got shape {shape}")
+
+
+def _shape(apply, params, x0, k, what):
+    try:
+        shape = jax.eval_shape(apply, params, x0, *k).shape
+    except Exception as e:  # noqa: BLE001 - re-raised with what was expected
+        first = (str(e).splitlines() or [""])[0]
+        hint = " (version='rand' takes a stochastic apply(params, x, key))" if k else ""
+        raise TypeError(f"{what} failed on x0 of shape {list(x0.shape)}{hint}: {type(e).__name__}: {first}") from e
+    if len(shape) < 2 or shape[-2] != x0.shape[0]:
+        raise ValueError(f"{what} must return logits [B, C] or [M, B, C] with B={x0.shape[0]}, got {shape}")
+    return tuple(shape)
+
+
+# -- compiled kernels ---------------------------------------------------------------------------
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _run_apgd_like(attack, axes, params, x0, ref, mask, eps, cap, key, sid, x_init, has_init):
+    """A fixed-budget state machine per member: leaves ``[M, B, ...]``."""
+
+    def one(mp, r, mk, xi):
+        return run(attack, mp, Problem(x0, r[:, None], mk[:, None], eps, cap, key, sid, xi, has_init))
+
+    return jax.vmap(one, in_axes=(axes, 1, 1, 1))(params, ref, mask, x_init)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _run_minnorm(attack, axes, params, x0, ref, labels, mask, cap, key, sid, x_init, has_init, init_eps):
+    """A minimum-norm state machine per member: leaves ``[M, B, 1, ...]``."""
+    b = x0.shape[0]
+
+    def one(mp, r, lab, mk, xi):
+        base = Problem(x0, r[:, None], mk[:, None], jnp.full((b,), jnp.inf), cap, key, sid, xi, has_init)
+        return run(attack, mp, MinNormProblem(base, lab[:, None], init_eps))
+
+    return jax.vmap(one, in_axes=(axes, 1, None, 1, 1))(params, ref, labels, mask, x_init)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _logits(apply1, axes, eot, params, x, key):
+    """``[eot, B, M, C]`` logits of member ``m`` at ``x[:, m]`` (``x [B, M, *S]``)."""
+
+    def one(mp, xm):
+        if eot == 1:
+            return apply1(mp, xm)[None]
+        return jax.lax.map(lambda d: apply1(mp, xm, jax.random.fold_in(key, d)), jnp.arange(eot))
+
+    return jax.vmap(one, in_axes=(axes, 1), out_axes=2)(params, x)
+
+
+def _wrong(z: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """``[B, M]``: misclassified on more than half of the draws (``z [D, B, M, C]``)."""
+    miss = np.argmax(z, axis=-1) != y[None, :, None]
+    return miss.mean(axis=0) > 0.5
+
+
+# -- sanity checks ------------------------------------------------------------------------------
+
+
+def _flat_logits(apply, params, x, *k):
+    z = np.asarray(apply(params, x, *k), np.float64)
+    return z.reshape(-1, z.shape[-1])
+
+
+def sanity_checks(
+    apply: Callable,
+    params,
+    x,
+    y,
+    *,
+    key,
+    version: str = "standard",
+    stacked: bool = False,
+    n: int = 5,
+    warn: bool = True,
+) -> list[str]:
+    """AutoAttack's sanity checks (``autoattack/checks.py`` and ``flags_doc.md``) for a JAX model.
+
+    Each check that fires emits an :class:`AutoAttackWarning` (``warnings.warn``) carrying
+    AutoAttack's advice and the version to run instead:
+
+    * randomness (``check_randomized``): ``apply(params, x)`` is called ``n`` times eagerly (not
+      under jit, so host-side randomness shows); outputs that differ by more than ``1e-4`` after
+      L2 normalisation, or a changing number of correct predictions, mean a randomized defense:
+      run ``version="rand"`` with the randomness drawn from an explicit key,
+      ``apply(params, x, key)`` (e.g. :func:`sarjax.attacks.eot.with_input_noise`). With
+      ``version="rand"``: outputs that differ under ONE fixed key (randomness the key does not
+      control: EOT cannot pair or reproduce its draws) and outputs that do NOT differ under
+      different keys (a deterministic model: run ``"standard"``, 20 times cheaper) both warn.
+    * hidden randomness or host state (the JAX counterpart of ``check_dynamic``): random-number
+      primitives or host callbacks in the traced ``apply(params, x)`` (a model that draws its own
+      randomness from a key it makes itself, or calls the host): use ``version="rand"`` with an
+      explicit key, or an adaptive attack for a dynamic defense.
+    * probabilities (``check_range_output``): outputs in ``[0, 1]`` whose rows sum to 1 (within
+      ``1e-5``): the gradient attacks need logits (numerically stable losses); pass the
+      pre-softmax outputs.
+    * zero or non-finite gradients (``check_zero_gradients``; AutoAttack checks the DLR loss's
+      gradient at APGD's start): the input gradient of the DLR loss (CE with fewer than 3 classes)
+      at ``x`` is all zero or not finite for some correctly classified point: gradient attacks cannot progress
+      (quantisation, saturated softmax): use BPDA or rely on the black-box Square stage, and
+      check the standard version's Square warning.
+    * classes (``check_n_classes``): fewer classes than DLR (3), targeted DLR (4) or the targets
+      (``9 + 1``) need.
+
+    Args:
+      apply: ``apply(params, x) -> [B, C]`` / ``[M, B, C]`` (stacked: one member's apply), or with
+        ``version="rand"`` the stochastic ``apply(params, x, key)``.
+      params: the model's params (stacked on a leading member axis with ``stacked=True``).
+      x: ``[B, *S]`` a batch of inputs (AutoAttack checks its first batch).
+      y: ``[B]`` int labels.
+      key: PRNG key for the stochastic apply's draws.
+      version: the version about to run.
+      stacked: as in :func:`autoattack`.
+      n: repetitions of the randomness check (AutoAttack: 5).
+      warn: emit the warnings (False: only return the messages).
+
+    Returns:
+      The messages of the checks that fired (empty for a plain deterministic logits model).
+    """
+    if version not in VERSIONS:
+        raise ValueError(f"version must be one of {VERSIONS}, got {version!r}")
+    x = jnp.asarray(x, jnp.float32)
+    y = np.asarray(y)
+    msgs: list[str] = []
+    if stacked:  # the checks look at member 0
+        params = jax.tree.map(lambda a: a[0], params)
+    rand = version == "rand"
+    k0 = jax.random.fold_in(key, 0)
+    ks = (k0,) if rand else ()
+
+    def normed(z):
+        return z / (np.linalg.norm(z, axis=-1, keepdims=True) + 1e-10)
+
+    outs = [_flat_logits(apply, params, x, *ks) for _ in range(n)]
+    diff = max(float(np.max(np.linalg.norm(normed(a) - normed(outs[0]), axis=-1))) for a in outs)
+    ncorrect = {int(np.sum(np.argmax(a, -1) == np.resize(y, a.shape[0]))) for a in outs}
+    if diff > RANDOMIZED_RTOL or len(ncorrect) > 1:
+        if rand:
+            msgs.append(
+                "the model's outputs change between calls with the SAME key: its randomness is not drawn "
+                "from the key (hidden state or host randomness), so EOT cannot average or reproduce it; make "
+                "apply(params, x, key) draw every random number from key"
+            )
+        else:
+            msgs.append(
+                "it seems to be a randomized defense: its outputs change between calls on the same input "
+                "(AutoAttack: use version='rand'); in sarjax make the model stochastic through an explicit "
+                "key, apply(params, x, key) (e.g. sarjax.attacks.with_input_noise), and run version='rand' "
+                "(APGD-CE and APGD-DLR with EOT over 20 draws)"
+            )
+    if rand:
+        other = _flat_logits(apply, params, x, jax.random.fold_in(key, 1))
+        if float(np.max(np.linalg.norm(normed(other) - normed(outs[0]), axis=-1))) <= RANDOMIZED_RTOL:
+            msgs.append(
+                "version='rand' but the model's outputs do not change with the key: it looks deterministic; "
+                "run version='standard' (EOT over 20 draws of a deterministic model only costs 20 times "
+                "the queries)"
+            )
+    else:
+        jaxpr = jax.make_jaxpr(apply)(params, x)
+        prims = _primitives(jaxpr.jaxpr)
+        rng = sorted(p for p in prims if "random" in p or "threefry" in p or p in ("rng_bit_generator", "rng_uniform"))
+        cb = sorted(p for p in prims if "callback" in p)
+        if rng:
+            msgs.append(
+                f"the model draws random numbers inside apply(params, x) ({', '.join(rng)}) from a key it makes "
+                "itself: a stochastic defense whose randomness the attack cannot see; expose the key, "
+                "apply(params, x, key), and run version='rand'"
+            )
+        if cb:
+            msgs.append(
+                f"the model calls the host inside apply ({', '.join(cb)}): it may be dynamic or stateful "
+                "(AutoAttack's dynamic-defense flag): AutoAttack's evaluation might be insufficient; "
+                "consider an adaptive attack"
+            )
+    z = outs[0]
+    if (
+        z.max() < 1.0 + PROBABILITY_ATOL
+        and z.min() > -PROBABILITY_ATOL
+        and np.all(np.abs(z.sum(-1) - 1.0) < PROBABILITY_ATOL)
+    ):
+        msgs.append(
+            "it seems that the output is a probability distribution (rows in [0, 1] summing to 1): the "
+            "attacks need logits; pass the pre-softmax outputs (probabilities make the losses numerically "
+            "unstable and can hide the gradient)"
+        )
+    c = z.shape[-1]
+    gz, gnan = _zero_gradients(apply, params, x, y, ks, c)
+    if gz or gnan:
+        msgs.append(
+            f"{gz} point(s) with an all-zero and {gnan} with a non-finite input gradient of the "
+            f"{'DLR' if c >= 3 else 'CE'} loss: gradient-based attacks cannot progress there (a "
+            "non-differentiable or saturating component); use BPDA or a black-box attack, and "
+            "trust the Square stage of version='standard' over the gradient stages"
+        )
+    if c < 3 and version != "standard":
+        msgs.append(f"with only {c} classes the DLR loss is not defined: the APGD-DLR stage is skipped")
+    elif c < 4 and version in ("standard", "plus"):
+        msgs.append(f"with only {c} classes the targeted DLR loss is not defined: the APGD-T stage is skipped")
+    elif c - 1 < N_TARGETS and version in ("standard", "plus"):
+        msgs.append(f"{N_TARGETS} target classes requested but only {c - 1} exist: APGD-T and FAB-T use {c - 1}")
+    if warn:
+        for msg in msgs:
+            warnings.warn(msg, AutoAttackWarning, stacklevel=2)
+    return msgs
+
+
+def _primitives(jaxpr) -> set[str]:
+    names = set()
+    for eqn in jaxpr.eqns:
+        names.add(eqn.primitive.name)
+        for v in eqn.params.values():
+            for sub in v if isinstance(v, (tuple, list)) else (v,):
+                inner = getattr(sub, "jaxpr", None)
+                if inner is not None:
+                    names |= _primitives(getattr(inner, "jaxpr", inner))
+    return names
+
+
+def _zero_gradients(apply, params, x, y, ks, c):
+    from sarjax.attacks.losses import cross_entropy, dlr
+
+    yj = jnp.asarray(y, jnp.int32)
+
+    def loss(xx):
+        z = apply(params, xx, *ks)
+        z = jnp.swapaxes(z.reshape(-1, x.shape[0], z.shape[-1]), 0, 1)  # [B, M, C]
+        f = dlr if c >= 3 else cross_entropy
+        return jnp.sum(jax.vmap(lambda zb, yb: f(zb, jnp.full((zb.shape[0],), yb)))(z, yj))
+
+    g = np.asarray(jax.grad(loss)(x)).reshape(x.shape[0], -1)
+    z = np.asarray(apply(params, x, *ks)).reshape(-1, x.shape[0], c)
+    right = np.all(np.argmax(z, -1) == np.asarray(y)[None], axis=0)  # AutoAttack checks the points it attacks
+    finite = np.isfinite(g).all(axis=1)
+    return int(np.sum(right & finite & (np.abs(g).sum(axis=1) == 0))), int(np.sum(right & ~finite))
+
+
+# -- the cascade --------------------------------------------------------------------------------
+
+
+def stages_of(version: str, norm) -> tuple[str, ...]:
+    """The attacks of a version, in AutoAttack's order (``set_version``)."""
+    if version == "standard":
+        return ("apgd-ce", "apgd-t", "fab-t", "square")
+    if version == "plus":
+        return ("apgd-ce", "apgd-dlr", "fab", "square", "apgd-t", "fab-t")
+    if version == "rand":
+        return ("apgd-ce", "apgd-dlr")
+    raise ValueError(f"version must be one of {VERSIONS}, got {version!r}")
+
+
+class _Ctx(NamedTuple):
+    mem: _Members
+    p: float
+    eps: float
+    eot: int
+    box: tuple
+    n_iter: int
+    fab_iter: int
+    square_queries: int
+    version: str
+
+
+def _largereps(n_iter: int) -> list[tuple[float, int]]:
+    iters = [math.ceil(s * n_iter) for _, s in LARGEREPS[:-1]]
+    iters.append(n_iter - sum(iters))
+    return [(f, i) for (f, _), i in zip(LARGEREPS, iters) if i > 0]
+
+
+def _apgd_run(ctx: _Ctx, chunk, mask, key, loss, targets=None):
+    """One APGD run (untargeted or toward ``targets [b, M]``): ``(x_cand [b, M, *S], q [b, M])``."""
+    x0, y, sid = chunk
+    b, m = mask.shape
+    mem = ctx.mem
+    ref = jnp.broadcast_to(jnp.asarray(y)[:, None], (b, m)) if targets is None else jnp.asarray(targets)
+    phases = _largereps(ctx.n_iter) if ctx.p == 1.0 else [(1.0, ctx.n_iter)]
+    cap = jnp.full((b,), jnp.iinfo(jnp.int32).max, jnp.int32)
+    xi = jnp.broadcast_to(x0[:, None], (b, m, *x0.shape[1:]))
+    has = jnp.asarray(False)
+    q = np.zeros((b, m), np.int64)
+    res = None
+    for j, (f, it) in enumerate(phases):
+        fn = make_apgd(
+            mem.apply1,
+            norm=norm_name(ctx.p),
+            n_iter=it,
+            loss=loss,
+            targeted=targets is not None,
+            eot=ctx.eot,
+            audit=False,
+        )
+        eps = jnp.full((b,), f * ctx.eps, jnp.float32)
+        res = _run_apgd_like(
+            fn.attack, mem.axes, mem.params, x0, ref, jnp.asarray(mask, jnp.float32), eps, cap,
+            jax.random.fold_in(key, j), sid, xi, has,
+        )  # fmt: skip
+        x_adv, best_x = np.asarray(res.x_adv), np.asarray(res.best_x)  # [M, b, *S]
+        _audit(x0, best_x, ctx.p, f * ctx.eps, ctx.box, f"apgd phase {j} (best_x)")
+        _audit(x0, x_adv, ctx.p, f * ctx.eps, ctx.box, f"apgd phase {j} (x_adv)")
+        q += np.asarray(res.queries).T
+        xi, has = jnp.swapaxes(res.x_adv, 0, 1), jnp.asarray(True)  # next phase: the highest-loss point
+    assert res is not None
+    return np.swapaxes(np.asarray(res.best_x), 0, 1), q * mask
+
+
+def _fab_run(ctx: _Ctx, chunk, mask, key, targets=None, x_init=None):
+    """One FAB run (FAB-T toward ``targets [b, M]`` if given) as a fixed-eps attack."""
+    x0, y, sid = chunk
+    b, m = mask.shape
+    mem = ctx.mem
+    c = mem.c
+    if targets is None:
+        fn = make_fab(mem.apply1, norm=ctx.p, max_queries=1 + (c + 1) * ctx.fab_iter, audit=False)
+        ref = jnp.broadcast_to(jnp.asarray(y)[:, None], (b, m))
+    else:
+        fn = make_fab(
+            mem.apply1, norm=ctx.p, max_queries=1 + 3 * ctx.fab_iter, fab_t=True, targeted=True,
+            success="untargeted", audit=False,
+        )  # fmt: skip
+        ref = jnp.asarray(targets)
+    cap = jnp.full((b,), fn.T, jnp.int32)
+    xi = jnp.broadcast_to((x0 if x_init is None else x_init)[:, None], (b, m, *x0.shape[1:]))
+    res = _run_minnorm(
+        fn.attack_for(c), mem.axes, mem.params, x0, ref, jnp.asarray(y, jnp.int32), jnp.asarray(mask, jnp.float32),
+        cap, key, sid, xi, jnp.asarray(x_init is not None), jnp.zeros((b,), jnp.float32),
+    )  # fmt: skip
+    nrm = np.asarray(res.norm)[:, :, 0].T  # [b, M]
+    x_adv = np.swapaxes(np.asarray(res.x_adv)[:, :, 0], 0, 1)  # [b, M, *S]
+    ok = np.isfinite(nrm) & (nrm <= ctx.eps * (1 + 1e-6))
+    x_cand = np.where(ok.reshape(b, m, *[1] * (x0.ndim - 1)), x_adv, np.asarray(x0)[:, None])
+    return x_cand, np.asarray(res.queries)[:, :, 0].T.astype(np.int64) * mask
+
+
+def _square_run(ctx: _Ctx, chunk, mask, key):
+    x0, y, sid = chunk
+    b, m = mask.shape
+    mem = ctx.mem
+    fn = make_square(mem.apply1, norm=norm_name(ctx.p), n_queries=ctx.square_queries, p_init=SQUARE_P_INIT, audit=False)
+    ref = jnp.broadcast_to(jnp.asarray(y)[:, None], (b, m))
+    cap = jnp.full((b,), jnp.iinfo(jnp.int32).max, jnp.int32)
+    xi = jnp.broadcast_to(x0[:, None], (b, m, *x0.shape[1:]))
+    res = _run_apgd_like(
+        fn.attack, mem.axes, mem.params, x0, ref, jnp.asarray(mask, jnp.float32), jnp.full((b,), ctx.eps, jnp.float32),
+        cap, key, sid, xi, jnp.asarray(False),
+    )  # fmt: skip
+    return np.swapaxes(np.asarray(res.best_x), 0, 1), np.asarray(res.queries).T.astype(np.int64) * mask
+
+
+def _audit(x0, xs, p, eps, box, what):
+    """Audits every member's points ``xs [M, b, *S]`` against the ORIGINAL ``x0 [b, *S]``."""
+    x0 = np.asarray(x0)
+    threat = Threat(p, np.full((x0.shape[0],), eps, np.float32), box)
+    for k in range(xs.shape[0]):
+        check(x0, np.asarray(xs[k]), threat, what=f"autoattack {what}, member {k}")
+
+
+def autoattack(
+    apply: Callable,
+    params,
+    x,
+    y,
+    *,
+    norm,
+    eps: float,
+    key,
+    version: str = "standard",
+    stacked: bool = False,
+    batch_size: int | None = None,
+    sample_ids=None,
+    names=None,
+    log: bool = True,
+    checks: bool = True,
+    n_iter: int = N_ITER,
+    fab_iter: int = N_ITER,
+    square_queries: int = SQUARE_QUERIES,
+    attacks=None,
+    box=(0.0, 1.0),
+) -> AutoAttackResult:
+    """AutoAttack on a single model or on every member of a pool, as a cascade (module docstring).
+
+    Args:
+      apply: ``apply(params, x [B, *S]) -> logits [B, C]`` (one model) or ``[M, B, C]`` (a pool
+        apply: every member is attacked on its own, each evaluation keeps member ``m``'s logits,
+        M times the work of ``stacked=True``); with ``stacked=True`` one member's apply
+        ``apply(member_params, x) -> [B, C]`` vmapped over ``params`` stacked on a leading member
+        axis (the fast path; :func:`autoattack_pool` uses it per stack). ``version="rand"``:
+        the stochastic ``apply(params, x, key)``.
+      params: the model's params.
+      x: ``[B, *S]`` clean inputs in ``box`` (Square needs images ``[B, H, W, C]``).
+      y: ``[B]`` int labels in ``[0, C)``.
+      norm: ``"linf"``, ``"l2"`` or ``"l1"``.
+      eps: the radius (a float > 0).
+      key: PRNG key (required): run ``r`` of stage ``s`` uses ``fold_in(fold_in(key, s), r)``, and
+        sample ``b`` draws from its own stream (``sample_ids[b]``) inside each attack.
+      version: ``"standard"``, ``"plus"`` or ``"rand"``.
+      stacked: see ``apply``.
+      batch_size: samples per compiled call (default: all); the last chunk is padded with
+        all-zero masks (no queries).
+      sample_ids: ``[B]`` each sample's index in the data set (default ``arange(B)``).
+      names: member names for the log (default ``member0, ...`` or ``("model",)``).
+      log: print the AutoAttack-like log while running.
+      checks: run :func:`sanity_checks` on the first batch first (warnings).
+      n_iter: APGD iterations (AutoAttack: 100).
+      fab_iter: FAB iterations (AutoAttack: 100).
+      square_queries: Square queries (AutoAttack: 5,000).
+      attacks: a custom list from ``ATTACKS`` (AutoAttack's ``version='custom'``); None: the
+        version's list.
+      box: input bounds.
+
+    Returns:
+      An :class:`AutoAttackResult` (``robust [B, M]``, ``x_adv [B, M, *S]``, ``queries [B, M]``,
+      the per-stage log).
+
+    Raises:
+      ValueError / TypeError: bad inputs (shapes, box, labels, eps, version, norm, attacks).
+    """
+    if key is None:
+        raise TypeError("autoattack: key is required (a jax.random key); sarjax never defaults it")
+    if version not in VERSIONS:
+        raise ValueError(f"version must be one of {VERSIONS}, got {version!r}")
+    p = canonical_norm(norm)
+    if p not in (1.0, 2.0, math.inf):
+        raise ValueError(f"AutoAttack supports norm linf, l2 or l1, got {norm!r}")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float, np.floating)) or not (0 < float(eps) < math.inf):
+        raise ValueError(f"eps must be a finite float > 0, got {eps!r}")
+    eps = float(eps)
+    for name, v in (("n_iter", n_iter), ("fab_iter", fab_iter), ("square_queries", square_queries)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+    stages = stages_of(version, p) if attacks is None else tuple(attacks)
+    bad = [a for a in stages if a not in ATTACKS]
+    if bad or not stages:
+        raise ValueError(f"attacks must be a non-empty list from {ATTACKS}, got {attacks!r}")
+    x0 = np.asarray(x)
+    if not np.issubdtype(x0.dtype, np.floating) or x0.ndim < 2:
+        raise TypeError(f"x must be a float array [B, *S], got dtype {x0.dtype} shape {x0.shape}")
+    x0 = x0.astype(np.float32)
+    if not np.isfinite(x0).all() or x0.min() < box[0] or x0.max() > box[1]:
+        raise ValueError(f"x must be finite and lie in the box {tuple(box)}, got range [{x0.min()}, {x0.max()}]")
+    B = x0.shape[0]
+    yh = np.asarray(y)
+    if not np.issubdtype(yh.dtype, np.integer) or yh.shape != (B,):
+        raise ValueError(f"y must be int labels of shape [{B}], got dtype {yh.dtype} shape {yh.shape}")
+    eot = EOT_RAND if version == "rand" else 1
+    mem = _members(apply, params, jnp.asarray(x0[: min(B, 2)]), stacked=stacked, eot=eot)
+    check_labels(yh, mem.c, name="labels")
+    sid_all = np.arange(B) if sample_ids is None else np.asarray(sample_ids)
+    if sid_all.shape != (B,) or not np.issubdtype(sid_all.dtype, np.integer) or (sid_all < 0).any():
+        raise ValueError(f"sample_ids must be [{B}] non-negative ints, got shape {sid_all.shape}")
+    if names is None:
+        names = ("model",) if mem.m == 1 and not stacked else tuple(f"member{i}" for i in range(mem.m))
+    names = tuple(names)
+    if len(names) != mem.m:
+        raise ValueError(f"names must have one entry per member ({mem.m}), got {len(names)}")
+    bs = B if batch_size is None else int(batch_size)
+    if bs < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
+
+    found: list[str] = []
+    if checks:
+        found = sanity_checks(
+            apply, params, x0[:bs], yh[:bs], key=jax.random.fold_in(key, 0x5A11), version=version, stacked=stacked
+        )
+    say = print if log else (lambda *a, **k: None)
+    say(f"using {version} version including {', '.join(stages)} ({norm_name(p)}, eps={eps:g}, {mem.m} member(s))")
+
+    # pad to a multiple of bs; padding rows are never robust (no queries)
+    n_chunks = -(-B // bs)
+    pad = n_chunks * bs - B
+    xp = np.concatenate([x0, np.repeat(x0[:1], pad, 0)]) if pad else x0
+    yp = np.concatenate([yh, np.repeat(yh[:1], pad)]) if pad else yh
+    sp = np.concatenate([sid_all, np.repeat(sid_all[:1], pad)]) if pad else sid_all
+    chunks = [
+        (jnp.asarray(xp[i : i + bs]), yp[i : i + bs].astype(np.int32), jnp.asarray(sp[i : i + bs], jnp.int32))
+        for i in range(0, len(xp), bs)
+    ]
+    ctx = _Ctx(mem, p, eps, eot, tuple(float(v) for v in box), n_iter, fab_iter, square_queries, version)
+    vkey = jax.random.fold_in(key, 0xC1EA)
+
+    def verify(ci, xc):
+        """``[b, M]`` wrong at ``xc [b, M, *S]`` (majority of the draws)."""
+        _, yc, _ = chunks[ci]
+        z = np.asarray(_logits(mem.apply1, mem.axes, eot, mem.params, jnp.asarray(xc), vkey))
+        return _wrong(z, yc)
+
+    m = mem.m
+    xb = np.broadcast_to(xp[:, None], (len(xp), m, *xp.shape[1:]))
+    robust = np.zeros((len(xp), m), bool)
+    for ci in range(n_chunks):
+        robust[ci * bs : (ci + 1) * bs] = ~verify(ci, xb[ci * bs : (ci + 1) * bs])
+    robust[B:] = False
+    clean = robust.copy()
+    x_adv = np.array(xb)
+    stage_q = [np.where(np.arange(len(xp))[:, None] < B, eot, 0) * np.ones((1, m), np.int64)]
+    stage_r = [robust.copy()]
+    logs = []
+    say(f"initial accuracy: {100 * robust[:B].mean():.2f}%")
+    t_all = time.perf_counter()
+    for s_idx, name in enumerate(stages):
+        t0 = time.perf_counter()
+        q = np.zeros((len(xp), m), np.int64)
+        attacked = int(robust[:B].sum())
+        skip = _skip_reason(name, ctx)
+        if skip:
+            warnings.warn(f"autoattack: stage {name} skipped: {skip}", AutoAttackWarning, stacklevel=2)
+            logs.append(StageLog(name, robust[:B].mean(axis=0), 0.0, 0, attacked, 0, skip))
+            stage_q.append(q)
+            stage_r.append(robust.copy())
+            say(f"{name}: skipped ({skip})")
+            continue
+        skey = jax.random.fold_in(key, s_idx + 1)
+        before = robust.copy()
+        for ci, chunk in enumerate(chunks):
+            sl = slice(ci * bs, (ci + 1) * bs)
+            for xc, qc in _runs(name, ctx, chunk, lambda: robust[sl].astype(np.float32), skey):
+                mk = robust[sl]
+                if not mk.any():
+                    break
+                q[sl] += qc.astype(np.int64)
+                if xc is None:
+                    continue
+                wrong = verify(ci, xc) & mk
+                q[sl] += eot * mk
+                upd = x_adv[sl]
+                upd[wrong] = xc[wrong]
+                x_adv[sl] = upd
+                robust[sl] = mk & ~wrong
+        _audit(xp[:B], np.swapaxes(x_adv[:B], 0, 1), p, eps, ctx.box, f"after {name} (x_adv)")
+        dt = time.perf_counter() - t0
+        logs.append(
+            StageLog(name, robust[:B].mean(axis=0), dt, int(q[:B].sum()), attacked, int((before & ~robust)[:B].sum()))
+        )
+        stage_q.append(q)
+        stage_r.append(robust.copy())
+        say(
+            f"robust accuracy after {name.upper()}: {100 * robust[:B].mean():.2f}% "
+            f"(total time {time.perf_counter() - t_all:.1f} s, {int(q[:B].sum())} queries)"
+        )
+    ra = {s.name: float(s.robust_accuracy.mean()) for s in logs if not s.skipped}
+    if "square" in ra and len(ra) > 1:
+        white = min(v for k, v in ra.items() if k != "square")
+        if ra["square"] < white - SQUARE_GAIN:
+            msg = (
+                f"Square decreased the robust accuracy by {100 * (white - ra['square']):.2f} points below the "
+                "white-box attacks': the gradient-based evaluation may be unreliable (gradient masking); run "
+                "Square with more queries and restarts, or an adaptive attack"
+            )
+            found.append(msg)
+            warnings.warn(msg, AutoAttackWarning, stacklevel=2)
+    _audit(xp[:B], np.swapaxes(x_adv[:B], 0, 1), p, eps, ctx.box, "final (x_adv)")
+    res = AutoAttackResult(
+        x_adv[:B],
+        robust[:B],
+        clean[:B],
+        np.sum(stage_q, axis=0)[:B],
+        np.stack(stage_q)[:, :B],
+        np.stack(stage_r)[:, :B],
+        tuple(logs),
+        version,
+        norm_name(p),
+        eps,
+        names,
+        tuple(found),
+    )
+    if log:
+        d = np.abs((x_adv[:B] - xp[:B, None]).reshape(B * m, -1))
+        real = d.max(1) if p == math.inf else (np.sqrt((d**2).sum(1)) if p == 2.0 else d.sum(1))
+        say(f"max {norm_name(p)} perturbation: {real.max(initial=0.0):.5f}, nan in x_adv: {int(np.isnan(x_adv).sum())}")
+        for nm, c, r in zip(names, res.clean_accuracy, res.robust_accuracy):
+            say(f"  {nm}: clean {100 * c:.2f}%  robust {100 * r:.2f}%")
+        say(f"robust accuracy: {100 * float(res.robust_accuracy.mean()):.2f}%")
+    return res
+
+
+def _skip_reason(name: str, ctx: _Ctx) -> str:
+    c = ctx.mem.c
+    if name == "square" and ctx.p == 1.0:
+        return "sarjax's Square attack has no l1 variant (AutoAttack's l1 version ends with l1-Square)"
+    if name == "apgd-dlr" and c < 3:
+        return f"the DLR loss needs >= 3 classes, the model has {c}"
+    if name == "apgd-t" and c < 4:
+        return f"the targeted DLR loss needs >= 4 classes, the model has {c}"
+    if ctx.eot > 1 and name in ("fab", "fab-t", "square"):
+        return "FAB and Square take no EOT (AutoAttack's rand version runs APGD-CE and APGD-DLR only)"
+    return ""
+
+
+def _ranked(ctx: _Ctx, chunk, key) -> np.ndarray:
+    """``[b, M, C - 1]`` the other classes by clean logit (EOT: mean over the draws), per member (one forward
+    per pair and draw)."""
+    x0, y, _ = chunk
+    b = x0.shape[0]
+    mem = ctx.mem
+    xb = jnp.broadcast_to(x0[:, None], (b, mem.m, *x0.shape[1:]))
+    z = np.asarray(_logits(mem.apply1, mem.axes, ctx.eot, mem.params, xb, key)).mean(axis=0)  # [b, M, C]
+    z = np.where(np.arange(mem.c)[None, None] == y[:, None, None], -np.inf, z)
+    return np.argsort(-z, axis=-1, kind="stable")[..., : mem.c - 1].astype(np.int32)
+
+
+def _runs(name: str, ctx: _Ctx, chunk, mask_now: Callable, skey):
+    """The runs of one stage on one chunk, each seeing the CURRENT still-robust mask: yields
+    ``(x_cand [b, M, *S] or None, queries [b, M])``."""
+    x0, y, sid = chunk
+    l1 = ctx.p == 1.0
+    plus = ctx.version == "plus"
+    if name in ("apgd-ce", "apgd-dlr"):
+        loss = name.split("-")[1]
+        n = RESTARTS_L1 if (l1 and ctx.version == "standard") else (RESTARTS_PLUS if plus else 1)
+        for r in range(n):
+            yield _apgd_run(ctx, chunk, mask_now(), jax.random.fold_in(skey, r), loss)
+    elif name in ("apgd-t", "fab-t"):
+        mk = mask_now()
+        if not mk.any():
+            return
+        ranked = _ranked(ctx, chunk, jax.random.fold_in(skey, 0xA11))
+        yield None, ctx.eot * mk.astype(np.int64)  # the ranking forward
+        n = min(N_TARGETS_L1 if (l1 and name == "apgd-t") else N_TARGETS, ctx.mem.c - 1)
+        for t in range(n):
+            k = jax.random.fold_in(skey, t)
+            if name == "apgd-t":
+                yield _apgd_run(ctx, chunk, mask_now(), k, "dlr", targets=ranked[..., t])
+            else:
+                yield _fab_run(ctx, chunk, mask_now(), k, targets=ranked[..., t])
+    elif name == "fab":
+        n = RESTARTS_PLUS if plus else 1
+        for r in range(n):
+            k = jax.random.fold_in(skey, r)
+            xi = None
+            if r > 0:  # AutoAttack's FAB restarts > 0 start at a random point of radius eps / 2
+                keys = jax.vmap(lambda s: jax.random.fold_in(jax.random.fold_in(k, 0x5EED), s))(sid.astype(jnp.uint32))
+                xi = jax.vmap(lambda kk, a: G.random_in_ball(kk, a, FAB_RAND_RADIUS * ctx.eps, ctx.p, ctx.box))(
+                    keys, x0
+                )
+            yield _fab_run(ctx, chunk, mask_now(), k, x_init=xi)
+    elif name == "square":
+        yield _square_run(ctx, chunk, mask_now(), skey)
+
+
+def autoattack_pool(
+    pool, x, y, *, norm, eps: float, key, version: str = "standard", log: bool = True, wrap=None, **kw
+) -> AutoAttackResult:
+    """:func:`autoattack` on every member of a :class:`sarjax.models.pool.Pool`, each attacked on
+    its own: one call per stack (``stacked=True``, members vmapped), results concatenated in member
+    order.
+
+    Args:
+      pool: the pool.
+      x, y, norm, eps, key, version, log: as :func:`autoattack` (stack ``i`` uses ``fold_in(key, i)``).
+      wrap: optional ``wrap(member_apply) -> apply``: the deployed model of each stack, e.g.
+        ``lambda a: with_input_noise(a, 0.3)`` for a randomized defense (``version="rand"`` needs
+        a stochastic ``apply(params, x, key)``: a Pool alone is deterministic).
+      **kw: the other :func:`autoattack` keywords (``batch_size``, ``n_iter``, ...).
+
+    Returns:
+      One :class:`AutoAttackResult` over all members (the per-stage log's robust accuracies
+      and query totals concatenated / summed over the stacks).
+    """
+    if version == "rand" and wrap is None:
+        raise ValueError(
+            "autoattack_pool: a Pool is deterministic; version='rand' needs wrap= giving a stochastic "
+            "apply(params, x, key) (e.g. lambda a: with_input_noise(a, sigma))"
+        )
+    outs = []
+    for i, stack in enumerate(pool.stacks):
+        outs.append(
+            autoattack(
+                stack.arch.apply if wrap is None else wrap(stack.arch.apply),
+                stack.params,
+                x,
+                y,
+                norm=norm,
+                eps=eps,
+                key=jax.random.fold_in(key, i),
+                version=version, stacked=True, names=stack.names, log=log, **kw,
+            )
+        )  # fmt: skip
+    if len(outs) == 1:
+        return outs[0]
+    logs = tuple(
+        StageLog(
+            ls[0].name,
+            np.concatenate([s.robust_accuracy for s in ls]),
+            float(sum(s.seconds for s in ls)),
+            int(sum(s.queries for s in ls)),
+            int(sum(s.attacked for s in ls)),
+            int(sum(s.broken for s in ls)),
+            ls[0].skipped,
+        )
+        for ls in zip(*(o.log for o in outs))
+    )
+    cat = functools.partial(np.concatenate, axis=1)
+    first = outs[0]
+    return AutoAttackResult(
+        cat([o.x_adv for o in outs]),
+        cat([o.robust for o in outs]),
+        cat([o.clean for o in outs]),
+        cat([o.queries for o in outs]),
+        np.concatenate([o.stage_queries for o in outs], axis=2),
+        np.concatenate([o.stage_robust for o in outs], axis=2),
+        logs,
+        first.version,
+        first.norm,
+        first.eps,
+        tuple(n for o in outs for n in o.names),
+        tuple(w for o in outs for w in o.warnings),
+    )
+
+
+__all__ = [
+    "ATTACKS",
+    "VERSIONS",
+    "AutoAttackResult",
+    "AutoAttackWarning",
+    "StageLog",
+    "autoattack",
+    "autoattack_pool",
+    "sanity_checks",
+    "stages_of",
+]
