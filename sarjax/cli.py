@@ -145,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     for register in _EXTRA_COMMANDS:
         register(sub)
+    __import__("sarjax.cli_defenses", fromlist=["register"]).register(sub)  # sarjax train-defenses
     __import__("sarjax.cli_autoattack", fromlist=["register"]).register(sub)  # sarjax autoattack
     return p
 
