@@ -166,8 +166,23 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _mesh_shape(s: str) -> tuple[int, int]:
+    """``--devices pool=P,data=D`` (either may be left out: 1) as ``(P, D)``."""
+    shape = {"pool": 1, "data": 1}
+    for part in s.split(","):
+        name, _, value = part.partition("=")
+        if name.strip() not in shape or not value.strip().isdigit() or int(value) < 1:
+            raise argparse.ArgumentTypeError(f"expected pool=P,data=D with positive integers, got {s!r}")
+        shape[name.strip()] = int(value)
+    return shape["pool"], shape["data"]
+
+
 def cmd_sar(args: argparse.Namespace) -> int:
     """SAR of a saved pool."""
+    if args.coordinator is not None or args.num_processes is not None or args.process_id is not None:
+        from sarjax.cover.distributed import initialize
+
+        initialize(args.coordinator, args.num_processes, args.process_id)  # before any JAX computation
     from sarjax.demo import run_sar_on_saved_pool
 
     run_sar_on_saved_pool(
@@ -182,6 +197,7 @@ def cmd_sar(args: argparse.Namespace) -> int:
         seed=args.seed,
         conv_impl=args.conv_impl,
         overwrite=args.overwrite,
+        devices=args.devices,
     )
     return 0
 
@@ -235,6 +251,23 @@ def _register_demo(sub) -> None:
         action="store_true",
         help="discard an earlier run in OUT (a rerun with the same settings resumes; other settings are refused)",
     )
+    s.add_argument(
+        "--devices",
+        type=_mesh_shape,
+        default=None,
+        metavar="pool=P,data=D",
+        help="shard the pool over P x D of this process's devices: members on P, each attack's batch on D "
+        "(same result as one device; docs/cover.md)",
+    )
+    s.add_argument(
+        "--coordinator",
+        default=None,
+        metavar="HOST:PORT",
+        help="multi-process run on JAX's distributed runtime: process 0's address; each process attacks "
+        "its block of the images, process 0 writes OUT (with --num-processes, --process-id)",
+    )
+    s.add_argument("--num-processes", type=_positive_int, default=None, help="processes in the run (--coordinator)")
+    s.add_argument("--process-id", type=int, default=None, help="this process, 0 .. N-1 (--coordinator)")
     s.set_defaults(func=cmd_sar)
 
 

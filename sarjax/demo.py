@@ -13,6 +13,7 @@ import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -145,6 +146,7 @@ def evaluate_pool(
     progress: bool = True,
     checkpoint_dir: Path | None = None,
     attack=None,
+    overwrite: bool = False,
 ) -> tuple[SARResult, np.ndarray]:
     """SAR (joint PGD greedy) and per-member ASR (the same PGD on each member alone).
 
@@ -153,16 +155,26 @@ def evaluate_pool(
     reuse its compiled kernel across several eps (eps is a traced argument); the per-member
     kernel is memoised by :func:`sarjax.attacks.members.attack_members` already.
 
+    ``pool`` may be a :class:`sarjax.models.sharding.ShardedPool`. Under JAX's distributed
+    runtime (``jax.process_count() > 1``) each process attacks its block of the samples
+    (:func:`sarjax.cover.distributed.process_rows`, checkpoints under
+    ``checkpoint_dir/process_<i>_of_<n>``) and every process gets the gathered result; sample
+    ids are the rows of ``x``, so the result is the one-process result.
+
     Returns:
       (SAR result, per-member ASR [M]).
     """
     from sarjax.attacks.members import attack_members
     from sarjax.attacks.pgd import make_pgd
+    from sarjax.cover import distributed
+    from sarjax.models.sharding import ShardedPool
 
     validate_sar_args(eps, deltas)
+    rows = distributed.process_rows(len(x))  # all of them in one process
+    x = np.asarray(x)[rows]
     clean = pool.predict(x)  # [M, B]
-    single = attack_members(
-        pool,
+    members = pool.attack_members if isinstance(pool, ShardedPool) else partial(attack_members, pool)
+    single = members(
         make_pgd,
         x,
         clean,
@@ -172,8 +184,8 @@ def evaluate_pool(
         steps=steps,
         restarts=restarts,
         rel_step=1.0 / 16,
+        sample_ids=rows,
     )
-    member_asr = asr_metric(np.asarray(single.success).T)
     result = run_sar(
         pool,
         x,
@@ -184,10 +196,13 @@ def evaluate_pool(
         restarts=restarts,
         progress=progress,
         attack=attack,
-        checkpoint_dir=checkpoint_dir,
+        checkpoint_dir=distributed.process_checkpoint_dir(checkpoint_dir),
         member_attacks=(np.asarray(single.x_adv), np.asarray(single.queries)),
+        sample_ids=rows,
+        overwrite=overwrite,
     )
-    return result, member_asr
+    result, per_sample = distributed.allgather_parts(result, {"member_success": np.asarray(single.success).T})
+    return result, asr_metric(per_sample["member_success"])
 
 
 def khat_histogram(result: SARResult, j: int) -> dict[str, int]:
@@ -464,6 +479,23 @@ def run_demo(
 SAR_OUTPUTS = (resume.FINGERPRINT_FILE, "results.json", "sar", "sar.png", "checkpoint")
 
 
+def _open_sar_output(outp: Path, fingerprint: dict[str, Any], overwrite: bool, delta: float) -> None:
+    """``sarjax sar``'s output check: the fingerprint, and another delta only off a finished run."""
+    stored = open_output(outp, fingerprint, overwrite, SAR_OUTPUTS, allow=("delta",))
+    if stored is not None and stored["delta"] != float(delta):  # read it off the finished run, or stop here
+        if not ((outp / "results.json").exists() and (outp / "sar" / "result.json").exists()):
+            raise ValueError(
+                f"{resume.mismatch_reason(outp, stored, fingerprint, ['delta'])}, and another delta is "
+                f"read off a finished run only (rerun with --delta {stored['delta']:g} to finish it "
+                f"first); {OUT_HINT}"
+            )
+        try:
+            resume.rederive(SARResult.load(outp / "sar"), [delta])
+        except ValueError as e:
+            raise ValueError(f"{outp}: {e}; {OUT_HINT}") from None
+        print(f"{outp}: delta={delta:g} read off the finished run at delta={stored['delta']:g} (same coverage order)")
+
+
 def run_sar_on_saved_pool(
     pool_dir: str,
     eps: float,
@@ -478,8 +510,17 @@ def run_sar_on_saved_pool(
     progress: bool = True,
     conv_impl: str | None = None,
     overwrite: bool = False,
+    devices: tuple[int, int] | None = None,
 ) -> dict:
     """SAR_{1-delta} of a saved pool on the first ``samples`` MNIST test images; writes OUT/results.json.
+
+    ``devices=(P, D)`` shards the pool over a ``P x D`` mesh of this process's devices
+    (:class:`sarjax.models.sharding.ShardedPool`: members on ``pool``, each attack's batch on
+    ``data``); the result is the one-device result. Under JAX's distributed runtime
+    (``sarjax sar --coordinator ...``) every process runs this function with the same arguments:
+    each attacks its block of the images (:mod:`sarjax.cover.distributed`), the results are
+    gathered, and process 0 alone checks and writes OUT (the others write only their checkpoints,
+    ``OUT/checkpoint/process_<i>_of_<n>``).
 
     ``conv_impl`` (e.g. ``"fused"``, the fastest joint attack on CPU) re-wraps the pool's
     convolutional stacks before the attack (:meth:`Pool.with_conv_impl`); None keeps the saved one.
@@ -517,30 +558,34 @@ def run_sar_on_saved_pool(
         "restarts": restarts,
         "seed": seed,
     }
-    stored = open_output(outp, fingerprint, overwrite, SAR_OUTPUTS, allow=("delta",))
-    if stored is not None and stored["delta"] != float(delta):  # read it off the finished run, or stop here
-        if not ((outp / "results.json").exists() and (outp / "sar" / "result.json").exists()):
-            raise ValueError(
-                f"{resume.mismatch_reason(outp, stored, fingerprint, ['delta'])}, and another delta is "
-                f"read off a finished run only (rerun with --delta {stored['delta']:g} to finish it "
-                f"first); {OUT_HINT}"
-            )
+    from sarjax.cover import distributed
+
+    lead = jax.process_index() == 0  # the one process that checks and writes OUT
+    refusal = None
+    if lead:
         try:
-            resume.rederive(SARResult.load(outp / "sar"), [delta])
+            _open_sar_output(outp, fingerprint, overwrite, delta)
         except ValueError as e:
-            raise ValueError(f"{outp}: {e}; {OUT_HINT}") from None
-        print(f"{outp}: delta={delta:g} read off the finished run at delta={stored['delta']:g} (same coverage order)")
+            refusal = e
+    if not distributed.all_ok(refusal is None):  # every process waits for process 0's check
+        raise refusal or ValueError(f"process 0 refused the run in {outp} (its error says why)")
+    run_pool = pool
+    if devices is not None:
+        from sarjax.models.sharding import ShardedPool, make_mesh
+
+        run_pool = ShardedPool(pool, make_mesh(*devices, local=True))
     try:
         res, member_asr = evaluate_pool(
-            pool,
+            run_pool,
             x,
             eps,
             [delta],
             steps=steps,
             restarts=restarts,
             key=jax.random.key(seed),
-            progress=progress,
+            progress=progress and lead,
             checkpoint_dir=outp / "checkpoint",
+            overwrite=overwrite and not lead,  # process 0's output check cleared OUT already
         )
     except resume.FingerprintMismatch as e:
         raise ValueError(f"{e.reason}; {OUT_HINT}") from None
@@ -554,8 +599,12 @@ def run_sar_on_saved_pool(
         "steps": steps,
         "restarts": restarts,
         "conv_impl": conv_impl,
+        "devices": None if devices is None else {"pool": devices[0], "data": devices[1]},
+        "processes": jax.process_count(),
         **rec,
     }
+    if not lead:
+        return doc
     res.save(outp / "sar")
     plot_sar(res, outp / "sar.png", title=f"{pool_dir}: eps={eps}, 1-delta={1 - delta:g}")
     (outp / "results.json").write_text(json.dumps(doc, indent=2))

@@ -145,6 +145,20 @@ def precomputed_single(pool: Any, x_adv: Any, queries: Any, ref: Any) -> SingleA
     return single
 
 
+def _on_mesh(sharded: Any, attack: Callable) -> Callable:
+    """``attack`` (built on ``sharded.apply``) run through :meth:`ShardedPool.attack`.
+
+    The batch, mask, per-sample eps and sample ids are padded to the mesh's ``data`` axis and
+    placed on it; the results come back cut to the real samples and members.
+    """
+
+    def call(params: Any, x0: Any, ref: Any, mask: Any, key: jax.Array, **kwargs: Any) -> Any:
+        del params  # ShardedPool.attack passes its placed params
+        return sharded.attack(attack, x0, ref, mask, key, **kwargs)
+
+    return call
+
+
 _CKPT_HINT = "pass overwrite=True to discard it or choose another checkpoint_dir"
 _CKPT_FILES = (resume.FINGERPRINT_FILE, "chunk_*")  # what run_sar writes under checkpoint_dir
 
@@ -205,7 +219,11 @@ def run_sar(
 
     Args:
         pool: a :class:`sarjax.models.pool.Pool` (``apply``, ``params``,
-            ``num_members``, ``predict``, ``check_input``).
+            ``num_members``, ``predict``, ``check_input``), or a
+            :class:`sarjax.models.sharding.ShardedPool` (members sharded on the
+            mesh's ``pool`` axis, each attack's batch on its ``data`` axis): the
+            result is the one-device result (every sample draws its stream from
+            its id, and the padded members are neither attacked for nor charged).
         x: ``[B, *input_shape]`` images in ``[0, 1]``.
         eps: linf radius, ``> 0`` (papers/000 uses 0.05 on MNIST).
         deltas: allowed uncovered shares, each in ``[0, 1)``.
@@ -214,16 +232,18 @@ def run_sar(
             prediction, so no member is broken on the clean input. Given: the
             safe region is the true label, and members already wrong on the
             clean image count as covered without an attack.
-        key: PRNG key (default ``PRNGKey(0)``), the same for every chunk:
-            each sample's random stream comes from its index in the data set
-            (``sample_ids``), so the result per sample does not depend on
-            ``chunk_size`` or on which other samples run with it.
+        key: PRNG key, required (sarjax never defaults a key), the same for
+            every chunk: each sample's random stream comes from its index in
+            the data set (``sample_ids``), so the result per sample does not
+            depend on ``chunk_size``, on which other samples run with it, on
+            the mesh, or on the process that runs it.
         steps, step_size, restarts: joint PGD settings (Table 1 defaults;
             ``step_size=None`` means ``eps/16``).
         use_best: see :func:`make_attack_oracles`.
         attack: optional prebuilt mask-driven attack with the joint PGD
             signature (see :func:`make_attack_oracles`; it is called with
-            ``sample_ids=``), built on ``pool.apply``; it replaces the
+            ``sample_ids=``), built on ``pool.apply`` (for a ``ShardedPool``:
+            on its ``apply``, run through ``ShardedPool.attack``); it replaces the
             default joint PGD, and ``steps``, ``step_size`` and ``restarts``
             are then ignored. Reusing one attack
             across calls reuses its compiled kernel.
@@ -258,15 +278,19 @@ def run_sar(
         SARResult over all ``B`` samples (round logs padded across chunks).
 
     Raises:
-        TypeError, ValueError: bad ``pool``, ``eps``, ``deltas``, ``labels``
+        TypeError, ValueError: bad ``pool``, ``eps``, ``deltas``, no ``key``, ``labels``
             (each in ``[0, C)``), inputs (``[B >= 1, *input_shape]`` in
             ``[0, 1]``), ``chunk_size`` or ``sample_ids``; a ``checkpoint_dir``
             written with other settings (:class:`sarjax.cover.resume.FingerprintMismatch`).
     """
-    missing = [a for a in _POOL_API if not hasattr(pool, a)]
+    from sarjax.models.sharding import ShardedPool
+
+    sharded = pool if isinstance(pool, ShardedPool) else None
+    base: Any = pool.source if sharded is not None else pool  # names, classes, input shape, content hash
+    missing = [a for a in _POOL_API if not hasattr(base, a)]
     if missing:
         raise TypeError(
-            f"pool must be a sarjax.models.Pool (with {', '.join(_POOL_API)}), got "
+            f"pool must be a sarjax.models.Pool (with {', '.join(_POOL_API)}) or a ShardedPool, got "
             f"{type(pool).__name__} without {', '.join(missing)}"
         )
     if isinstance(eps, bool) or not isinstance(eps, (int, float, np.floating, np.integer)):
@@ -279,15 +303,15 @@ def run_sar(
         raise ValueError(f"deltas must be a non-empty sequence of floats in [0, 1), got {deltas!r}")
     deltas = tuple(float(d) for d in deltas)
     for d in deltas:
-        coverage_target(d, pool.num_members)  # raises for a delta outside [0, 1)
-    shape = tuple(pool.input_shape)
+        coverage_target(d, base.num_members)  # raises for a delta outside [0, 1)
+    shape = tuple(base.input_shape)
     if x is None or not hasattr(x, "shape") or not hasattr(x, "dtype"):
         raise TypeError(
             f"x must be an array of images [B, {', '.join(map(str, shape))}] in [0, 1], got {type(x).__name__}"
         )
-    pool.check_input(x)  # ValueError naming the expected [B, *input_shape] and the given shape
+    base.check_input(x)  # ValueError naming the expected [B, *input_shape] and the given shape
     x = np.asarray(x, dtype=np.float32)
-    b, m = x.shape[0], pool.num_members
+    b, m = x.shape[0], base.num_members
     if b < 1:
         raise ValueError(f"x must hold at least one image, got an empty batch of shape {list(x.shape)}")
     if x.min() < 0.0 or x.max() > 1.0:
@@ -298,9 +322,9 @@ def run_sar(
             raise ValueError(f"labels must be int [{b}], got {y.dtype} {y.shape}")
         from sarjax.attacks.threat import check_labels  # the one label-range check of sarjax
 
-        check_labels(y, int(pool.num_classes))
+        check_labels(y, int(base.num_classes))
     custom_attack = attack is not None
-    clean_pred = pool.predict(x).T.astype(np.int32)  # [B, M]
+    clean_pred = pool.predict(x).T.astype(np.int32)  # [B, M] (a ShardedPool predicts sharded)
     if labels is None:
         ref = clean_pred
     else:
@@ -312,11 +336,15 @@ def run_sar(
         raise ValueError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
     chunk_size = min(int(chunk_size), b)
     if key is None:
-        key = jax.random.PRNGKey(0)
+        raise TypeError(
+            "run_sar: key is required (a jax.random key, e.g. jax.random.key(seed)); sarjax never defaults it"
+        )
     if attack is None:
         from sarjax.attacks.joint import make_joint_pgd
 
         attack = make_joint_pgd(pool.apply, eps=float(eps), steps=steps, step_size=step_size, restarts=restarts)
+    if sharded is not None:
+        attack = _on_mesh(sharded, attack)
     from sarjax.attacks.core.validate import check_sample_ids
 
     ids = np.asarray(check_sample_ids(sample_ids, b))  # each row's index in the data set
@@ -325,7 +353,7 @@ def run_sar(
         fingerprint = {
             "kind": "run_sar",
             "sarjax_version": resume.sarjax_version(),
-            **resume.pool_fingerprint(pool),
+            **resume.pool_fingerprint(base),
             "num_members": m,
             "eps": float(eps),
             "deltas": list(deltas),

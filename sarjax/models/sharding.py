@@ -12,6 +12,8 @@ success, losses and query counts as on one device.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,23 +23,28 @@ from jax.sharding import PartitionSpec as P
 from sarjax.models.pool import Pool, Stack
 
 
-def make_mesh(pool: int | None = None, data: int | None = None) -> Mesh:
+def make_mesh(pool: int | None = None, data: int | None = None, *, local: bool = False) -> Mesh:
     """A ``("pool", "data")`` mesh over the available devices.
 
     Args:
       pool: devices on the pool axis (default: all devices / data).
       data: devices on the data axis (default 1).
+      local: use only this process's devices (``jax.local_devices()``) instead of every
+        process's (``jax.devices()``). A multi-process run that splits the SAMPLES across
+        processes (:func:`sarjax.cover.distributed.run_sar_across_processes`) gives each
+        process its own mesh over its local devices; with one process both are the same.
 
     Both axes are ``AxisType.Auto``: XLA propagates shardings through the model code, which
     is written without sharding annotations.
     """
-    n = jax.device_count()
+    devices = jax.local_devices() if local else jax.devices()
+    n = len(devices)
     data = 1 if data is None else int(data)
     pool = n // data if pool is None else int(pool)
     if pool < 1 or data < 1 or pool * data > n:
         raise ValueError(f"mesh pool={pool} x data={data} needs {pool * data} devices, {n} available")
     auto = jax.sharding.AxisType.Auto
-    return jax.make_mesh((pool, data), ("pool", "data"), axis_types=(auto, auto))
+    return jax.make_mesh((pool, data), ("pool", "data"), axis_types=(auto, auto), devices=devices[: pool * data])
 
 
 def pad_pool(pool: Pool, multiple: int) -> tuple[Pool, np.ndarray]:
@@ -98,6 +105,8 @@ class ShardedPool:
 
     Attributes:
       pool: the padded, placed pool.
+      source: the pool as given (one device, unpadded): its names, classes, input shape and
+        content hash are the sharded pool's.
       mesh: the ``("pool", "data")`` mesh.
       members: ``[M]`` int, the rows of the padded pool that are real members.
       params: the placed params (pass them to attacks built on ``apply``).
@@ -112,6 +121,7 @@ class ShardedPool:
 
     def __init__(self, pool: Pool, mesh: Mesh):
         self.mesh = mesh
+        self.source = pool
         self.pool, mask = place_pool(pool, mesh)
         self.members = np.flatnonzero(mask)
         self.num_members = int(len(self.members))
@@ -133,7 +143,66 @@ class ShardedPool:
     def logits(self, x) -> np.ndarray:
         """``[M, B, C]`` logits of the real members on the real samples."""
         xs, bmask = place_batch(np.asarray(x), self.mesh)
-        return np.asarray(jax.jit(self.apply)(self.params, xs))[:, bmask]
+        return np.asarray(self._jit_apply(self.params, xs))[:, bmask]
+
+    @functools.cached_property
+    def _jit_apply(self):
+        return jax.jit(self.apply)
+
+    def predict(self, x, batch: int = 1000) -> np.ndarray:
+        """``[M, B]`` int32 predicted classes of the real members, sharded, in chunks of ``batch``.
+
+        What ``run_sar`` uses for the clean references and the fallback's coverage sets of a
+        sharded pool (:meth:`sarjax.models.pool.Pool.predict` on one device).
+        """
+        self.source.check_input(x)
+        out = [np.argmax(self.logits(np.asarray(x[i : i + batch])), -1) for i in range(0, len(x), batch)]
+        return np.concatenate(out, axis=1).astype(np.int32)
+
+    def attack_members(self, factory, x0, labels, key, *, sample_ids=None, **kwargs):
+        """:func:`sarjax.attacks.members.attack_members` on the sharded pool: every member alone.
+
+        The padded pool's stacks are attacked member by member (vmapped, the member axis sharded
+        on ``pool``), the batch padded and sharded on ``data``; the result is cut to the real
+        members and samples. A real member keeps its stack and its index in it, and a sample its
+        id, so each draws the random stream it draws on one device.
+
+        Args:
+          factory: attack factory, e.g. :func:`sarjax.attacks.pgd.make_pgd`.
+          x0: ``[B, *S]`` inputs.
+          labels: ``[B]`` or ``[M, B]`` int (the real members' labels).
+          key: PRNG key, required.
+          sample_ids: ``[B]`` int (default ``arange(B)``).
+          **kwargs: ``eps`` (scalar or ``[B]``), ``norm``, ``max_queries`` and the factory's
+            hyperparameters, as for ``attack_members``.
+
+        Returns:
+          AttackResult with ``x_adv [M, B, *S]``, ``success [M, B]``, ``queries [M, B]``, ...
+        """
+        from sarjax.attacks.members import attack_members
+
+        x0 = np.asarray(x0, np.float32)
+        b = x0.shape[0]
+        ids = np.arange(b, dtype=np.int32) if sample_ids is None else np.asarray(sample_ids)
+        lab = np.asarray(labels)
+        if lab.ndim == 2:  # [M, B]: the padded members (copies of their stack's first) get class 0
+            if lab.shape[0] != self.num_members:
+                raise ValueError(f"labels must be [B] or [M={self.num_members}, B], got shape {lab.shape}")
+            full = np.zeros((self.pool.num_members,) + lab.shape[1:], lab.dtype)
+            full[self.members] = lab
+            lab = full.T  # [B, M_padded]: padded along the batch below
+        pad = lambda a: place_batch(np.asarray(a), self.mesh)[0]  # noqa: E731
+        for k in ("eps", "max_queries"):
+            v = kwargs.get(k)
+            if v is not None and np.ndim(v) == 1:
+                kwargs[k] = pad(v)
+        xs = pad(x0)
+        lab_p = pad(lab)
+        res = attack_members(
+            self.pool, factory, xs, lab_p.T if lab.ndim == 2 else lab_p, key, sample_ids=pad(ids), **kwargs
+        )
+        n = xs.shape[0]
+        return jax.tree.map(lambda a: a[self.members][:, :b] if np.ndim(a) >= 2 and a.shape[1] == n else a, res)
 
     def attack(self, attack, x0, ref, mask=None, key=None, **kwargs):
         """Run ``attack(self.params, x0, ref, mask, key, **kwargs)`` with the batch sharded on ``data``.

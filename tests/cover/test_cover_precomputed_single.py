@@ -47,7 +47,13 @@ def test_run_sar_with_member_attacks_marks_individually_robust_members_unbreakab
     single = attack_members(pool, make_pgd, x, clean, jax.random.PRNGKey(0), eps=eps, steps=5, restarts=1)
     att = make_joint_pgd(pool.apply, eps=eps, steps=5, restarts=1)
     res = run_sar(
-        pool, x, eps, [0.0], attack=att, member_attacks=(np.asarray(single.x_adv), np.asarray(single.queries))
+        pool,
+        x,
+        eps,
+        [0.0],
+        attack=att,
+        key=jax.random.PRNGKey(0),
+        member_attacks=(np.asarray(single.x_adv), np.asarray(single.queries)),
     )
     succ = np.asarray(single.success)  # [M, B]
     assert res.recorded.any() and res.unbreakable.any()  # the instance exercises both paths

@@ -52,7 +52,7 @@ def test_identical_members_break_together():
     # A pool of copies shares every weakness: every candidate input breaks all
     # members or none, and a sample broken in round 0 has SAR = 1/M at every delta.
     pool = _pool(3, same=True)
-    res = run_sar(pool, _images(4), 0.5, [0.0, 0.5], attack=_ATTACK3)
+    res = run_sar(pool, _images(4), 0.5, [0.0, 0.5], attack=_ATTACK3, key=jax.random.PRNGKey(0))
     for cov in (res.joint_covered, res.fallback_covered):
         assert (cov.all(axis=2) | ~cov.any(axis=2)).all()
     first = res.recorded[0]
@@ -91,7 +91,7 @@ def test_labels_mode_chunking_and_checkpoint(tmp_path):
     x = _images(7, seed=2)
     pred = pool.predict(x)  # [M, B]
     labels = pred[0].astype(np.int32)  # member 0 right by construction; others may be wrong
-    kw = dict(labels=labels, attack=_ATTACK3, chunk_size=4)
+    kw = dict(labels=labels, attack=_ATTACK3, chunk_size=4, key=jax.random.PRNGKey(0))
     res = run_sar(pool, x, 0.2, [0.0, 1 / 3], checkpoint_dir=tmp_path, **kw)
     assert res.batch_size == 7 and res.valid.all()
     np.testing.assert_array_equal(res.clean_broken, (pred != labels[None]).T)

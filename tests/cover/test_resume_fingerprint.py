@@ -41,6 +41,7 @@ X = np.random.default_rng(3).random((4, 4, 4, 1), dtype=np.float32)
 
 
 def _sar(eps, deltas, ckpt, **kw):
+    kw.setdefault("key", jax.random.PRNGKey(0))  # run_sar requires a key
     return run_sar(POOL, X, eps, deltas, attack=ATTACK, checkpoint_dir=ckpt, **kw)
 
 
@@ -56,9 +57,9 @@ def test_rerun_with_other_eps_or_key_raises_naming_the_setting(tmp_path):
     with pytest.raises(ValueError, match=r"key=\[0, 7\]"):
         _sar(0.3, [0.0], tmp_path, key=jax.random.PRNGKey(7))
     with pytest.raises(ValueError, match="pool="):
-        run_sar(_pool(seed=1), X, 0.3, [0.0], attack=ATTACK, checkpoint_dir=tmp_path)
+        run_sar(_pool(seed=1), X, 0.3, [0.0], attack=ATTACK, checkpoint_dir=tmp_path, key=jax.random.PRNGKey(0))
     with pytest.raises(ValueError, match="images="):
-        run_sar(POOL, X[::-1].copy(), 0.3, [0.0], attack=ATTACK, checkpoint_dir=tmp_path)
+        run_sar(POOL, X[::-1].copy(), 0.3, [0.0], attack=ATTACK, checkpoint_dir=tmp_path, key=jax.random.PRNGKey(0))
     again = _sar(0.3, [0.0], tmp_path)  # same settings: resumes (loads the finished chunk)
     np.testing.assert_array_equal(again.sar, first.sar)
 
@@ -67,7 +68,7 @@ def test_overwrite_discards_the_old_run(tmp_path):
     _sar(0.3, [0.0], tmp_path)
     (tmp_path / "keep.txt").write_text("not ours")
     res = _sar(0.05, [0.0], tmp_path, overwrite=True)
-    fresh = run_sar(POOL, X, 0.05, [0.0], attack=ATTACK)
+    fresh = run_sar(POOL, X, 0.05, [0.0], attack=ATTACK, key=jax.random.PRNGKey(0))
     np.testing.assert_array_equal(res.sar, fresh.sar)
     np.testing.assert_array_equal(res.k_hat, fresh.k_hat)
     assert json.loads((tmp_path / FINGERPRINT_FILE).read_text())["eps"] == 0.05
@@ -106,7 +107,7 @@ def test_new_delta_on_finished_run_is_derived_or_refused(tmp_path):
     # (and a KeyError in demo.py). Now a delta the coverage order determines is read off it ...
     stored = _sar(0.8, [1 / 3], tmp_path / "a")  # M=3, tau=2
     derived = _sar(0.8, [2 / 3], tmp_path / "a")  # tau=1: every sample reached it on the way
-    fresh = run_sar(POOL, X, 0.8, [2 / 3], attack=ATTACK)
+    fresh = run_sar(POOL, X, 0.8, [2 / 3], attack=ATTACK, key=jax.random.PRNGKey(0))
     assert derived.deltas == (2 / 3,) and stored.deltas == (1 / 3,)
     np.testing.assert_array_equal(derived.sar, fresh.sar)
     np.testing.assert_array_equal(derived.k_hat, fresh.k_hat)

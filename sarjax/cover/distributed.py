@@ -1,0 +1,246 @@
+"""SAR across processes on JAX's distributed runtime: the samples split, the results gathered.
+
+Every sample's attack draws its random stream from its index in the data set (``fold_in(key,
+sample_id)``) and the greedy treats every sample alone, so a sample's SAR does not depend on
+which other samples run with it. A multi-process run therefore splits the SAMPLES: process ``i``
+of ``n`` runs the greedy on its contiguous block of rows (:func:`process_rows`), with its own
+checkpoint directory, on a mesh over its own devices when it shards the pool
+(:func:`sarjax.models.sharding.make_mesh` with ``local=True``); :func:`allgather_parts` then
+hands every process the per-sample results of all of them, in sample order. The merged result
+is the one-process result, array for array (round logs padded as for ``chunk_size``).
+
+The gather uses the runtime's own collective (:func:`jax.experimental.multihost_utils.process_allgather`,
+gloo on CPU, NCCL / ICI on GPU / TPU): no shared file system is needed, so hosts with local
+disks (a TPU pod slice) work as well as one machine.
+
+Example (two processes on one machine, each its own shell)::
+
+    sarjax sar --pool POOL --eps 0.05 --delta 0.15 --coordinator localhost:12355 \\
+        --num-processes 2 --process-id 0 --out OUT      # and --process-id 1
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from sarjax.cover.result import SARResult, concat_results
+
+_META = "__sarjax_meta__"
+_EXTRA = "extra/"
+
+
+def initialize(coordinator_address: str | None, num_processes: int | None, process_id: int | None) -> None:
+    """Join JAX's distributed runtime (``jax.distributed.initialize``) after checking the arguments.
+
+    All three None: the runtime detects the cluster itself (TPU pod slices, SLURM, Open MPI,
+    ...; on one machine without a cluster it fails). Otherwise all three are required.
+
+    Args:
+        coordinator_address: ``HOST:PORT`` of process 0 (every process passes the same).
+        num_processes: ``n >= 1``.
+        process_id: this process, in ``[0, n)``.
+
+    Raises:
+        ValueError: a partial or malformed set of arguments, naming what was given.
+    """
+    given = [a is not None for a in (coordinator_address, num_processes, process_id)]
+    if any(given) and not all(given):
+        raise ValueError(
+            "--coordinator, --num-processes and --process-id go together (or none of them, to let "
+            f"JAX detect a TPU / SLURM / MPI cluster), got coordinator={coordinator_address!r}, "
+            f"num_processes={num_processes!r}, process_id={process_id!r}"
+        )
+    if all(given):
+        assert coordinator_address is not None and num_processes is not None and process_id is not None
+        if not re.fullmatch(r"[^\s:]+:\d{1,5}", coordinator_address):
+            raise ValueError(f"coordinator must be HOST:PORT (e.g. localhost:12355), got {coordinator_address!r}")
+        if isinstance(num_processes, bool) or not isinstance(num_processes, (int, np.integer)) or num_processes < 1:
+            raise ValueError(f"num_processes must be an int >= 1, got {num_processes!r}")
+        if isinstance(process_id, bool) or not isinstance(process_id, (int, np.integer)):
+            raise ValueError(f"process_id must be an int in [0, {num_processes}), got {process_id!r}")
+        if not 0 <= process_id < num_processes:
+            raise ValueError(f"process_id must be in [0, {num_processes}), got {process_id}")
+        jax.distributed.initialize(
+            coordinator_address=coordinator_address, num_processes=int(num_processes), process_id=int(process_id)
+        )
+    else:
+        jax.distributed.initialize()
+
+
+def process_rows(n: int, index: int | None = None, count: int | None = None) -> np.ndarray:
+    """The contiguous block of ``arange(n)`` that process ``index`` of ``count`` runs.
+
+    Blocks differ in size by at most one (``np.array_split``), in process order.
+
+    Args:
+        n: number of samples.
+        index: the process (default ``jax.process_index()``).
+        count: the number of processes (default ``jax.process_count()``).
+
+    Raises:
+        ValueError: fewer samples than processes (a process would have none).
+    """
+    count = jax.process_count() if count is None else int(count)
+    index = jax.process_index() if index is None else int(index)
+    if n < count:
+        raise ValueError(f"{n} samples cannot be split over {count} processes (each needs at least one)")
+    return np.array_split(np.arange(n), count)[index]
+
+
+def _pack(result: SARResult, arrays: Mapping[str, np.ndarray]) -> np.ndarray:
+    """A result and extra arrays as one ``uint8`` buffer (a compressed ``.npz``)."""
+    from dataclasses import fields
+
+    meta = {
+        "num_members": result.num_members,
+        "deltas": list(result.deltas),
+        "taus": list(result.taus),
+        "count_clean_input": result.count_clean_input,
+        "stop_when_unreachable": result.stop_when_unreachable,
+        "num_rounds": result.num_rounds,
+    }
+    out = {f.name: v for f in fields(result) if isinstance(v := getattr(result, f.name), np.ndarray)}
+    out.update({_EXTRA + k: np.asarray(v) for k, v in arrays.items()})
+    buf = io.BytesIO()
+    out[_META] = np.array(json.dumps(meta))
+    np.savez_compressed(buf, **out)  # pyright: ignore[reportArgumentType]  (numpy's stub: **kwds as allow_pickle)
+    return np.frombuffer(buf.getvalue(), np.uint8)
+
+
+def _unpack(blob: np.ndarray) -> tuple[SARResult, dict[str, np.ndarray]]:
+    with np.load(io.BytesIO(blob.tobytes()), allow_pickle=False) as z:
+        got = {k: z[k] for k in z.files}
+    meta = json.loads(str(got.pop(_META)))
+    extra = {k[len(_EXTRA) :]: got.pop(k) for k in list(got) if k.startswith(_EXTRA)}
+    result = SARResult(
+        num_members=int(meta["num_members"]),
+        deltas=tuple(meta["deltas"]),
+        taus=tuple(meta["taus"]),
+        count_clean_input=bool(meta["count_clean_input"]),
+        stop_when_unreachable=bool(meta["stop_when_unreachable"]),
+        num_rounds=int(meta["num_rounds"]),
+        inputs=got.pop("inputs", None),
+        **got,
+    )
+    return result, extra
+
+
+def allgather_parts(
+    result: SARResult, arrays: Mapping[str, Any] | None = None
+) -> tuple[SARResult, dict[str, np.ndarray]]:
+    """Every process's result and per-sample arrays, concatenated in process order, on every process.
+
+    Each process serialises its part (a compressed ``.npz``), the lengths and then the padded
+    buffers are gathered with ``process_allgather`` (the same shapes on every process, as the
+    collective requires), and each process reads all parts back. With one process the inputs
+    come back as they are.
+
+    Args:
+        result: this process's :class:`SARResult` (its block of samples).
+        arrays: extra arrays whose axis 0 is this process's samples (e.g. the per-member attack
+            success ``[B_i, M]``); the same names on every process.
+
+    Returns:
+        ``(result over all samples, {name: array over all samples})``; the result is
+        :func:`sarjax.cover.result.concat_results` of the parts (round logs padded to the
+        longest part, exactly as for ``run_sar``'s chunks).
+    """
+    arrays = {k: np.asarray(v) for k, v in (arrays or {}).items()}
+    if jax.process_count() == 1:
+        return result, arrays
+    from jax.experimental.multihost_utils import process_allgather
+
+    blob = _pack(result, arrays)
+    sizes = np.asarray(process_allgather(np.array([blob.size], np.int64))).reshape(-1)
+    padded = np.zeros(int(sizes.max()), np.uint8)
+    padded[: blob.size] = blob
+    blobs = np.asarray(process_allgather(padded))  # [P, L]
+    parts = [_unpack(blobs[i, : int(sizes[i])]) for i in range(len(sizes))]
+    names = sorted(arrays)
+    for i, (_, extra) in enumerate(parts):
+        if sorted(extra) != names:
+            raise ValueError(f"process {i} sent arrays {sorted(extra)}, this process {names}")
+    merged = concat_results([r for r, _ in parts])
+    return merged, {k: np.concatenate([extra[k] for _, extra in parts], axis=0) for k in names}
+
+
+def all_ok(ok: bool) -> bool:
+    """Whether every process passed ``ok=True`` (a gathered flag; also a barrier)."""
+    if jax.process_count() == 1:
+        return bool(ok)
+    from jax.experimental.multihost_utils import process_allgather
+
+    return bool(np.asarray(process_allgather(np.array([bool(ok)], np.int32))).all())
+
+
+def process_checkpoint_dir(root: str | os.PathLike | None) -> Path | None:
+    """``root/process_<i>_of_<n>`` (each process's own checkpoints), ``root`` for one process."""
+    if root is None:
+        return None
+    n = jax.process_count()
+    return Path(root) if n == 1 else Path(root) / f"process_{jax.process_index()}_of_{n}"
+
+
+def run_sar_across_processes(
+    pool: Any,
+    x: Any,
+    eps: float,
+    deltas: Any,
+    *,
+    key: jax.Array,
+    labels: Any = None,
+    sample_ids: Any = None,
+    member_attacks: tuple[Any, Any] | None = None,
+    checkpoint_dir: str | os.PathLike | None = None,
+    **kwargs: Any,
+) -> SARResult:
+    """:func:`sarjax.cover.vision.run_sar` with the samples split over the JAX processes.
+
+    Every process passes the same arguments (the whole batch); each runs ``run_sar`` on its
+    block of rows (:func:`process_rows`) with those rows' sample ids, checkpointing under
+    ``checkpoint_dir/process_<i>_of_<n>``; the blocks are then gathered (:func:`allgather_parts`).
+    The result, on every process, equals ``run_sar`` on the whole batch in one process. With one
+    process it is ``run_sar``.
+
+    Args:
+        pool: a ``Pool``, or a ``ShardedPool`` on this process's devices
+            (``make_mesh(..., local=True)``).
+        x, eps, deltas, key, labels: as for ``run_sar`` (``x`` ``[B, *S]``, ``labels`` ``[B]``).
+        sample_ids: ``[B]`` int ids of ``x``'s rows (default ``arange(B)``).
+        member_attacks: ``(x_adv [M, B, *S], queries [M, B])`` for the whole batch, or None.
+        checkpoint_dir: the run's checkpoint root, or None.
+        **kwargs: the other ``run_sar`` options (``attack``, ``steps``, ``chunk_size``, ...).
+
+    Raises:
+        ValueError: fewer samples than processes, and whatever ``run_sar`` raises.
+    """
+    from sarjax.attacks.core.validate import check_sample_ids
+    from sarjax.cover.vision import run_sar
+
+    b = int(np.shape(x)[0])
+    rows = process_rows(b)
+    ids = np.asarray(check_sample_ids(sample_ids, b))
+    part = run_sar(
+        pool,
+        np.asarray(x)[rows],
+        eps,
+        deltas,
+        key=key,
+        labels=None if labels is None else np.asarray(labels)[rows],
+        sample_ids=ids[rows],
+        member_attacks=None
+        if member_attacks is None
+        else (np.asarray(member_attacks[0])[:, rows], np.asarray(member_attacks[1])[:, rows]),
+        checkpoint_dir=process_checkpoint_dir(checkpoint_dir),
+        **kwargs,
+    )
+    return allgather_parts(part)[0]

@@ -1,0 +1,42 @@
+"""Helpers shared by every test folder.
+
+``run_on_fake_devices``: run a snippet in a fresh Python process with N fake CPU devices
+(``jax_num_cpu_devices`` must be set before JAX starts its backend, so it cannot run in the test
+process). The snippet sees ``jax``, ``np``, ``zoo``, ``Pool``, ``Stack`` and ``stack(arch, seed,
+n)`` (a stack of random params from the init's shapes: no init compile) and must print ``OK``.
+"""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+_PREAMBLE = """
+import jax
+jax.config.update("jax_num_cpu_devices", {n})
+import numpy as np
+from sarjax.models import zoo
+from sarjax.models.pool import Pool, Stack
+assert jax.device_count() == {n}
+def stack(arch, seed, n):   # random params from the init's shapes: no init compile (~10 s)
+    shapes = jax.eval_shape(jax.vmap(arch.init), jax.random.split(jax.random.key(seed), n))
+    rng = np.random.default_rng(seed)
+    params = jax.tree.map(lambda s: (rng.standard_normal(s.shape) / np.sqrt(np.prod(s.shape[1:-1]) or 1.0))
+                          .astype(np.float32), shapes)
+    return Stack(arch, params, tuple(f"{{arch.name}}/{{i}}" for i in range(n)))
+"""
+
+
+def run_on_fake_devices_(body: str, n: int = 8, timeout: float = 300) -> str:
+    """Run ``body`` (dedented) after the preamble with ``n`` fake CPU devices; returns its stdout."""
+    code = _PREAMBLE.format(n=n) + textwrap.dedent(body)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0 and "OK" in r.stdout, (r.stdout[-2000:], r.stderr[-3000:])
+    return r.stdout
+
+
+@pytest.fixture(scope="session")
+def run_on_fake_devices():
+    """``run(body, n=8, timeout=300) -> stdout``: ``body`` in a fresh process with n fake CPU devices."""
+    return run_on_fake_devices_

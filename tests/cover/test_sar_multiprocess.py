@@ -1,0 +1,121 @@
+"""``sarjax sar`` across 2 processes on JAX's distributed runtime equals the one-process run.
+
+Known answer: the same command in one process on one device. The two processes join a
+coordinator on a free localhost port (gloo collectives on CPU), each shards its block of the
+images over a mesh of its OWN 2 fake CPU devices (4 in the job): process 0 on the member axis
+(``--devices pool=2``: the 3 members padded to 4), process 1 on the batch axis
+(``--devices data=2``: its block of 2 images); process 0 writes OUT. Every array of
+the saved SARResult and every number of results.json must be equal (bit for bit), per-sample
+k_hat included.
+
+The pool is 3 random MLP members and the data a tiny IDX directory (6 test images), so the
+three processes spend their time importing and compiling, not attacking.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import fields
+
+import jax
+import numpy as np
+import pytest
+
+from sarjax.cover.result import SARResult
+from sarjax.models import zoo
+from sarjax.models.checkpoint import save_pool
+from sarjax.models.pool import Pool, Stack
+
+
+def _write_idx(path, array):
+    a = np.ascontiguousarray(array, np.uint8)
+    header = bytes([0, 0, 8, a.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in a.shape)
+    path.write_bytes(header + a.tobytes())
+
+
+def _tiny_mnist(d):
+    rng = np.random.default_rng(0)
+    d.mkdir()
+    names = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+    for (img, lab), n in zip([names[:2], names[2:]], (4, 6)):
+        _write_idx(d / img, rng.integers(0, 256, (n, 28, 28)))
+        _write_idx(d / lab, rng.integers(0, 10, n))
+    return d
+
+
+def _tiny_pool(d):
+    arch = zoo.mlp((8,))
+    shapes = jax.eval_shape(jax.vmap(arch.init), jax.random.split(jax.random.key(0), 3))
+    rng = np.random.default_rng(1)
+    params = jax.tree.map(
+        lambda s: (rng.standard_normal(s.shape) / np.sqrt(np.prod(s.shape[1:-1]) or 1.0)).astype(np.float32), shapes
+    )
+    return save_pool(Pool([Stack(arch, params, tuple(f"m{i}" for i in range(3)))]), d)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """(one-process OUT, two-process OUT, the processes' outputs), the three run at once."""
+    tmp = tmp_path_factory.mktemp("sar_mp")
+    common = [sys.executable, "-m", "sarjax.cli", "sar", "--pool", str(_tiny_pool(tmp / "pool"))]
+    common += ["--data-dir", str(_tiny_mnist(tmp / "mnist")), "--eps", "0.3", "--delta", "0.25"]
+    common += ["--samples", "5", "--steps", "3", "--restarts", "1", "--seed", "3"]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    port = _free_port()
+    procs = [
+        subprocess.Popen(
+            [*common, "--out", str(tmp / "one")], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+    ]
+    for i, mesh in enumerate(["pool=2", "data=2"]):  # each process's own mesh over its own devices
+        cmd = [*common, "--out", str(tmp / "two"), "--devices", mesh]
+        cmd += ["--coordinator", f"localhost:{port}", "--num-processes", "2", "--process-id", str(i)]
+        procs.append(
+            subprocess.Popen(
+                cmd,
+                env={**env, "JAX_NUM_CPU_DEVICES": "2"},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    outs = []
+    for p in procs:
+        try:
+            out, _ = p.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+        outs.append(out)
+        assert p.returncode == 0, out[-3000:]
+    return tmp / "one", tmp / "two", outs
+
+
+def test_two_processes_give_the_one_process_sar_bit_for_bit(runs):
+    one, two, outs = runs
+    a, b = SARResult.load(one / "sar"), SARResult.load(two / "sar")
+    assert a.batch_size == 5 and a.num_rounds >= 2
+    assert a.reached.any() and not a.reached.all(), a.k_hat  # some samples reach the target, some not
+    assert a.fallback.any()
+    for f in fields(a):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if isinstance(x, np.ndarray):
+            np.testing.assert_array_equal(y, x, err_msg=f.name)
+        else:
+            assert x == y, f.name
+    ja, jb = json.loads((one / "results.json").read_text()), json.loads((two / "results.json").read_text())
+    assert (ja.pop("processes"), jb.pop("processes")) == (1, 2)
+    assert (ja.pop("devices"), jb.pop("devices")) == (None, {"pool": 2, "data": 1})  # process 0's
+    assert ja == jb
+    # process 0 wrote OUT; process 1 only its own checkpoints and printed no summary
+    assert "wrote" in outs[1] and "wrote" not in outs[2]
+    assert sorted(p.name for p in (two / "checkpoint").iterdir()) == ["process_0_of_2", "process_1_of_2"]
