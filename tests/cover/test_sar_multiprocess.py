@@ -119,3 +119,57 @@ def test_two_processes_give_the_one_process_sar_bit_for_bit(runs):
     # process 0 wrote OUT; process 1 only its own checkpoints and printed no summary
     assert "wrote" in outs[1] and "wrote" not in outs[2]
     assert sorted(p.name for p in (two / "checkpoint").iterdir()) == ["process_0_of_2", "process_1_of_2"]
+
+
+# -- the pieces, in this (one) process ------------------------------------------------------
+
+
+def test_process_rows_split_contiguously_and_refuse_empty_blocks():
+    from sarjax.cover.distributed import process_rows
+
+    blocks = [process_rows(7, i, 3).tolist() for i in range(3)]
+    assert blocks == [[0, 1, 2], [3, 4], [5, 6]]
+    assert process_rows(4).tolist() == [0, 1, 2, 3]  # one process: everything
+    with pytest.raises(ValueError, match="2 samples cannot be split over 3 processes"):
+        process_rows(2, 0, 3)
+
+
+def test_initialize_checks_its_arguments_before_joining():
+    from sarjax.cover.distributed import initialize
+
+    with pytest.raises(ValueError, match="go together"):
+        initialize("localhost:1234", None, 0)
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        initialize("localhost", 2, 0)
+    with pytest.raises(ValueError, match=r"process_id must be in \[0, 2\), got 2"):
+        initialize("localhost:1234", 2, 2)
+
+
+def test_packed_parts_come_back_and_concatenate_like_chunks():
+    # allgather_parts ships each process's result as bytes and concatenates them in process order:
+    # the same as run_sar's own chunks. Known answer: run_sar on the whole batch (in chunks of 2,
+    # the parts' size: one compiled kernel for the test).
+    from sarjax.attacks.joint import make_joint_pgd
+    from sarjax.cover.distributed import _pack, _unpack, run_sar_across_processes
+    from sarjax.cover.result import concat_results
+    from sarjax.cover.vision import run_sar
+
+    arch = zoo.mlp((6,), input_shape=(4, 4, 1), num_classes=4)
+    shapes = jax.eval_shape(jax.vmap(arch.init), jax.random.split(jax.random.key(0), 3))
+    rng = np.random.default_rng(2)
+    params = jax.tree.map(lambda s: rng.standard_normal(s.shape).astype(np.float32), shapes)
+    pool = Pool([Stack(arch, params, ("a", "b", "c"))])
+    x = rng.random((4, 4, 4, 1), dtype=np.float32)
+    kw = dict(key=jax.random.key(1), attack=make_joint_pgd(pool.apply, steps=2, restarts=1))
+    whole = run_sar(pool, x, 0.3, [0.0, 0.5], chunk_size=2, **kw)
+    assert whole.covered.any() and whole.num_rounds >= 2
+    one = run_sar_across_processes(pool, x, 0.3, [0.0, 0.5], chunk_size=2, **kw)  # one process: run_sar
+    assert one.k_hat.tolist() == whole.k_hat.tolist()
+    parts = [run_sar(pool, x[r], 0.3, [0.0, 0.5], sample_ids=r, **kw) for r in (np.arange(2), np.arange(2, 4))]
+    back = [_unpack(_pack(p, {"s": np.full((p.batch_size, 2), i)})) for i, p in enumerate(parts)]
+    merged = concat_results([r for r, _ in back])
+    assert [e["s"][:, 0].tolist() for _, e in back] == [[0, 0], [1, 1]]
+    for f in fields(whole):
+        a, b = getattr(whole, f.name), getattr(merged, f.name)
+        if isinstance(a, np.ndarray):
+            np.testing.assert_array_equal(b, a, err_msg=f.name)
