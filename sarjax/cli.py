@@ -182,7 +182,8 @@ def cmd_sar(args: argparse.Namespace) -> int:
     if args.coordinator is not None or args.num_processes is not None or args.process_id is not None:
         from sarjax.cover.distributed import initialize
 
-        initialize(args.coordinator, args.num_processes, args.process_id)  # before any JAX computation
+        auto = args.coordinator == "auto"  # TPU pod slice, Slurm, Open MPI: JAX reads the cluster's settings
+        initialize(None if auto else args.coordinator, args.num_processes, args.process_id)  # before any JAX work
     from sarjax.demo import run_sar_on_saved_pool
 
     run_sar_on_saved_pool(
@@ -245,7 +246,9 @@ def _register_demo(sub) -> None:
         default=None,
         help="convolution formulation for the attack (default: the saved one; fused is the fastest on CPU)",
     )
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument(
+        "--seed", type=int, default=0, help="PRNG seed of the attacks: key = jax.random.key(SEED) (default 0)"
+    )
     s.add_argument(
         "--overwrite",
         action="store_true",
@@ -263,8 +266,9 @@ def _register_demo(sub) -> None:
         "--coordinator",
         default=None,
         metavar="HOST:PORT",
-        help="multi-process run on JAX's distributed runtime: process 0's address; each process attacks "
-        "its block of the images, process 0 writes OUT (with --num-processes, --process-id)",
+        help="multi-process run on JAX's distributed runtime: process 0's address (with --num-processes, "
+        "--process-id), or 'auto' on a TPU pod slice / Slurm / Open MPI job; each process attacks its block "
+        "of the images, process 0 writes OUT",
     )
     s.add_argument("--num-processes", type=_positive_int, default=None, help="processes in the run (--coordinator)")
     s.add_argument("--process-id", type=int, default=None, help="this process, 0 .. N-1 (--coordinator)")
