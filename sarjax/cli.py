@@ -147,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
         register(sub)
     __import__("sarjax.cli_defenses", fromlist=["register"]).register(sub)  # sarjax train-defenses
     __import__("sarjax.cli_autoattack", fromlist=["register"]).register(sub)  # sarjax autoattack
+    __import__("sarjax.cli_frontier", fromlist=["register"]).register(sub)  # sarjax frontier
     return p
 
 

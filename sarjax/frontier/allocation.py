@@ -45,13 +45,17 @@ DEFAULT_HELDOUT = 13 / 30  # papers/001 Section 5.1: 17 train / 13 held-out of 3
 KINDS = ("base", "restart", "targeted")
 
 
-def default_levels(cap: int = DEFAULT_CAP, count: int = 10) -> np.ndarray:
+def default_levels(cap: int = DEFAULT_CAP, count: int = 10, every: int = DEFAULT_EVERY) -> np.ndarray:
     """Candidate levels ``S``: ``count`` evenly spaced checkpoints up to ``cap``.
 
-    papers/001 Section 5.1: ``S = {100, 200, ..., 1000}`` (``J = 10`` up to ``T = 1000``).
+    papers/001 Section 5.1: ``S = {100, 200, ..., 1000}`` (``J = 10`` up to ``T = 1000``).  A
+    cap below ``count * every`` gets one level per trajectory record (``every, 2 every, ...``).
     """
-    if cap % count:
-        raise ValueError(f"cap {cap} is not a multiple of the level count {count}")
+    if cap < every or cap % every:
+        raise ValueError(f"cap {cap} must be a positive multiple of {every}")
+    count = min(count, cap // every)
+    if (cap // every) % count:
+        raise ValueError(f"cap {cap} does not split into {count} levels on multiples of {every}")
     return np.arange(1, count + 1, dtype=np.int64) * (cap // count)
 
 
@@ -306,7 +310,7 @@ class Allocation:
 
 
 def _levels(pool: TrajectoryPool, levels) -> np.ndarray:
-    lv = default_levels(pool.cap) if levels is None else np.unique(np.asarray(levels, np.int64))
+    lv = default_levels(pool.cap, every=pool.every) if levels is None else np.unique(np.asarray(levels, np.int64))
     if lv.size == 0 or (lv <= 0).any() or (lv > pool.cap).any() or (lv % pool.every).any():
         raise ValueError(
             f"levels must be positive multiples of {pool.every} up to the cap {pool.cap}, got {np.asarray(levels)}"

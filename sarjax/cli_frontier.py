@@ -1,0 +1,444 @@
+"""``sarjax frontier``: the attack pool on saved pools, nested ensembles, AOI / DOI tables, JSON, plots.
+
+papers/001 end to end on MNIST pools saved by ``sarjax train-pool``: every member of every
+``--models`` directory is a model.  For each pool directory and each entry of the minimum-norm
+attack pool (the norm's attacks of papers/001 Table 2 plus FAB, each with its random restarts
+and top-k targeted runs as separate entries, Section 5.1) one vmapped call attacks every member
+on the first ``--samples`` test images and records the trajectory (best distance every 10
+queries).  Results are cached per (pool directory, entry) in ``OUT/cache``; a rerun reuses them
+and a cache written with other settings is refused (a fingerprint, as ``sarjax sar`` does).
+Then Algorithm 1 is fitted on the train models at the nested tiers (``--tiers``), the held-out
+AOI is reported beside the train AOI, the DOI of every model at every tier, the rank
+instability, and ``OUT/frontier.json`` plus four plots are written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+NORMS = ("l0", "l1", "l2", "linf")
+# Which attack supports which norm (docs/minnorm.md); papers/001 Table 2 plus FAB.
+ATTACK_NORMS = {
+    "fmn": ("l0", "l1", "l2", "linf"),
+    "ddn": ("l2",),
+    "alma": ("l1", "l2"),
+    "pdgd": ("l2",),
+    "pdpgd": ("l0", "l1", "l2", "linf"),
+    "sigma_zero": ("l0",),
+    "apgd_min_ce": ("l1", "l2", "linf"),
+    "apgd_min_dlr": ("l1", "l2", "linf"),
+    "fab": ("l1", "l2", "linf"),
+}
+NO_RESTARTS = ("ddn", "alma")  # papers/001 Table 2: "-" (unsupported)
+# Radius of the random restarts' starting points (ours; papers/001 does not give one): MNIST scale.
+INIT_EPS = {"l0": 10.0, "l1": 5.0, "l2": 1.0, "linf": 0.1}
+CACHE_HINT = "pass --overwrite to discard the cached runs or choose another --out"
+
+
+@dataclass(frozen=True)
+class EntrySpec:
+    """One pool entry to run: ``attack`` as a base run, restart ``rank`` or targeted run ``rank``."""
+
+    name: str
+    attack: str
+    kind: str
+    rank: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "attack": self.attack, "kind": self.kind, "rank": self.rank}
+
+
+def attack_pool(norm: str, attacks: list[str] | None = None, restarts: int = 5, targeted: int = 9) -> list[EntrySpec]:
+    """The entries of the minimum-norm attack pool for a norm.
+
+    papers/001 Section 5.1: every solver's untargeted run, 5 random restarts (where Table 2
+    lists them) and targeted runs at the top-9 most likely wrong classes, each a separate entry.
+
+    Args:
+      norm: ``"l0" | "l1" | "l2" | "linf"``.
+      attacks: a subset of the norm's attacks (default: all of :data:`ATTACK_NORMS` for it).
+      restarts: restarts per attack that supports them.
+      targeted: targeted runs per attack (``<= C - 1``).
+    """
+    if norm not in NORMS:
+        raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
+    avail = [a for a, ns in ATTACK_NORMS.items() if norm in ns]
+    chosen = avail if not attacks else list(attacks)
+    bad = [a for a in chosen if a not in avail]
+    if bad:
+        raise ValueError(f"attacks {bad} do not support {norm} (available: {', '.join(avail)})")
+    if restarts < 0 or targeted < 0:
+        raise ValueError(f"restarts and targeted must be >= 0, got {restarts} and {targeted}")
+    out = []
+    for a in chosen:
+        out.append(EntrySpec(a, a, "base", 0))
+        if a not in NO_RESTARTS:
+            out += [EntrySpec(f"{a}/r{r}", a, "restart", r) for r in range(1, restarts + 1)]
+        out += [EntrySpec(f"{a}/t{k}", a, "targeted", k) for k in range(1, targeted + 1)]
+    return out
+
+
+def _factory(attack: str, apply, norm: str, cap: int, targeted: bool, stacked: bool = False):
+    """A ``MinNormAttackFn`` (audited) for one attack; targeted runs look for any
+    misclassification (``success="untargeted"``, papers/001 Section 5.1)."""
+    from sarjax.attacks import alma, apgd_min, ddn, fab, fmn, pdgd, pdpgd, sigma_zero
+
+    kw: dict[str, Any] = {
+        "stacked": stacked,
+        "norm": norm,
+        "max_queries": cap,
+        "targeted": targeted,
+        "success": "untargeted" if targeted else None,
+    }
+    makers = {
+        "fmn": fmn.make_fmn,
+        "ddn": ddn.make_ddn,
+        "alma": alma.make_alma,
+        "pdgd": pdgd.make_pdgd,
+        "pdpgd": pdpgd.make_pdpgd,
+        "sigma_zero": sigma_zero.make_sigma_zero,
+    }
+    if attack in makers:
+        return makers[attack](apply, **kw)
+    if attack.startswith("apgd_min_"):
+        return apgd_min.make_apgd_min(apply, loss=attack.rsplit("_", 1)[1], **kw)
+    if attack == "fab":
+        return fab.make_fab(apply, fab_t=targeted, **kw)  # targeted entries: FAB-T
+    raise ValueError(f"unknown attack {attack!r}")
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+
+
+def _apply_of(pool):
+    """``(apply, params, stacked, key)``: a one-stack pool runs its architecture's one-member apply
+    over the stacked params (each member evaluates only its own iterates, and pools of the same
+    architecture share one compiled kernel); other pools run ``pool.apply``."""
+    stacks = getattr(pool, "stacks", ())
+    if len(stacks) == 1 and hasattr(getattr(stacks[0], "arch", None), "apply"):
+        arch = stacks[0].arch
+        try:
+            hash(arch)
+            return arch.apply, stacks[0].params, True, ("arch", arch)
+        except TypeError:
+            pass
+    return pool.apply, pool.params, False, ("pool", id(pool))
+
+
+def run_entry(fns: dict, pool, entry: EntrySpec, x, y, correct, targets, *, norm, cap, init_eps, key, batch):
+    """Run one entry on every member of ``pool``: ``(norm [B, M], trajectory [B, M, cap // 10],
+    queries [B, M])`` as numpy, misclassified (sample, member) pairs at distance 0."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from sarjax.attacks import geometry
+    from sarjax.attacks.threat import canonical_norm
+
+    tg = entry.kind == "targeted"
+    apply, params, stacked, arch_key = _apply_of(pool)
+    k = (entry.attack, tg, arch_key)
+    if k not in fns:  # one compiled kernel per (attack, targeted, architecture), shared by pools
+        fns[k] = _factory(entry.attack, apply, norm, cap, tg, stacked)
+    fn = fns[k]
+    B = x.shape[0]
+    ekey = jax.random.fold_in(key, {"base": 0, "restart": 1000, "targeted": 2000}[entry.kind] + entry.rank)
+    outs = []
+    for s in range(0, B, batch):
+        sl = slice(s, min(B, s + batch))
+        ids = np.arange(sl.start, sl.stop, dtype=np.int32)
+        mask = correct[sl].astype(np.float32)  # [b, M]: misclassified pairs need no attack
+        kw: dict[str, Any] = {"sample_ids": ids}
+        ref = y[sl]
+        if tg:
+            ref = targets[sl, :, entry.rank - 1]
+            kw["labels"] = y[sl]
+        if entry.kind == "restart":  # papers/001: "5 independent initializations sampled from the lp ball"
+            p = canonical_norm(norm)
+            kw["x_init"] = jax.vmap(
+                lambda i, xi: geometry.random_in_ball(jax.random.fold_in(ekey, i), xi, init_eps, p)
+            )(jnp.asarray(ids), jnp.asarray(x[sl]))
+        if not mask.any():
+            m = correct.shape[1]
+            outs.append(
+                (np.zeros((len(ids), m)), np.zeros((len(ids), m, cap // 10)), np.zeros((len(ids), m), np.int64))
+            )
+            continue
+        res = fn(params, x[sl], ref, mask, ekey, **kw)
+        ok = correct[sl]
+        n = np.where(ok, np.asarray(res.norm, np.float64), 0.0)
+        t = np.where(ok[..., None], np.asarray(res.trajectory, np.float64), 0.0)
+        outs.append((n, t, np.asarray(res.queries, np.int64)))
+    return tuple(np.concatenate([o[i] for o in outs]) for i in range(3))
+
+
+def _open_cache(directory: Path, fp: dict[str, Any], overwrite: bool) -> None:
+    from sarjax.cover import resume
+
+    has = directory.is_dir() and any(directory.glob("*.npz"))
+    if overwrite and directory.is_dir():
+        resume.remove_paths(directory, ["*.npz", resume.FINGERPRINT_FILE])
+        has = False
+    try:
+        stored = resume.check_fingerprint(directory, fp, hint=CACHE_HINT, holds_results=has)
+    except resume.FingerprintMismatch as e:
+        raise ValueError(f"{e.reason}; {CACHE_HINT}") from None
+    if stored is None:
+        resume.write_fingerprint(directory, fp)
+
+
+def run_frontier(
+    models: list[str],
+    norm: str,
+    *,
+    out: str,
+    tiers=(4000, 8000, 12000),
+    heldout: float = 13 / 30,
+    samples: int = 1000,
+    cap: int = 1000,
+    restarts: int = 5,
+    targeted: int = 9,
+    attacks: list[str] | None = None,
+    init_eps: float | None = None,
+    batch: int = 250,
+    data_dir: str | None = None,
+    seed: int = 0,
+    overwrite: bool = False,
+    progress: bool = True,
+):
+    """The whole ``sarjax frontier`` run (see the module doc); returns the
+    :class:`~sarjax.frontier.report.FrontierReport`."""
+    import jax
+    import numpy as np
+
+    from sarjax.attacks.minnorm import top_k_targets
+    from sarjax.cover import resume
+    from sarjax.data.mnist import load_mnist
+    from sarjax.frontier import PoolEntry, TrajectoryPool, build_report
+    from sarjax.frontier import plots as fplots
+    from sarjax.models.checkpoint import load_pool
+    from sarjax.progress import progress_bar
+
+    entries = attack_pool(norm, attacks, restarts, targeted)
+    if cap < 10 or cap % 10:
+        raise ValueError(
+            f"--cap must be a positive multiple of 10 (the trajectory records every 10 queries), got {cap}"
+        )
+    if samples < 1:
+        raise ValueError(f"--samples must be >= 1, got {samples}")
+    ts = [int(t) for t in tiers]
+    if not ts or any(b <= a for a, b in zip(ts, ts[1:])) or ts[0] < 1:
+        raise ValueError(f"--tiers must be increasing positive budgets, got {ts}")
+    if not 0 <= heldout < 1:
+        raise ValueError(f"--heldout must be in [0, 1), got {heldout}")
+    eps0 = INIT_EPS[norm] if init_eps is None else float(init_eps)
+    data = load_mnist(data_dir)
+    if samples > len(data.x_test):
+        raise ValueError(f"--samples must be at most {len(data.x_test)} (the test images in {data.source})")
+    x = np.asarray(data.x_test[:samples], np.float32)
+    y = np.asarray(data.y_test[:samples], np.int32)
+    outp = Path(out)
+    outp.mkdir(parents=True, exist_ok=True)
+    key = jax.random.key(seed)
+    names, groups, trajs, timings = [], [], [], {}
+    pools = []
+    for d in models:
+        pool, _ = load_pool(d)
+        if tuple(pool.input_shape) != x.shape[1:]:
+            raise ValueError(f"{d}: the pool takes inputs of shape {pool.input_shape}, the data has {x.shape[1:]}")
+        if targeted > pool.num_classes - 1:
+            raise ValueError(f"--targeted {targeted} exceeds the {pool.num_classes - 1} wrong classes of {d}")
+        pools.append(pool)
+    total = len(pools) * len(entries)
+    fns: dict = {}
+    with progress_bar(progress) as bar:
+        task = bar.add_task(f"frontier {norm}", total=total)
+        for i, (d, pool) in enumerate(zip(models, pools)):
+            tag = f"{i}-{_safe(Path(d).name)}"
+            cdir = outp / "cache" / tag
+            fp = {
+                "kind": "frontier",
+                "sarjax_version": resume.sarjax_version(),
+                **resume.pool_fingerprint(pool),
+                "data": data.source,
+                "samples": samples,
+                "images": resume.array_digest(x, y),
+                "norm": norm,
+                "cap": cap,
+                "init_eps": eps0,
+                "seed": seed,
+            }
+            _open_cache(cdir, fp, overwrite)
+            logits = np.asarray(pool.logits(x))  # [M, B, C]
+            correct = (logits.argmax(-1) == y[None]).T  # [B, M]
+            tk = np.stack([np.asarray(top_k_targets(lg, y, max(targeted, 1))) for lg in logits], axis=1)  # [B, M, k]
+            per_entry = []
+            for e in entries:
+                f = cdir / f"{_safe(e.name)}.npz"
+                spec = json.dumps(e.as_dict(), sort_keys=True)
+                if f.is_file():
+                    z = np.load(f)
+                    if str(z["entry"]) != spec:
+                        raise ValueError(f"{f} holds another entry ({z['entry']}); {CACHE_HINT}")
+                    traj = z["trajectory"]
+                else:
+                    bar.update(task, description=f"{Path(d).name}: {e.name}")
+                    t0 = time.time()
+                    n, traj, q = run_entry(
+                        fns, pool, e, x, y, correct, tk, norm=norm, cap=cap, init_eps=eps0, key=key, batch=batch
+                    )
+                    dt = time.time() - t0
+                    tmp = f.with_suffix(".tmp.npz")
+                    np.savez(tmp, norm=n, trajectory=traj, queries=q, entry=np.array(spec), seconds=np.array(dt))
+                    tmp.replace(f)
+                    timings[f"{tag}:{e.name}"] = dt
+                per_entry.append(traj)  # [B, M, L]
+                bar.advance(task)
+            arr = np.stack(per_entry)  # [A, B, M, L]
+            trajs.append(np.transpose(arr, (2, 0, 1, 3)))  # [M, A, B, L]
+            member_names = [n for s in pool.stacks for n in s.names] if hasattr(pool, "stacks") else []
+            if len(member_names) != pool.num_members:
+                member_names = [f"m{j}" for j in range(pool.num_members)]
+            names += [f"{Path(d).name}/{n}" for n in member_names]
+            groups += [f"{i}-{Path(d).name}"] * pool.num_members
+    pool_entries = tuple(PoolEntry(e.name, e.kind, None if e.kind == "base" else e.attack, e.rank) for e in entries)
+    tp = TrajectoryPool(np.concatenate(trajs), pool_entries, cap=cap, every=10, models=tuple(names))
+    report = build_report(tp, norm=norm, tiers=ts, heldout=heldout, groups=groups, seed=seed)
+    report.extra = {
+        "models_dirs": [str(m) for m in models],
+        "data": data.source,
+        "init_eps": eps0,
+        "attack_seconds": timings,
+        "attack_seconds_by_attack": _by_attack(timings),
+    }
+    report.to_json(outp / "frontier.json")
+    last = report.tiers[-1]
+    fplots.plot_curves(tp.distances(last.q), names, last.doi, outp / "curves.png", norm=norm[1:])
+    fplots.plot_aoi_vs_budget(
+        [t.budget for t in report.tiers],
+        [t.train_aoi for t in report.tiers],
+        [t.heldout_aoi for t in report.tiers],
+        outp / "aoi_vs_budget.png",
+    )
+    fplots.plot_ensemble_vs_fixed_eps(
+        names, [t.budget for t in report.tiers], [t.model_aoi for t in report.tiers], outp / "ensemble_per_tier.png"
+    )
+    if report.rank is not None:
+        fplots.plot_rank_bump(report.rank.eps, report.rank.ranks, names, outp / "rank_bump.png")
+    print(format_tables(report))
+    print(f"wrote {outp / 'frontier.json'} and plots to {outp}")
+    return report
+
+
+def _by_attack(timings: dict[str, float]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for k, v in timings.items():
+        a = k.split(":", 1)[1].split("/", 1)[0]
+        out[a] = out.get(a, 0.0) + v
+    return out
+
+
+def format_tables(report) -> str:
+    """The AOI / DOI tables of a :class:`~sarjax.frontier.report.FrontierReport` as text."""
+    names = report.entry_names
+    lines = [
+        f"norm {report.norm}: {len(report.models)} models ({len(report.train)} train, "
+        f"{len(report.heldout)} held-out), {report.samples} samples, {len(names)} pool entries, cap {report.cap}"
+    ]
+    lines.append(f"{'tier':>6} {'used':>6} {'train AOI':>10} {'held-out AOI':>13}  ensemble")
+    for t in report.tiers:
+        h = "-" if t.heldout_aoi is None else f"{100 * t.heldout_aoi:.2f}"
+        ens = ", ".join(f"{k}:{v}" for k, v in t.ensemble(names).items())
+        lines.append(f"{t.budget:>6} {t.used:>6} {100 * t.train_aoi:>10.2f} {h:>13}  {ens}")
+    head = " ".join(f"{'AOI@' + str(t.budget):>10}" for t in report.tiers)
+    dhead = " ".join(f"{'DOI@' + str(t.budget):>10}" for t in report.tiers)
+    w = max(12, max(len(m) for m in report.models))
+    lines.append(f"{'model':<{w}} {'split':>8} {'clean':>6} {'eps_min':>8} {head} {dhead}")
+    held = set(report.heldout)
+    for i, m in enumerate(report.models):
+        aois = " ".join(f"{100 * t.model_aoi[i]:>10.2f}" for t in report.tiers)
+        dois = " ".join(f"{t.doi[i]:>10.3f}" for t in report.tiers)
+        split = "held-out" if i in held else "train"
+        lines.append(f"{m:<{w}} {split:>8} {report.clean_accuracy[i]:>6.3f} {report.eps_min[i]:>8.4g} {aois} {dois}")
+    if len(report.tiers) >= 2:
+        tau = report.doi_tau[0][-1]
+        lines.append(
+            f"DOI ranking, Kendall tau between tiers {report.tiers[0].budget} and {report.tiers[-1].budget}: {tau:.3f}"
+        )
+    if report.rank is not None:
+        r = report.rank
+        taus = [v for i, row in enumerate(r.tau) for j, v in enumerate(row) if j > i and not math.isnan(v)]
+        lines.append(
+            f"single-eps rankings over {len(r.eps)} eps ({r.source}): largest rank change {max(r.shift)}, "
+            f"{sum(s >= 2 for s in r.shift)} models move by >= 2 ranks, min Kendall tau between grid points "
+            f"{min(taus) if taus else float('nan'):.3f}"
+        )
+    return "\n".join(lines)
+
+
+def cmd_frontier(args: argparse.Namespace) -> int:
+    """Attack and defense frontiers of saved pools (papers/001)."""
+    run_frontier(
+        args.models,
+        args.norm,
+        out=args.out,
+        tiers=args.tiers,
+        heldout=args.heldout,
+        samples=args.samples,
+        cap=args.cap,
+        restarts=args.restarts,
+        targeted=args.targeted,
+        attacks=[a for a in args.attacks.split(",") if a] if args.attacks else None,
+        init_eps=args.init_eps,
+        batch=args.batch,
+        data_dir=args.data_dir,
+        seed=args.seed,
+        overwrite=args.overwrite,
+        progress=not args.no_progress,
+    )
+    return 0
+
+
+def register(sub) -> None:
+    """Add the ``frontier`` subcommand to the ``sarjax`` parser's subparsers."""
+    f = sub.add_parser(
+        "frontier",
+        help="attack pool with trajectories on saved pools, nested ensembles (Algorithm 1), AOI / DOI (papers/001)",
+    )
+    f.add_argument("--models", nargs="+", required=True, metavar="DIR", help="pool directories written by train-pool")
+    f.add_argument("--norm", choices=NORMS, required=True, help="threat model")
+    f.add_argument(
+        "--tiers",
+        type=int,
+        nargs="+",
+        default=[4000, 8000, 12000],
+        help="nested budget tiers Q (papers/001: 4k 8k 12k)",
+    )
+    f.add_argument("--heldout", type=float, default=13 / 30, help="held-out share of the models (papers/001: 13 of 30)")
+    f.add_argument("--samples", type=int, default=1000, help="test images per model (papers/001: 1000)")
+    f.add_argument("--out", required=True, help="output directory (frontier.json, plots, cache/)")
+    f.add_argument("--cap", type=int, default=1000, help="per-attack cap T in queries (papers/001: 1000)")
+    f.add_argument("--restarts", type=int, default=5, help="random restarts per attack (papers/001: 5)")
+    f.add_argument("--targeted", type=int, default=9, help="targeted runs per attack, top-k classes (papers/001: 9)")
+    f.add_argument(
+        "--attacks",
+        default=None,
+        help="comma-separated subset of the norm's attacks (" + ", ".join(ATTACK_NORMS) + "; default all)",
+    )
+    f.add_argument(
+        "--init-eps", type=float, default=None, help="radius of the restarts' random starts (default per norm)"
+    )
+    f.add_argument("--batch", type=int, default=250, help="samples per attack call")
+    f.add_argument("--data-dir", default=None, help="directory with MNIST IDX files (default: embedded)")
+    f.add_argument("--seed", type=int, default=0)
+    f.add_argument("--overwrite", action="store_true", help="discard cached attack runs in OUT/cache")
+    f.add_argument("--no-progress", action="store_true", help="no progress bar")
+    f.set_defaults(func=cmd_frontier)

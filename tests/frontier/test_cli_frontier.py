@@ -1,0 +1,121 @@
+"""`sarjax frontier` end to end on two tiny saved pools with a tiny budget: tables, JSON, plots, resume,
+stale-cache refusal."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from sarjax import cli_frontier
+from sarjax.cli import main
+from sarjax.data import mnist
+from sarjax.frontier import FrontierReport, doi
+from sarjax.models.checkpoint import save_pool
+from sarjax.models.pool import Pool, Stack
+from sarjax.models.zoo import mlp
+
+ARCH = mlp((16,), input_shape=(28, 28, 1), num_classes=10)
+
+
+def _pool(split, seed):
+    # No training: nearest-template members (hidden unit c = relu(<x, noisy mean image of class c>),
+    # logits = those units), so most test images are classified correctly and get attacked.
+    rng = np.random.default_rng(seed)
+    x = split.x_train.reshape(len(split.x_train), -1)
+    means = np.stack([x[split.y_train == c].mean(0) for c in range(10)], 1)  # [784, 10]
+    members = []
+    for _ in range(2):
+        w1 = np.zeros((784, 16), np.float32)
+        w1[:, :10] = means - means.mean(1, keepdims=True) + 0.01 * rng.standard_normal((784, 10))
+        w2 = np.zeros((16, 10), np.float32)
+        w2[:10, :10] = np.eye(10)
+        members.append(
+            {"dense0": {"w": w1, "b": np.zeros(16, np.float32)}, "out": {"w": w2, "b": np.zeros(10, np.float32)}}
+        )
+    params = jax.tree.map(lambda *a: np.stack(a), *members)
+    return Pool([Stack(ARCH, params, ("m0", "m1"))])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def data():
+    split = mnist.load_mnist()  # parse the embedded MNIST once
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(mnist, "load_mnist", lambda data_dir=None: split)
+        yield split
+
+
+@pytest.fixture(scope="module")
+def pools(tmp_path_factory, data):
+    root = tmp_path_factory.mktemp("pools")
+    return [str(save_pool(_pool(data, s), root / f"p{s}")) for s in (0, 1)]
+
+
+ARGS = ["--norm", "l2", "--attacks", "fmn", "--restarts", "1", "--targeted", "1", "--cap", "100"]
+ARGS += ["--samples", "4", "--tiers", "100", "200", "--heldout", "0.5", "--no-progress"]
+
+
+def test_attack_pool_entries():
+    e = cli_frontier.attack_pool("l2", ["fmn", "ddn"], restarts=2, targeted=1)
+    assert [x.name for x in e] == ["fmn", "fmn/r1", "fmn/r2", "fmn/t1", "ddn", "ddn/t1"]  # DDN: no restarts
+    assert {a for a, ns in cli_frontier.ATTACK_NORMS.items() if "l0" in ns} == {"fmn", "pdpgd", "sigma_zero"}
+    with pytest.raises(ValueError, match="do not support l0"):
+        cli_frontier.attack_pool("l0", ["ddn"])
+
+
+def test_frontier_cli_end_to_end(pools, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["frontier", "--models", *pools, "--out", str(out), *ARGS]) == 0
+    text = capsys.readouterr().out
+    assert "train AOI" in text and "DOI@200" in text
+    rep = FrontierReport.from_json(out / "frontier.json")
+    assert rep.models == ["p0/m0", "p0/m1", "p1/m0", "p1/m1"] and len(rep.heldout) == 2
+    assert rep.entry_names == ["fmn", "fmn/r1", "fmn/t1"]
+    assert [t.used <= t.budget for t in rep.tiers] == [True, True]
+    assert all(a <= b for a, b in zip(rep.tiers[0].q, rep.tiers[1].q))
+    for name in ("curves.png", "aoi_vs_budget.png", "ensemble_per_tier.png", "rank_bump.png"):
+        assert (out / name).stat().st_size > 1000
+    # the cached trajectories are best-so-far distances, 0 on misclassified pairs, audited by the attacks;
+    # the report's DOI and AOI are those of the cached trajectories
+    z = np.load(out / "cache" / "0-p0" / "fmn.npz")
+    tr = z["trajectory"]
+    assert tr.shape == (4, 2, 10) and np.isfinite(tr[..., -1]).any() and (tr[..., 1:] <= tr[..., :-1]).all()
+    np.testing.assert_array_equal(tr[..., -1], z["norm"])
+    assert rep.extra["attack_seconds_by_attack"].keys() == {"fmn"}
+    assert min(rep.clean_accuracy) > 0  # some pairs were attacked
+    # a rerun reads the cache (no attack runs: no timings) and gives the same report
+    assert main(["frontier", "--models", *pools, "--out", str(out), *ARGS]) == 0
+    rep2 = FrontierReport.from_json(out / "frontier.json")
+    assert rep2.extra["attack_seconds"] == {}
+    assert [t.q for t in rep2.tiers] == [t.q for t in rep.tiers] and rep2.tiers[-1].doi == rep.tiers[-1].doi
+    # DOI of the last tier recomputed from the cache
+    trajs = []
+    for d in ("0-p0", "1-p1"):
+        trajs.append(
+            np.stack([np.load(out / "cache" / d / f"{n}.npz")["trajectory"] for n in ("fmn", "fmn_r1", "fmn_t1")])
+        )
+    t_all = np.concatenate([np.transpose(a, (2, 0, 1, 3)) for a in trajs])  # [M, A, B, L]
+    q = rep.tiers[-1].q
+    dist = np.full(t_all.shape[::2][:1] + (4,), np.inf)
+    front = t_all[..., -1].min(axis=1)
+    dist = np.where(front == 0, 0.0, np.inf)
+    for a, qa in enumerate(q):
+        if qa:
+            dist = np.minimum(dist, t_all[:, a, :, qa // 10 - 1])
+    np.testing.assert_allclose(rep.tiers[-1].doi, doi(dist))
+    # other settings in the same OUT are refused, naming what differs
+    capsys.readouterr()
+    bad = list(ARGS)
+    bad[bad.index("--cap") + 1] = "200"
+    assert main(["frontier", "--models", *pools, "--out", str(out), *bad]) == 2
+    err = capsys.readouterr().err
+    assert "cap=100" in err and "cap=200" in err and "--overwrite" in err
+    fp = json.loads((out / "cache" / "0-p0" / "fingerprint.json").read_text())
+    assert fp["cap"] == 100
+
+
+def test_frontier_cli_rejects_bad_arguments(pools, tmp_path, capsys):
+    assert main(["frontier", "--models", pools[0], "--norm", "l2", "--out", str(tmp_path), "--cap", "25"]) == 2
+    assert "multiple of 10" in capsys.readouterr().err
+    assert main(["frontier", "--models", pools[0], "--norm", "l0", "--attacks", "ddn", "--out", str(tmp_path)]) == 2
+    assert "do not support l0" in capsys.readouterr().err
