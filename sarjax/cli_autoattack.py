@@ -75,8 +75,9 @@ def cmd_autoattack(args: argparse.Namespace) -> int:
         wrap=wrap,
     )
     seconds = time.perf_counter() - t0
-    print()
-    print(res.summary())
+    for s in res.log:
+        if not s.skipped:
+            print(f"{s.name}: {s.broken} of {s.attacked} (image, member) pairs broken, {s.queries} queries")
     out = dict(
         res.to_json(),
         pool=str(Path(args.pool).absolute()),

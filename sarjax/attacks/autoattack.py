@@ -57,9 +57,11 @@ Every stage's output is audited (:func:`sarjax.attacks.audit.check`) against the
 inputs with the stage's eps (l1 phases at ``3 eps`` and ``2 eps`` are audited at their own
 radius; only the last phase, at ``eps``, can produce a returned point), and the final
 ``x_adv`` once more.
-"""
 
-from __future__ import annotations
+The narrative page (docs/autoattack.md) follows.
+
+.. include:: ../../docs/autoattack.md
+"""
 
 import functools
 import math
@@ -865,6 +867,8 @@ def _runs(name: str, ctx: _Ctx, chunk, mask_now: Callable, skey):
         loss = name.split("-")[1]
         n = RESTARTS_L1 if (l1 and ctx.version == "standard") else (RESTARTS_PLUS if plus else 1)
         for r in range(n):
+            if not mask_now().any():  # nothing left to attack in this chunk: no kernel call
+                return
             yield _apgd_run(ctx, chunk, mask_now(), jax.random.fold_in(skey, r), loss)
     elif name in ("apgd-t", "fab-t"):
         mk = mask_now()
@@ -876,8 +880,12 @@ def _runs(name: str, ctx: _Ctx, chunk, mask_now: Callable, skey):
         for t in range(n):
             k = jax.random.fold_in(skey, t)
             if name == "apgd-t":
+                if not mask_now().any():  # nothing left to attack in this chunk: no kernel call
+                    return
                 yield _apgd_run(ctx, chunk, mask_now(), k, "dlr", targets=ranked[..., t])
             else:
+                if not mask_now().any():  # nothing left to attack in this chunk: no kernel call
+                    return
                 yield _fab_run(ctx, chunk, mask_now(), k, targets=ranked[..., t])
     elif name == "fab":
         n = RESTARTS_PLUS if plus else 1
@@ -889,8 +897,12 @@ def _runs(name: str, ctx: _Ctx, chunk, mask_now: Callable, skey):
                 xi = jax.vmap(lambda kk, a: G.random_in_ball(kk, a, FAB_RAND_RADIUS * ctx.eps, ctx.p, ctx.box))(
                     keys, x0
                 )
+            if not mask_now().any():  # nothing left to attack in this chunk: no kernel call
+                return
             yield _fab_run(ctx, chunk, mask_now(), k, x_init=xi)
     elif name == "square":
+        if not mask_now().any():  # nothing left to attack in this chunk: no kernel call
+            return
         yield _square_run(ctx, chunk, mask_now(), skey)
 
 
