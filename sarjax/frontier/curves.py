@@ -80,7 +80,7 @@ class StepCurve:
 
     def __post_init__(self):
         d = _as_distances(self.distances)
-        if (np.diff(d) < 0).any():
+        if (d[1:] < d[:-1]).any():
             d = np.sort(d)
         d.setflags(write=False)
         object.__setattr__(self, "distances", d)
