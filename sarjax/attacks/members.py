@@ -101,7 +101,8 @@ def attack_members(
     concatenated in member order.
 
     Args:
-      pool: a Pool (``pool.stacks``, each with ``arch.apply`` and stacked ``params``).
+      pool: a Pool (``pool.stacks``, each with a one-member ``member_apply`` and stacked ``params``;
+        :class:`sarjax.models.stack.BaseStack`).
       factory: attack factory, e.g. :func:`sarjax.attacks.pgd.make_pgd`.
       x0: ``[B, *S]`` inputs in the box.
       labels: ``[B]`` (shared) or ``[M, B]`` (per member) int labels, each in ``[0, C)``.
@@ -123,7 +124,7 @@ def attack_members(
     lab = jnp.asarray(labels)
     outs, start = [], 0
     for i, stack in enumerate(pool.stacks):
-        fn = _cached_member_attack(stack.arch.apply, factory, norm, hp)
+        fn = _cached_member_attack(stack.member_apply, factory, norm, hp)
         lab_i = lab if lab.ndim == 1 else lab[start : start + stack.size]
         outs.append(
             fn(

@@ -101,13 +101,7 @@ def pool_fingerprint(pool: Any) -> dict[str, Any]:
         digest = pool.content_hash()
     else:
         digest = array_digest(np.asarray(pool.num_members), *jax.tree.leaves(pool.params))
-    impls = sorted(
-        {
-            str(s.arch.conv_impl)
-            for s in getattr(pool, "stacks", ())
-            if getattr(s.arch, "family", None) != "mlp" and hasattr(s.arch, "conv_impl")
-        }
-    )
+    impls = sorted({str(c) for s in getattr(pool, "stacks", ()) if (c := getattr(s, "conv_impl", None)) is not None})
     return {"pool": digest, "conv_impl": impls or None}
 
 

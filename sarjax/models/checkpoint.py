@@ -2,10 +2,19 @@
 
 Layout of a pool directory::
 
-    DIR/pool.json          format version, member names, one architecture spec per stack, config,
-                           and the fingerprint below
+    DIR/pool.json          format version, member names, one entry per stack (its kind and spec),
+                           config, and the fingerprint below
     DIR/stack_000/ ...     orbax checkpoint of stack 0's stacked params
     DIR/stack_001/ ...
+
+Stacks of every kind (:mod:`sarjax.models.stack`) are saved.  A zoo stack is restored from its
+architecture spec alone (entry ``{"kind": "zoo", "arch": {...}, "names": [...]}``, params saved as
+their nested dict).  Any other kind (``{"kind": "linen", "spec": {...}, "names": [...]}``, params
+saved as a flat ``{"leaf_00000": ...}`` dict in ``jax.tree.leaves`` order) needs the user's
+builder at load time: ``load_pool(path, builders={spec_name: fn})``, where ``fn()`` returns what
+the kind's ``restore`` takes (the module for linen and nnx, the apply for a plain function); a
+missing builder raises :class:`CheckpointError` naming it.  Format ``sarjax-pool/3``;
+``sarjax-pool/2`` (zoo stacks only) still loads, fully verified.
 
 The fingerprint (``pool.json["fingerprint"]``) holds, per stack, every params leaf's path, shape
 and dtype, the size of every file orbax wrote, and a SHA-256 of each member's params; and for the
@@ -21,6 +30,7 @@ import hashlib
 import json
 import os
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +39,11 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from sarjax.models.pool import Pool, Stack
+from sarjax.models.stack import BaseStack, stack_kind
 from sarjax.models.zoo import Arch
 
-FORMAT = "sarjax-pool/2"
+FORMAT = "sarjax-pool/3"
+FINGERPRINTED_FORMATS = ("sarjax-pool/2", FORMAT)  # /2: zoo stacks only, entries without "kind"
 LEGACY_FORMATS = ("sarjax-pool/1",)  # no fingerprint: loaded with a CheckpointWarning
 
 PROBE_SEED = 20240613
@@ -72,7 +84,7 @@ def _leaves(tree) -> list[tuple[str, tuple[int, ...], str]]:
     ]
 
 
-def member_hashes(stack: Stack) -> list[str]:
+def member_hashes(stack: BaseStack) -> list[str]:
     """SHA-256 (hex) of each member's params: every leaf's path, per-member shape, dtype and bytes."""
     leaves = [
         (jax.tree_util.keystr(p), np.asarray(l)) for p, l in jax.tree_util.tree_flatten_with_path(stack.params)[0]
@@ -113,13 +125,13 @@ def save_pool(
     path.mkdir(parents=True, exist_ok=True)
     with ocp.StandardCheckpointer() as ckptr:
         for i, s in enumerate(pool.stacks):
-            ckptr.save(path / f"stack_{i:03d}", jax.tree.map(np.asarray, s.params), force=overwrite)
+            ckptr.save(path / f"stack_{i:03d}", _saved_tree(s), force=overwrite)
         ckptr.wait_until_finished()
     x = probe_batch(pool.input_shape)
     meta = {
         "format": FORMAT,
         "names": list(pool.names),
-        "stacks": [{"arch": s.arch.spec(), "names": list(s.names)} for s in pool.stacks],
+        "stacks": [_stack_entry(s) for s in pool.stacks],
         "config": config or {},
         "fingerprint": {
             "stacks": [
@@ -141,6 +153,21 @@ def save_pool(
     tmp.write_text(json.dumps(meta, indent=1))
     tmp.replace(path / "pool.json")
     return path
+
+
+def _saved_tree(s: BaseStack):
+    """What orbax writes for a stack: the zoo's nested dict, or any other kind's leaves as a flat dict."""
+    if isinstance(s, Stack):
+        return jax.tree.map(np.asarray, s.params)
+    return {f"leaf_{j:05d}": np.asarray(leaf) for j, leaf in enumerate(jax.tree.leaves(s.params))}
+
+
+def _stack_entry(s: BaseStack) -> dict:
+    if isinstance(s, Stack):
+        return {"kind": "zoo", "arch": s.arch.spec(), "names": list(s.names)}
+    spec = s.spec()
+    json.dumps(spec)  # a kind's spec must be JSON data (raises TypeError naming the value)
+    return {"kind": s.kind, "spec": spec, "names": list(s.names)}
 
 
 # ----------------------------------------------------------------------------- load
@@ -172,7 +199,7 @@ def load_pool_meta(path: str | os.PathLike) -> dict:
     def bad(msg):
         return CheckpointError(f"pool checkpoint {path}: pool.json {msg}")
 
-    if not isinstance(meta, dict) or meta.get("format") not in (FORMAT, *LEGACY_FORMATS):
+    if not isinstance(meta, dict) or meta.get("format") not in (*FINGERPRINTED_FORMATS, *LEGACY_FORMATS):
         got = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
         raise bad(f"is not a {FORMAT} file (format: {got!r})")
     if not _is_str_list(meta.get("names")):
@@ -183,11 +210,22 @@ def load_pool_meta(path: str | os.PathLike) -> dict:
             f"'stacks' must be a non-empty list of {{'arch': {{...}}, 'names': [...]}} objects, got {stacks!r:.80}"
         )
     for i, sm in enumerate(stacks):
-        if not isinstance(sm, dict) or not isinstance(sm.get("arch"), dict) or not _is_str_list(sm.get("names")):
-            raise bad(f"stack {i}: expected {{'arch': {{...}}, 'names': [...]}}, got {sm!r:.80}")
+        kind = sm.get("kind", "zoo") if isinstance(sm, dict) and meta["format"] == FORMAT else "zoo"
+        if kind == "zoo":
+            if not isinstance(sm, dict) or not isinstance(sm.get("arch"), dict) or not _is_str_list(sm.get("names")):
+                raise bad(f"stack {i}: expected {{'arch': {{...}}, 'names': [...]}}, got {sm!r:.80}")
+        elif (
+            not isinstance(kind, str)
+            or not isinstance(sm.get("spec"), dict)
+            or not isinstance(sm["spec"].get("name"), str)
+            or not _is_str_list(sm.get("names"))
+        ):
+            raise bad(
+                f"stack {i}: expected {{'kind': str, 'spec': {{'name': str, ...}}, 'names': [...]}}, got {sm!r:.80}"
+            )
     if not isinstance(meta.get("config", {}), dict):
         raise bad(f"'config' must be an object, got {type(meta['config']).__name__}")
-    if meta["format"] == FORMAT:
+    if meta["format"] in FINGERPRINTED_FORMATS:
         fp = meta.get("fingerprint")
         ok = (
             isinstance(fp, dict)
@@ -229,7 +267,7 @@ def _check_files(path: Path, i: int, target_dir: Path, files: dict) -> None:
 
 
 def _compare_leaves(
-    path: Path, i: int, arch: Arch, want_leaves: list, got_leaves: list, want_is: str, got_is: str
+    path: Path, i: int, name: str, want_leaves: list, got_leaves: list, want_is: str, got_is: str
 ) -> None:
     want = {k: (tuple(s), d) for k, s, d in want_leaves}
     got = {k: (tuple(s), d) for k, s, d in got_leaves}
@@ -241,13 +279,129 @@ def _compare_leaves(
         if want.get(k) != got.get(k)
     ]
     raise CheckpointError(
-        f"pool checkpoint {path}: stack {i} ({arch.name}): params (shape, dtype) do not match: "
+        f"pool checkpoint {path}: stack {i} ({name}): params (shape, dtype) do not match: "
         + "; ".join(diffs[:4])
         + (f" (and {len(diffs) - 4} more)" if len(diffs) > 4 else "")
     )
 
 
-def load_pool(path: str | os.PathLike) -> tuple[Pool, dict]:
+def _restore_zoo(path: Path, i: int, sm: dict, fp: dict | None) -> Stack:
+    """Stack ``i`` of the zoo: architecture from its spec, params target from ``arch.init``."""
+    try:
+        arch = Arch.from_spec(sm["arch"])
+    except (TypeError, KeyError, ValueError) as e:
+        raise CheckpointError(f"pool checkpoint {path}: bad architecture spec for stack {i}: {e}") from e
+    names = tuple(sm["names"])
+    target_dir = path / f"stack_{i:03d}"
+    if not target_dir.is_dir():
+        raise CheckpointError(
+            f"pool checkpoint {path}: missing params directory {target_dir.name} for stack {i} ({arch.name})"
+        )
+    try:
+        abstract = jax.eval_shape(jax.vmap(arch.init), jax.random.split(jax.random.key(0), len(names)))
+    except Exception as e:
+        raise CheckpointError(
+            f"pool checkpoint {path}: stack {i}: the architecture spec cannot build params: {type(e).__name__}: {e}"
+        ) from e
+    if fp is not None:
+        sfp = fp["stacks"][i]
+        saved = _saved_leaves(path, i, sfp)
+        _compare_leaves(
+            path, i, arch.name, saved, _leaves(abstract), "saved params", "the architecture in pool.json gives"
+        )
+        _check_files(path, i, target_dir, sfp["files"])
+    try:
+        with ocp.StandardCheckpointer() as ckptr:
+            params = ckptr.restore(target_dir, abstract)
+    except Exception as e:  # orbax / tensorstore raise many types for corrupt files
+        raise CheckpointError(
+            f"pool checkpoint {path}: cannot restore {target_dir.name} ({arch.name}): {type(e).__name__}: {e}"
+        ) from e
+    _compare_leaves(
+        path,
+        i,
+        arch.name,
+        _leaves(abstract),
+        _leaves(params),
+        "the architecture in pool.json gives",
+        "restored params",
+    )
+    try:
+        stack = Stack(arch, params, names)
+    except ValueError as e:
+        raise CheckpointError(f"pool checkpoint {path}: stack {i}: {e}") from e
+    return stack
+
+
+def _saved_leaves(path: Path, i: int, sfp: dict) -> list[tuple[str, tuple[int, ...], str]]:
+    try:
+        return [(str(k), tuple(int(d) for d in s), str(dt)) for k, s, dt in sfp["leaves"]]
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"pool checkpoint {path}: pool.json fingerprint of stack {i} is malformed ({e})") from e
+
+
+def _restore_kind(path: Path, i: int, kind: str, sm: dict, fp: dict | None, builders: dict) -> BaseStack:
+    """Stack ``i`` of a kind other than the zoo: flat leaves from orbax, structure from the user's builder."""
+    spec, names = sm["spec"], tuple(sm["names"])
+    name = spec["name"]
+    try:
+        cls = stack_kind(kind)
+    except (ValueError, ImportError) as e:
+        raise CheckpointError(f"pool checkpoint {path}: stack {i} ({name}): {e}") from e
+    built = None
+    if cls.needs_builder:
+        if name not in builders:
+            raise CheckpointError(
+                f"pool checkpoint {path}: stack {i} is a {kind!r} stack named {name!r}; restoring it needs "
+                f"its builder: load_pool(path, builders={{{name!r}: fn}}) where fn() returns "
+                f"{_BUILDER_RETURNS.get(kind, 'what the kind restores from')} (builders given: {sorted(builders)})"
+            )
+        try:
+            built = builders[name]()
+        except Exception as e:
+            raise CheckpointError(
+                f"pool checkpoint {path}: stack {i} ({name}): the builder failed: {type(e).__name__}: {e} "
+                f"(a builder is a zero-argument function returning {_BUILDER_RETURNS.get(kind, 'the model')})"
+            ) from e
+    target_dir = path / f"stack_{i:03d}"
+    if not target_dir.is_dir():
+        raise CheckpointError(
+            f"pool checkpoint {path}: missing params directory {target_dir.name} for stack {i} ({name})"
+        )
+    if fp is None:  # only a fingerprinted format has kinds other than the zoo
+        raise CheckpointError(f"pool checkpoint {path}: stack {i} ({name}) of kind {kind!r} has no fingerprint")
+    sfp = fp["stacks"][i]
+    saved = _saved_leaves(path, i, sfp)
+    _check_files(path, i, target_dir, sfp["files"])
+    abstract = {f"leaf_{j:05d}": jax.ShapeDtypeStruct(shape, np.dtype(dt)) for j, (_, shape, dt) in enumerate(saved)}
+    try:
+        with ocp.StandardCheckpointer() as ckptr:
+            flat = ckptr.restore(target_dir, abstract)
+    except Exception as e:  # orbax / tensorstore raise many types for corrupt files
+        raise CheckpointError(
+            f"pool checkpoint {path}: cannot restore {target_dir.name} ({name}): {type(e).__name__}: {e}"
+        ) from e
+    leaves = [flat[k] for k in sorted(abstract)]
+    try:
+        stack = cls.restore(spec, leaves, [k for k, _, _ in saved], names, built)
+    except (TypeError, ValueError, KeyError) as e:
+        raise CheckpointError(
+            f"pool checkpoint {path}: stack {i} ({name}): cannot rebuild the {kind!r} stack from its builder: "
+            f"{type(e).__name__}: {e}"
+        ) from e
+    _compare_leaves(path, i, name, saved, _leaves(stack.params), "saved params", "the builder's model gives")
+    return stack
+
+
+_BUILDER_RETURNS = {
+    "function": "the one-member apply, or (apply, one member's example params)",
+    "linen": "the flax linen module",
+    "nnx": "an nnx module of the architecture (any weights)",
+    "torch": "the torch module of the architecture (any weights)",
+}
+
+
+def load_pool(path: str | os.PathLike, builders: dict[str, Callable[[], Any]] | None = None) -> tuple[Pool, dict]:
     """Restore a pool saved by :func:`save_pool` and verify it against its fingerprint.
 
     Checks, in order: the structure of ``pool.json``; per stack, that the architecture spec gives
@@ -258,8 +412,17 @@ def load_pool(path: str | os.PathLike) -> tuple[Pool, dict]:
     (computed at float32 matmul precision, so a change of backend or ``conv_impl`` passes while
     another activation does not).
 
-    A checkpoint of an older format (``sarjax-pool/1``, no fingerprint) loads with a
-    :class:`CheckpointWarning`: only the structure and the restored shapes are checked.
+    A stack of a kind other than the zoo is rebuilt by ``builders[spec_name]()`` (its params
+    structure is then checked against the saved leaves, and the member hashes and probe logits
+    as for the zoo).  A checkpoint of an older format (``sarjax-pool/1``, no fingerprint) loads
+    with a :class:`CheckpointWarning`: only the structure and the restored shapes are checked.
+
+    Args:
+      path: the pool directory.
+      builders: ``{stack name: zero-argument function}`` for the stacks that are not zoo stacks
+        (the name is the stack's ``spec()["name"]``, also in ``pool.json``): ``fn()`` returns the
+        flax linen module, an nnx module of the architecture, the one-member apply of a plain
+        function stack (or ``(apply, example params of one member)``), ...
 
     Returns:
       (pool, config) — the logits of the restored pool are bit-identical to the saved one's.
@@ -279,48 +442,12 @@ def load_pool(path: str | os.PathLike) -> tuple[Pool, dict]:
         )
     stacks = []
     for i, sm in enumerate(meta["stacks"]):
-        try:
-            arch = Arch.from_spec(sm["arch"])
-        except (TypeError, KeyError, ValueError) as e:
-            raise CheckpointError(f"pool checkpoint {path}: bad architecture spec for stack {i}: {e}") from e
         names = tuple(sm["names"])
-        target_dir = path / f"stack_{i:03d}"
-        if not target_dir.is_dir():
-            raise CheckpointError(
-                f"pool checkpoint {path}: missing params directory {target_dir.name} for stack {i} ({arch.name})"
-            )
-        try:
-            abstract = jax.eval_shape(jax.vmap(arch.init), jax.random.split(jax.random.key(0), len(names)))
-        except Exception as e:
-            raise CheckpointError(
-                f"pool checkpoint {path}: stack {i}: the architecture spec cannot build params: {type(e).__name__}: {e}"
-            ) from e
-        if fp is not None:
-            sfp = fp["stacks"][i]
-            try:
-                saved = [(str(k), tuple(int(d) for d in s), str(dt)) for k, s, dt in sfp["leaves"]]
-            except (TypeError, ValueError) as e:
-                raise CheckpointError(
-                    f"pool checkpoint {path}: pool.json fingerprint of stack {i} is malformed ({e})"
-                ) from e
-            _compare_leaves(
-                path, i, arch, saved, _leaves(abstract), "saved params", "the architecture in pool.json gives"
-            )
-            _check_files(path, i, target_dir, sfp["files"])
-        try:
-            with ocp.StandardCheckpointer() as ckptr:
-                params = ckptr.restore(target_dir, abstract)
-        except Exception as e:  # orbax / tensorstore raise many types for corrupt files
-            raise CheckpointError(
-                f"pool checkpoint {path}: cannot restore {target_dir.name} ({arch.name}): {type(e).__name__}: {e}"
-            ) from e
-        _compare_leaves(
-            path, i, arch, _leaves(abstract), _leaves(params), "the architecture in pool.json gives", "restored params"
-        )
-        try:
-            stack = Stack(arch, params, names)
-        except ValueError as e:
-            raise CheckpointError(f"pool checkpoint {path}: stack {i}: {e}") from e
+        kind = sm.get("kind", "zoo") if meta["format"] == FORMAT else "zoo"
+        if kind == "zoo":
+            stack = _restore_zoo(path, i, sm, fp)
+        else:
+            stack = _restore_kind(path, i, kind, sm, fp, builders or {})
         if fp is not None:
             got = member_hashes(stack)
             if len(fp["stacks"][i]["members"]) != len(got):
@@ -331,7 +458,7 @@ def load_pool(path: str | os.PathLike) -> tuple[Pool, dict]:
             bad = [n for n, g, w in zip(names, got, fp["stacks"][i]["members"]) if g != w]
             if bad:
                 raise CheckpointError(
-                    f"pool checkpoint {path}: stack {i} ({arch.name}): params of member(s) {bad} "
+                    f"pool checkpoint {path}: stack {i} ({stack.name}): params of member(s) {bad} "
                     f"differ from the saved ones (SHA-256 mismatch: corrupt or replaced files)"
                 )
         stacks.append(stack)
@@ -372,7 +499,8 @@ def _check_probe(path: Path, pool: Pool, probe: dict) -> None:
             hit = [m for m in bad if sl.start <= m < sl.stop]
             if hit:
                 parts.append(
-                    f"stack {pool.stacks.index(s)} (arch {s.arch.spec()}): "
+                    f"stack {pool.stacks.index(s)} ({'arch' if isinstance(s, Stack) else 'spec'} "
+                    f"{s.arch.spec() if isinstance(s, Stack) else s.spec()}): "
                     + ", ".join(f"{pool.names[m]!r} by {err[m]:.3g} (tolerance {tol[m]:.2g})" for m in hit[:4])
                     + (f" and {len(hit) - 4} more" if len(hit) > 4 else "")
                 )

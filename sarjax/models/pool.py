@@ -1,10 +1,11 @@
 """Pools of models as stacked pytrees.
 
-A :class:`Stack` is one architecture with its members' params stacked on a leading axis; a
-:class:`Pool` is an ordered tuple of stacks with named members. ``pool.apply(params, x)``
-returns logits ``[M, B, C]``: one vmapped call per stack, concatenated on the member axis.
-Subsets of members are masks of shape ``[M]`` (or ``[B, M]``), never lists, so changing a
-subset never recompiles anything.
+A stack is one architecture with its members' params stacked on a leading axis (the protocol:
+:class:`sarjax.models.stack.BaseStack`; :class:`Stack` is the built-in zoo's); a :class:`Pool` is
+an ordered tuple of stacks of any kinds with named members. ``pool.apply(params, x)`` returns
+logits ``[M, B, C]``: one vmapped call per stack, concatenated on the member axis. Subsets of
+members are masks of shape ``[M]`` (or ``[B, M]``), never lists, so changing a subset never
+recompiles anything.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.core  # jax.core.Tracer: a concrete value can be checked on the host
@@ -21,29 +22,25 @@ import jax.numpy as jnp
 import numpy as np
 
 from sarjax.models import fused
+from sarjax.models.stack import (
+    BaseStack,
+    FunctionStack,
+    leaf_signature,
+    register_kind,
+    stack_trees,
+    unstack_tree,
+)
 from sarjax.models.zoo import ACTIVATIONS, CONV_IMPLS, Arch
 
 PyTree = Any
+_leaf_signature = leaf_signature
+__all__ = ["BaseStack", "FunctionStack", "Pool", "Stack", "stack_trees", "unstack_tree"]
 
 
-def _leaf_signature(tree: PyTree) -> tuple:
-    leaves, treedef = jax.tree.flatten(tree)
-    return (treedef, tuple((tuple(np.shape(l)), str(jnp.asarray(l).dtype)) for l in leaves))
-
-
-def stack_trees(trees: Sequence[PyTree]) -> PyTree:
-    """Stack a sequence of identically structured pytrees on a new leading axis."""
-    return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
-
-
-def unstack_tree(tree: PyTree, i: int) -> PyTree:
-    """Member ``i`` of a stacked pytree."""
-    return jax.tree.map(lambda a: a[i], tree)
-
-
+@register_kind
 @dataclass(frozen=True, eq=False)
-class Stack:
-    """One architecture and its members' params stacked on a leading axis.
+class Stack(BaseStack):
+    """The built-in zoo's stack (kind ``"zoo"``): one :class:`sarjax.models.zoo.Arch` and its members' params.
 
     Attributes:
       arch: the architecture (its ``apply(params, x: [B, *S]) -> [B, C]`` is for one member).
@@ -51,24 +48,63 @@ class Stack:
       names: one name per member.
     """
 
+    kind: ClassVar[str] = "zoo"
+    needs_builder: ClassVar[bool] = False
+
     arch: Arch
     params: PyTree
     names: tuple[str, ...]
 
     def __post_init__(self):
-        sizes = {np.shape(l)[0] if np.ndim(l) else None for l in jax.tree.leaves(self.params)}
-        if len(sizes) != 1 or None in sizes:
-            raise ValueError(
-                f"stack {self.arch.name}: params leaves must share one leading member axis, got sizes {sizes}"
-            )
-        (n,) = sizes
-        if len(self.names) != n:
-            raise ValueError(f"stack {self.arch.name}: {n} members but {len(self.names)} names")
         object.__setattr__(self, "names", tuple(self.names))
+        self._check_members()
+
+    # -- the protocol --------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.arch.name
 
     @property
-    def size(self) -> int:
-        return len(self.names)
+    def input_shape(self) -> tuple[int, ...]:
+        return self.arch.input_shape
+
+    @property
+    def num_classes(self) -> int:
+        return self.arch.num_classes
+
+    @property
+    def member_apply(self) -> Callable:
+        """``arch.apply`` (equal for equal architectures, so kernels built on it are shared)."""
+        return self.arch.apply
+
+    @property
+    def conv_impl(self) -> str | None:
+        """The convolution formulation of a convolutional stack; None for an MLP."""
+        return None if self.arch.family == "mlp" else self.arch.conv_impl
+
+    def spec(self) -> dict:
+        return {"kind": self.kind, **self.arch.spec()}
+
+    def hash_spec(self) -> dict:
+        """The architecture spec without ``conv_impl`` (it changes rounding, not the model)."""
+        return {k: v for k, v in self.arch.spec().items() if k != "conv_impl"}
+
+    def with_params(self, params: PyTree, names: Sequence[str] | None = None) -> Stack:
+        return Stack(self.arch, params, tuple(self.names if names is None else names))
+
+    def with_conv_impl(self, conv_impl: str) -> Stack:
+        """The same members with ``arch.conv_impl`` replaced (MLP stacks are returned unchanged)."""
+        if self.arch.family == "mlp":
+            return self
+        return Stack(dataclasses.replace(self.arch, conv_impl=conv_impl), self.params, self.names)
+
+    @classmethod
+    def restore(cls, spec, leaves, paths, names, built) -> Stack:
+        """Rebuild from ``spec`` (an :meth:`Arch.spec` with ``kind``); ``built`` is unused."""
+        del built
+        arch = Arch.from_spec({k: v for k, v in spec.items() if k != "kind"})
+        abstract = jax.eval_shape(jax.vmap(arch.init), jax.random.split(jax.random.key(0), len(names)))
+        return cls(arch, jax.tree.unflatten(jax.tree.structure(abstract), list(leaves)), tuple(names))
 
     @classmethod
     def from_keys(cls, arch: Arch, keys: jax.Array, names: Sequence[str] | None = None) -> Stack:
@@ -110,9 +146,6 @@ class Stack:
             return fused.cnn_pool_apply(self.arch, prepared, x)
         return jax.vmap(self.arch.apply, in_axes=(0, None))(prepared, x)
 
-    def member(self, i: int) -> PyTree:
-        return unstack_tree(self.params, i)
-
 
 def _mlp_shared_apply(arch: Arch, p: PyTree, x: jax.Array) -> jax.Array:
     """Logits [K, B, C] of K stacked MLP members on one shared batch (``arch.apply``'s layers)."""
@@ -127,42 +160,46 @@ def _mlp_shared_apply(arch: Arch, p: PyTree, x: jax.Array) -> jax.Array:
 
 
 class Pool:
-    """An ordered, named pool of models made of one or more :class:`Stack`.
+    """An ordered, named pool of models made of one or more stacks of any kinds.
 
     Args:
-      stacks: the stacks, in member order.
+      stacks: the stacks (:class:`sarjax.models.stack.BaseStack`: the zoo's :class:`Stack`,
+        :class:`FunctionStack`, flax stacks, ...), in member order.
 
     Raises:
       ValueError: empty pool, duplicate member names, members disagreeing on the class count or
         the input shape, or non-finite params (naming the member).
     """
 
-    def __init__(self, stacks: Sequence[Stack]):
+    def __init__(self, stacks: Sequence[BaseStack]):
+        self.stacks: tuple[BaseStack, ...]
         stacks = tuple(stacks)
         if not stacks or sum(s.size for s in stacks) == 0:
             raise ValueError("a pool needs at least one member, got an empty pool")
         for s in stacks:
-            if not isinstance(s, Stack):
-                raise TypeError(f"Pool takes Stack objects, got {type(s).__name__}")
+            if not isinstance(s, BaseStack):
+                raise TypeError(f"Pool takes stacks (sarjax.models.stack.BaseStack), got {type(s).__name__}")
         names = tuple(n for s in stacks for n in s.names)
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"member names must be unique, duplicated: {dup}")
         ref = stacks[0]
         for s in stacks:
-            if s.arch.num_classes != ref.arch.num_classes:
+            if s.num_classes != ref.num_classes:
                 raise ValueError(
-                    f"class-count mismatch: member {s.names[0]!r} has {s.arch.num_classes} classes, "
-                    f"member {ref.names[0]!r} has {ref.arch.num_classes}"
+                    f"class-count mismatch: member {s.names[0]!r} has {s.num_classes} classes, "
+                    f"member {ref.names[0]!r} has {ref.num_classes}"
                 )
-            if s.arch.input_shape != ref.arch.input_shape:
+            if tuple(s.input_shape) != tuple(ref.input_shape):
                 raise ValueError(
-                    f"input-shape mismatch: member {s.names[0]!r} takes {s.arch.input_shape}, "
-                    f"member {ref.names[0]!r} takes {ref.arch.input_shape}"
+                    f"input-shape mismatch: member {s.names[0]!r} takes {s.input_shape}, "
+                    f"member {ref.names[0]!r} takes {ref.input_shape}"
                 )
         for s in stacks:
             bad = np.zeros(s.size, bool)
             for leaf in jax.tree.leaves(s.params):
+                if not jnp.issubdtype(jnp.asarray(leaf).dtype, jnp.inexact):
+                    continue  # integer counters, PRNG keys: nothing to be non-finite
                 leaf = np.asarray(leaf)
                 bad |= ~np.isfinite(leaf.reshape(s.size, -1)).all(axis=1)
             if bad.any():
@@ -197,6 +234,115 @@ class Pool:
         ]
         return cls(stacks)
 
+    @classmethod
+    def from_functions(
+        cls,
+        members: Sequence[tuple[Callable, PyTree]],
+        names: Sequence[str] | None = None,
+        *,
+        input_shape: Sequence[int],
+        num_classes: int | None = None,
+    ) -> Pool:
+        """Build a pool from plain ``(apply, params)`` pairs (:class:`FunctionStack`).
+
+        Members go to the same stack when they share the apply (the same function object) and
+        the params' tree structure, leaf shapes and dtypes; each stack runs ``jax.vmap`` of its
+        apply over the stacked params.
+
+        Args:
+          members: ``(apply, params_one)`` with ``apply(params_one, x [B, *input_shape]) -> [B, C]`` float32.
+          names: member names (default ``m0, m1, ...``).
+          input_shape: one input's shape, e.g. ``(28, 28, 1)``.
+          num_classes: checked against the applies' outputs (inferred when None).
+        """
+        if not members:
+            raise ValueError("a pool needs at least one member, got an empty list")
+        names = list(names) if names is not None else [f"m{i}" for i in range(len(members))]
+        if len(names) != len(members):
+            raise ValueError(f"{len(members)} members but {len(names)} names")
+        groups: dict[tuple, list[int]] = {}
+        for i, m in enumerate(members):
+            if not (isinstance(m, tuple | list) and len(m) == 2 and callable(m[0])):
+                raise TypeError(f"member {names[i]!r}: expected an (apply, params) pair, got {type(m).__name__}")
+            groups.setdefault((id(m[0]), leaf_signature(m[1])), []).append(i)
+        return cls(
+            [
+                FunctionStack(
+                    members[idx[0]][0],
+                    stack_trees([members[i][1] for i in idx]),
+                    [names[i] for i in idx],
+                    input_shape=input_shape,
+                    num_classes=num_classes,
+                )
+                for idx in groups.values()
+            ]
+        )
+
+    @classmethod
+    def from_flax(
+        cls,
+        module: Any,
+        variables: Sequence[PyTree],
+        names: Sequence[str] | None = None,
+        *,
+        input_shape: Sequence[int],
+        apply_kwargs: dict | None = None,
+        name: str | None = None,
+    ) -> Pool:
+        """A one-stack pool of a flax linen ``module`` with one variables dict per member.
+
+        See :class:`sarjax.models.flax_stacks.LinenStack` (eval mode: ``module.apply(variables, x,
+        **apply_kwargs)`` with ``mutable=False``; ``apply_kwargs`` defaults to ``train=False`` /
+        ``deterministic=True`` when ``__call__`` takes such an argument).
+
+        Args:
+          module: a ``flax.linen.Module``.
+          variables: one ``module.init(...)`` result per member (same structure); ``batch_stats``
+            and other collections are used as they are (running statistics).
+          names: member names (default ``<module class>/i``).
+          input_shape: one input's shape.
+          apply_kwargs: keyword arguments of every ``module.apply`` call.
+          name: the architecture's name (checkpoint builder key; default: the module's class name).
+        """
+        from sarjax.models.flax_stacks import LinenStack
+
+        return cls(
+            [
+                LinenStack.from_members(
+                    module, variables, names, input_shape=input_shape, apply_kwargs=apply_kwargs, name=name
+                )
+            ]
+        )
+
+    @classmethod
+    def from_nnx(
+        cls,
+        modules: Sequence[Any],
+        names: Sequence[str] | None = None,
+        *,
+        input_shape: Sequence[int],
+        name: str | None = None,
+    ) -> Pool:
+        """A pool of flax nnx modules; members with the same graph (``nnx.split``'s graphdef) share a stack.
+
+        See :class:`sarjax.models.flax_stacks.NnxStack` (eval mode: copies of the modules are put
+        in ``.eval()`` mode; the user's modules are not changed).
+
+        Args:
+          modules: ``nnx.Module`` instances, ``module(x [B, *input_shape]) -> [B, C]``.
+          names: member names (default ``<class>/i``).
+          input_shape: one input's shape.
+          name: the architecture's name for every stack (checkpoint builder key; default: the class name).
+        """
+        from sarjax.models.flax_stacks import NnxStack
+
+        return cls(NnxStack.group(modules, names, input_shape=input_shape, name=name))
+
+    @classmethod
+    def concat(cls, *pools: Pool) -> Pool:
+        """One pool with the stacks of ``pools`` in order (a heterogeneous pool from pools of any kinds)."""
+        return cls([s for p in pools for s in p.stacks])
+
     # -- structure -----------------------------------------------------------------------------
     @property
     def num_members(self) -> int:
@@ -204,11 +350,11 @@ class Pool:
 
     @property
     def num_classes(self) -> int:
-        return self.stacks[0].arch.num_classes
+        return self.stacks[0].num_classes
 
     @property
     def input_shape(self) -> tuple[int, ...]:
-        return self.stacks[0].arch.input_shape
+        return tuple(self.stacks[0].input_shape)
 
     @property
     def params(self) -> tuple[PyTree, ...]:
@@ -225,15 +371,18 @@ class Pool:
     def content_hash(self) -> str:
         """SHA-256 (hex) of everything that determines the pool's outputs except ``conv_impl``.
 
-        Covers the member names, each stack's architecture spec (without ``conv_impl``, which
-        changes how a convolution is computed, not its result), and every params leaf's path,
-        shape, dtype and bytes. Used to fingerprint checkpoints and resumable runs.
+        Covers the member names, each stack's :meth:`~sarjax.models.stack.BaseStack.hash_spec`
+        (its kind and architecture; a zoo spec without ``conv_impl``, which changes how a
+        convolution is computed, not its result), and every params leaf's path, shape, dtype and
+        bytes, for stacks of every kind. Used to fingerprint checkpoints and resumable runs.
         """
         import hashlib
 
         h = hashlib.sha256()
         for s in self.stacks:
-            spec = {k: v for k, v in s.arch.spec().items() if k != "conv_impl"}
+            spec = s.hash_spec()
+            if s.kind != "zoo":  # the zoo's hash predates the kinds: keep its bytes
+                spec = {"kind": s.kind, **spec}
             h.update(repr((sorted(spec.items()), s.names)).encode())
             for path, leaf in jax.tree_util.tree_flatten_with_path(s.params)[0]:
                 a = np.ascontiguousarray(np.asarray(leaf))
@@ -243,39 +392,40 @@ class Pool:
 
     def with_params(self, params: Sequence[PyTree]) -> Pool:
         """A pool with the same structure and new stacked params (e.g. after training)."""
-        return Pool([Stack(s.arch, p, s.names) for s, p in zip(self.stacks, params)])
+        return Pool([s.with_params(p) for s, p in zip(self.stacks, params)])
 
     def with_conv_impl(self, conv_impl: str) -> Pool:
         """The same members (same params) with every convolutional stack's ``conv_impl`` replaced.
 
         E.g. ``pool.with_conv_impl("fused")`` before a joint attack on CPU (docs/models.md); MLP
-        stacks are unchanged.  Raises ValueError for an unknown ``conv_impl``.
+        stacks and stacks of other kinds (no ``with_conv_impl``) are unchanged.  Raises ValueError
+        for an unknown ``conv_impl``.
         """
         if conv_impl not in CONV_IMPLS:
             raise ValueError(f"conv_impl must be one of {CONV_IMPLS}, got {conv_impl!r}")
-        return Pool(
-            [
-                Stack(
-                    s.arch if s.arch.family == "mlp" else dataclasses.replace(s.arch, conv_impl=conv_impl),
-                    s.params,
-                    s.names,
-                )
-                for s in self.stacks
-            ]
-        )
+        return Pool([s.with_conv_impl(conv_impl) if isinstance(s, Stack) else s for s in self.stacks])
 
     def select(self, index: Sequence[int] | np.ndarray) -> Pool:
         """A new pool with the members at ``index`` (host side, for building sub-pools; use masks in attacks)."""
         index = [int(i) for i in np.atleast_1d(index)]
-        members = []
+        if all(isinstance(s, Stack) for s in self.stacks):  # the zoo regroups equal architectures
+            members = []
+            for i in index:
+                for s, sl in zip(self.stacks, self.member_slices):
+                    if sl.start <= i < sl.stop and isinstance(s, Stack):
+                        members.append((s.arch, s.member(i - sl.start)))
+            return Pool.from_members(members, [self.names[i] for i in index])
+        groups: dict[int, list[int]] = {}  # stack -> local indices, stacks by first appearance
         for i in index:
-            for s, sl in zip(self.stacks, self.member_slices):
+            if not 0 <= i < self.num_members:
+                raise IndexError(f"member index {i} out of range for a pool of {self.num_members}")
+            for j, sl in enumerate(self.member_slices):
                 if sl.start <= i < sl.stop:
-                    members.append((s.arch, s.member(i - sl.start)))
-        return Pool.from_members(members, [self.names[i] for i in index])
+                    groups.setdefault(j, []).append(i - sl.start)
+        return Pool([self.stacks[j].select(loc) for j, loc in groups.items()])
 
     def __repr__(self) -> str:
-        parts = ", ".join(f"{s.arch.name} x{s.size}" for s in self.stacks)
+        parts = ", ".join(f"{s.name} x{s.size}" for s in self.stacks)
         return f"Pool(M={self.num_members}: {parts})"
 
     # -- evaluation ----------------------------------------------------------------------------

@@ -20,7 +20,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from sarjax.models.pool import Pool, Stack
+from sarjax.models.pool import Pool
 
 
 def make_mesh(pool: int | None = None, data: int | None = None, *, local: bool = False) -> Mesh:
@@ -58,8 +58,8 @@ def pad_pool(pool: Pool, multiple: int) -> tuple[Pool, np.ndarray]:
         extra = (-s.size) % multiple
         if extra:
             params = jax.tree.map(lambda a: jnp.concatenate([a, jnp.repeat(a[:1], extra, axis=0)]), s.params)
-            names = s.names + tuple(f"<pad {s.arch.name} {i}>" for i in range(extra))
-            s = Stack(s.arch, params, names)
+            names = s.names + tuple(f"<pad {s.name} {i}>" for i in range(extra))
+            s = s.with_params(params, names)
         stacks.append(s)
         mask += [not n.startswith("<pad ") for n in s.names]
     return Pool(stacks), np.array(mask)
@@ -78,7 +78,7 @@ def place_pool(pool: Pool, mesh: Mesh) -> tuple[Pool, np.ndarray]:
     """Pad and shard a pool's params over the mesh's ``pool`` axis. Returns (pool, member mask)."""
     padded, mask = pad_pool(pool, mesh.shape["pool"])
     sharding = NamedSharding(mesh, P("pool"))
-    stacks = [Stack(s.arch, jax.device_put(s.params, sharding), s.names) for s in padded.stacks]
+    stacks = [s.with_params(jax.device_put(s.params, sharding)) for s in padded.stacks]
     return Pool(stacks), mask
 
 

@@ -50,7 +50,7 @@ def test_attack_members_reuses_its_compiled_kernel_across_eps():
     rng = np.random.default_rng(1)
     K, B, D = 3, 4, 8
     params = {"W": jnp.asarray(rng.normal(size=(K, D, 4)), jnp.float32), "b": jnp.zeros((K, 4), jnp.float32)}
-    stack = SimpleNamespace(arch=SimpleNamespace(apply=_counting_affine_apply), params=params, size=K)
+    stack = SimpleNamespace(member_apply=_counting_affine_apply, params=params, size=K)  # the Stack protocol
     pool = SimpleNamespace(stacks=[stack])
     x0 = jnp.asarray(rng.uniform(0.3, 0.7, (B, D)), jnp.float32)
     lab = jnp.zeros((B,), jnp.int32)
