@@ -1,7 +1,7 @@
 """sarjax.frontier: attack and defense frontiers (papers/001), host-side numpy.
 
 Robustness-perturbation curves as exact step functions (:mod:`~sarjax.frontier.curves`), the
-attack frontier and the Attack Optimality Index (:mod:`~sarjax.frontier.aoi`), query-budget
+attack frontier and the Attack Optimality Index (:mod:`~sarjax.frontier.optimality`), query-budget
 allocation into nested ensembles by Algorithm 1 (:mod:`~sarjax.frontier.allocation`), the
 defense frontier, the Defense Optimality Index and rank instability
 (:mod:`~sarjax.frontier.defense`), a fixed-eps attack (AutoAttack) as a curve
@@ -16,6 +16,7 @@ The narrative page (docs/frontier.md) follows.
 .. include:: ../../docs/frontier.md
 """
 
+from sarjax.frontier import allocation, curves, defense, fixed_eps, optimality, plots, report
 from sarjax.frontier.allocation import (
     DEFAULT_CAP,
     DEFAULT_EVERY,
@@ -33,7 +34,6 @@ from sarjax.frontier.allocation import (
     simple_pool,
     split_models,
 )
-from sarjax.frontier.aoi import aoi, aoi_from_distances, attack_frontier, global_aoi, per_model_aoi
 from sarjax.frontier.curves import LinearCurve, StepCurve, aurec, eps_min
 from sarjax.frontier.defense import (
     RankInstability,
@@ -47,9 +47,17 @@ from sarjax.frontier.defense import (
     tier_tau,
 )
 from sarjax.frontier.fixed_eps import FixedEpsCurve, eps_grid, fixed_eps_curve, interpolated_curve
+from sarjax.frontier.optimality import aoi, aoi_from_distances, attack_frontier, global_aoi, per_model_aoi
 from sarjax.frontier.report import FrontierReport, RankReport, TierResult, build_report
 
 __all__ = [
+    "allocation",
+    "curves",
+    "defense",
+    "fixed_eps",
+    "optimality",
+    "plots",
+    "report",
     "DEFAULT_CAP",
     "DEFAULT_EVERY",
     "DEFAULT_HELDOUT",

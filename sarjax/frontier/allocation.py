@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sarjax.frontier.aoi import _stats
+from sarjax.frontier.optimality import _stats
 
 DEFAULT_CAP = 1000  # papers/001 Section 5.1: 500 steps = 1000 queries per attack
 DEFAULT_EVERY = 10  # papers/001 Section 5.1: distance recorded every 10 queries
@@ -228,7 +228,7 @@ class TrajectoryPool:
 
     def aoi_per_model(self, q) -> np.ndarray:
         """``[M]`` per-model AOI of allocation ``q`` (papers/001 Eq. 5 with the ensemble's curve)."""
-        from sarjax.frontier.aoi import aoi_from_distances
+        from sarjax.frontier.optimality import aoi_from_distances
 
         return aoi_from_distances(self.distances(q), self.frontier())
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sarjax.frontier.aoi import aoi
 from sarjax.frontier.curves import LinearCurve, StepCurve
+from sarjax.frontier.optimality import aoi
 
 DEFAULT_PERCENTILES = (10, 20, 30, 40, 50, 60, 70, 80, 90)  # "distance percentiles": 9 (our reading)
 

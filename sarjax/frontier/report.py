@@ -30,8 +30,8 @@ from sarjax.frontier.allocation import (
     nested_allocations,
     split_models,
 )
-from sarjax.frontier.aoi import aoi_from_distances
 from sarjax.frontier.defense import doi, rank_instability, robust_accuracy, tier_tau
+from sarjax.frontier.optimality import aoi_from_distances
 
 FORMAT = "sarjax-frontier/1"
 
