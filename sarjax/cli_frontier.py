@@ -119,17 +119,20 @@ def _safe(name: str) -> str:
 
 
 def _apply_of(pool):
-    """``(apply, params, stacked, key)``: a one-stack pool runs its architecture's one-member apply
-    over the stacked params (each member evaluates only its own iterates, and pools of the same
-    architecture share one compiled kernel); other pools run ``pool.apply``."""
+    """``(apply, params, stacked, key)``: a one-stack pool runs its stack's one-member apply over
+    the stacked params (the Stack protocol's ``member_apply``: each member evaluates only its own
+    iterates); zoo pools of one architecture share one compiled kernel (their spec defines the
+    function).  Other pools run ``pool.apply``."""
     stacks = getattr(pool, "stacks", ())
-    if len(stacks) == 1 and hasattr(getattr(stacks[0], "arch", None), "apply"):
-        arch = stacks[0].arch
-        try:
-            hash(arch)
-            return arch.apply, stacks[0].params, True, ("arch", arch)
-        except TypeError:
-            pass
+    if len(stacks) == 1:
+        st = stacks[0]
+        fa = getattr(st, "member_apply", None)
+        if fa is None and hasattr(getattr(st, "arch", None), "apply"):
+            fa = st.arch.apply
+        if fa is not None:
+            if getattr(st, "kind", None) == "zoo" and hasattr(st, "spec"):
+                return fa, st.params, True, ("zoo", json.dumps(st.spec(), sort_keys=True, default=str))
+            return fa, st.params, True, ("fn", id(fa))
     return pool.apply, pool.params, False, ("pool", id(pool))
 
 
