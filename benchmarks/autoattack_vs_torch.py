@@ -75,18 +75,21 @@ def main(argv=None) -> dict:
     ap.add_argument("--iters", type=int, default=10, help="APGD / FAB iterations of both (torchattacks: 10)")
     ap.add_argument("--square-queries", type=int, default=5000)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument(
+        "--batch-size", type=int, default=50, help="sarjax rows per compiled call (still-robust rows are packed)"
+    )
     ap.add_argument("--threads", type=int, default=2, help="torch threads")
     ap.add_argument("--pool", default=None, help="a saved pool: attack its first member (a CNN or MLP)")
     ap.add_argument("--pgd-at", action="store_true", help="train the CNN with PGD-AT (else standard)")
     ap.add_argument("--train-eps", type=float, default=0.1)
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--reference", action="store_true", help="also run sarjax at the reference's 100 iterations")
-    ap.add_argument("--quick", action="store_true", help="32 images, 1 repeat, 500 Square queries, 1 epoch")
+    ap.add_argument("--quick", action="store_true", help="32 images, 1 repeat, 500 Square queries, 1 epoch, batch 16")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="benchmarks/results/autoattack_vs_torch.json")
     a = ap.parse_args(argv)
     if a.quick:
-        a.samples, a.repeats, a.square_queries, a.epochs = 32, 1, 500, 1
+        a.samples, a.repeats, a.square_queries, a.epochs, a.batch_size = 32, 1, 500, 1, 16
     import torch
     import torchattacks
 
@@ -113,7 +116,7 @@ def main(argv=None) -> dict:
     def run_sarjax(n_iter=a.iters):
         res = autoattack(
             arch.apply, params, x, y, norm="linf", eps=a.eps, key=jax.random.PRNGKey(a.seed), n_iter=n_iter,
-            fab_iter=n_iter, square_queries=a.square_queries, log=False, checks=False,
+            fab_iter=n_iter, square_queries=a.square_queries, log=False, checks=False, batch_size=a.batch_size,
         )  # fmt: skip
         return float(res.robust_accuracy[0]), res
 
@@ -128,6 +131,7 @@ def main(argv=None) -> dict:
         with torch.no_grad():
             pred = tm(xa).argmax(1).numpy()
         dist = float((xa - xt).abs().amax().item())
+        run_torch.robust = pred == y
         return float(np.mean(pred == y)), dist
 
     t0 = time.perf_counter()
@@ -161,6 +165,9 @@ def main(argv=None) -> dict:
         f"seconds per 1,000 images: sarjax {per_k['sarjax']:.1f}  torchattacks {per_k['torchattacks']:.1f}  speed ratio {ratio:.2f}x"
     )
     print("sarjax stages: " + ", ".join(f"{s.name} {100 * s.robust_accuracy[0]:.1f}%" for s in res.log))
+    only_s = np.flatnonzero(res.robust[:, 0] & ~run_torch.robust).tolist()
+    only_t = np.flatnonzero(~res.robust[:, 0] & run_torch.robust).tolist()
+    print(f"robust for sarjax only: {only_s}; robust for torchattacks only: {only_t} (last round)")
     ref = None
     if a.reference:
         t0 = time.perf_counter()
@@ -177,6 +184,8 @@ def main(argv=None) -> dict:
         clean_accuracy=clean,
         robust_accuracy={k: v for k, v in accs.items()},
         robust_accuracy_diff_points=float(diff),
+        robust_only_sarjax=only_s,
+        robust_only_torchattacks=only_t,
         seconds=times,
         seconds_per_1000_images=per_k,
         speed_ratio_torch_over_sarjax=ratio,

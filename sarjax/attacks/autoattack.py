@@ -32,8 +32,11 @@ momentum 0.75, checkpoints at ``p_j``; FAB: ``alpha_max = 0.1, eta = 1.05, beta 
 The cascade (``autoattack.py::run_standard_evaluation``): a point starts robust for member ``m``
 if ``m`` classifies it correctly; each attack run (a restart, a target, an l1 phase schedule)
 sees the ``[B, M]`` mask of the (sample, member) pairs still robust and attacks only those
-(masks, never reshuffled batches: the shapes, hence the compiled kernels, never change); a pair
-broken by a run is removed from the mask before the next run. Restarts and targets are cascades
+(per-member masks: a sample broken for member 0 is still attacked for member 1 in the same call);
+a pair broken by a run is removed from the mask before the next run. At each stage's start the
+samples still robust for some member are packed into chunks of ``batch_size`` rows (one shape:
+one compiled kernel per attack; a sample's random streams come from its sample id, so its chunk
+does not change its result), and fully broken samples cost no compute. Restarts and targets are cascades
 too, as in AutoAttack's ``perturb``: a point broken by target 1 is not attacked at target 2.
 
 Success of a run is decided by a verification forward pass of each member at the run's returned
@@ -49,9 +52,9 @@ what the building block charges (APGD: its clean evaluation ``eot``, then ``2 eo
 iteration, ``n_iter + 1`` of them, plus ``eot`` for the final re-evaluation with EOT; FAB-T:
 ``1 + 3 n_iter``; FAB: ``1 + (C + 1) n_iter``; Square: ``1`` per evaluated point while active),
 plus the verification forward (``eot``); APGD-T / FAB-T add one forward per pair at the stage's
-start to rank the targets on the clean logits. Pairs that are no longer robust ride along in the
-fixed-shape batch with an all-zero mask: their results are discarded and they are charged 0
-(AutoAttack removes them from the batch). The sanity checks are diagnostics and are not charged.
+start to rank the targets on the clean logits. Pairs that are no longer robust (a member already
+broken while another is not, padding rows) ride along in the chunk with an all-zero mask: their
+results are discarded and they are charged 0 (AutoAttack removes them from the batch). The sanity checks are diagnostics and are not charged.
 
 Every stage's output is audited (:func:`sarjax.attacks.audit.check`) against the ORIGINAL
 inputs with the stage's eps (l1 phases at ``3 eps`` and ``2 eps`` are audited at their own
@@ -99,6 +102,7 @@ FAB_RAND_RADIUS = 0.5  # FAB restarts > 0 start at radius eps / 2 (fab_pt.py: ``
 RANDOMIZED_RTOL = 1e-4  # checks.py check_randomized: alpha = 1e-4 on L2-normalized outputs
 PROBABILITY_ATOL = 1e-5  # checks.py check_range_output: alpha = 1e-5
 SQUARE_GAIN = 0.002  # checks.py check_square_sr: alpha = .002
+BATCH = 250  # rows per compiled call (autoattack.py run_standard_evaluation: bs=250)
 
 
 class AutoAttackWarning(UserWarning):
@@ -654,8 +658,12 @@ def autoattack(
         sample ``b`` draws from its own stream (``sample_ids[b]``) inside each attack.
       version: ``"standard"``, ``"plus"`` or ``"rand"``.
       stacked: see ``apply``.
-      batch_size: samples per compiled call (default: all); the last chunk is padded with
-        all-zero masks (no queries).
+      batch_size: rows per compiled call (default ``min(B, 250)``, AutoAttack's ``bs``). Every
+        stage packs the rows still robust for some member into chunks of this size (the last one
+        padded with all-zero masks: no queries), so a stage costs ``ceil(still robust /
+        batch_size)`` kernel calls of one shape. With a deterministic model a sample's result does
+        not depend on its chunk (its draws come from its sample id); with EOT the building blocks
+        draw the noise per batch, so results are equal in distribution only.
       sample_ids: ``[B]`` each sample's index in the data set (default ``arange(B)``).
       names: member names for the log (default ``member0, ...`` or ``("model",)``).
       log: print the AutoAttack-like log while running.
@@ -712,7 +720,7 @@ def autoattack(
     names = tuple(names)
     if len(names) != mem.m:
         raise ValueError(f"names must have one entry per member ({mem.m}), got {len(names)}")
-    bs = B if batch_size is None else int(batch_size)
+    bs = min(B, BATCH) if batch_size is None else int(batch_size)
     if bs < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
 
@@ -724,41 +732,41 @@ def autoattack(
     say = print if log else (lambda *a, **k: None)
     say(f"using {version} version including {', '.join(stages)} ({norm_name(p)}, eps={eps:g}, {mem.m} member(s))")
 
-    # pad to a multiple of bs; padding rows are never robust (no queries)
-    n_chunks = -(-B // bs)
-    pad = n_chunks * bs - B
-    xp = np.concatenate([x0, np.repeat(x0[:1], pad, 0)]) if pad else x0
-    yp = np.concatenate([yh, np.repeat(yh[:1], pad)]) if pad else yh
-    sp = np.concatenate([sid_all, np.repeat(sid_all[:1], pad)]) if pad else sid_all
-    chunks = [
-        (jnp.asarray(xp[i : i + bs]), yp[i : i + bs].astype(np.int32), jnp.asarray(sp[i : i + bs], jnp.int32))
-        for i in range(0, len(xp), bs)
-    ]
+    # Chunks of bs rows built at the start of every stage from the rows still robust for some member
+    # (compaction: a sample's draws depend on its sample id only, so the rows a chunk holds do not
+    # change its result); the last chunk is padded by repeating a row with an all-zero mask (no
+    # queries, results dropped); every chunk has bs rows: one compiled kernel per attack.
+    xp, yp, sp = x0, yh.astype(np.int32), sid_all.astype(np.int32)
     ctx = _Ctx(mem, p, eps, eot, tuple(float(v) for v in box), n_iter, fab_iter, square_queries, version)
     vkey = jax.random.fold_in(key, 0xC1EA)
+    m = mem.m
 
-    def verify(ci, xc):
+    def chunks_of(rows):
+        for c0 in range(0, len(rows), bs):
+            idx = rows[c0 : c0 + bs]
+            pad_idx = np.concatenate([idx, np.repeat(idx[:1], bs - len(idx))])
+            valid = np.arange(bs) < len(idx)
+            yield idx, pad_idx, valid, (jnp.asarray(xp[pad_idx]), yp[pad_idx], jnp.asarray(sp[pad_idx]))
+
+    def verify(yc, xc):
         """``[b, M]`` wrong at ``xc [b, M, *S]`` (majority of the draws)."""
-        _, yc, _ = chunks[ci]
         z = np.asarray(_logits(mem.apply1, mem.axes, eot, mem.params, jnp.asarray(xc), vkey))
         return _wrong(z, yc)
 
-    m = mem.m
-    xb = np.broadcast_to(xp[:, None], (len(xp), m, *xp.shape[1:]))
-    robust = np.zeros((len(xp), m), bool)
-    for ci in range(n_chunks):
-        robust[ci * bs : (ci + 1) * bs] = ~verify(ci, xb[ci * bs : (ci + 1) * bs])
-    robust[B:] = False
+    robust = np.zeros((B, m), bool)
+    for idx, _, _, chunk in chunks_of(np.arange(B)):
+        xc = np.broadcast_to(np.asarray(chunk[0])[:, None], (bs, m, *xp.shape[1:]))
+        robust[idx] = ~verify(chunk[1], xc)[: len(idx)]
     clean = robust.copy()
-    x_adv = np.array(xb)
-    stage_q = [np.where(np.arange(len(xp))[:, None] < B, eot, 0) * np.ones((1, m), np.int64)]
+    x_adv = np.array(np.broadcast_to(xp[:, None], (B, m, *xp.shape[1:])))
+    stage_q = [np.full((B, m), eot, np.int64)]
     stage_r = [robust.copy()]
     logs = []
     say(f"initial accuracy: {100 * robust[:B].mean():.2f}%")
     t_all = time.perf_counter()
     for s_idx, name in enumerate(stages):
         t0 = time.perf_counter()
-        q = np.zeros((len(xp), m), np.int64)
+        q = np.zeros((B, m), np.int64)
         attacked = int(robust[:B].sum())
         skip = _skip_reason(name, ctx)
         if skip:
@@ -770,21 +778,23 @@ def autoattack(
             continue
         skey = jax.random.fold_in(key, s_idx + 1)
         before = robust.copy()
-        for ci, chunk in enumerate(chunks):
-            sl = slice(ci * bs, (ci + 1) * bs)
-            for xc, qc in _runs(name, ctx, chunk, lambda: robust[sl].astype(np.float32), skey):
-                mk = robust[sl]
-                if not mk.any():
-                    break
-                q[sl] += qc.astype(np.int64)
+        for idx, pad_idx, valid, chunk in chunks_of(np.flatnonzero(robust.any(axis=1))):
+            n = len(idx)
+
+            def mask_now(pad_idx=pad_idx, valid=valid):
+                return (robust[pad_idx] & valid[:, None]).astype(np.float32)
+
+            for xc, qc in _runs(name, ctx, chunk, mask_now, skey):
+                mk = mask_now() > 0
+                q[idx] += qc[:n].astype(np.int64)
                 if xc is None:
                     continue
-                wrong = verify(ci, xc) & mk
-                q[sl] += eot * mk
-                upd = x_adv[sl]
-                upd[wrong] = xc[wrong]
-                x_adv[sl] = upd
-                robust[sl] = mk & ~wrong
+                wrong = (verify(chunk[1], xc) & mk)[:n]
+                q[idx] += eot * mk[:n]
+                upd = x_adv[idx]
+                upd[wrong] = np.asarray(xc)[:n][wrong]
+                x_adv[idx] = upd
+                robust[idx] = robust[idx] & ~wrong
         _audit(xp[:B], np.swapaxes(x_adv[:B], 0, 1), p, eps, ctx.box, f"after {name} (x_adv)")
         dt = time.perf_counter() - t0
         logs.append(
