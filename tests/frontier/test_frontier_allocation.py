@@ -243,7 +243,9 @@ def test_greedy_vs_brute_force_gap_distribution():
         f"\ngreedy vs optimum over {gaps.size} random pools: exact on {np.mean(gaps < 1e-12):.0%}, "
         f"median gap {np.median(gaps):.4f}, max {gaps.max():.4f}"
     )
-    assert np.mean(gaps < 1e-12) >= 0.6  # measured: 80% (seeds 0-39; 76% over 500 pools, FULL)
+    # measured: 80% (seeds 0-39; 76.4% over 500 pools, FULL); raw gains (no Eq. 10 normalisation) or
+    # top-level-only updates reach 70% here
+    assert np.mean(gaps < 1e-12) >= 0.75
     assert np.median(gaps) < 0.02
 
 
