@@ -6,6 +6,7 @@ process). The snippet sees ``jax``, ``np``, ``zoo``, ``Pool``, ``Stack`` and ``s
 n)`` (a stack of random params from the init's shapes: no init compile) and must print ``OK``.
 """
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -31,7 +32,8 @@ def stack(arch, seed, n):   # random params from the init's shapes: no init comp
 def run_on_fake_devices_(body: str, n: int = 8, timeout: float = 300) -> str:
     """Run ``body`` (dedented) after the preamble with ``n`` fake CPU devices; returns its stdout."""
     code = _PREAMBLE.format(n=n) + textwrap.dedent(body)
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}  # fake CPU devices, also on a machine with a GPU
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=env)
     assert r.returncode == 0 and "OK" in r.stdout, (r.stdout[-2000:], r.stderr[-3000:])
     return r.stdout
 
