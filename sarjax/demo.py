@@ -569,7 +569,7 @@ def run_sar_on_saved_pool(
             refusal = e
     if not distributed.all_ok(refusal is None):  # every process waits for process 0's check
         raise refusal or ValueError(f"process 0 refused the run in {outp} (its error says why)")
-    run_pool = pool
+    run_pool: Any = pool  # a Pool, or a ShardedPool of it
     if devices is not None:
         from sarjax.models.sharding import ShardedPool, make_mesh
 
