@@ -174,11 +174,11 @@ class Pool:
     def __init__(self, stacks: Sequence[BaseStack]):
         self.stacks: tuple[BaseStack, ...]
         stacks = tuple(stacks)
-        if not stacks or sum(s.size for s in stacks) == 0:
-            raise ValueError("a pool needs at least one member, got an empty pool")
         for s in stacks:
             if not isinstance(s, BaseStack):
                 raise TypeError(f"Pool takes stacks (sarjax.models.stack.BaseStack), got {type(s).__name__}")
+        if not stacks or sum(s.size for s in stacks) == 0:
+            raise ValueError("a pool needs at least one member, got an empty pool")
         names = tuple(n for s in stacks for n in s.names)
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
@@ -337,6 +337,33 @@ class Pool:
         from sarjax.models.flax_stacks import NnxStack
 
         return cls(NnxStack.group(modules, names, input_shape=input_shape, name=name))
+
+    @classmethod
+    def from_torch(
+        cls,
+        modules: Sequence[Any],
+        names: Sequence[str] | None = None,
+        *,
+        input_shape: Sequence[int],
+        channels_last: bool | None = None,
+        verify: bool = True,
+    ) -> Pool:
+        """A pool of PyTorch modules converted to JAX through ``torch.export`` (:mod:`sarjax.models.torch_convert`).
+
+        Members of one architecture (the same exported graph) become one
+        :class:`sarjax.models.torch_convert.TorchStack`: stacked params, one vmapped apply.
+        Modules are converted in eval mode; normalisation inside the model is kept.
+
+        Args:
+          modules: ``torch.nn.Module`` instances taking ``[B, C, H, W]`` float32 and returning ``[B, C]``.
+          names: member names (default ``<class>/i``).
+          input_shape: one input as sarjax passes it, ``(H, W, C)`` (NHWC, transposed to NCHW inside).
+          channels_last: see :func:`sarjax.models.torch_convert.convert` (default: True for 3-axis shapes).
+          verify: compare every member's converted logits with PyTorch's on two random inputs.
+        """
+        from sarjax.models.torch_convert import torch_stacks
+
+        return cls(torch_stacks(modules, input_shape, names, channels_last=channels_last, verify=verify))
 
     @classmethod
     def concat(cls, *pools: Pool) -> Pool:

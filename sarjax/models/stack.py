@@ -46,6 +46,7 @@ the per-member loop (within float32 summation-order error) and may not switch on
 from __future__ import annotations
 
 import abc
+import ast
 import importlib
 import re
 from collections.abc import Callable, Sequence
@@ -249,7 +250,7 @@ def check_member_output(stack: BaseStack, num_classes: int | None = None) -> int
     return c
 
 
-_PATH_TOKEN = re.compile(r"\['((?:[^'\\]|\\.)*)'\]|\[(\d+)\]|\.(\w+)")
+_PATH_TOKEN = re.compile(r"""\[('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|\d+)\]|\.(\w+)""")
 
 
 def tree_from_paths(paths: Sequence[str], leaves: Sequence[Any]) -> PyTree:
@@ -269,11 +270,11 @@ def tree_from_paths(paths: Sequence[str], leaves: Sequence[Any]) -> PyTree:
             if m.start() != pos:
                 break
             pos = m.end()
-            if m.group(3) is not None:
+            if m.group(2) is not None:
                 raise ValueError(
                     f"params path {path!r} has an attribute node; the builder must give the params' structure"
                 )
-            toks.append(m.group(1) if m.group(1) is not None else int(m.group(2)))
+            toks.append(ast.literal_eval(m.group(1)))
         if pos != len(path) or not toks:
             raise ValueError(f"cannot parse params path {path!r}")
         node = root
