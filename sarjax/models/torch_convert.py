@@ -39,12 +39,14 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+
+from sarjax.models.stack import BaseStack, check_member_output, register_kind
 
 PyTree = Any
 _INT64_MAX = 9223372036854775807
@@ -684,6 +686,11 @@ class TorchProgram:
         return jax.vmap(self.apply_one, in_axes=(None, 0))(params, x)
 
     @cached_property
+    def member_apply(self) -> Callable:
+        """:meth:`apply` as ONE object per program (stacks hand it to attacks, whose kernels cache on it)."""
+        return self.apply
+
+    @cached_property
     def jit_apply(self) -> Callable:
         """``jax.jit(self.apply)``, compiled once per input shape."""
         return jax.jit(self.apply)
@@ -901,4 +908,141 @@ def convert_many(
             for i, p in zip(idx, plist):
                 verify_against_torch(prog, p, modules[i])
         out.append(TorchGroup(prog, tuple(idx), jax.tree.map(lambda *xs: jnp.stack(xs), *plist)))
+    return out
+
+
+# ------------------------------------------------------------------------------------ the stack
+
+
+@register_kind
+class TorchStack(BaseStack):
+    """Members of ONE converted PyTorch architecture (kind ``"torch"``), params stacked.
+
+    ``apply`` is ``jax.vmap`` of :attr:`TorchProgram.member_apply` over the stacked params: one
+    compiled kernel for all members, no host callback and no Python loop over members.
+
+    Args:
+      program: the converted architecture (:func:`convert`).
+      params: the members' params (see :func:`convert`) stacked on a leading axis ``[K, ...]``.
+      names: ``K`` member names.
+      name: the architecture's name: a checkpoint restores the stack through the builder
+        registered under it (default: ``program.name``, the module's class name).
+
+    Build it with :func:`torch_stacks` or :meth:`sarjax.models.pool.Pool.from_torch`.
+    """
+
+    kind: ClassVar[str] = "torch"
+
+    def __init__(self, program: TorchProgram, params: PyTree, names: Sequence[str], *, name: str | None = None):
+        if not isinstance(program, TorchProgram):
+            raise TypeError(f"TorchStack: expected a TorchProgram, got {type(program).__name__}")
+        self.program = program
+        self.params = params
+        self.names = tuple(str(n) for n in names)
+        self._name = name or program.name
+        self._check_members()
+        check_member_output(self, program.num_classes)
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return self.program.input_shape
+
+    @property
+    def num_classes(self) -> int:
+        return self.program.num_classes
+
+    @property
+    def member_apply(self) -> Callable:
+        return self.program.member_apply
+
+    def spec(self) -> dict:
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "module_class": self.program.name,
+            "input_shape": list(self.input_shape),
+            "num_classes": self.num_classes,
+            "channels_last": self.program.channels_last,
+            "signature": self.program.signature,
+        }
+
+    def hash_spec(self) -> dict:
+        """The spec without the graph signature (torch versions may print the same graph differently)."""
+        return {k: v for k, v in self.spec().items() if k != "signature"}
+
+    def with_params(self, params: PyTree, names: Sequence[str] | None = None) -> TorchStack:
+        return TorchStack(self.program, params, self.names if names is None else names, name=self.name)
+
+    @classmethod
+    def restore(cls, spec, leaves, paths, names, built) -> TorchStack:
+        """``built``: a ``torch.nn.Module`` of the saved architecture (any weights: the saved ones replace them).
+
+        The module is converted again (its graph gives the apply); the saved leaves take the
+        structure of its params, whose paths must equal the saved ones.
+        """
+        try:
+            program, template = convert(
+                built,
+                spec["input_shape"],
+                channels_last=spec["channels_last"],
+                name=spec.get("module_class"),
+                verify=False,
+            )
+        except (TypeError, ValueError, NotImplementedError):
+            raise
+        except Exception as e:  # torch.export raises RuntimeError (and others) for a module of another shape
+            raise ValueError(
+                f"cannot export the builder's module on inputs {spec['input_shape']}: {type(e).__name__}: "
+                f"{str(e).splitlines()[0] if str(e) else ''}"
+            ) from e
+        flat, treedef = jax.tree_util.tree_flatten_with_path(template)
+        want = [jax.tree_util.keystr(p) for p, _ in flat]
+        if want != list(paths):
+            missing, extra = sorted(set(paths) - set(want)), sorted(set(want) - set(paths))
+            raise ValueError(
+                f"the builder's torch module has other tensors than the checkpoint: saved only {missing[:5]}, "
+                f"module only {extra[:5]}"
+            )
+        params = jax.tree.unflatten(treedef, [jnp.asarray(l) for l in leaves])
+        return cls(program, params, names, name=spec["name"])
+
+
+def torch_stacks(
+    modules: Sequence[Any],
+    input_shape: Sequence[int],
+    names: Sequence[str] | None = None,
+    *,
+    channels_last: bool | None = None,
+    verify: bool = True,
+) -> list[TorchStack]:
+    """Convert PyTorch modules into :class:`TorchStack` objects, one per architecture.
+
+    Modules whose exported graphs agree (:attr:`TorchProgram.signature`: same code, same tensor
+    names and shapes) share a stack; stacks are ordered by first appearance.  A stack is named
+    after its module class, with ``-2``, ``-3``, ... appended when several architectures share a
+    class name (the checkpoint builder keys).
+
+    Args:
+      modules: ``torch.nn.Module`` instances (see :func:`convert`).
+      input_shape: one example as sarjax passes it, ``(H, W, C)`` for images.
+      names: member names (default ``<class>/i``).
+      channels_last, verify: see :func:`convert` (verification runs for every member).
+    """
+    modules = list(modules)
+    if not modules:
+        raise ValueError("expected at least one torch module, got none")
+    names = list(names) if names is not None else [f"{type(m).__name__}/{i}" for i, m in enumerate(modules)]
+    if len(names) != len(modules):
+        raise ValueError(f"{len(modules)} modules but {len(names)} names")
+    groups = convert_many(modules, input_shape, channels_last=channels_last, verify=verify)
+    seen: dict[str, int] = {}
+    out = []
+    for g in groups:
+        seen[g.program.name] = seen.get(g.program.name, 0) + 1
+        label = g.program.name if seen[g.program.name] == 1 else f"{g.program.name}-{seen[g.program.name]}"
+        out.append(TorchStack(g.program, g.params, [names[i] for i in g.indices], name=label))
     return out

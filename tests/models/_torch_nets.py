@@ -100,6 +100,21 @@ class PreActResNet18(nn.Module):
         return self.linear(out.view(out.size(0), -1))
 
 
+class TinyResNet(nn.Module):
+    """conv -> one pre-activation residual block (stride 2, projection shortcut) -> pool -> linear."""
+
+    def __init__(self, in_ch: int = 1, width: int = 3, classes: int = 3):
+        super().__init__()
+        self.stem = nn.Conv2d(in_ch, width, 3, padding=1, bias=False)
+        self.block = PreActBlock(width, 2 * width, 2)
+        self.bn = nn.BatchNorm2d(2 * width)
+        self.head = nn.Linear(2 * width, classes)
+
+    def forward(self, x):
+        out = F.relu(self.bn(self.block(self.stem(x))))
+        return self.head(F.adaptive_avg_pool2d(out, 1).flatten(1))
+
+
 class WideBlock(nn.Module):
     def __init__(self, cin: int, cout: int, stride: int, act):
         super().__init__()
