@@ -1,0 +1,626 @@
+"""SAR end to end: sarjax's ``run_sar`` vs a PyTorch reference of papers/000's Algorithm 1.
+
+The PyTorch reference is written here from the paper (papers/000, Algorithm 1 and Table 1), the
+way a careful PyTorch user would write it, and shares no code with sarjax's greedy or attacks:
+
+* **joint PGD** (Table 1): untargeted, the mean cross-entropy of the selected (uncovered) members
+  against their reference labels (each member's own clean prediction: the paper's MNIST safe
+  region), linf sign steps of ``eps/16``, projection onto the eps-ball of the ORIGINAL input and
+  the ``[0, 1]`` box, 40 steps, 3 restarts from uniform random points of the ball; per sample the
+  restart with the highest final objective is returned (the clean input is the candidate to beat,
+  as in sarjax). Batched over samples: a ``[n, M]`` bool mask selects each sample's members, the
+  batch holds only the samples still active, and each step runs ONE forward/backward of the
+  members uncovered for some sample in the batch (``--torch-impl loop``: a Python loop over those
+  members; ``vmap``: ``torch.func.vmap`` over the stacked weights of each architecture). No Python
+  loop over samples.
+* **greedy** (Algorithm 1): per round, the joint attack on each sample's uncovered members; a
+  sample whose joint input covers no new member falls back to a single-member attack on the
+  uncovered member with the highest per-member loss at the joint input (ties: lowest index), whose
+  input is recorded (and credited with every uncovered member it breaks) if it breaks that member,
+  else the member is marked unbreakable and dropped. A sample stops once every requested coverage
+  target ``tau = ceil((1 - delta) M)`` is reached or out of reach; ``k_hat`` per delta is the
+  number of inputs recorded when its target was first reached; SAR = k_hat / M, or 1 if never
+  reached.
+
+Both run on the same pool (a sarjax checkpoint, or the ``high`` diversity preset trained by
+``sarjax.demo.get_pool`` and cached; members exported to ``torch.nn`` modules whose logits are
+checked against ``pool.apply``) and the same MNIST test images.
+
+(a) **Agreement.** ``same_starts``: both sides with one restart from the SAME uniform start
+    points (numpy, one per (stream, round, sample); sarjax gets them as ``x_init`` through a
+    custom ``attack`` that maps each call's key back to its round): per-sample k_hat should be
+    equal on most samples; differences come from float32 rounding flipping the sign of a
+    near-zero gradient coordinate, after which the trajectories diverge. ``independent``: each
+    side with its own random starts (Table 1's 3 restarts): the mean SAR per delta should agree
+    within the sampling noise (paired standard error of the per-sample difference).
+(b) **Speed.** Images per second of the whole greedy (Table 1 settings), sarjax and the PyTorch
+    reference with 1 and with 2 threads, alternated in one run (round robin); sarjax's first call
+    (compilation) is timed separately; the baseline is the fastest PyTorch variant.
+
+Writes JSON (with the load average before and after: the machine may be shared, so compare the
+ratios of one run, not absolute numbers).
+
+Usage:
+  python benchmarks/sar_torch_reference.py --quick             # a few images, 6 random-init members
+  python benchmarks/sar_torch_reference.py --pool DIR          # a saved pool (e.g. a demo cache)
+  python benchmarks/sar_torch_reference.py --images 32 --reps 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # torch threads must not spin on a shared CPU
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the torch twins of train_throughput.py
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # sarjax from this checkout
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from sarjax.cover.metrics import coverage_target  # noqa: E402
+from sarjax.models.pool import Pool, Stack  # noqa: E402
+from sarjax.models.zoo import Arch  # noqa: E402
+
+COVERAGES = (0.5, 0.75, 0.85, 1.0)  # 1 - delta, as in the demo (papers/000)
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+# ---------------------------------------------------------------------------------------------
+# the pool in PyTorch
+# ---------------------------------------------------------------------------------------------
+
+
+def _torch_resnet(arch: Arch, p: dict):
+    """A ``torch.nn.Module`` twin of ``zoo.resnet`` for ONE member's params ``p`` (numpy)."""
+    import torch
+    from torch import nn
+    from train_throughput import _torch_act
+
+    def conv(q):
+        w = torch.from_numpy(np.ascontiguousarray(q["w"].transpose(3, 2, 0, 1)))
+        c = nn.Conv2d(w.shape[1], w.shape[0], w.shape[2], padding="same")
+        with torch.no_grad():
+            c.weight.copy_(w)
+            c.bias.copy_(torch.from_numpy(np.array(q["b"])))
+        return c
+
+    def linear(q):
+        w = torch.from_numpy(np.ascontiguousarray(q["w"].T))
+        lin = nn.Linear(w.shape[1], w.shape[0])
+        with torch.no_grad():
+            lin.weight.copy_(w)
+            lin.bias.copy_(torch.from_numpy(np.array(q["b"])))
+        return lin
+
+    class ResNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.act = _torch_act(arch.act)
+            self.pool = nn.MaxPool2d(2)
+            self.stem = conv(p["stem"])
+            self.proj = nn.ModuleDict(
+                {str(s): linear(p[f"proj{s}"]) for s in range(len(arch.widths)) if f"proj{s}" in p}
+            )
+            self.blocks = nn.ModuleList(
+                nn.ModuleList(
+                    nn.ModuleList([conv(p[f"s{s}b{b}c0"]), conv(p[f"s{s}b{b}c1"])]) for b in range(arch.blocks)
+                )
+                for s in range(len(arch.widths))
+            )
+            self.dense = linear(p["dense"])
+            self.out = linear(p["out"])
+
+        def forward(self, x):  # x: [B, C, H, W]
+            f = self.act
+            z = self.pool(f(self.stem(x)))
+            for s, stage in enumerate(self.blocks):
+                if str(s) in self.proj:  # a 1x1 channel projection (zoo: z @ w over the channel axis)
+                    z = self.proj[str(s)](z.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+                for c0, c1 in stage:
+                    z = f(z + c1(f(c0(z))))
+                if s < len(self.blocks) - 1:
+                    z = self.pool(z)
+            z = self.pool(z)
+            z = z.permute(0, 2, 3, 1).reshape(z.shape[0], -1)  # flatten in JAX's (h, w, c) order
+            return self.out(f(self.dense(z)))
+
+    return ResNet()
+
+
+def torch_members(pool: Pool) -> tuple[list, list[tuple[Arch, list[int]]]]:
+    """``(modules [M], groups)``: one eval-mode ``torch.nn.Module`` per member in ``pool.apply``'s
+    order (NCHW inputs), and the member indices of each architecture (for the vmap variant)."""
+    from train_throughput import load_jax_params, torch_module
+
+    modules, groups, start = [], [], 0
+    for stack in pool.stacks:
+        if not isinstance(stack, Stack):
+            raise TypeError(f"only zoo stacks are exported to PyTorch, got {type(stack).__name__}")
+        arch = stack.arch
+        params = jax.tree.map(np.asarray, stack.params)
+        for j in range(stack.size):
+            pj = jax.tree.map(lambda a, j=j: a[j], params)
+            if arch.family == "resnet":
+                mod = _torch_resnet(arch, pj)
+            else:
+                mod = torch_module(arch)
+                load_jax_params(arch, pj, mod)
+            for q in mod.parameters():
+                q.requires_grad_(False)
+            modules.append(mod.eval())
+        groups.append((arch, list(range(start, start + stack.size))))
+        start += stack.size
+    return modules, groups
+
+
+class TorchPool:
+    """The pool's members in PyTorch; ``logits(x, members)`` runs only the members asked for.
+
+    Args:
+      modules: one module per member (NCHW inputs).
+      groups: ``(arch, member indices)`` per architecture.
+      impl: ``"loop"`` (a Python loop over the members) or ``"vmap"`` (``torch.func.vmap`` over
+        each architecture's stacked weights, the asked-for members gathered per call).
+    """
+
+    def __init__(self, modules: list, groups: list, impl: str = "loop"):
+        import torch
+        from torch.func import stack_module_state
+
+        if impl not in ("loop", "vmap"):
+            raise ValueError(f"impl must be 'loop' or 'vmap', got {impl!r}")
+        self.modules, self.impl = modules, impl
+        self.num_members = len(modules)
+        self.group_of = np.zeros(self.num_members, np.int64)
+        self.local = np.zeros(self.num_members, np.int64)
+        self.stacked = []
+        for g, (_, idx) in enumerate(groups):
+            self.group_of[idx] = g
+            self.local[idx] = np.arange(len(idx))
+            if impl == "vmap":
+                params, buffers = stack_module_state([modules[i] for i in idx])
+                self.stacked.append((modules[idx[0]], params, buffers))
+        self._torch = torch
+
+    def logits(self, x, members: np.ndarray):
+        """``[len(members), n, C]`` logits of ``members`` (sorted member indices) on ``x [n, 1, 28, 28]``."""
+        torch = self._torch
+        if self.impl == "loop":
+            return torch.stack([self.modules[int(j)](x) for j in members])
+        from torch.func import functional_call, vmap
+
+        outs = []
+        groups = self.group_of[members]
+        for g in np.unique(groups):  # members are sorted and grouped by architecture
+            base, params, buffers = self.stacked[g]
+            loc = torch.from_numpy(self.local[members[groups == g]])
+            p = {k: v.index_select(0, loc) for k, v in params.items()}
+            b = {k: v.index_select(0, loc) for k, v in buffers.items()}
+            outs.append(vmap(lambda p, b, x: functional_call(base, (p, b), (x,)), in_dims=(0, 0, None))(p, b, x))
+        return torch.cat(outs)
+
+
+# ---------------------------------------------------------------------------------------------
+# the PyTorch reference: Table 1's joint PGD and Algorithm 1's greedy
+# ---------------------------------------------------------------------------------------------
+
+
+def torch_joint_pgd(tp: TorchPool, x0, ref, sel, evaluate, *, eps, steps, restarts, starts):
+    """Joint linf PGD on the selected members of each sample (papers/000, Table 1).
+
+    Args:
+      tp: the pool.
+      x0: ``[n, 1, H, W]`` clean inputs (the samples still active).
+      ref: ``[n, M]`` long reference labels.
+      sel: ``[n, M]`` bool, members whose mean cross-entropy each sample's attack maximises.
+      evaluate: ``[n, M]`` bool (a superset of ``sel``), members evaluated at the returned input.
+      eps, steps, restarts: radius, steps per restart, restarts (step size eps/16).
+      starts: ``starts(restart) -> [n, 1, H, W]`` start points in the ball, or None for uniform
+        random ones (torch's global generator).
+
+    Returns:
+      ``(x_adv [n, 1, H, W], fooled [n, M] bool, loss [n, M] float)``: the best restart's final
+      point (the clean input if none beat its objective), and whether each evaluated member leaves
+      its reference there and its cross-entropy (False / -inf for members not evaluated).
+    """
+    import torch
+
+    n, m = ref.shape
+    step_members = np.flatnonzero(sel.any(0).numpy())  # one forward of these members per step
+    eval_members = np.flatnonzero((evaluate | sel).any(0).numpy())
+    w_step = sel[:, step_members].float()
+    den = w_step.sum(1).clamp_min(1.0)
+    ref_step = ref[:, step_members]
+    ref_eval = ref[:, eval_members]
+    w_eval = sel[:, eval_members].float()
+
+    def ce(z, r):  # z [k, n, C], r [n, k] -> [n, k]
+        return -torch.log_softmax(z, -1).gather(2, r.T.unsqueeze(-1)).squeeze(-1).T
+
+    def final(x):  # (objective [n], losses [n, k], fooled [n, k]) over the evaluated members
+        with torch.no_grad():
+            z = tp.logits(x, eval_members)
+            losses = ce(z, ref_eval)
+            return (losses * w_eval).sum(1) / den, losses, z.argmax(-1).T != ref_eval
+
+    best_obj, best_loss, best_fooled = final(x0)
+    best_x = x0.clone()
+    lo, hi = (x0 - eps).clamp(0, 1), (x0 + eps).clamp(0, 1)
+    alpha = eps / 16
+    for r in range(restarts):
+        x = (x0 + (torch.rand_like(x0) * 2 - 1) * eps) if starts is None else starts(r)
+        x = torch.max(torch.min(x, hi), lo)
+        for _ in range(steps):
+            x.requires_grad_(True)
+            z = tp.logits(x, step_members)
+            obj = ((ce(z, ref_step) * w_step).sum(1) / den).sum()
+            (g,) = torch.autograd.grad(obj, x)
+            x = torch.max(torch.min(x.detach() + alpha * g.sign(), hi), lo)
+        obj, loss, fooled = final(x)
+        better = obj > best_obj
+        best_x[better] = x[better]
+        best_obj = torch.where(better, obj, best_obj)
+        best_loss[better] = loss[better]
+        best_fooled[better] = fooled[better]
+    full_fooled = torch.zeros((n, m), dtype=torch.bool)
+    full_loss = torch.full((n, m), -float("inf"))
+    full_fooled[:, eval_members] = best_fooled & (evaluate | sel)[:, eval_members]
+    full_loss[:, eval_members] = torch.where((evaluate | sel)[:, eval_members], best_loss, -float("inf"))
+    return best_x, full_fooled, full_loss
+
+
+def torch_sar(tp: TorchPool, x, ref, eps: float, deltas, *, steps: int, restarts: int, starts=None) -> dict:
+    """Algorithm 1 of papers/000 for every sample at once; ``k_hat`` per delta.
+
+    Args:
+      tp: the pool. x: ``[B, 1, H, W]`` float32 tensor. ref: ``[B, M]`` long (own clean predictions).
+      eps, deltas: radius and allowed uncovered shares.
+      steps, restarts: joint PGD settings (Table 1: 40, 3).
+      starts: ``starts(stream, round, restart) -> [B, 1, H, W]`` tensor (stream 0 joint, 1 fallback)
+        to fix the start points, or None (random).
+
+    Returns:
+      ``{"k_hat": [B, D] (-1: not reached), "sar": [B, D], "rounds": int, "fallbacks": int}``.
+    """
+    import torch
+
+    b, m = ref.shape
+    taus = np.array([coverage_target(d, m) for d in deltas])
+    uncovered = torch.ones((b, m), dtype=torch.bool)
+    covered = torch.zeros((b, m), dtype=torch.bool)
+    inputs = np.zeros(b, np.int64)
+    k_hat = np.full((b, len(taus)), -1, np.int64)
+    rnd = fallbacks = 0
+    while True:
+        count, left = covered.sum(1).numpy(), uncovered.sum(1).numpy()
+        pending = (count[:, None] < taus[None]) & ((count + left)[:, None] >= taus[None])
+        active = np.flatnonzero((left > 0) & pending.any(1))
+        if active.size == 0:
+            break
+        rows = torch.from_numpy(active)
+        unc = uncovered[rows]
+
+        def at(stream, idx, rnd=rnd):
+            return None if starts is None else (lambda r: starts(stream, rnd, r)[idx])
+
+        _, fooled, loss = torch_joint_pgd(
+            tp, x[rows], ref[rows], unc, unc, eps=eps, steps=steps, restarts=restarts, starts=at(0, rows)
+        )
+        new = fooled & unc
+        recorded = new.any(1)
+        need = ~recorded
+        if need.any():
+            fallbacks += int(need.sum())
+            nrows = rows[need]
+            target = torch.where(unc[need], loss[need], -float("inf")).argmax(1)  # first maximum
+            one = torch.zeros((len(nrows), m), dtype=torch.bool)
+            one[torch.arange(len(nrows)), target] = True
+            _, f_fooled, _ = torch_joint_pgd(
+                tp, x[nrows], ref[nrows], one, unc[need], eps=eps, steps=steps, restarts=restarts, starts=at(1, nrows)
+            )
+            success = f_fooled[torch.arange(len(nrows)), target]
+            f_new = torch.where(success[:, None], f_fooled & unc[need], torch.zeros_like(f_fooled))
+            new[need] = f_new
+            recorded[need] = success
+            failed = nrows[~success]
+            uncovered[failed, target[~success]] = False  # unbreakable: dropped from I
+        uncovered[rows] &= ~new
+        covered[rows] |= new
+        inputs[active] += recorded.numpy()
+        count = covered.sum(1).numpy()
+        hit = (count[:, None] >= taus[None]) & (k_hat < 0)
+        k_hat[hit] = np.broadcast_to(inputs[:, None], k_hat.shape)[hit]
+        rnd += 1
+    sar = np.where(k_hat >= 0, k_hat / m, 1.0)
+    return {"k_hat": k_hat, "sar": sar, "rounds": rnd, "fallbacks": fallbacks}
+
+
+# ---------------------------------------------------------------------------------------------
+# sarjax side
+# ---------------------------------------------------------------------------------------------
+
+
+def _key_bytes(k) -> bytes:
+    k = jnp.asarray(k)
+    if jnp.issubdtype(k.dtype, jax.dtypes.prng_key):
+        k = jax.random.key_data(k)
+    return np.asarray(k).tobytes()
+
+
+def sarjax_fixed_start_attack(pool: Pool, key, eps: float, steps: int, starts, num_rounds: int):
+    """A ``run_sar`` ``attack`` (joint PGD, one restart) that starts every call from ``starts``.
+
+    ``run_sar``'s oracles call the attack with ``fold_in(fold_in(key, stream), round)``
+    (:func:`sarjax.cover.vision.make_attack_oracles`: stream 0 joint, 1 fallback); the key is
+    mapped back to ``(stream, round)`` and ``x_init = starts(stream, round, 0)`` (NHWC numpy).
+    """
+    from sarjax.attacks.joint import make_joint_pgd
+
+    base = make_joint_pgd(pool.apply, eps=float(eps), steps=steps, restarts=1)
+    table = {}
+    for stream in (0, 1):
+        ks = jax.random.fold_in(key, stream)
+        for r in range(num_rounds + 1):
+            table[_key_bytes(jax.random.fold_in(ks, r))] = (stream, r)
+
+    def attack(params, x0, ref, mask, k, *, eps=None, sample_ids=None):
+        stream, r = table[_key_bytes(k)]
+        return base(params, x0, ref, mask, k, eps=eps, sample_ids=sample_ids, x_init=starts(stream, r, 0))
+
+    return attack
+
+
+def numpy_starts(x: np.ndarray, eps: float, seed: int):
+    """``starts(stream, round, restart) -> [B, *S]`` float32: uniform points of the eps-ball of
+    ``x`` clipped to ``[0, 1]``, one numpy stream per (stream, round, restart)."""
+    cache: dict = {}
+
+    def starts(stream: int, rnd: int, restart: int) -> np.ndarray:
+        k = (stream, rnd, restart)
+        if k not in cache:
+            u = np.random.default_rng([seed, stream, rnd, restart]).uniform(-1.0, 1.0, x.shape).astype(np.float32)
+            cache[k] = np.clip(x + u * np.float32(eps), 0.0, 1.0).astype(np.float32)
+        return cache[k]
+
+    return starts
+
+
+# ---------------------------------------------------------------------------------------------
+# pools, statistics, main
+# ---------------------------------------------------------------------------------------------
+
+
+def get_pool(args) -> tuple[Pool, str]:
+    """The pool of this run: ``--pool DIR``; else (``--random-init`` or ``--quick``) the high preset's
+    architectures at random init; else the high preset trained by the demo (cached)."""
+    from sarjax.models.presets import HIGH_ARCHS
+
+    if args.pool:
+        from sarjax.models.checkpoint import load_pool
+
+        pool, _ = load_pool(args.pool)
+        source = f"checkpoint {args.pool}"
+    elif args.random_init:
+        members = [
+            (HIGH_ARCHS[i % len(HIGH_ARCHS)], HIGH_ARCHS[i % len(HIGH_ARCHS)].init(jax.random.PRNGKey(i)))
+            for i in range(args.members)
+        ]
+        return Pool.from_members(members, [f"m{i:02d}" for i in range(args.members)]), "high preset, random init"
+    else:
+        from sarjax.data.mnist import load_mnist
+        from sarjax.demo import DemoSettings
+        from sarjax.demo import get_pool as demo_pool
+
+        s = DemoSettings(members=args.members, epochs=args.epochs)
+        pool, _ = demo_pool("high", load_mnist(), s, Path(args.cache), progress=False, retrain_on_mismatch=True)
+        source = f"high preset trained by sarjax.demo (members={args.members}, epochs={args.epochs})"
+    if pool.num_members > args.members:  # spread over the architectures
+        order = [i for k in range(pool.num_members) for sl in pool.member_slices for i in [sl.start + k] if i < sl.stop]
+        pool = pool.select(sorted(order[: args.members]))
+    return pool, source
+
+
+def sar_stats(sar: np.ndarray) -> dict:
+    n = sar.shape[0]
+    se = sar.std(0, ddof=1) / np.sqrt(n) if n > 1 else np.full(sar.shape[1], np.nan)
+    return {"mean": sar.mean(0).tolist(), "se": se.tolist()}
+
+
+def compare(sj: np.ndarray, st: np.ndarray, kj: np.ndarray, kt: np.ndarray) -> dict:
+    """Mean SAR of both sides, the paired difference with its standard error, and k_hat equality."""
+    d = sj - st
+    n = d.shape[0]
+    se = d.std(0, ddof=1) / np.sqrt(n) if n > 1 else np.full(d.shape[1], np.nan)
+    return {
+        "sarjax": sar_stats(sj),
+        "torch": sar_stats(st),
+        "mean_diff": d.mean(0).tolist(),
+        "paired_se": se.tolist(),
+        "within_2se": [bool(abs(a) <= 2 * s + 1e-12) for a, s in zip(d.mean(0), se)],
+        "k_hat_equal_share": (kj == kt).mean(0).tolist(),
+        "k_hat_unequal_samples": [np.flatnonzero(kj[:, j] != kt[:, j]).tolist() for j in range(kj.shape[1])],
+    }
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--pool", default=None, help="a saved sarjax pool directory (default: train the high preset)")
+    ap.add_argument("--cache", default=os.path.expanduser("~/.cache/sarjax/sar_torch_reference"))
+    ap.add_argument("--random-init", action="store_true", help="the high preset's architectures at random init")
+    ap.add_argument("--members", type=int, default=20)
+    ap.add_argument("--epochs", type=int, default=10, help="training epochs when the pool is trained here")
+    ap.add_argument("--images", type=int, default=32, help="MNIST test images (the first ones)")
+    ap.add_argument("--eps", type=float, default=0.05, help="papers/000's MNIST radius")
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--restarts", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=2, help="timed greedy runs per contender (round robin)")
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="torch thread counts timed")
+    ap.add_argument("--torch-impls", nargs="+", default=["loop", "vmap"], choices=["loop", "vmap"])
+    ap.add_argument(
+        "--agree-impl", default="loop", choices=["loop", "vmap"], help="torch variant of the agreement runs"
+    )
+    ap.add_argument("--no-agreement", action="store_true")
+    ap.add_argument("--no-speed", action="store_true")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--quick", action="store_true", help="6 random-init members, 6 images, 5 steps, 1 rep")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.members, args.images, args.steps, args.restarts, args.reps = 6, 6, 5, 1, 1
+        args.random_init = args.random_init or args.pool is None
+        args.threads = args.threads[:1]
+    out = (
+        Path(args.out)
+        if args.out
+        else RESULTS / ("sar_torch_reference_quick.json" if args.quick else "sar_torch_reference.json")
+    )
+
+    import torch
+
+    from sarjax.cover.vision import run_sar
+    from sarjax.data.mnist import load_mnist
+
+    load_before = os.getloadavg()
+    t_setup = time.perf_counter()
+    pool, source = get_pool(args)
+    m = pool.num_members
+    deltas = tuple(round(1.0 - c, 10) for c in COVERAGES)
+    x = np.asarray(load_mnist().x_test[: args.images], np.float32)  # [B, 28, 28, 1]
+    b = len(x)
+    modules, groups = torch_members(pool)
+    xt = torch.from_numpy(x).permute(0, 3, 1, 2).contiguous()
+    jl = np.asarray(pool.logits(x))  # [M, B, C]
+    tl = TorchPool(modules, groups, "loop").logits(xt, np.arange(m)).numpy()
+    logit_err = float(np.abs(jl - tl).max())
+    if logit_err > 1e-3:
+        raise SystemExit(f"the PyTorch export disagrees with pool.apply: max |logit difference| {logit_err}")
+    ref = jl.argmax(-1).T.astype(np.int32)  # [B, M] own clean predictions
+    ref_t = torch.from_numpy(ref).long()
+    print(f"pool: {pool} ({source}); {b} images; eps={args.eps}; steps={args.steps}; restarts={args.restarts}")
+    print(f"torch export max |logit diff| = {logit_err:.2e}; setup {time.perf_counter() - t_setup:.1f}s")
+    key = jax.random.PRNGKey(args.seed)
+    report: dict = {
+        "benchmark": "sar_torch_reference",
+        "pool": repr(pool),
+        "pool_source": source,
+        "members": m,
+        "images": b,
+        "eps": args.eps,
+        "steps": args.steps,
+        "restarts": args.restarts,
+        "coverages": list(COVERAGES),
+        "deltas": list(deltas),
+        "logit_max_abs_diff": logit_err,
+        "versions": {"jax": jax.__version__, "torch": torch.__version__, "python": platform.python_version()},
+        "platform": jax.devices()[0].platform,
+        "cpu_count": os.cpu_count(),
+        "quick": bool(args.quick),
+    }
+
+    def save():
+        report["load_avg_before"] = list(load_before)
+        report["load_avg_after"] = list(os.getloadavg())
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=1))
+
+    speed: dict = {}
+    runs: dict[str, list[float]] = {}
+    sar_out: dict[str, np.ndarray] = {}
+    if not args.no_speed:
+        from sarjax.attacks.joint import make_joint_pgd
+
+        attack = make_joint_pgd(pool.apply, eps=float(args.eps), steps=args.steps, restarts=args.restarts)
+
+        def run_jax():
+            r = run_sar(pool, x, args.eps, deltas, key=key, attack=attack, store_inputs=False)
+            return r.sar, r.k_hat
+
+        contenders = {"sarjax": run_jax}
+        for impl in args.torch_impls:
+            tp_i = TorchPool(modules, groups, impl)
+            for th in args.threads:
+
+                def run_torch(tp_i=tp_i, th=th):
+                    torch.set_num_threads(th)
+                    torch.manual_seed(args.seed)
+                    r = torch_sar(tp_i, xt, ref_t, args.eps, deltas, steps=args.steps, restarts=args.restarts)
+                    return r["sar"], r["k_hat"]
+
+                contenders[f"torch_{impl}_{th}t"] = run_torch
+        t0 = time.perf_counter()
+        sar_out["sarjax"], k_j = run_jax()
+        speed["sarjax_first_call_s"] = time.perf_counter() - t0
+        print(f"sarjax first call (compile + run): {speed['sarjax_first_call_s']:.1f}s")
+        for rep in range(args.reps):
+            for name, fn in contenders.items():
+                t0 = time.perf_counter()
+                sar, _ = fn()
+                dt = time.perf_counter() - t0
+                runs.setdefault(name, []).append(dt)
+                sar_out.setdefault(name, sar)
+                print(f"rep {rep} {name}: {dt:.1f}s ({b / dt:.2f} images/s)")
+            med = {k: statistics.median(v) for k, v in runs.items()}
+            ips = {k: b / v for k, v in med.items()}
+            torch_best = max((k for k in ips if k != "sarjax"), key=lambda k: ips[k], default=None)
+            speed.update(
+                seconds=runs,
+                images_per_s_median=ips,
+                baseline=torch_best,
+                ratio_sarjax_vs_baseline=(ips["sarjax"] / ips[torch_best]) if torch_best else None,
+                ratios_vs_sarjax={k: ips["sarjax"] / v for k, v in ips.items()},
+            )
+            report["speed"] = speed
+            if torch_best:
+                report["agreement_independent_starts"] = compare(
+                    sar_out["sarjax"], sar_out[torch_best], k_j, np.full_like(k_j, -2)
+                )
+                report["agreement_independent_starts"].pop("k_hat_equal_share")
+                report["agreement_independent_starts"].pop("k_hat_unequal_samples")
+            save()
+        if speed.get("baseline"):
+            print(
+                f"images/s: {json.dumps({k: round(v, 3) for k, v in speed['images_per_s_median'].items()})}; "
+                f"sarjax / {speed['baseline']} = {speed['ratio_sarjax_vs_baseline']:.2f}x"
+            )
+    if not args.no_agreement:  # after the speed runs: sarjax's first call there includes compilation
+        torch.set_num_threads(max(args.threads))
+        tp = TorchPool(modules, groups, args.agree_impl)
+        starts = numpy_starts(x, args.eps, args.seed)
+        atk = sarjax_fixed_start_attack(pool, key, args.eps, args.steps, starts, m)
+        t0 = time.perf_counter()
+        rj = run_sar(pool, x, args.eps, deltas, key=key, attack=atk, store_inputs=False)
+        t1 = time.perf_counter()
+
+        def tstarts(stream, rnd, restart):
+            return torch.from_numpy(starts(stream, rnd, restart)).permute(0, 3, 1, 2)
+
+        rt = torch_sar(tp, xt, ref_t, args.eps, deltas, steps=args.steps, restarts=1, starts=tstarts)
+        t2 = time.perf_counter()
+        same = compare(rj.sar, rt["sar"], rj.k_hat, rt["k_hat"])
+        same.update(
+            sarjax_rounds=int(rj.num_rounds),
+            torch_rounds=rt["rounds"],
+            sarjax_fallbacks=int(rj.fallback.sum()),
+            torch_fallbacks=rt["fallbacks"],
+            seconds={"sarjax_incl_compile": t1 - t0, "torch": t2 - t1},
+        )
+        report["agreement_same_starts"] = same
+        print(f"[same starts, 1 restart] k_hat equal share per coverage {COVERAGES}: {same['k_hat_equal_share']}")
+        save()
+
+    save()
+    print(json.dumps({k: report[k] for k in report if k.startswith("agreement")}, indent=1)[:3000])
+    print(f"wrote {out}")
+    return report
+
+
+if __name__ == "__main__":
+    main()
