@@ -216,9 +216,21 @@ def run_frontier(
     seed: int = 0,
     overwrite: bool = False,
     progress: bool = True,
+    autoattack: bool = False,
+    eps_ref: float | None = None,
+    aa_attacks: list[str] | None = None,
+    aa_iter: int = 100,
+    aa_square: int = 5000,
 ):
     """The whole ``sarjax frontier`` run (see the module doc); returns the
-    :class:`~sarjax.frontier.report.FrontierReport`."""
+    :class:`~sarjax.frontier.report.FrontierReport`.
+
+    With ``autoattack=True`` AutoAttack (:mod:`sarjax.attacks.autoattack`, standard version or
+    the ``aa_attacks`` stages, ``aa_iter`` APGD/FAB iterations, ``aa_square`` Square queries)
+    also runs on every pool at an eps grid (the percentiles of the pool's frontier distances
+    plus ``eps_ref``, :func:`sarjax.frontier.eps_grid`; one grid per pool directory rather than
+    per model, since one AutoAttack call attacks every member at one eps) and is scored as a
+    curve per model (papers/001 Section 5.1, Tables 4 and 6)."""
     import jax
     import numpy as np
 
@@ -243,6 +255,10 @@ def run_frontier(
     if not 0 <= heldout < 1:
         raise ValueError(f"--heldout must be in [0, 1), got {heldout}")
     eps0 = INIT_EPS[norm] if init_eps is None else float(init_eps)
+    if autoattack and norm == "l0":
+        raise ValueError("AutoAttack has no l0 version (papers/001 Table 5: no baseline on l0)")
+    if eps_ref is not None and not (eps_ref > 0 and math.isfinite(eps_ref)):
+        raise ValueError(f"--eps-ref must be a finite number > 0, got {eps_ref}")
     data = load_mnist(data_dir)
     if samples > len(data.x_test):
         raise ValueError(f"--samples must be at most {len(data.x_test)} (the test images in {data.source})")
@@ -322,6 +338,12 @@ def run_frontier(
         "attack_seconds": timings,
         "attack_seconds_by_attack": _by_attack(timings),
     }
+    aa_aoi = None
+    if autoattack:
+        aa_cfg = {"attacks": aa_attacks, "n_iter": aa_iter, "square_queries": aa_square, "eps_ref": eps_ref}
+        aa = _run_autoattack(models, pools, tp, x, y, norm=norm, key=key, cfg=aa_cfg, out=outp, progress=progress)
+        report.extra["autoattack"] = _compare_autoattack(report, tp, aa, eps_ref)
+        aa_aoi = [report.extra["autoattack"]["models"][n]["aoi"] for n in names]
     report.to_json(outp / "frontier.json")
     last = report.tiers[-1]
     fplots.plot_curves(tp.distances(last.q), names, last.doi, outp / "curves.png", norm=norm[1:])
@@ -332,13 +354,104 @@ def run_frontier(
         outp / "aoi_vs_budget.png",
     )
     fplots.plot_ensemble_vs_fixed_eps(
-        names, [t.budget for t in report.tiers], [t.model_aoi for t in report.tiers], outp / "ensemble_per_tier.png"
+        names,
+        [t.budget for t in report.tiers],
+        [t.model_aoi for t in report.tiers],
+        outp / "ensemble_per_tier.png",
+        fixed_eps_aoi=aa_aoi,
     )
     if report.rank is not None:
         fplots.plot_rank_bump(report.rank.eps, report.rank.ranks, names, outp / "rank_bump.png")
     print(format_tables(report))
     print(f"wrote {outp / 'frontier.json'} and plots to {outp}")
     return report
+
+
+def _run_autoattack(models, pools, tp, x, y, *, norm, key, cfg, out: Path, progress: bool) -> dict[str, Any]:
+    """AutoAttack on every pool at its eps grid, cached per (pool, eps) next to the trajectories.
+
+    Returns ``{model name: (eps [E], accuracy [E], queries [E, B], frontier distances [B])}``."""
+    import jax
+    import numpy as np
+
+    from sarjax.attacks.autoattack import autoattack_pool
+    from sarjax.frontier import eps_grid
+    from sarjax.progress import progress_bar
+
+    front = tp.frontier()  # [M_total, B]
+    res: dict[str, Any] = {}
+    row = 0
+    with progress_bar(progress) as bar:
+        task = bar.add_task("autoattack", total=len(pools))
+        for i, (d, pool) in enumerate(zip(models, pools)):
+            m = pool.num_members
+            rows = slice(row, row + m)
+            row += m
+            grid = eps_grid(front[rows].ravel(), cfg["eps_ref"])
+            cdir = out / "cache" / f"{i}-{_safe(Path(d).name)}"
+            spec = json.dumps({**cfg, "eps": grid.tolist()}, sort_keys=True)
+            f = cdir / "autoattack.npz"
+            if f.is_file():
+                z = np.load(f)
+                if str(z["config"]) != spec:
+                    raise ValueError(f"{f} holds AutoAttack runs with other settings ({z['config']}); {CACHE_HINT}")
+                robust, queries = z["robust"], z["queries"]
+            else:
+                rob, qs = [], []
+                for k, e in enumerate(grid):
+                    bar.update(task, description=f"autoattack {Path(d).name} eps={e:.4g}")
+                    kw: dict[str, Any] = {"n_iter": cfg["n_iter"], "fab_iter": cfg["n_iter"]}
+                    kw["square_queries"] = cfg["square_queries"]
+                    if cfg["attacks"]:
+                        kw["attacks"] = cfg["attacks"]
+                    r = autoattack_pool(
+                        pool, x, y, norm=norm, eps=float(e), key=jax.random.fold_in(key, 7000 + k), log=False, **kw
+                    )
+                    rob.append(np.asarray(r.robust))
+                    qs.append(np.asarray(r.queries))
+                robust, queries = np.stack(rob), np.stack(qs)  # [E, B, M]
+                tmp = f.with_suffix(".tmp.npz")
+                np.savez(tmp, robust=robust, queries=queries, eps=grid, config=np.array(spec))
+                tmp.replace(f)
+            for j in range(m):
+                name = tp.models[rows.start + j]
+                res[name] = (grid, robust[:, :, j].mean(axis=1), queries[:, :, j], front[rows.start + j])
+            bar.advance(task)
+    return res
+
+
+def _compare_autoattack(report, tp, aa: dict[str, Any], eps_ref: float | None) -> dict[str, Any]:
+    """AutoAttack's curve per model (its AOI and cost) beside the ensembles of every tier:
+    papers/001 Table 4 (AOI) and Table 6 (robust accuracy at ``eps_ref``)."""
+    import numpy as np
+
+    from sarjax.frontier import StepCurve, fixed_eps_curve
+
+    per: dict[str, Any] = {}
+    for name, (grid, acc, queries, front) in aa.items():
+        fc = fixed_eps_curve(grid, acc, front, queries=queries, eps_ref=eps_ref)
+        per[name] = {
+            "eps": grid.tolist(),
+            "accuracy": acc.tolist(),
+            "aoi": fc.aoi,
+            "queries": fc.queries.tolist(),
+            "cost_ref": fc.cost_ref,
+            "cost_total": fc.cost_total,
+        }
+    tiers = []
+    for t in report.tiers:
+        dist = tp.distances(t.q)
+        aoi_ge = [t.model_aoi[i] >= per[n]["aoi"] for i, n in enumerate(report.models)]
+        row: dict[str, Any] = {"budget": t.budget, "aoi_matches_or_exceeds": int(np.sum(aoi_ge))}
+        row["heldout_aoi_matches_or_exceeds"] = int(sum(aoi_ge[i] for i in report.heldout))
+        if eps_ref is not None:
+            ens = [float(StepCurve.from_distances(dist[i])(eps_ref)) for i in range(len(report.models))]
+            aa_ref = [float(per[n]["accuracy"][int(np.argmin(np.abs(np.asarray(per[n]["eps"]) - eps_ref)))])
+                      for n in report.models]  # fmt: skip
+            row["ensemble_accuracy_at_ref"] = ens
+            row["accuracy_matches_or_exceeds"] = int(sum(e <= a for e, a in zip(ens, aa_ref)))
+        tiers.append(row)
+    return {"eps_ref": eps_ref, "models": per, "tiers": tiers}
 
 
 def _by_attack(timings: dict[str, float]) -> dict[str, float]:
@@ -371,6 +484,23 @@ def format_tables(report) -> str:
         dois = " ".join(f"{t.doi[i]:>10.3f}" for t in report.tiers)
         split = "held-out" if i in held else "train"
         lines.append(f"{m:<{w}} {split:>8} {report.clean_accuracy[i]:>6.3f} {report.eps_min[i]:>8.4g} {aois} {dois}")
+    aa = report.extra.get("autoattack")
+    if aa:
+        lines.append(f"AutoAttack as a curve (eps_ref {aa['eps_ref']}):")
+        for i, m in enumerate(report.models):
+            a = aa["models"][m]
+            lines.append(
+                f"  {m:<{w}} AA AOI {100 * a['aoi']:6.2f}  queries at eps_ref {a['cost_ref']:.0f}, "
+                f"whole grid {a['cost_total']:.0f}; ensemble AOI "
+                + " ".join(f"{100 * t.model_aoi[i]:.2f}@{t.budget}" for t in report.tiers)
+            )
+        for row in aa["tiers"]:
+            acc = row.get("accuracy_matches_or_exceeds")
+            lines.append(
+                f"  tier {row['budget']}: ensemble AOI >= AutoAttack's on {row['aoi_matches_or_exceeds']} of "
+                f"{len(report.models)} models ({row['heldout_aoi_matches_or_exceeds']} of {len(report.heldout)} "
+                f"held-out)" + ("" if acc is None else f"; robust accuracy at eps_ref <= AutoAttack's on {acc}")
+            )
     if len(report.tiers) >= 2:
         tau = report.doi_tau[0][-1]
         lines.append(
@@ -406,6 +536,11 @@ def cmd_frontier(args: argparse.Namespace) -> int:
         seed=args.seed,
         overwrite=args.overwrite,
         progress=not args.no_progress,
+        autoattack=args.autoattack,
+        eps_ref=args.eps_ref,
+        aa_attacks=[a for a in args.aa_attacks.split(",") if a] if args.aa_attacks else None,
+        aa_iter=args.aa_iter,
+        aa_square=args.aa_square,
     )
     return 0
 
@@ -444,4 +579,11 @@ def register(sub) -> None:
     f.add_argument("--seed", type=int, default=0)
     f.add_argument("--overwrite", action="store_true", help="discard cached attack runs in OUT/cache")
     f.add_argument("--no-progress", action="store_true", help="no progress bar")
+    f.add_argument(
+        "--autoattack", action="store_true", help="also run AutoAttack on an eps grid and score it as a curve"
+    )
+    f.add_argument("--eps-ref", type=float, default=None, help="AutoAttack's reference eps (added to its grid)")
+    f.add_argument("--aa-attacks", default=None, help="AutoAttack stages (e.g. apgd-ce,apgd-t; default standard)")
+    f.add_argument("--aa-iter", type=int, default=100, help="AutoAttack APGD/FAB iterations (AutoAttack: 100)")
+    f.add_argument("--aa-square", type=int, default=5000, help="AutoAttack Square queries (AutoAttack: 5000)")
     f.set_defaults(func=cmd_frontier)

@@ -2,6 +2,7 @@
 stale-cache refusal."""
 
 import json
+import os
 
 import jax
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 from sarjax import cli_frontier
 from sarjax.cli import main
 from sarjax.data import mnist
-from sarjax.frontier import FrontierReport, doi
+from sarjax.frontier import FrontierReport, doi, fixed_eps_curve
 from sarjax.models.checkpoint import save_pool
 from sarjax.models.pool import Pool, Stack
 from sarjax.models.zoo import mlp
@@ -119,3 +120,33 @@ def test_frontier_cli_rejects_bad_arguments(pools, tmp_path, capsys):
     assert "multiple of 10" in capsys.readouterr().err
     assert main(["frontier", "--models", pools[0], "--norm", "l0", "--attacks", "ddn", "--out", str(tmp_path)]) == 2
     assert "do not support l0" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(
+    os.environ.get("SARJAX_FRONTIER_FULL") != "1", reason="set SARJAX_FRONTIER_FULL=1 (AutoAttack compiles)"
+)
+def test_frontier_cli_autoattack(pools, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["frontier", "--models", *pools, "--out", str(out), *ARGS]) == 0
+    rep = FrontierReport.from_json(out / "frontier.json")
+    front = np.minimum.reduce(
+        [
+            np.concatenate([np.load(out / "cache" / d / f"{n}.npz")["trajectory"][..., -1].T for d in ("0-p0", "1-p1")])
+            for n in ("fmn", "fmn_r1", "fmn_t1")
+        ]
+    )  # fmt: skip  [M, B] frontier distances
+    # AutoAttack as a curve (one stage, few iterations): the trajectories come from the cache
+    capsys.readouterr()
+    aa_args = ["--autoattack", "--aa-attacks", "apgd-ce", "--aa-iter", "5", "--eps-ref", "2.0"]
+    assert main(["frontier", "--models", *pools, "--out", str(out), *ARGS, *aa_args]) == 0
+    assert "AutoAttack as a curve" in capsys.readouterr().out
+    rep3 = FrontierReport.from_json(out / "frontier.json")
+    aa = rep3.extra["autoattack"]
+    assert set(aa["models"]) == set(rep.models) and len(aa["tiers"]) == 2
+    for i, name in enumerate(rep3.models):
+        a = aa["models"][name]
+        assert 2.0 in a["eps"] and len(a["eps"]) >= 2
+        assert max(a["accuracy"]) <= rep3.clean_accuracy[i] + 1e-12
+        fc = fixed_eps_curve(a["eps"], a["accuracy"], front[i], eps_ref=2.0)
+        assert fc.aoi == pytest.approx(a["aoi"])
+        assert a["cost_ref"] > 0
