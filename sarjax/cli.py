@@ -56,9 +56,18 @@ def cmd_train_pool(args: argparse.Namespace) -> int:
     objective = make_objective(
         args.objective, eps=args.eps, norm=args.norm, steps=args.attack_steps, beta=args.trades_beta
     )
-    data = load_mnist(args.data_dir)
+    from sarjax.data.cifar import cifar_kind, load_cifar
+
+    cifar = args.data_dir is not None and cifar_kind(args.data_dir) is not None
+    data = load_cifar(args.data_dir) if cifar else load_mnist(args.data_dir)
     print(f"data: {data.summary()}")
     members = preset_members(args.preset, args.members, args.seed)
+    if cifar:  # the preset architectures on 32x32x3 images and the data set's classes
+        import dataclasses
+
+        classes = len(getattr(data, "label_names", ())) or int(max(data.y_train.max(), data.y_test.max())) + 1
+        shape = tuple(data.x_train.shape[1:])
+        members = [(dataclasses.replace(a, input_shape=shape, num_classes=classes), c) for a, c in members]
     cfg = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, patience=args.patience)
     t0 = time.time()
     if objective is not None:
@@ -110,11 +119,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"sarjax {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
 
-    t = sub.add_parser("train-pool", help="train a diversity-preset pool on MNIST and save it")
+    t = sub.add_parser("train-pool", help="train a diversity-preset pool on MNIST (or CIFAR files) and save it")
     t.add_argument("--preset", choices=["low", "medium", "high"], required=True, help="diversity preset (SAR paper)")
     t.add_argument("--out", required=True, help="output pool directory")
     t.add_argument(
-        "--data-dir", default=None, help="directory with MNIST IDX files (default: the embedded 5,000 digits)"
+        "--data-dir",
+        default=None,
+        help="directory with MNIST IDX files or CIFAR-10 / CIFAR-100 python batches (default: the embedded "
+        "5,000 MNIST digits)",
     )
     t.add_argument("--members", type=_positive_int, default=20, help="pool size M (default 20)")
     t.add_argument("--epochs", type=_positive_int, default=10, help="maximum epochs (default 10)")

@@ -1,0 +1,106 @@
+"""CIFAR-10 / CIFAR-100 python-pickle batches from a local directory (tiny synthetic files)."""
+
+import pickle
+
+import numpy as np
+import pytest
+
+from sarjax.data.cifar import cifar_kind, load_cifar, load_cifar10, load_cifar100, read_batch
+
+
+def _batch(n, seed, label_keys=(("labels", 10),)):
+    rng = np.random.default_rng(seed)
+    d = {b"batch_label": b"synthetic", b"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8)}
+    for key, classes in label_keys:
+        d[key.encode()] = [int(v) for v in rng.integers(0, classes, n)]
+    return d
+
+
+def _write(path, obj):
+    with open(path, "wb") as f:
+        pickle.dump(obj, f, protocol=2)  # the official files are python-2 pickles with bytes keys
+
+
+@pytest.fixture
+def cifar10(tmp_path):
+    d = tmp_path / "cifar-10-batches-py"
+    d.mkdir()
+    batches = {f"data_batch_{i}": _batch(2, i) for i in range(1, 6)}
+    batches["test_batch"] = _batch(3, 9)
+    for name, b in batches.items():
+        _write(d / name, b)
+    _write(d / "batches.meta", {b"label_names": [f"c{i}".encode() for i in range(10)]})
+    return tmp_path, d, batches
+
+
+def test_cifar10_layout_is_nhwc_in_unit_range(cifar10):
+    root, d, batches = cifar10
+    for where in (root, d):  # the extracted folder or its parent
+        s = load_cifar10(where)
+        assert s.x_train.shape == (10, 32, 32, 3) and s.x_test.shape == (3, 32, 32, 3)
+        assert s.x_train.dtype == np.float32 and s.y_train.dtype == np.int32
+        assert s.label_names == tuple(f"c{i}" for i in range(10))
+    raw = batches["data_batch_2"][b"data"][1]  # train image 3: the second image of batch 2
+    # pixel (row i, column j, channel c) is value c*1024 + i*32 + j of the row-major CHW record
+    for i, j, c in [(0, 0, 0), (5, 7, 1), (31, 30, 2), (12, 0, 2)]:
+        assert s.x_train[3, i, j, c] == np.float32(raw[c * 1024 + i * 32 + j]) / np.float32(255.0)
+    np.testing.assert_array_equal(s.y_test, batches["test_batch"][b"labels"])
+    assert cifar_kind(root) == "cifar10" and load_cifar(root).x_test.shape == (3, 32, 32, 3)
+
+
+def test_cifar100_fine_and_coarse_labels(tmp_path):
+    keys = (("fine_labels", 100), ("coarse_labels", 20))
+    train, test = _batch(4, 1, keys), _batch(2, 2, keys)
+    _write(tmp_path / "train", train)
+    _write(tmp_path / "test", test)
+    _write(tmp_path / "meta", {b"fine_label_names": [b"f"] * 100, b"coarse_label_names": [b"k"] * 20})
+    fine = load_cifar100(tmp_path)
+    np.testing.assert_array_equal(fine.y_train, train[b"fine_labels"])
+    coarse = load_cifar(tmp_path, labels="coarse")
+    np.testing.assert_array_equal(coarse.y_test, test[b"coarse_labels"])
+    assert len(fine.label_names) == 100 and len(coarse.label_names) == 20 and cifar_kind(tmp_path) == "cifar100"
+    with pytest.raises(ValueError, match="labels must be 'fine' or 'coarse'"):
+        load_cifar100(tmp_path, labels="medium")
+
+
+def test_errors_name_the_file(cifar10, tmp_path):
+    _, d, batches = cifar10
+    (d / "data_batch_3").unlink()
+    with pytest.raises(ValueError, match=r"missing data_batch_3 in .*expects files \['data_batch_1'"):
+        load_cifar10(d)
+    _write(d / "data_batch_3", batches["data_batch_3"])
+    whole = (d / "test_batch").read_bytes()
+    (d / "test_batch").write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(ValueError, match=r"cannot read CIFAR file .*test_batch.*truncated"):
+        load_cifar10(d)
+    bad = {**batches["test_batch"], b"data": np.zeros((3, 3000), np.uint8)}
+    _write(d / "test_batch", bad)
+    with pytest.raises(ValueError, match=r"test_batch: 'data' must be \[N, 3072\].*got shape \[3, 3000\]"):
+        load_cifar10(d)
+    bad = {**batches["test_batch"], b"labels": [0, 10, 1]}
+    _write(d / "test_batch", bad)
+    with pytest.raises(ValueError, match=r"test_batch: 'labels' must be in \[0, 10\), found 10 at index 1"):
+        load_cifar10(d)
+    bad = {**batches["test_batch"], b"labels": [0, 1]}
+    _write(d / "test_batch", bad)
+    with pytest.raises(ValueError, match=r"test_batch: 3 images but 2 'labels'"):
+        load_cifar10(d)
+    bad = {**batches["test_batch"], b"data": np.zeros((3, 3072), np.float32)}
+    _write(d / "test_batch", bad)
+    with pytest.raises(ValueError, match=r"test_batch: 'data' must be uint8"):
+        load_cifar10(d)
+    with pytest.raises(ValueError, match="holds neither CIFAR-10"):
+        load_cifar(tmp_path / "nowhere")
+
+
+class _Evil:
+    def __reduce__(self):
+        import os
+
+        return (os.getcwd, ())
+
+
+def test_pickles_that_build_other_objects_are_refused(tmp_path):
+    _write(tmp_path / "test_batch", {b"data": _Evil()})
+    with pytest.raises(ValueError, match=r"test_batch: refuses to unpickle posix.getcwd|refuses to unpickle"):
+        read_batch(tmp_path / "test_batch")
