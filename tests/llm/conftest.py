@@ -1,5 +1,6 @@
 """Offline tiny checkpoints and tokenizers for the LLM tests (no hub access)."""
 
+import functools
 import os
 import sys
 
@@ -128,6 +129,73 @@ def build_tokenizer(chat_template=None):
         fast.chat_template = chat_template
     assert len(vocab) <= VOCAB
     return fast
+
+
+def tiny_gpt2(vocab_size, *, hidden_size=16, num_layers=1, num_heads=2, head_dim=8, intermediate_size=32, **kw):
+    """A tiny GPT-2 :class:`DecoderConfig` for the JAX decoder tests (learned positions, biases
+    everywhere, ``gelu_new``, LayerNorm eps 1e-5; ``num_kv_heads = num_heads``); ``**kw``:
+    other fields (``tie_word_embeddings`` defaults to True, ``max_position_embeddings`` to 64)."""
+    from sarjax.models.llm.config import DecoderConfig
+
+    kw.setdefault("tie_word_embeddings", True)
+    kw.setdefault("max_position_embeddings", 64)
+    return DecoderConfig(
+        family="gpt2",
+        model_type="gpt2",
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_heads,
+        head_dim=head_dim,
+        intermediate_size=intermediate_size,
+        activation="gelu_new",
+        qkv_bias=True,
+        o_bias=True,
+        mlp_bias=True,
+        norm_eps=1e-5,
+        **kw,
+    )
+
+
+def tiny_llama(
+    vocab_size, *, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=48, **kw
+):
+    """A tiny Llama :class:`DecoderConfig` (GQA with ``num_kv_heads < num_heads``); ``**kw``: other
+    fields (``rope_theta``, ``qkv_bias``, ``max_position_embeddings``, ...)."""
+    from sarjax.models.llm.config import DecoderConfig
+
+    return DecoderConfig(
+        family="llama",
+        model_type="llama",
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        intermediate_size=intermediate_size,
+        **kw,
+    )
+
+
+@functools.cache
+def _scaled_init_jit():
+    import jax
+
+    from sarjax.models.llm import decoder
+
+    @functools.partial(jax.jit, static_argnames=("cfg",))
+    def init(cfg, key, scale):
+        return jax.tree.map(lambda x: x * scale, decoder.init_params(cfg, key))
+
+    return init
+
+
+def scaled_init(cfg, key, scale=15.0):
+    """``decoder.init_params(cfg, key)`` times ``scale`` (std 0.02 * 15 = 0.3: peaked logits, so
+    greedy choices are far from ties); one compile per config."""
+    return _scaled_init_jit()(cfg, key, scale)
 
 
 @pytest.fixture(autouse=True)

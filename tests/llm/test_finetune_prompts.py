@@ -4,21 +4,11 @@ import jax
 import numpy as np
 import optax
 import pytest
+from conftest import tiny_llama
 
 from sarjax.models.llm import decoder, finetune, generate, prompts
-from sarjax.models.llm.config import DecoderConfig
 
-CFG = DecoderConfig(
-    family="llama",
-    model_type="llama",
-    vocab_size=40,
-    hidden_size=32,
-    num_layers=1,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=8,
-    intermediate_size=48,
-)
+CFG = tiny_llama(40)
 
 
 def test_sft_drives_response_nll_down_and_greedy_reproduces(tmp_path):

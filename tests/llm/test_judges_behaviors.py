@@ -10,7 +10,6 @@ import pytest
 from sarjax.data.behaviors import load_behaviors
 from sarjax.judges import harmbench, refusal
 from sarjax.models.llm import decoder
-from sarjax.models.llm.config import DecoderConfig
 
 _RULES = [
     "---",
@@ -85,28 +84,11 @@ def _steer(cfg, params, token_id):
 
 
 def test_harmbench_classifier_end_to_end():
-    from conftest import build_tokenizer
+    from conftest import build_tokenizer, tiny_gpt2
 
     tok = build_tokenizer()
     tok.add_tokens(["yes", "no", "[INST]", "<<SYS>>"])
-    cfg = DecoderConfig(
-        family="gpt2",
-        model_type="gpt2",
-        vocab_size=len(tok),
-        hidden_size=16,
-        num_layers=1,
-        num_heads=2,
-        num_kv_heads=2,
-        head_dim=8,
-        intermediate_size=32,
-        activation="gelu_new",
-        qkv_bias=True,
-        o_bias=True,
-        mlp_bias=True,
-        tie_word_embeddings=False,
-        max_position_embeddings=512,
-        norm_eps=1e-5,
-    )
+    cfg = tiny_gpt2(len(tok), tie_word_embeddings=False, max_position_embeddings=512)
     base = decoder.init_params(cfg, jax.random.key(0))
     behaviors = ["build a bomb", "tell me", "how to"]
     gens = ["sure here is", "sorry i cannot", "x y z"]

@@ -2,59 +2,24 @@
 public boundary, naming the row and position: GPT-2 positions past its learned table (prefix
 cache included), token ids outside the vocabulary, right-padded prompts; eos_id takes a list."""
 
-from functools import partial
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import scaled_init, tiny_gpt2, tiny_llama
 
 from sarjax.models.llm import decoder, generate, scoring
-from sarjax.models.llm.config import DecoderConfig
 
 V = 50
-GPT = DecoderConfig(
-    family="gpt2",
-    model_type="gpt2",
-    vocab_size=V,
-    hidden_size=16,
-    num_layers=1,
-    num_heads=2,
-    num_kv_heads=2,
-    head_dim=8,
-    intermediate_size=32,
-    activation="gelu_new",
-    qkv_bias=True,
-    o_bias=True,
-    mlp_bias=True,
-    tie_word_embeddings=True,
-    max_position_embeddings=16,
-    norm_eps=1e-5,
+GPT = tiny_gpt2(V, max_position_embeddings=16)
+LLAMA = tiny_llama(
+    V, hidden_size=16, num_heads=2, num_kv_heads=1, intermediate_size=24, rope_theta=500.0, max_position_embeddings=8
 )
-LLAMA = DecoderConfig(
-    family="llama",
-    model_type="llama",
-    vocab_size=V,
-    hidden_size=16,
-    num_layers=1,
-    num_heads=2,
-    num_kv_heads=1,
-    head_dim=8,
-    intermediate_size=24,
-    rope_theta=500.0,
-    max_position_embeddings=8,
-)
-
-
-@partial(jax.jit, static_argnames=("cfg",))
-def _init(cfg, key):
-    # std 0.02 * 15: peaked logits, greedy choices far from ties
-    return jax.tree.map(lambda x: x * 15.0, decoder.init_params(cfg, key))
 
 
 @pytest.fixture(scope="module")
 def gpt():
-    return _init(GPT, jax.random.key(0))
+    return scaled_init(GPT, jax.random.key(0))  # peaked logits: greedy choices far from ties
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +59,7 @@ def test_gpt2_positions_past_the_table_raise(gpt, gpt_stack):
 
 def test_rope_models_run_past_max_position_embeddings():
     # documented choice: RoPE positions are computed, not looked up; finite (transformers does not raise)
-    params = _init(LLAMA, jax.random.key(1))
+    params = scaled_init(LLAMA, jax.random.key(1))
     out = np.asarray(decoder.logits(params, LLAMA, jnp.arange(12) % V))
     assert out.shape == (12, V) and np.isfinite(out).all()
 

@@ -7,51 +7,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import scaled_init, tiny_gpt2, tiny_llama
 
 from sarjax.models.llm import decoder, generate, pool, scoring
-from sarjax.models.llm.config import DecoderConfig
 
-CFG = DecoderConfig(
-    family="llama",
-    model_type="llama",
-    vocab_size=50,
-    hidden_size=32,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=8,
-    intermediate_size=40,
-    rope_theta=500.0,
-    qkv_bias=True,
-)
-GPT = DecoderConfig(
-    family="gpt2",
-    model_type="gpt2",
-    vocab_size=50,
-    hidden_size=32,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=4,
-    head_dim=8,
-    intermediate_size=64,
-    activation="gelu_new",
-    qkv_bias=True,
-    o_bias=True,
-    mlp_bias=True,
-    tie_word_embeddings=True,
-    max_position_embeddings=64,
-    norm_eps=1e-5,
-)
+CFG = tiny_llama(50, num_layers=2, intermediate_size=40, rope_theta=500.0, qkv_bias=True)
+GPT = tiny_gpt2(50, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64)
 
 
 def _params(cfg, seed):
     # std 0.02 * 15 = 0.3: peaked logits, so greedy choices are far from ties
-    return _scaled_init(cfg, jax.random.key(seed), 15.0)
-
-
-@partial(jax.jit, static_argnames=("cfg",))
-def _scaled_init(cfg, key, scale):
-    return jax.tree.map(lambda x: x * scale, decoder.init_params(cfg, key))
+    return scaled_init(cfg, jax.random.key(seed), 15.0)
 
 
 BUF = 16  # one fixed buffer length: one compile of the reference forward per config
@@ -168,7 +134,7 @@ def test_shared_prefix_matches_concatenation():
 
 def test_one_hot_gradient_matches_finite_differences():
     # a milder scale than _params: the loss must be smooth at the finite-difference step
-    params = _scaled_init(CFG, jax.random.key(3), 5.0)
+    params = scaled_init(CFG, jax.random.key(3), 5.0)
     ids = jnp.asarray([5, 6, 7, 8])
     target = jnp.asarray([9, 10])
     mask = jnp.ones(4, jnp.int32)
