@@ -3,8 +3,9 @@
     sarjax autoattack --pool DIR --norm linf --eps 0.3 [--version standard|plus|rand]
                       [--samples N] [--data-dir D] [--out OUT.json]
 
-Loads the pool (:func:`sarjax.models.checkpoint.load_pool`), takes the first ``--samples`` MNIST
-test images, runs :func:`sarjax.attacks.autoattack.autoattack_pool` (every member attacked on its
+Loads the pool (:func:`sarjax.models.checkpoint.load_pool`), takes ``--samples`` MNIST test images
+(a fixed random subset, ``default_rng(0)``: the embedded test split is sorted by class, so its
+first images are all zeros), runs :func:`sarjax.attacks.autoattack.autoattack_pool` (every member attacked on its
 own, members vmapped per stack), prints AutoAttack's log and each member's clean and robust
 accuracy, and writes the result as JSON (docs/autoattack.md).
 """
@@ -56,9 +57,10 @@ def cmd_autoattack(args: argparse.Namespace) -> int:
     n = min(args.samples, len(data.x_test))
     if tuple(pool.input_shape) != tuple(data.x_test.shape[1:]):
         raise ValueError(f"the pool takes inputs {pool.input_shape}, the data has {data.x_test.shape[1:]}")
-    x, y = np.asarray(data.x_test[:n]), np.asarray(data.y_test[:n])
+    idx = np.sort(np.random.default_rng(0).permutation(len(data.x_test))[:n])  # the embedded split is class-sorted
+    x, y = np.asarray(data.x_test[idx]), np.asarray(data.y_test[idx])
     wrap = None if args.noise_sigma is None else (lambda a: with_input_noise(a, args.noise_sigma))
-    print(f"pool {args.pool}: {pool.num_members} member(s); data: {data.source}, {n} test images")
+    print(f"pool {args.pool}: {pool.num_members} member(s); data: {data.source}, {n} test images (random subset)")
     t0 = time.perf_counter()
     res = autoattack_pool(
         pool,
@@ -82,6 +84,7 @@ def cmd_autoattack(args: argparse.Namespace) -> int:
         res.to_json(),
         pool=str(Path(args.pool).absolute()),
         samples=n,
+        sample_indices=idx.tolist(),
         data=data.source,
         seed=args.seed,
         seconds=seconds,
@@ -110,7 +113,12 @@ def register(sub) -> None:
         default="standard",
         help="AutoAttack version (default standard; rand needs --noise-sigma)",
     )
-    a.add_argument("--samples", type=_positive_int, default=1000, help="test images (default 1000, the test split)")
+    a.add_argument(
+        "--samples",
+        type=_positive_int,
+        default=1000,
+        help="test images (default 1000, the embedded test split; a fixed random subset when fewer)",
+    )
     a.add_argument("--data-dir", default=None, help="directory with MNIST IDX files (default: the embedded digits)")
     a.add_argument("--out", default="sarjax-autoattack.json", help="JSON output path")
     a.add_argument("--batch-size", type=_positive_int, default=None, help="images per compiled call (default all)")
