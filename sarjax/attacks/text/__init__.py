@@ -1,0 +1,43 @@
+"""Suffix attacks on LLM pools (docs/llm.md, "Attacks on LLM pools"): joint GCG
+(:mod:`~sarjax.attacks.text.gcg`) and joint BEAST (:mod:`~sarjax.attacks.text.beast`) on the
+attack protocol (state machines, query counting, a required key), model-agnostic through a
+:class:`~sarjax.attacks.text.core.TextModel` and member masks; :mod:`~sarjax.attacks.text.core`
+holds the request layout, the losses, the pool adapter and the threat-model audit.
+"""
+
+from sarjax.attacks.text import beast, core, gcg
+from sarjax.attacks.text.beast import make_beast, seed_suffixes
+from sarjax.attacks.text.core import (
+    TextAttackFn,
+    TextAttackResult,
+    TextBatch,
+    TextModel,
+    allowed_vocab,
+    audit_text,
+    joint_loss,
+    llm_text_model,
+    refusal_loss,
+    target_loss,
+    text_batch,
+)
+from sarjax.attacks.text.gcg import make_gcg
+
+__all__ = [
+    "TextAttackFn",
+    "TextAttackResult",
+    "TextBatch",
+    "TextModel",
+    "allowed_vocab",
+    "audit_text",
+    "beast",
+    "core",
+    "gcg",
+    "joint_loss",
+    "llm_text_model",
+    "make_beast",
+    "make_gcg",
+    "refusal_loss",
+    "seed_suffixes",
+    "target_loss",
+    "text_batch",
+]

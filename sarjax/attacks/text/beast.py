@@ -1,0 +1,283 @@
+"""Joint BEAST (Sadasivan et al. 2024, "Fast Adversarial Attacks on Language Models In One GPU
+Minute"; the joint form of papers/000): gradient-free beam search that appends an adversarial
+suffix to the request, one token per step, minimising the JOINT loss (by default the mean
+per-token NLL of the target response averaged over the uncovered members).
+
+One step, per request (written from the paper's description of the algorithm):
+
+1. for each of the ``beam_width`` (``k1``) beams, the next-token distribution of the user turn
+   after ``before | beam`` (the chat template is NOT closed: the suffix continues the request);
+2. ``candidates`` (``k2``) tokens per beam drawn WITHOUT replacement from that distribution at
+   ``temperature`` (the Gumbel top-k trick; ``sampler="greedy"`` takes the ``k2`` most likely
+   tokens instead: deterministic, for tests), restricted to the allowed vocabulary;
+3. the ``k1 * k2`` extended suffixes scored on every member in one batched call; the ``k1`` with
+   the lowest joint loss become the new beams; the best candidate ever scored is kept.
+
+The first step expands the single starting beam (empty, or the seed) into ``k1 * k2`` distinct
+tokens (BEAST samples ``k1`` first tokens and expands each; all beams start equal here, so
+drawing the whole first layer from beam 0 avoids duplicate beams).
+
+Joint sampling distribution: the MIXTURE (arithmetic mean of the covered members'
+probabilities, after temperature). Its support is the union of the members' supports, so a token
+that one uncovered member finds likely is proposed even when another finds it unlikely; the
+product of experts (mean of log-probabilities) would veto such tokens, and BEAST's proposals are
+meant to keep the suffix readable for some member, not for all. One tokenizer for the pool.
+
+Queries per step and request: ``(k1 + k1 * k2) * |covered members|`` (the next-token forward of
+every beam, then the candidates); a seed suffix costs ``|covered|`` to score. The traced cap
+stops a request before a step that would pass it; ``Ls`` steps at most (static).
+
+Not done here: multiple calls (papers/000: at most 4 calls of 15,000 queries: run the attack
+again with another key) and the AmpleGCG seed generator itself (pass seeds through
+:func:`seed_suffixes`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sarjax.attacks import queries as Q
+from sarjax.attacks.core.protocol import Attack
+from sarjax.attacks.text import core as T
+
+
+class BEASTConfig(NamedTuple):
+    """Static hyperparameters (hashable).
+
+    Attributes:
+      model: the :class:`~sarjax.attacks.text.core.TextModel`.
+      loss: per-member loss, minimised.
+      suffix_len: ``Ls`` (30, papers/000 Table 2).
+      beam_width: ``k1`` (10, papers/000 Table 2).
+      candidates: ``k2`` tokens drawn per beam (10: BEAST uses ``k1 = k2``).
+      temperature: of the next-token distribution (1, papers/000 Table 2).
+      sampler: ``"multinomial"`` (BEAST) or ``"greedy"`` (deterministic top-``k2``).
+    """
+
+    model: T.TextModel
+    loss: Callable
+    suffix_len: int
+    beam_width: int
+    candidates: int
+    temperature: float
+    sampler: str
+
+
+class BEASTState(NamedTuple):
+    """Per-request state (leading ``[B]``).
+
+    Attributes:
+      beams: ``[B, k1, Ls]`` right-aligned suffixes (holes 0).
+      length: ``[B]`` int32 tokens in every beam.
+      best_suffix: ``[B, Ls]``; best_len: ``[B]``; best_loss: ``[B]`` (inf: nothing scored yet).
+      queries: ``[B]`` int32.
+      step: scalar int32.
+      keys: ``[B]`` per-request keys.
+      problem: the :class:`~sarjax.attacks.text.core.TextProblem`.
+    """
+
+    beams: Any
+    length: Any
+    best_suffix: Any
+    best_len: Any
+    best_loss: Any
+    queries: Any
+    step: Any
+    keys: Any
+    problem: Any
+
+
+def _init(cfg: BEASTConfig, params, problem: T.TextProblem) -> BEASTState:
+    ls, k1 = cfg.suffix_len, cfg.beam_width
+
+    def one(r, mk, s, n):
+        sm = T.suffix_mask(ls, n)
+        return T.joint_loss(T.member_losses(cfg.model, cfg.loss, params, r, s[None], sm), mk)[0]
+
+    n0 = problem.init_len
+    seeded = n0 > 0
+    nm = jnp.sum(problem.mask > 0, axis=1).astype(jnp.int32)
+    ok = seeded & Q.allowed(jnp.zeros_like(nm), nm, problem.cap)
+    loss = jax.vmap(one)(problem.batch, problem.mask, problem.suffix_init, jnp.maximum(n0, 1))
+    best_loss = jnp.where(ok, loss, jnp.inf)
+    q = Q.charge(jnp.zeros_like(nm), nm, ok)
+    beams = jnp.broadcast_to(problem.suffix_init[:, None], (problem.suffix_init.shape[0], k1, ls))
+    best_len = jnp.where(ok, n0, 0)
+    return BEASTState(
+        beams, n0, problem.suffix_init, best_len, best_loss, q, jnp.int32(0), T.sample_keys(problem), problem
+    )
+
+
+def _step(cfg: BEASTConfig, state: BEASTState, params) -> BEASTState:
+    p = state.problem
+    ls, k1, k2 = cfg.suffix_len, cfg.beam_width, cfg.candidates
+    pb = p.batch.before.shape[1]
+
+    def one(r, mk, key, beams, n, n0, best_s, best_n, best_l, count, cap):
+        nm = jnp.sum(mk > 0).astype(jnp.int32)
+        cost = (k1 + k1 * k2) * nm
+        active = Q.allowed(count, cost, cap) & (nm > 0) & (n < ls)
+        sm = T.suffix_mask(ls, n)
+        at = jnp.where(n > 0, pb + ls - 1, pb - 1)  # the last real token of the user turn
+        w = mk.astype(jnp.float32) / jnp.maximum(jnp.sum(mk.astype(jnp.float32)), 1.0)
+
+        def mixture(beam):
+            ids = jnp.concatenate([r.before, beam])
+            mask = jnp.concatenate([r.before_mask, sm])
+            lg = jax.lax.dynamic_index_in_dim(cfg.model.logits(params, ids, mask), at, axis=1, keepdims=False)
+            probs = jax.nn.softmax(lg.astype(jnp.float32) / cfg.temperature, axis=-1)  # [M, V]
+            return jnp.log(jnp.einsum("m,mv->v", w, probs))
+
+        logp = jax.vmap(mixture)(beams)  # [k1, V]
+        logp = jnp.where(p.allowed[None], logp, -jnp.inf)
+        if cfg.sampler == "multinomial":
+            noisy = logp + jax.random.gumbel(jax.random.fold_in(key, state.step), logp.shape)
+        else:
+            noisy = logp
+        first = jax.lax.top_k(noisy[0], k1 * k2)[1].reshape(k1, k2)
+        later = jax.lax.top_k(noisy, k2)[1]
+        tok = jnp.where(n == n0, first, later)  # [k1, k2]; n == n0: every beam is the start
+        ok_tok = jnp.isfinite(jnp.take_along_axis(logp, tok, axis=1)).reshape(-1)
+        grown = jnp.concatenate([beams[:, 1:], jnp.zeros((k1, 1), beams.dtype)], axis=1)  # [k1, Ls]
+        cands = jnp.broadcast_to(grown[:, None], (k1, k2, ls)).at[:, :, ls - 1].set(tok).reshape(k1 * k2, ls)
+        sm1 = T.suffix_mask(ls, n + 1)
+        jl = T.joint_loss(T.member_losses(cfg.model, cfg.loss, params, r, cands, sm1), mk)
+        jl = jnp.where(ok_tok, jl, jnp.inf)
+        keep = jax.lax.top_k(-jl, k1)[1]
+        i = jnp.argmin(jl)
+        better = active & (jl[i] < best_l)
+        return (
+            jnp.where(active, cands[keep], beams),
+            jnp.where(active, n + 1, n),
+            jnp.where(better, cands[i], best_s),
+            jnp.where(better, n + 1, best_n),
+            jnp.where(better, jl[i], best_l),
+            Q.charge(count, cost, active),
+        )
+
+    out = jax.vmap(one)(
+        p.batch,
+        p.mask,
+        state.keys,
+        state.beams,
+        state.length,
+        p.init_len,
+        state.best_suffix,
+        state.best_len,
+        state.best_loss,
+        state.queries,
+        p.cap,
+    )
+    beams, n, bs, bn, bl, q = out
+    return state._replace(
+        beams=beams, length=n, best_suffix=bs, best_len=bn, best_loss=bl, queries=q, step=state.step + 1
+    )
+
+
+def _result(cfg: BEASTConfig, state: BEASTState, params) -> T.TextAttackResult:
+    return T.finish(
+        cfg.model, cfg.loss, params, state.problem, state.best_suffix, state.best_len, state.best_loss, state.queries
+    )
+
+
+def make_beast(
+    model: T.TextModel,
+    *,
+    vocab_size: int,
+    suffix_len: int = 30,
+    beam_width: int = 10,
+    candidates: int | None = None,
+    temperature: float = 1.0,
+    sampler: str = "multinomial",
+    loss: Callable = T.target_loss,
+    tokenizer=None,
+) -> T.TextAttackFn:
+    """Joint BEAST on a pool.
+
+    Args:
+      model: the pool (:func:`~sarjax.attacks.text.core.llm_text_model`).
+      vocab_size: ``V``.
+      suffix_len: ``Ls``, tokens appended at most (30, papers/000 Table 2); the attack runs ``Ls``
+        steps (static), fewer when the traced cap (``max_queries``, papers/000: 15,000 per call)
+        stops it or a seed already holds tokens.
+      beam_width: ``k1`` (10, papers/000 Table 2).
+      candidates: ``k2`` tokens drawn per beam (None: ``k1``, as BEAST).
+      temperature: sampling temperature (1, papers/000 Table 2).
+      sampler: ``"multinomial"`` or ``"greedy"``.
+      loss: per-member loss, minimised (default
+        :func:`~sarjax.attacks.text.core.target_loss`, the mean per-token target NLL).
+      tokenizer: optional; the audited entry then checks that the suffix re-tokenizes.
+
+    Returns:
+      A :class:`~sarjax.attacks.text.core.TextAttackFn`; a call's ``suffix_init [B, Ls]`` +
+      ``init_len`` is a seed suffix (right-aligned) every beam starts from.
+
+    Raises:
+      ValueError: non-positive sizes, ``k1 * k2 > V``, an unknown sampler, temperature <= 0.
+    """
+    k2 = beam_width if candidates is None else candidates
+    for n, val in (
+        ("vocab_size", vocab_size),
+        ("suffix_len", suffix_len),
+        ("beam_width", beam_width),
+        ("candidates", k2),
+    ):
+        if int(val) < 1:
+            raise ValueError(f"make_beast: {n} must be >= 1, got {val}")
+    if beam_width * k2 > vocab_size:
+        raise ValueError(
+            f"make_beast: beam_width * candidates = {beam_width * k2} exceeds the vocabulary ({vocab_size})"
+        )
+    if sampler not in ("multinomial", "greedy"):
+        raise ValueError(f"make_beast: sampler must be 'multinomial' or 'greedy', got {sampler!r}")
+    if not temperature > 0:
+        raise ValueError(f"make_beast: temperature must be > 0, got {temperature}")
+    cfg = BEASTConfig(model, loss, int(suffix_len), int(beam_width), int(k2), float(temperature), sampler)
+    attack = Attack(_init, _step, _result, int(suffix_len), cfg)
+    return T.TextAttackFn(
+        attack,
+        name="beast",
+        model=model,
+        vocab_size=int(vocab_size),
+        suffix_len=int(suffix_len),
+        tokenizer=tokenizer,
+        grows=True,
+    )
+
+
+def seed_suffixes(
+    seed_fn: Callable[[str], Sequence[str]], requests: Sequence[str], tokenizer, suffix_len: int, seed_tokens: int = 20
+):
+    """Seed suffixes for a BEAST call from a seed generator (host side).
+
+    Args:
+      seed_fn: ``seed_fn(request) -> list of suffix texts`` (papers/000 uses AmpleGCG; any
+        callable works). The first candidate that encodes to >= 1 token is used.
+      requests: B request texts.
+      tokenizer: the pool's tokenizer.
+      suffix_len: the attack's ``Ls``.
+      seed_tokens: tokens kept from the seed (20, papers/000 Table 2); clipped to ``Ls``.
+
+    Returns:
+      ``(suffix_init [B, Ls] int32 right-aligned, init_len [B] int32)``; a request with no usable
+      candidate gets ``init_len = 0`` (BEAST from scratch).
+    """
+    n = min(int(seed_tokens), int(suffix_len))
+    out = np.zeros((len(requests), suffix_len), np.int32)
+    lens = np.zeros((len(requests),), np.int32)
+    for b, req in enumerate(requests):
+        for text in seed_fn(req):
+            ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])[:n]
+            if ids:
+                out[b, suffix_len - len(ids) :] = ids
+                lens[b] = len(ids)
+                break
+    return out, lens
+
+
+__all__ = ["BEASTConfig", "BEASTState", "make_beast", "seed_suffixes"]

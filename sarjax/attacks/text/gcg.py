@@ -1,0 +1,210 @@
+"""Joint GCG (Zou et al. 2023, "Universal and Transferable Adversarial Attacks on Aligned
+Language Models"; the joint form of papers/000): greedy coordinate gradient over an adversarial
+suffix against the uncovered members of a pool.
+
+One step, per request (all requests of a batch in one ``vmap``):
+
+1. the token gradient: ``d loss / d one_hot(suffix)`` ``[Ls, V]`` of the JOINT loss (the mean
+   of the covered members' losses, :func:`~sarjax.attacks.text.core.joint_loss`), one backward
+   pass per covered member;
+2. the ``topk`` ids with the most negative gradient per suffix position, over the allowed
+   vocabulary only;
+3. ``num_candidates`` candidates, each the current suffix with ONE position (uniform) replaced by
+   one of that position's top-k ids (uniform), as in GCG's ``sample_control``;
+4. every candidate scored on every member in one batched call; the suffix moves to the best
+   candidate (GCG moves even when it is worse than the current one); the best-so-far is kept.
+
+The loss is a function argument: the default :func:`~sarjax.attacks.text.core.refusal_loss`
+MAXIMISES the mean NLL of a fixed refusal (papers/000, joint GCG); pass
+:func:`~sarjax.attacks.text.core.target_loss` for Zou et al.'s original objective (minimise the
+NLL of an affirmative target).
+
+Queries per step and request: ``(1 + num_candidates) * |covered members|`` (one gradient per
+member, one forward per member and candidate); the start suffix costs ``|covered|``. A request
+whose next step would pass its cap stops (its state is frozen).
+
+Not done here: the proposer rotating within the pool and the text exchange across different
+tokenizers (papers/000); GCG's re-tokenization filter on candidates (it needs the tokenizer on the
+host; the audited entry checks the returned suffix instead and raises if it does not re-tokenize).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from sarjax.attacks import queries as Q
+from sarjax.attacks.core.protocol import Attack
+from sarjax.attacks.text import core as T
+
+
+class GCGConfig(NamedTuple):
+    """Static hyperparameters (hashable).
+
+    Attributes:
+      model: the :class:`~sarjax.attacks.text.core.TextModel`.
+      loss: ``loss(nll [..., Tt], target_mask [Tt]) -> [...]`` per member (minimised).
+      suffix_len: ``Ls`` (20: GCG's ``"! " * 20`` start).
+      topk: substitutions per position (256, Zou et al. 2023; papers/000 Table 3).
+      num_candidates: candidates per step (64, papers/000 Table 3; GCG's reference uses 512).
+    """
+
+    model: T.TextModel
+    loss: Callable
+    suffix_len: int
+    topk: int
+    num_candidates: int
+
+
+class GCGState(NamedTuple):
+    """Per-request state (leading ``[B]``).
+
+    Attributes:
+      suffix: ``[B, Ls]`` current suffix.
+      best_suffix: ``[B, Ls]`` best-so-far; best_loss: ``[B]`` its joint loss.
+      queries: ``[B]`` int32.
+      step: scalar int32 (the step counter; draws use ``fold_in(sample key, step)``).
+      keys: ``[B]`` per-request keys.
+      problem: the :class:`~sarjax.attacks.text.core.TextProblem`.
+    """
+
+    suffix: Any
+    best_suffix: Any
+    best_loss: Any
+    queries: Any
+    step: Any
+    keys: Any
+    problem: Any
+
+
+def _init(cfg: GCGConfig, params, problem: T.TextProblem) -> GCGState:
+    ls = cfg.suffix_len
+    full = jnp.ones((ls,), jnp.int32)
+
+    def one(r, mk, s):
+        return T.joint_loss(T.member_losses(cfg.model, cfg.loss, params, r, s[None], full), mk)[0]
+
+    loss = jax.vmap(one)(problem.batch, problem.mask, problem.suffix_init)
+    nm = jnp.sum(problem.mask > 0, axis=1).astype(jnp.int32)
+    ok = Q.allowed(jnp.zeros_like(nm), nm, problem.cap)
+    q = Q.charge(jnp.zeros_like(nm), nm, ok)
+    loss = jnp.where(ok, loss, jnp.inf)
+    s0 = problem.suffix_init
+    return GCGState(s0, s0, loss, q, jnp.int32(0), T.sample_keys(problem), problem)
+
+
+def _step(cfg: GCGConfig, state: GCGState, params) -> GCGState:
+    p = state.problem
+    ls, nc = cfg.suffix_len, cfg.num_candidates
+    v = p.allowed.shape[0]
+    k = min(cfg.topk, v)
+    full = jnp.ones((ls,), jnp.int32)
+    pb = p.batch.before.shape[1]
+
+    def one(r, mk, key, suffix, best_s, best_l, count, cap):
+        nm = jnp.sum(mk > 0).astype(jnp.int32)
+        cost = (1 + nc) * nm
+        active = Q.allowed(count, cost, cap) & (nm > 0) & jnp.isfinite(best_l)
+        ids, pm = T.assemble(r, suffix, full)
+        oh = jax.nn.one_hot(ids, v, dtype=jnp.float32)
+
+        def f(oh_s):
+            x = jax.lax.dynamic_update_slice_in_dim(oh, oh_s, pb, axis=0)
+            nll = cfg.model.nll_one_hot(params, x, pm, r.target, r.target_mask)
+            return T.joint_loss(cfg.loss(nll, r.target_mask), mk)
+
+        g = jax.grad(f)(jax.lax.dynamic_slice_in_dim(oh, pb, ls, axis=0))  # [Ls, V]
+        score = jnp.where(p.allowed[None], -g, -jnp.inf)
+        top = jax.lax.top_k(score, k)[1]  # [Ls, k]
+        kp, kt = jax.random.split(jax.random.fold_in(key, state.step))
+        pos = jax.random.randint(kp, (nc,), 0, ls)
+        which = jax.random.randint(kt, (nc,), 0, k)
+        tok = top[pos, which]
+        cands = jnp.broadcast_to(suffix, (nc, ls)).at[jnp.arange(nc), pos].set(tok)
+        jl = T.joint_loss(T.member_losses(cfg.model, cfg.loss, params, r, cands, full), mk)
+        jl = jnp.where(p.allowed[tok], jl, jnp.inf)  # fewer than k allowed ids: never pick a banned one
+        i = jnp.argmin(jl)
+        move = active & jnp.isfinite(jl[i])
+        new_s = jnp.where(move, cands[i], suffix)
+        better = move & (jl[i] < best_l)
+        return (
+            new_s,
+            jnp.where(better, cands[i], best_s),
+            jnp.where(better, jl[i], best_l),
+            Q.charge(count, cost, active),
+        )
+
+    s, bs, bl, q = jax.vmap(one)(
+        p.batch, p.mask, state.keys, state.suffix, state.best_suffix, state.best_loss, state.queries, p.cap
+    )
+    return state._replace(suffix=s, best_suffix=bs, best_loss=bl, queries=q, step=state.step + 1)
+
+
+def _result(cfg: GCGConfig, state: GCGState, params) -> T.TextAttackResult:
+    b = state.suffix.shape[0]
+    n = jnp.full((b,), cfg.suffix_len, jnp.int32)
+    return T.finish(cfg.model, cfg.loss, params, state.problem, state.best_suffix, n, state.best_loss, state.queries)
+
+
+def make_gcg(
+    model: T.TextModel,
+    *,
+    vocab_size: int,
+    num_steps: int = 20,
+    suffix_len: int = 20,
+    topk: int = 256,
+    num_candidates: int = 64,
+    loss: Callable = T.refusal_loss,
+    tokenizer=None,
+    init_id: int | None = None,
+) -> T.TextAttackFn:
+    """Joint GCG on a pool.
+
+    Args:
+      model: the pool (:func:`~sarjax.attacks.text.core.llm_text_model`).
+      vocab_size: ``V`` (the embedding rows).
+      num_steps: steps per call (20 per round, papers/000 Table 3).
+      suffix_len: ``Ls`` (20, Zou et al. 2023).
+      topk: top-k substitutions per position (256, Zou et al. 2023 / papers/000 Table 3); clipped
+        to ``V``.
+      num_candidates: candidates per step (64, papers/000 Table 3).
+      loss: per-member loss, minimised (default :func:`~sarjax.attacks.text.core.refusal_loss`:
+        maximise the refusal's mean NLL, papers/000).
+      tokenizer: optional; the audited entry then checks the returned suffix re-tokenizes.
+      init_id: start token (GCG starts from ``"!"`` x 20: pass the id of ``"!"``); None: the
+        first allowed id. A call's ``suffix_init`` overrides it.
+
+    Returns:
+      A :class:`~sarjax.attacks.text.core.TextAttackFn`:
+      ``fn(params, batch, mask=None, key, *, max_queries=None, allowed=None, suffix_init=None,
+      sample_ids=None) -> TextAttackResult``.
+
+    Raises:
+      ValueError: a non-positive size.
+    """
+    for n, val in (
+        ("vocab_size", vocab_size),
+        ("num_steps", num_steps),
+        ("suffix_len", suffix_len),
+        ("topk", topk),
+        ("num_candidates", num_candidates),
+    ):
+        if int(val) < 1:
+            raise ValueError(f"make_gcg: {n} must be >= 1, got {val}")
+    cfg = GCGConfig(model, loss, int(suffix_len), int(topk), int(num_candidates))
+    attack = Attack(_init, _step, _result, int(num_steps), cfg)
+    return T.TextAttackFn(
+        attack,
+        name="gcg",
+        model=model,
+        vocab_size=int(vocab_size),
+        suffix_len=int(suffix_len),
+        tokenizer=tokenizer,
+        init_id=init_id,
+    )
+
+
+__all__ = ["GCGConfig", "GCGState", "make_gcg"]
