@@ -20,6 +20,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from sarjax.attacks import losses as L
 from sarjax.attacks import minnorm as mn
 
 # The ALMA paper's experiments (Rony et al. 2021, their released MNIST / CIFAR-10 scripts):
@@ -38,7 +39,7 @@ def _dlr_constraint(logits, y, t, tol):
     srt = jnp.sort(logits)[::-1]
     k4 = srt[3] if logits.shape[-1] >= 4 else srt[-1]
     norm = jnp.where(t >= 0, srt[0] - 0.5 * (srt[2] + k4), srt[0] - srt[2])
-    return (mn.margin(logits, y, t) + tol) / (norm + 1e-8)
+    return (tol - L.goal_margin(logits, y, t)) / (norm + 1e-8)  # <= 0 once adversarial by tol
 
 
 def _dist(delta, p):
@@ -118,7 +119,7 @@ def _alma_step(ctx, s, i, first=False, rand_dir=None):
     prev_c = jnp.where((i == 0) | check, c, prev_c)
     new_mu = jax.grad(_p2)(c, rho, mu)
     mu = jnp.where(i > 0, jnp.clip(mu + (1.0 - a) * (new_mu - mu), 1e-6, 1e12), mu)
-    adv = mn.is_success(logits, y, t, ctx.strict)
+    adv = L.goal_reached(logits, y, t, ctx.strict)
     bx, bn, _ = mn.track(bx, bn, x, x0, adv, p)
     i_found = jnp.where(~found & adv, i, i_found)
     found = found | adv
@@ -198,6 +199,7 @@ def spec(
       ValueError: ``init_lr_distance`` neither ``None``, ``"paper"`` nor a
         finite float > 0.
     """
+    hp: dict = {k: float(v) for k, v in locals().items() if k not in ("check_steps", "init_lr_distance")}
     if init_lr_distance is not None and init_lr_distance != "paper":
         if (
             isinstance(init_lr_distance, bool)
@@ -206,30 +208,24 @@ def spec(
         ):
             raise ValueError(f"init_lr_distance must be None, 'paper' or a finite float > 0, got {init_lr_distance!r}")
         init_lr_distance = float(init_lr_distance)
+    hp.update(check_steps=int(check_steps), init_lr_distance=init_lr_distance)
     return mn.make_spec(
         "alma",
         _init,
         _step,
         (1, 2),
-        dict(
-            lr_init=float(lr_init),
-            lr_reduction=float(lr_reduction),
-            mu_init=float(mu_init),
-            rho_init=float(rho_init),
-            check_steps=int(check_steps),
-            tau=float(tau),
-            gamma=float(gamma),
-            alpha=float(alpha),
-            logit_tolerance=float(logit_tolerance),
-            init_lr_distance=init_lr_distance,
-        ),
+        hp,
         costs=_costs,
         min_classes=3,
     )
 
 
-make_alma = mn.factory(spec, 2, 2000)
-make_alma.__name__ = "make_alma"
-make_alma.__doc__ = """ALMA on a pool (l1 or l2; :func:`sarjax.attacks.minnorm.make`); default 2000 queries = ALMA's
+make_alma = mn.factory(
+    spec,
+    2,
+    2000,
+    name="make_alma",
+    doc="""ALMA on a pool (l1 or l2; :func:`sarjax.attacks.minnorm.make`); default 2000 queries = ALMA's
 1000 steps (C >= 3; targeted needs 4).  ``**hp``: see :func:`spec`.
-"""
+""",
+)

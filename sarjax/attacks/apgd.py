@@ -479,35 +479,9 @@ def make_apgd(
         raise ValueError(f"APGD loss must be 'ce' or 'dlr', got {loss!r}")
     n_iter = V.check_positive_int("n_iter", n_iter)
     restarts = V.check_positive_int("restarts", restarts)
-    if step0 is None:
-        step0 = 1.0 if p == 1.0 else 2.0
     kind = (loss + "-targeted") if targeted else loss
-    cfg = ApgdConfig(
-        apply,
-        p,
-        n_iter,
-        restarts,
-        kind,
-        0,
-        targeted,
-        float(rho),
-        float(momentum),
-        float(step0),
-        tuple(float(b) for b in box),
-        _check_topk(l1_topk),
-        V.check_eot(eot),
-    )
-    return V.public(
-        apgd_attack(cfg),
-        name=f"apgd-{kind}",
-        p=p,
-        default_eps=eps,
-        box=box,
-        audit=audit,
-        apply=apply,
-        eot=cfg.eot,
-        ref_name="targets" if targeted else "labels",
-    )
+    cfg = _config(apply, p, n_iter, restarts, kind, 0, targeted, rho, momentum, step0, box, l1_topk, eot)
+    return _public(cfg, f"apgd-{kind}", eps, audit, "targets" if targeted else "labels")
 
 
 def make_apgd_t(
@@ -552,16 +526,24 @@ def make_apgd_t(
     n_targets = V.check_positive_int("n_targets", n_targets)
     n_iter = V.check_positive_int("n_iter", n_iter)
     restarts = V.check_positive_int("restarts", restarts)
+    cfg = _config(apply, p, n_iter, restarts, "dlr-targeted", n_targets, False, rho, momentum, step0, box, l1_topk, eot)
+    return _public(cfg, "apgd-t", eps, audit, "labels")
+
+
+def _config(
+    apply, p, n_iter, restarts, kind, n_targets, targeted, rho, momentum, step0, box, l1_topk, eot
+) -> ApgdConfig:
+    """The checked :class:`ApgdConfig` (``step0`` None: 1 for l1, 2 for linf / l2, AutoAttack)."""
     if step0 is None:
         step0 = 1.0 if p == 1.0 else 2.0
-    cfg = ApgdConfig(
+    return ApgdConfig(
         apply,
         p,
         n_iter,
         restarts,
-        "dlr-targeted",
+        kind,
         n_targets,
-        False,
+        targeted,
         float(rho),
         float(momentum),
         float(step0),
@@ -569,8 +551,19 @@ def make_apgd_t(
         _check_topk(l1_topk),
         V.check_eot(eot),
     )
+
+
+def _public(cfg: ApgdConfig, name: str, eps, audit: bool, ref_name: str) -> AttackFn:
     return V.public(
-        apgd_attack(cfg), name="apgd-t", p=p, default_eps=eps, box=box, audit=audit, apply=apply, eot=cfg.eot
+        apgd_attack(cfg),
+        name=name,
+        p=cfg.p,
+        default_eps=eps,
+        box=cfg.box,
+        audit=audit,
+        apply=cfg.apply,
+        eot=cfg.eot,
+        ref_name=ref_name,
     )
 
 

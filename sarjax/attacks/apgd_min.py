@@ -46,9 +46,10 @@ import jax
 import jax.numpy as jnp
 
 from sarjax.attacks import geometry
+from sarjax.attacks import losses as L
 from sarjax.attacks import minnorm as mn
 
-_OBJECTIVES = {"ce": mn.cross_entropy_objective, "dlr": mn.dlr_objective}
+_LOSSES = {"ce": L.goal_cross_entropy, "dlr": L.goal_dlr}  # ascended
 
 
 def _schedule(steps, p):
@@ -65,23 +66,23 @@ def _schedule(steps, p):
 
 
 def _setup(ctx):
-    objective = _OBJECTIVES[ctx.hp["loss"]]
+    loss = _LOSSES[ctx.hp["loss"]]
     alpha = 1.0 if ctx.p == 1.0 else 2.0
-    return objective, alpha, ctx.x0.size, mn.worst_norm(ctx.x0, ctx.p)
+    return loss, alpha, ctx.x0.size, mn.worst_norm(ctx.x0, ctx.p)
 
 
 def _init(ctx, x_init):
     f, x0, y, t, p, strict = ctx.f, ctx.x0, ctx.y, ctx.t, ctx.p, ctx.strict
-    objective, alpha, d, worst = _setup(ctx)
+    loss, alpha, d, worst = _setup(ctx)
     # start: one forward, two backward passes
     logits, vjp = jax.vjp(f, x_init)
-    A = -objective(logits, y, t)
-    g = -vjp(jax.grad(objective)(logits, y, t))[0]  # ascent direction of the attack loss
-    gm = vjp(jax.grad(mn.margin)(logits, y, t))[0]
+    A = loss(logits, y, t)
+    g = vjp(jax.grad(loss)(logits, y, t))[0]  # ascent direction of the attack loss
+    gm = vjp(jax.grad(L.goal_margin)(logits, y, t))[0]
     g = jnp.where(jnp.isfinite(g), g, 0.0)
     gm = jnp.where(jnp.isfinite(gm), gm, 0.0)
-    m = mn.margin(logits, y, t)
-    adv = mn.is_success(logits, y, t, strict)
+    m = L.goal_margin(logits, y, t)
+    adv = L.goal_reached(logits, y, t, strict)
     n0 = geometry.norm(x_init - x0, p)
     bx = jnp.where(adv, x_init, x0)
     bn = jnp.where(adv, n0, jnp.inf)
@@ -120,7 +121,7 @@ def _init(ctx, x_init):
 
 def _step(ctx, s, i):
     f, x0, y, t, p, strict, steps = ctx.f, ctx.x0, ctx.y, ctx.t, ctx.p, ctx.strict, ctx.steps
-    objective, alpha, d, worst = _setup(ctx)
+    loss, alpha, d, worst = _setup(ctx)
     rho, g0, g1 = ctx.hp["rho"], ctx.hp["gamma_init"], ctx.hp["gamma_final"]
     _, kmin, dec = _schedule(steps, p)
     is_check = i == s["next_check"]
@@ -137,9 +138,8 @@ def _step(ctx, s, i):
         a = jnp.where(i == 0, 1.0, 0.75)
         z = geometry.project(x + eta * geometry.steepest(s["g"], p), x0, eps, p)
         x_new = geometry.project(x + a * (z - x) + (1.0 - a) * (x - s["xp"]), x0, eps, p)
-    val, gn, logits = mn.value_grad(f, objective, x_new, y, t)
-    A_new, g_new = -val, -gn
-    adv = mn.is_success(logits, y, t, strict)
+    A_new, g_new, logits = L.value_grad(f, loss, x_new, y, t)
+    adv = L.goal_reached(logits, y, t, strict)
     n = geometry.norm(x_new - x0, p)
     better = adv & (n < s["bn"])
     bx = jnp.where(better, x_new, s["bx"])
@@ -225,7 +225,7 @@ def spec(*, loss: str = "ce", rho: float = 0.75, gamma_init: float = 0.05, gamma
       gamma_init, gamma_final: radius update rate, cosine 0.05 -> 0.001
         (FMN's defaults, which papers/001 Section 3.3 follows).
     """
-    if loss not in _OBJECTIVES:
+    if loss not in _LOSSES:
         raise ValueError(f"loss must be 'ce' or 'dlr', got {loss!r}")
     return mn.make_spec(
         f"apgd_min-{loss}",
@@ -239,8 +239,12 @@ def spec(*, loss: str = "ce", rho: float = 0.75, gamma_init: float = 0.05, gamma
     )
 
 
-make_apgd_min = mn.factory(spec, math.inf, 1000)
-make_apgd_min.__name__ = "make_apgd_min"
-make_apgd_min.__doc__ = """Minimum-norm APGD on a pool (l1, l2, linf; :func:`sarjax.attacks.minnorm.make`); default
+make_apgd_min = mn.factory(
+    spec,
+    math.inf,
+    1000,
+    name="make_apgd_min",
+    doc="""Minimum-norm APGD on a pool (l1, l2, linf; :func:`sarjax.attacks.minnorm.make`); default
 norm linf, 1000 queries.  ``**hp``: ``loss`` (``"ce"`` / ``"dlr"``), see :func:`spec`.
-"""
+""",
+)

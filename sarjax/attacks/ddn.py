@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from sarjax.attacks import losses as L
 from sarjax.attacks import minnorm as mn
 
 
@@ -24,12 +25,12 @@ def _step(ctx, state, i):
     gamma, levels = hp["gamma"], hp["levels"]
     worst = mn.worst_norm(x0, 2.0)
     x, eps, bx, bn = state
-    _, g, logits = mn.value_grad(f, mn.cross_entropy_objective, x, y, t)
-    adv = mn.is_success(logits, y, t, ctx.strict)
+    _, g, logits = L.value_grad(f, L.goal_cross_entropy, x, y, t)
+    adv = L.goal_reached(logits, y, t, ctx.strict)
     bx, bn, _ = mn.track(bx, bn, x, x0, adv, 2.0)
     gn = jnp.sqrt(jnp.sum(g * g))
     rnd = mn.hash_direction(ctx.key, i, x.shape)
-    direction = jnp.where(gn < 1e-12, rnd, -g / jnp.maximum(gn, 1e-12))  # descend the objective
+    direction = jnp.where(gn < 1e-12, rnd, g / jnp.maximum(gn, 1e-12))  # ascend the goal's CE
     alpha = mn.cosine(i, ctx.steps, hp["alpha_init"], hp["alpha_final"])
     delta = (x - x0) + alpha * direction
     eps = jnp.minimum(jnp.where(adv, (1.0 - gamma) * eps, (1.0 + gamma) * eps), worst)
@@ -76,9 +77,13 @@ def spec(
     )
 
 
-make_ddn = mn.factory(spec, 2, 200)
-make_ddn.__name__ = "make_ddn"
-make_ddn.__doc__ = """Decoupled Direction and Norm attack (l2) on a pool (:func:`sarjax.attacks.minnorm.make`).
+make_ddn = mn.factory(
+    spec,
+    2,
+    200,
+    name="make_ddn",
+    doc="""Decoupled Direction and Norm attack (l2) on a pool (:func:`sarjax.attacks.minnorm.make`).
 
 ``max_queries // 2`` steps; the default 200 queries = DDN's 100 steps.  ``**hp``: see :func:`spec`.
-"""
+""",
+)

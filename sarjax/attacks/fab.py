@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from sarjax.attacks import geometry
+from sarjax.attacks import losses as L
 from sarjax.attacks import minnorm as mn
 
 
@@ -77,7 +78,7 @@ def hyperplane_box_step(x: jax.Array, w: jax.Array, b, p) -> jax.Array:
 
 def _init(ctx, x_init):
     """The start: one forward of ``x0`` (an already misclassified input has norm 0)."""
-    adv0 = mn.is_success(ctx.f(ctx.x0), ctx.y, ctx.t, ctx.strict)
+    adv0 = L.goal_reached(ctx.f(ctx.x0), ctx.y, ctx.t, ctx.strict)
     bn = jnp.where(adv0, 0.0, jnp.inf).astype(jnp.float32)
     return (x_init, ctx.x0, bn), bn
 
@@ -114,7 +115,7 @@ def _step(ctx, s, i):
     a2 = jnp.maximum(geometry.norm(d2, p), 1e-8)
     alpha = jnp.clip(a1 / (a1 + a2), 0.0, hp["alpha_max"])
     x = jnp.clip((1 - alpha) * (x + hp["eta"] * d1) + alpha * (x0 + hp["eta"] * d2), 0.0, 1.0)
-    adv = mn.is_success(f(x), y, t, ctx.strict)
+    adv = L.goal_reached(f(x), y, t, ctx.strict)
     bx, bn, _ = mn.track(bx, bn, x, x0, adv, p)
     x = jnp.where(adv, x0 + (x - x0) * hp["beta"], x)
     return x, bx, bn
@@ -146,42 +147,28 @@ def spec(*, targeted: bool = False, alpha_max: float = 0.1, eta: float = 1.05, b
     )
 
 
-def make_fab(
-    apply,
-    *,
-    norm=math.inf,
-    max_queries: int = 1000,
-    fab_t: bool = False,
-    targeted: bool = False,
-    success: str | None = None,
-    restarts: int = 0,
-    init_eps=None,
-    stacked: bool = False,
-    audit: bool = True,
-    **hp,
-) -> mn.MinNormAttackFn:
-    """FAB on a pool (l1, l2, linf; :func:`sarjax.attacks.minnorm.make`); default norm linf, 1000
-    queries.
+def _fab_spec(*, fab_t: bool = False, **hp) -> mn.Spec:
+    return spec(targeted=fab_t, **hp)
 
-    AutoAttack's FAB runs 100 iterations; with ``C`` classes that is ``1 + 100 (C + 1)``
-    queries untargeted, ``1 + 300`` for FAB-T.
 
-    Args:
-      fab_t: FAB-T's linearisation (``spec(targeted=True)``): towards the target when
-        ``targeted=True``, towards the current runner-up class otherwise.
-      targeted: the targets convention (``ref`` = targets, ``labels=`` at the call).
-      **hp: ``alpha_max``, ``eta``, ``beta`` (see :func:`spec`); the rest as
-        :func:`sarjax.attacks.minnorm.make`.
-    """
-    return mn.make(
-        spec(targeted=fab_t, **hp),
-        apply,
-        norm=norm,
-        max_queries=max_queries,
-        targeted=targeted,
-        success=success,
-        restarts=restarts,
-        init_eps=init_eps,
-        stacked=stacked,
-        audit=audit,
-    )
+make_fab = mn.factory(
+    _fab_spec,
+    math.inf,
+    1000,
+    name="make_fab",
+    doc="""FAB on a pool (l1, l2, linf; :func:`sarjax.attacks.minnorm.make`); default norm linf, 1000
+queries.
+
+``make_fab(apply, *, norm=inf, max_queries=1000, fab_t=False, targeted=False, success=None,
+restarts=0, init_eps=None, stacked=False, audit=True, **hp)``.  AutoAttack's FAB runs 100
+iterations; with ``C`` classes that is ``1 + 100 (C + 1)`` queries untargeted, ``1 + 300`` for
+FAB-T.
+
+Args:
+  fab_t: FAB-T's linearisation (``spec(targeted=True)``): towards the target when
+    ``targeted=True``, towards the current runner-up class otherwise.
+  targeted: the targets convention (``ref`` = targets, ``labels=`` at the call).
+  **hp: ``alpha_max``, ``eta``, ``beta`` (see :func:`spec`); the rest as
+    :func:`sarjax.attacks.minnorm.make`.
+""",
+)

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from sarjax.attacks.core import AttackFn
 from sarjax.attacks.core import validate as V
-from sarjax.attacks.core.gradient import Config, gradient_attack
+from sarjax.attacks.core.gradient import gradient_factory
 from sarjax.attacks.threat import canonical_norm
 
 
@@ -48,27 +48,11 @@ def make_fgsm(
         raise ValueError("FGSM supports norms l1, l2, linf; got l0")
     V.check_loss(loss, targeted)
     # l1: the plain one-hot steepest step, i.e. sparsity = all but one coordinate.
-    cfg = Config(
-        apply=apply,
-        p=p,
+    step_rule = dict(
         steps=1,
         restarts=1,
         random_start=False,
-        loss=loss,
-        targeted=targeted,
-        box=tuple(float(b) for b in box),
         rel_step=1.0,
         l1_sparsity=1.0 - 1e-9,
-        eot=V.check_eot(eot),
     )
-    return V.public(
-        gradient_attack(cfg),
-        name="fgsm",
-        p=p,
-        default_eps=eps,
-        box=box,
-        audit=audit,
-        apply=apply,
-        eot=cfg.eot,
-        ref_name="targets" if targeted else "labels",
-    )
+    return gradient_factory("fgsm", apply, p, eps, loss, targeted, box, audit, eot, step_rule)

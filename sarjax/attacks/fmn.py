@@ -17,6 +17,7 @@ import math
 import jax.numpy as jnp
 
 from sarjax.attacks import geometry
+from sarjax.attacks import losses as L
 from sarjax.attacks import minnorm as mn
 
 
@@ -42,8 +43,8 @@ def _step(ctx, state, i):
     worst = mn.worst_norm(x0, p)
     alpha = mn.cosine(i, steps, a0, a1)
     gamma = mn.cosine(i, steps, hp["gamma_init"], hp["gamma_final"])
-    m, g, logits = mn.value_grad(f, mn.margin, x, y, t)
-    adv = mn.is_success(logits, y, t, ctx.strict)
+    m, g, logits = L.value_grad(f, L.goal_margin, x, y, t)  # m > 0 once adversarial
+    adv = L.goal_reached(logits, y, t, ctx.strict)
     bx, bn, n = mn.track(bx, bn, x, x0, adv, p)
     found = found | adv
     if p == 0.0:
@@ -55,7 +56,7 @@ def _step(ctx, state, i):
         eps = jnp.where(adv, jnp.minimum(eps * (1.0 - gamma), bn), jnp.where(found, eps * (1.0 + gamma), n + dist))
     eps = jnp.minimum(eps, worst)
     gn = jnp.maximum(jnp.sqrt(jnp.sum(g * g)), 1e-12)
-    x = x - alpha * g / gn
+    x = x + alpha * g / gn  # ascend the goal margin
     x = geometry.project(x, x0, eps, p)
     return x, eps, found, bx, bn
 
@@ -88,12 +89,16 @@ def spec(
     )
 
 
-make_fmn = mn.factory(spec, 2, 1000)
-make_fmn.__name__ = "make_fmn"
-make_fmn.__doc__ = """Fast Minimum-Norm attack on a pool (:func:`sarjax.attacks.minnorm.make` with :func:`spec`).
+make_fmn = mn.factory(
+    spec,
+    2,
+    1000,
+    name="make_fmn",
+    doc="""Fast Minimum-Norm attack on a pool (:func:`sarjax.attacks.minnorm.make` with :func:`spec`).
 
 ``max_queries // 2`` steps (one forward and one backward each).  The original uses 10 steps
 by default; the Frontiers benchmark runs 500 (``max_queries=1000``, the default).  Norms
 ``0, 1, 2, inf`` (default 2); ``**hp``: ``alpha_init``, ``alpha_final``, ``gamma_init``,
 ``gamma_final`` (see :func:`spec`).
-"""
+""",
+)

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from sarjax.attacks.core import AttackFn
 from sarjax.attacks.core import validate as V
-from sarjax.attacks.core.gradient import Config, gradient_attack
+from sarjax.attacks.core.gradient import gradient_factory
 from sarjax.attacks.threat import canonical_norm
 
 
@@ -48,28 +48,12 @@ def make_mifgsm(
         raise ValueError(f"MI-FGSM supports l2 and linf, got {norm!r}")
     steps = V.check_positive_int("steps", steps)
     V.check_loss(loss, targeted)
-    cfg = Config(
-        apply=apply,
-        p=p,
+    step_rule = dict(
         steps=steps,
         restarts=1,
         random_start=False,
-        loss=loss,
-        targeted=targeted,
-        box=tuple(float(b) for b in box),
         rel_step=1.0 / steps,
         abs_step=V.check_step(step_size),
         momentum=float(decay),
-        eot=V.check_eot(eot),
     )
-    return V.public(
-        gradient_attack(cfg),
-        name="mifgsm",
-        p=p,
-        default_eps=eps,
-        box=box,
-        audit=audit,
-        apply=apply,
-        eot=cfg.eot,
-        ref_name="targets" if targeted else "labels",
-    )
+    return gradient_factory("mifgsm", apply, p, eps, loss, targeted, box, audit, eot, step_rule)

@@ -51,6 +51,7 @@ The narrative page (docs/minnorm.md) follows.
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache, partial
 from typing import NamedTuple
 
 import jax
@@ -58,9 +59,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from sarjax.attacks import geometry
+from sarjax.attacks import losses as L
 from sarjax.attacks import queries as Q
 from sarjax.attacks.audit import check as audit_check
-from sarjax.attacks.core.protocol import Attack, Problem, run, run_jit
+from sarjax.attacks.core.entry import Entry
+from sarjax.attacks.core.protocol import Attack, Problem
 from sarjax.attacks.core.validate import check_sample_ids
 from sarjax.attacks.threat import Threat, canonical_norm, check_labels
 
@@ -154,6 +157,11 @@ class Spec:
         c0, c = self.costs(dict(self.hp), int(num_classes))
         return int(c0), int(c)
 
+    @property
+    def class_dependent(self) -> bool:
+        """Whether the query costs (hence the scan length) depend on the class count (FAB)."""
+        return len({self.cost(c) for c in (2, 3, 10, 1000)}) > 1
+
     def min_budget(self, num_classes: int) -> int:
         """Smallest per-run budget that takes one step."""
         c0, c = self.cost(num_classes)
@@ -168,72 +176,30 @@ def make_spec(name, init, step, norms, hp: dict, *, costs=_gradient_costs, best=
 
 
 # ---------------------------------------------------------------------------------------------
-# losses and success, for one example (logits: [C])
+# deprecated loss names (the losses live in sarjax.attacks.losses)
 # ---------------------------------------------------------------------------------------------
 
 
-def _other_max(logits, c):
-    C = logits.shape[-1]
-    return jnp.max(jnp.where(jnp.arange(C) == c, -jnp.inf, logits))
-
-
 def margin(logits: jax.Array, y: jax.Array, t: jax.Array) -> jax.Array:
-    """Difference of logits; negative once the attack's goal is reached.
-
-    Untargeted (``t < 0``): ``z_y - max_{j != y} z_j``.  Targeted:
-    ``max_{j != t} z_j - z_t``.
-
-    Args:
-      logits: ``[C]``.
-      y: scalar int true label.
-      t: scalar int target (``-1`` = untargeted).
-    """
-    tc = jnp.maximum(t, 0)
-    unt = logits[y] - _other_max(logits, y)
-    tar = _other_max(logits, tc) - logits[tc]
-    return jnp.where(t >= 0, tar, unt)
+    """Deprecated: ``-losses.goal_margin(logits, y, t)`` (the former minimisation sign,
+    negative once the goal is reached); new code reads :func:`sarjax.attacks.losses.goal_margin`."""
+    return -L.goal_margin(logits, y, t)
 
 
-def cross_entropy_objective(logits, y, t):
-    """Objective to MINIMISE: ``-CE(y)`` untargeted, ``CE(t)`` targeted."""
-    lse = jax.nn.logsumexp(logits)
-    tc = jnp.maximum(t, 0)
-    return jnp.where(t >= 0, lse - logits[tc], logits[y] - lse)
+def cross_entropy_objective(logits: jax.Array, y: jax.Array, t: jax.Array) -> jax.Array:
+    """Deprecated: ``-losses.goal_cross_entropy(logits, y, t)`` (minimisation sign)."""
+    return -L.goal_cross_entropy(logits, y, t)
 
 
-def dlr_objective(logits, y, t):
-    """Objective to MINIMISE: the (targeted) DLR loss of Croce & Hein 2020, negated.
-
-    Untargeted: ``(z_y - max_{j!=y} z_j) / (z_pi1 - z_pi3)``; targeted:
-    ``(z_y - z_t) / (z_pi1 - (z_pi3 + z_pi4) / 2)`` (AutoAttack's definitions;
-    needs 3 resp. 4 classes).
-    """
-    srt = jnp.sort(logits)[::-1]
-    tc = jnp.maximum(t, 0)
-    unt = (logits[y] - _other_max(logits, y)) / (srt[0] - srt[2] + 1e-12)
-    k4 = srt[3] if logits.shape[-1] >= 4 else srt[-1]
-    tar = (logits[y] - logits[tc]) / (srt[0] - 0.5 * (srt[2] + k4) + 1e-12)
-    return jnp.where(t >= 0, tar, unt)
+def dlr_objective(logits: jax.Array, y: jax.Array, t: jax.Array) -> jax.Array:
+    """Deprecated: ``-losses.goal_dlr(logits, y, t)`` (minimisation sign)."""
+    return -L.goal_dlr(logits, y, t)
 
 
-def is_success(logits: jax.Array, y, t, strict: bool) -> jax.Array:
-    """Whether ``logits`` ([C]) meet the attack's goal (see module doc)."""
-    pred = jnp.argmax(logits)
-    if strict:
-        return jnp.where(t >= 0, pred == t, pred != y)
-    return pred != y
-
-
-def value_grad(f: LogitsFn, objective, x, y, t):
-    """Objective, its input gradient and the logits at ``x`` (2 queries)."""
-
-    def obj(z):
-        logits = f(z)
-        return objective(logits, y, t), logits
-
-    (val, logits), g = jax.value_and_grad(obj, has_aux=True)(x)
-    g = jnp.where(jnp.isfinite(g), g, 0.0)
-    return val, g, logits
+is_success = L.goal_reached
+"""Deprecated alias of :func:`sarjax.attacks.losses.goal_reached`."""
+value_grad = L.value_grad
+"""Deprecated alias of :func:`sarjax.attacks.losses.value_grad`."""
 
 
 def track(best_x, best_n, x, x0, adv, p):
@@ -509,14 +475,23 @@ def attack_of(cfg: Cfg) -> Attack:
     return Attack(_init, _step, _result, num_steps(cfg), cfg)
 
 
-def _member_logits(cfg: Cfg, params, x):
-    """``[B, M, C]``: member m's logits at ``x[b, m]`` (``x [B, M, *S]``), one evaluation."""
+def _member_logits(cfg, params, x):
+    """``[B, M, C]``: member m's logits at ``x[b, m]`` (``x [B, M, *S]``), one evaluation
+    (``cfg``: anything with ``apply`` and ``stacked``)."""
     M = x.shape[1]
     members, make_f = _member_fns(cfg, params, M)
     return jax.vmap(lambda mem, xm: jax.vmap(make_f(mem))(xm), in_axes=(0, 1), out_axes=1)(members, x)
 
 
-_member_logits_jit = jax.jit(_member_logits, static_argnums=0)
+class _Apply(NamedTuple):
+    apply: Callable
+    stacked: bool
+
+
+@partial(jax.jit, static_argnums=(0, 1))
+def _member_logits_jit(apply, stacked, params, x):
+    """:func:`_member_logits` compiled per ``(apply, stacked)`` (the audit's re-evaluation)."""
+    return _member_logits(_Apply(apply, stacked), params, x)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -524,16 +499,19 @@ _member_logits_jit = jax.jit(_member_logits, static_argnums=0)
 # ---------------------------------------------------------------------------------------------
 
 
-def _logits_shape(apply, stacked, params, x0):
-    if stacked:
-        return jax.eval_shape(lambda p, x: jax.vmap(apply, (0, None))(p, x), params, x0).shape
-    return jax.eval_shape(apply, params, x0).shape
-
-
+@cache
 def _pool_apply(apply, stacked):
+    """``apply`` as a pool's apply (``stacked``: vmapped over the stacked params); one function
+    object per ``(apply, stacked)``, so that tracing it for its shape hits JAX's trace cache (a
+    fresh lambda per call re-traced the model on every call: 13 ms vs 63 ms for an MLP pool on
+    a loaded 2-core machine)."""
     if stacked:
         return lambda p, x: jax.vmap(apply, (0, None))(p, x)
     return apply
+
+
+def _logits_shape(apply, stacked, params, x0):
+    return jax.eval_shape(_pool_apply(apply, stacked), params, x0).shape
 
 
 def _per_sample(a, B, M, dtype):
@@ -548,13 +526,17 @@ def _per_member(a, B, M, dtype):
     return jnp.broadcast_to(a[None] if a.ndim == 1 else a, (B, M))
 
 
-class MinNormAttackFn:
-    """A minimum-norm attack's two entries (the fixed-budget family's call shape).
+class MinNormAttackFn(Entry):
+    """A minimum-norm attack's two entries (the fixed-budget family's call shape; an
+    :class:`~sarjax.attacks.core.entry.Entry` like :class:`~sarjax.attacks.core.AttackFn`).
 
     ``fn(params, x0, ref, mask=None, key=..., *, max_queries=None, sample_ids=None,
     labels=None, init_eps=None, x_init=None) -> MinNormResult``: host validation, the compiled
     state machine, the audit of every returned point against the ORIGINAL ``x0``.
     ``fn.jit(...)``: the same arguments, no host call (for use inside ``jax.jit``).
+    ``fn.problem(...)``: the validated :class:`MinNormProblem` of a call. ``fn.attack``: the state
+    machine (:func:`attack_of`); FAB's scan length depends on the class count, its state
+    machine is ``fn.attack_for(C)``.
 
     Args of a call:
       params: the pool's params (``stacked=True``: members' params stacked on a leading axis).
@@ -570,6 +552,8 @@ class MinNormAttackFn:
       init_eps: scalar or ``[B]`` radius of the random restarts (default: the factory's).
       x_init: ``[B, *S]`` start of run 0 (default ``x0``).
     """
+
+    apply: Callable
 
     def __init__(
         self,
@@ -592,20 +576,42 @@ class MinNormAttackFn:
         self.__name__ = spec.name
 
     def cfg(self, num_classes: int) -> Cfg:
-        return Cfg(
-            self.spec, self.apply, self.stacked, self.p, self.T, self.R, self.targeted, self.strict, int(num_classes)
-        )
+        """The static config for a model with ``num_classes`` classes (stored as 0 when the
+        spec's query costs do not depend on it: one compiled kernel for every class count)."""
+        C = int(num_classes) if self.spec.class_dependent else 0
+        return Cfg(self.spec, self.apply, self.stacked, self.p, self.T, self.R, self.targeted, self.strict, C)
 
     def attack_for(self, num_classes: int) -> Attack:
         """The state machine for a model with ``num_classes`` classes (FAB's step cost, hence
         the scan length, depends on it)."""
         return attack_of(self.cfg(num_classes))
 
-    def _make(self, params, x0, ref, mask, key, max_queries, sample_ids, labels, init_eps, x_init):
+    @property
+    def attack(self) -> Attack:
+        """The state machine (:func:`attack_of`).
+
+        Raises:
+          TypeError: the spec's step cost depends on the class count (FAB): use
+            :meth:`attack_for`.
+        """
+        if self.spec.class_dependent:
+            raise TypeError(
+                f"{self.name}: the step cost (hence the scan length) depends on the class count; "
+                "use fn.attack_for(num_classes)"
+            )
+        return attack_of(self.cfg(0))
+
+    def _attack_for(self, params, problem) -> Attack:
+        if not self.spec.class_dependent:
+            return attack_of(self.cfg(0))
+        return attack_of(self.cfg(_logits_shape(self.apply, self.stacked, params, problem.base.x0)[-1]))
+
+    def _make(self, params, x0, ref, mask, key, max_queries, sample_ids, labels, init_eps, x_init, shape=None):
         x0 = jnp.asarray(x0, jnp.float32)
         B = x0.shape[0]
-        shape = _logits_shape(self.apply, self.stacked, params, x0)
-        C, M = shape[-1], (shape[0] if len(shape) == 3 else 1)
+        if shape is None:
+            shape = _logits_shape(self.apply, self.stacked, params, x0)
+        M = shape[0] if len(shape) == 3 else 1
         base = Problem(
             x0,
             _per_sample(ref, B, M, jnp.int32),
@@ -620,12 +626,10 @@ class MinNormAttackFn:
         lab = base.ref if labels is None else _per_sample(labels, B, M, jnp.int32)
         e = self.init_eps if init_eps is None else init_eps
         e = jnp.broadcast_to(jnp.asarray(0.0 if e is None else e, jnp.float32), (B,))
-        return MinNormProblem(base, lab, e), C
+        return MinNormProblem(base, lab, e)
 
     def _validate(self, params, x0, ref, mask, key, max_queries, sample_ids, labels, init_eps, x_init):
         name = self.name
-        if key is None:
-            raise TypeError(f"{name}: key is required (a jax.random key); sarjax never defaults it")
         xa = np.asarray(jax.device_get(x0))
         if xa.ndim < 2:
             raise ValueError(f"{name}: x0 must be a batch [B, *S] with at least one feature axis, got shape {xa.shape}")
@@ -717,58 +721,31 @@ class MinNormAttackFn:
                     f"{name}: x_init must be finite, in [0, 1] and of shape {xa.shape}, got shape {xi.shape}"
                 )
         return self._make(
-            params, jnp.asarray(xa, jnp.float32), jnp.asarray(r), mask, key, max_queries, sid, labels, init_eps, x_init
-        )
+            params, jnp.asarray(xa, jnp.float32), jnp.asarray(r), mask, key, max_queries, sid, labels, init_eps, x_init,
+            shape,
+        )  # fmt: skip
 
-    def __call__(
-        self,
-        params,
-        x0,
-        ref,
-        mask=None,
-        key=None,
-        *,
-        max_queries=None,
-        sample_ids=None,
-        labels=None,
-        init_eps=None,
-        x_init=None,
-    ) -> MinNormResult:
-        prob, C = self._validate(params, x0, ref, mask, key, max_queries, sample_ids, labels, init_eps, x_init)
-        cfg = self.cfg(C)
-        res = run_jit(attack_of(cfg), params, prob)
-        if self.audit:
-            _audit(cfg, params, prob, res)
-        return res
+    def _host_problem(
+        self, params, x0, ref, mask, key, *, max_queries=None, sample_ids=None, labels=None, init_eps=None, x_init=None
+    ) -> MinNormProblem:
+        return self._validate(params, x0, ref, mask, key, max_queries, sample_ids, labels, init_eps, x_init)
 
-    def jit(
-        self,
-        params,
-        x0,
-        ref,
-        mask=None,
-        key=None,
-        *,
-        max_queries=None,
-        sample_ids=None,
-        labels=None,
-        init_eps=None,
-        x_init=None,
-    ) -> MinNormResult:
-        """The jit-safe entry: no host call, no validation, no audit (labels must lie in
-        ``[0, C)``; caps ``<= T``)."""
-        if key is None:
-            raise TypeError(f"{self.name}: key is required (a jax.random key); sarjax never defaults it")
+    def _traced_problem(
+        self, params, x0, ref, mask, key, *, max_queries=None, sample_ids=None, labels=None, init_eps=None, x_init=None
+    ) -> MinNormProblem:
         if self.targeted and labels is None:
             raise TypeError(f"{self.name}: targeted=True needs labels= (the true labels [B] or [B, M])")
-        prob, C = self._make(params, x0, ref, mask, key, max_queries, sample_ids, labels, init_eps, x_init)
-        return run(attack_of(self.cfg(C)), params, prob)
+        return self._make(params, x0, ref, mask, key, max_queries, sample_ids, labels, init_eps, x_init)
+
+    def _audit_result(self, params, problem, result) -> None:
+        if self.audit:
+            _audit(self, params, problem, result)
 
     def __repr__(self) -> str:
         return f"MinNormAttackFn({self.name}, T={self.T}, restarts={self.R})"
 
 
-def _audit(cfg: Cfg, params, prob: MinNormProblem, res: MinNormResult):
+def _audit(fn: "MinNormAttackFn", params, prob: MinNormProblem, res: MinNormResult):
     """Host audit: each finite-norm (sample, member) realizes its norm against the ORIGINAL
     ``x0``, lies in the box and is adversarial for its member (up to a float tie)."""
     x0 = np.asarray(prob.base.x0)
@@ -778,20 +755,20 @@ def _audit(cfg: Cfg, params, prob: MinNormProblem, res: MinNormResult):
     xa = np.asarray(res.x_adv)
     x0m = np.broadcast_to(x0[:, None], xa.shape)
     xa = np.where(ok.reshape((B, M) + (1,) * (x0.ndim - 1)), xa, x0m)
-    what = cfg.spec.name
+    what = fn.name
     audit_check(
         x0m.reshape((B * M,) + x0.shape[1:]),
         xa.reshape((B * M,) + x0.shape[1:]),
-        Threat(cfg.p, nrm.reshape(-1)),
+        Threat(fn.p, nrm.reshape(-1)),
         what=what,
         rtol=1e-5,
     )
     if not ok.any():
         return
-    lg = np.asarray(_member_logits_jit(cfg, params, jnp.asarray(xa)))
+    lg = np.asarray(_member_logits_jit(fn.apply, fn.stacked, params, jnp.asarray(xa)))
     pred = lg.argmax(-1)
     y, t = np.asarray(prob.labels), np.asarray(prob.base.ref)
-    good = (pred == t) if (cfg.targeted and cfg.strict) else (pred != (y if cfg.targeted else t))
+    good = (pred == t) if (fn.targeted and fn.strict) else (pred != (y if fn.targeted else t))
     srt = np.sort(lg, -1)
     tie = (srt[..., -1] - srt[..., -2]) <= 1e-5 * np.maximum(1.0, np.abs(srt[..., -1]))
     bad = ok & ~good & ~tie
@@ -876,39 +853,26 @@ def make(
     )
 
 
-def factory(spec_fn: Callable, default_norm, default_queries: int):
-    """A ``make_<attack>(apply, *, norm, max_queries, ..., **hp)`` over :func:`make`."""
+_MAKE_OPTIONS = ("targeted", "success", "restarts", "init_eps", "stacked", "audit")
 
-    def make_attack(
-        apply: Callable,
-        *,
-        norm=default_norm,
-        max_queries: int = default_queries,
-        targeted: bool = False,
-        success: str | None = None,
-        restarts: int = 0,
-        init_eps=None,
-        stacked: bool = False,
-        audit: bool = True,
-        **hp,
-    ) -> MinNormAttackFn:
-        return make(
-            spec_fn(**hp),
-            apply,
-            norm=norm,
-            max_queries=max_queries,
-            targeted=targeted,
-            success=success,
-            restarts=restarts,
-            init_eps=init_eps,
-            stacked=stacked,
-            audit=audit,
-        )
 
-    make_attack.__doc__ = (
+def factory(spec_fn: Callable, default_norm, default_queries: int, *, name: str | None = None, doc: str | None = None):
+    """A ``make_<attack>(apply, *, norm, max_queries, targeted=False, success=None, restarts=0,
+    init_eps=None, stacked=False, audit=True, **hp)`` over :func:`make` (``**hp`` go to
+    ``spec_fn``); ``name`` and ``doc`` set its ``__name__`` and docstring."""
+
+    def make_attack(apply: Callable, *, norm=default_norm, max_queries: int = default_queries, **kw) -> MinNormAttackFn:
+        # the options of make (targeted, success, restarts, init_eps, stacked, audit); the rest is hp
+        options = {k: kw.pop(k) for k in _MAKE_OPTIONS if k in kw}
+        return make(spec_fn(**kw), apply, norm=norm, max_queries=max_queries, **options)
+
+    make_attack.__doc__ = doc or (
         f"Builds the attack of :func:`spec` on a pool: :func:`sarjax.attacks.minnorm.make`"
-        f" with ``spec(**hp)`` (default norm {default_norm}, ``max_queries={default_queries}``)."
+        f" with ``spec(**hp)`` (default norm {default_norm}, ``max_queries={default_queries}``; the other"
+        f" options as :func:`sarjax.attacks.minnorm.make`)."
     )
+    if name is not None:
+        make_attack.__name__ = name
     return make_attack
 
 

@@ -14,6 +14,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from sarjax.attacks import losses as L
 from sarjax.attacks import minnorm as mn
 from sarjax.attacks.optim import adam
 
@@ -50,13 +51,13 @@ def _step(ctx, s, i):
 
     def loss_fn(x, lam_ema):
         logits = f(x)
-        m = mn.margin(logits, y, t)
+        m = -L.goal_margin(logits, y, t)  # the constraint, negative once adversarial
         return lam_ema[0] * _safe_l2(x - x0) + lam_ema[1] * jax.nn.softplus(m), (logits, m)
 
     x, m1, m2, lam, lam_ema, bx, bn = s
     (_, (logits, m)), g = jax.value_and_grad(loss_fn, has_aux=True)(x, lam_ema)
     g = jnp.where(jnp.isfinite(g), g, 0.0)
-    adv = mn.is_success(logits, y, t, ctx.strict)
+    adv = L.goal_reached(logits, y, t, ctx.strict)
     bx, bn, _ = mn.track(bx, bn, x, x0, adv, 2.0)
     m1, m2, num, denom = adam(g, m1, m2, i)
     lr = hp["primal_lr"] * hp["primal_lr_decrease"] ** (i / steps)
@@ -74,15 +75,8 @@ def default_hp(
     dual_ema=0.9,
     dual_min_ratio=1e-6,
 ):
-    return dict(
-        primal_lr=float(primal_lr),
-        primal_lr_decrease=float(primal_lr_decrease),
-        dual_ratio_init=float(dual_ratio_init),
-        dual_lr=float(dual_lr),
-        dual_lr_decrease=float(dual_lr_decrease),
-        dual_ema=float(dual_ema),
-        dual_min_ratio=float(dual_min_ratio),
-    )
+    """PDGD's primal / dual hyperparameters as floats (defaults: see :func:`spec`)."""
+    return {k: float(v) for k, v in locals().items()}
 
 
 def spec(**hp) -> mn.Spec:
@@ -95,8 +89,12 @@ def spec(**hp) -> mn.Spec:
     return mn.make_spec("pdgd", _init, _step, (2,), default_hp(**hp))
 
 
-make_pdgd = mn.factory(spec, 2, 1000)
-make_pdgd.__name__ = "make_pdgd"
-make_pdgd.__doc__ = """PDGD (l2) on a pool (:func:`sarjax.attacks.minnorm.make`); default 1000 queries = 500 steps
+make_pdgd = mn.factory(
+    spec,
+    2,
+    1000,
+    name="make_pdgd",
+    doc="""PDGD (l2) on a pool (:func:`sarjax.attacks.minnorm.make`); default 1000 queries = 500 steps
 (the reference default).  ``**hp``: see :func:`spec`.
-"""
+""",
+)

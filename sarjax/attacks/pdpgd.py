@@ -18,6 +18,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from sarjax.attacks import losses as L
 from sarjax.attacks import minnorm as mn
 from sarjax.attacks.optim import adam
 from sarjax.attacks.pdgd import default_hp, dual_init, dual_update
@@ -86,13 +87,13 @@ def _step(ctx, s, i):
 
     def loss_fn(x):
         logits = f(x)
-        m = mn.margin(logits, y, t)
+        m = -L.goal_margin(logits, y, t)  # the constraint, negative once adversarial
         return jax.nn.softplus(m), (logits, m)
 
     x, m1, m2, lam, lam_ema, bx, bn = s
     (_, (logits, m)), g = jax.value_and_grad(loss_fn, has_aux=True)(x)
     g = jnp.where(jnp.isfinite(g), g, 0.0)
-    adv = mn.is_success(logits, y, t, ctx.strict)
+    adv = L.goal_reached(logits, y, t, ctx.strict)
     bx, bn, _ = mn.track(bx, bn, x, x0, adv, p)
     m1, m2, num, denom = adam(g, m1, m2, i)
     lr = hp["primal_lr"] * hp["primal_lr_decrease"] ** (i / steps)
@@ -132,8 +133,12 @@ def spec(*, proximal_steps: int = 5, eps_threshold: float = 1e-2, l0_proximal: s
     return mn.make_spec("pdpgd", _init, _step, (0, 1, 2, math.inf), d)
 
 
-make_pdpgd = mn.factory(spec, 2, 1000)
-make_pdpgd.__name__ = "make_pdpgd"
-make_pdpgd.__doc__ = """PDPGD on a pool (l0, l1, l2, linf; :func:`sarjax.attacks.minnorm.make`); default 1000 queries
+make_pdpgd = mn.factory(
+    spec,
+    2,
+    1000,
+    name="make_pdpgd",
+    doc="""PDPGD on a pool (l0, l1, l2, linf; :func:`sarjax.attacks.minnorm.make`); default 1000 queries
 = 500 steps.  ``**hp``: see :func:`spec`.
-"""
+""",
+)

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from sarjax.attacks.core import AttackFn
 from sarjax.attacks.core import validate as V
-from sarjax.attacks.core.gradient import Config, gradient_attack
+from sarjax.attacks.core.gradient import gradient_factory
 from sarjax.attacks.threat import canonical_norm
 
 
@@ -81,28 +81,12 @@ def make_pgd(
         raise ValueError(f"l1_sparsity must be in [0, 1), got {l1_sparsity!r}")
     if rel_step is None:
         rel_step = 1.0 / 16 if p == float("inf") else 0.25
-    cfg = Config(
-        apply=apply,
-        p=p,
+    step_rule = dict(
         steps=steps,
         restarts=restarts,
         random_start=bool(random_start),
-        loss=loss,
-        targeted=targeted,
-        box=tuple(float(b) for b in box),
         rel_step=float(rel_step),
         abs_step=V.check_step(step_size),
         l1_sparsity=float(l1_sparsity),
-        eot=V.check_eot(eot),
     )
-    return V.public(
-        gradient_attack(cfg),
-        name="pgd",
-        p=p,
-        default_eps=eps,
-        box=box,
-        audit=audit,
-        apply=apply,
-        eot=cfg.eot,
-        ref_name="targets" if targeted else "labels",
-    )
+    return gradient_factory("pgd", apply, p, eps, loss, targeted, box, audit, eot, step_rule)

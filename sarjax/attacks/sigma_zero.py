@@ -11,6 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from sarjax.attacks import losses as L
 from sarjax.attacks import minnorm as mn
 from sarjax.attacks.optim import adam
 
@@ -29,12 +30,12 @@ def _step(ctx, s, i):
         logits = f(x)
         d = x - x0
         l0a = jnp.mean(d * d / (d * d + sigma))
-        return jnp.maximum(mn.margin(logits, y, t), 0.0) + l0a, logits
+        return jnp.maximum(-L.goal_margin(logits, y, t), 0.0) + l0a, logits
 
     x, m1, m2, tau, eta, bx, bn = s
     (_, logits), g = jax.value_and_grad(loss_fn, has_aux=True)(x)
     g = jnp.where(jnp.isfinite(g), g, 0.0)
-    adv = mn.is_success(logits, y, t, ctx.strict)
+    adv = L.goal_reached(logits, y, t, ctx.strict)
     bx, bn, _ = mn.track(bx, bn, x, x0, adv, 0.0)
     g = g / jnp.maximum(jnp.max(jnp.abs(g)), 1e-12)
     m1, m2, num, denom = adam(g, m1, m2, i)
@@ -61,9 +62,13 @@ def spec(*, eta0: float = 1.0, sigma: float = 1e-3, tau0: float = 0.3, tau_facto
     )
 
 
-make_sigma_zero = mn.factory(spec, 0, 2000)
-make_sigma_zero.__name__ = "make_sigma_zero"
-make_sigma_zero.__doc__ = """sigma-zero (l0) on a pool (:func:`sarjax.attacks.minnorm.make`); default 2000 queries = its
+make_sigma_zero = mn.factory(
+    spec,
+    0,
+    2000,
+    name="make_sigma_zero",
+    doc="""sigma-zero (l0) on a pool (:func:`sarjax.attacks.minnorm.make`); default 2000 queries = its
 1000 steps.  Targeted runs replace the margin by the margin towards the target (the reference
 code is untargeted only).  ``**hp``: see :func:`spec`.
-"""
+""",
+)

@@ -287,16 +287,15 @@ def test_validation_errors():
 def test_audit_catches_wrong_results(restart_run):
     fn, params, x0, y, r = restart_run
     assert np.asarray(r.success).all()
-    prob, C = fn._validate(params, x0, y, None, jax.random.key(7), None, None, None, None, None)
-    cfg = fn.cfg(C)
-    mn._audit(cfg, params, prob, r)
+    prob = fn.problem(params, x0, y, key=jax.random.key(7))
+    mn._audit(fn, params, prob, r)
     under = r._replace(norm=r.norm * 0.5)  # reported norm smaller than realized
     with pytest.raises(ValueError, match="bound audit"):
-        mn._audit(cfg, params, prob, under)
+        mn._audit(fn, params, prob, under)
     d = 1e-3
     clean = r._replace(x_adv=jnp.asarray(x0)[:, None] + d, norm=jnp.full((3, 1), np.sqrt(24) * d, jnp.float32))
     with pytest.raises(ValueError, match="not adversarial"):
-        mn._audit(cfg, params, prob, clean)
+        mn._audit(fn, params, prob, clean)
 
 
 def test_trajectory_bookkeeping_known_answer():

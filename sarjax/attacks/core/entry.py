@@ -1,18 +1,23 @@
 """The two entries of every attack: jit-safe and audited, one code path.
 
-:class:`AttackFn` wraps an :class:`~sarjax.attacks.core.protocol.Attack`:
+:class:`Entry` is the base of every attack's public object (the fixed-budget
+:class:`AttackFn` and the minimum-norm :class:`~sarjax.attacks.minnorm.MinNormAttackFn`):
 
-* ``fn(params, x0, ref, mask=None, key=..., *, eps=None, max_queries=None, x_init=None,
-  sample_ids=None)``: validate on the host -> :func:`~sarjax.attacks.core.protocol.run_jit`
-  -> audit every returned point against the ORIGINAL ``x0``;
-* ``fn.jit(...)``, same arguments: :func:`~sarjax.attacks.core.protocol.make_problem` +
+* ``fn(params, x0, ref, mask=None, key=..., **call)``: :meth:`Entry.problem` (validate on
+  the host) -> :func:`~sarjax.attacks.core.protocol.run_jit` -> audit every returned point
+  against the ORIGINAL ``x0``;
+* ``fn.jit(...)``, same arguments: the problem built with ``jnp`` operations only and
   :func:`~sarjax.attacks.core.protocol.run`, nothing on the host (for ``jax.jit`` train steps);
 * ``fn.attack``: the state machine itself (``init`` / ``step`` / ``result``).
+
+A subclass supplies the call's keywords (``**call``: ``eps`` for the fixed-budget attacks,
+``labels`` / ``init_eps`` for the minimum-norm ones) through three hooks: ``_host_problem``
+(validation), ``_traced_problem`` (jit-safe) and ``_audit_result``; ``_attack_for`` picks the
+state machine of a problem (default :attr:`attack`).
 """
 
-from __future__ import annotations
-
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import numpy as np
@@ -20,8 +25,64 @@ import numpy as np
 from sarjax.attacks.core.protocol import Attack, Problem, make_problem, run, run_jit
 
 
-class AttackFn:
-    """An attack's two entries (see the module docstring).
+def _require_key(name: str, key) -> None:
+    if key is None:
+        raise TypeError(f"{name}: key is required (a jax.random key); sarjax never defaults it")
+
+
+class Entry:
+    """An attack's two entries over one code path (see the module docstring).
+
+    Attributes:
+      name: the attack's name (for messages, e.g. ``"pgd"``).
+      apply: the model the entries call (``apply(params, x) -> logits``).
+    """
+
+    name: str
+    apply: Callable | None
+
+    @property
+    def attack(self) -> Attack:
+        """The state machine (``init`` / ``step`` / ``result``) the entries run."""
+        raise NotImplementedError
+
+    def _host_problem(self, params, x0, ref, mask, key, **call) -> Any:
+        raise NotImplementedError
+
+    def _traced_problem(self, params, x0, ref, mask, key, **call) -> Any:
+        raise NotImplementedError
+
+    def _attack_for(self, params, problem) -> Attack:
+        return self.attack
+
+    def _audit_result(self, params, problem, result) -> None:
+        return None
+
+    def problem(self, params, x0, ref, mask=None, key=None, **call):
+        """The validated problem of a call (host side; raises ``ValueError`` / ``TypeError`` on
+        bad input, naming what was expected)."""
+        _require_key(self.name, key)
+        return self._host_problem(params, x0, ref, mask, key, **call)
+
+    def __call__(self, params, x0, ref, mask=None, key=None, **call):
+        """The audited public entry: validate -> the compiled state machine -> audit."""
+        problem = self.problem(params, x0, ref, mask, key, **call)
+        result = run_jit(self._attack_for(params, problem), params, problem)
+        self._audit_result(params, problem, result)
+        return result
+
+    def jit(self, params, x0, ref, mask=None, key=None, **call):
+        """The jit-safe entry: no host call, no validation, no audit (references must lie in
+        ``[0, C)``)."""
+        _require_key(self.name, key)
+        problem = self._traced_problem(params, x0, ref, mask, key, **call)
+        return run(self._attack_for(params, problem), params, problem)
+
+
+class AttackFn(Entry):
+    """A fixed-budget attack's entries: ``fn(params, x0, ref, mask=None, key, *, eps=None,
+    max_queries=None, x_init=None, sample_ids=None) -> AttackResult``, ``fn.jit(...)`` (same
+    arguments), ``fn.attack``.
 
     Args:
       attack: the state machine.
@@ -46,7 +107,7 @@ class AttackFn:
         audit: Callable | None,
         default_eps=None,
     ):
-        self.attack = attack
+        self._attack = attack
         self.name = name
         self.apply = apply
         self._validate = validate
@@ -54,33 +115,28 @@ class AttackFn:
         self.default_eps = default_eps
         self.__name__ = name
 
-    def problem(
-        self, params, x0, ref, mask=None, key=None, *, eps=None, max_queries=None, x_init=None, sample_ids=None
+    @property
+    def attack(self) -> Attack:
+        """The state machine."""
+        return self._attack
+
+    def _host_problem(
+        self, params, x0, ref, mask, key, *, eps=None, max_queries=None, x_init=None, sample_ids=None
     ) -> Problem:
-        """The validated :class:`Problem` of a call (host side; raises on bad input)."""
-        if key is None:
-            raise TypeError(f"{self.name}: key is required (a jax.random key); sarjax never defaults it")
         e = self.default_eps if eps is None else eps
         return self._validate(params, x0, ref, mask, key, e, max_queries, x_init, sample_ids)
 
-    def __call__(
-        self, params, x0, ref, mask=None, key=None, *, eps=None, max_queries=None, x_init=None, sample_ids=None
-    ):
-        problem = self.problem(
-            params, x0, ref, mask, key, eps=eps, max_queries=max_queries, x_init=x_init, sample_ids=sample_ids
-        )
-        res = run_jit(self.attack, params, problem)
-        if self._audit is not None:
-            self._audit(problem, res)
-        return res
-
-    def jit(self, params, x0, ref, mask=None, key=None, *, eps=None, max_queries=None, x_init=None, sample_ids=None):
-        """The jit-safe entry: no host call, no validation, no audit (labels must lie in ``[0, C)``)."""
+    def _traced_problem(
+        self, params, x0, ref, mask, key, *, eps=None, max_queries=None, x_init=None, sample_ids=None
+    ) -> Problem:
         e = self.default_eps if eps is None else eps
-        problem = make_problem(
+        return make_problem(
             self.apply, params, x0, ref, mask, key, eps=e, max_queries=max_queries, sample_ids=sample_ids, x_init=x_init
         )
-        return run(self.attack, params, problem)
+
+    def _audit_result(self, params, problem, result) -> None:
+        if self._audit is not None:
+            self._audit(problem, result)
 
     def __repr__(self) -> str:
         return f"AttackFn({self.name}, steps={self.attack.num_steps})"
@@ -91,4 +147,4 @@ def host(a) -> np.ndarray:
     return np.asarray(jax.device_get(a))
 
 
-__all__ = ["AttackFn", "host"]
+__all__ = ["AttackFn", "Entry", "host"]

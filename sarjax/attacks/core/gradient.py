@@ -34,6 +34,8 @@ import jax.numpy as jnp
 
 from sarjax.attacks import geometry as G
 from sarjax.attacks import queries as Q
+from sarjax.attacks.core import validate as V
+from sarjax.attacks.core.entry import AttackFn
 from sarjax.attacks.core.evaluate import (
     EOT_SALT,
     Best,
@@ -222,4 +224,52 @@ def gradient_attack(cfg: Config) -> Attack:
     return Attack(init, step, result, cfg.restarts * max(cfg.steps, 1), cfg, prepare_cfg)
 
 
-__all__ = ["Config", "GradientState", "alpha", "gradient_attack", "init", "pgd_step", "result", "step"]
+def gradient_factory(
+    name: str, apply: Callable, p: float, eps, loss: str, targeted: bool, box, audit: bool, eot: int, step_rule: dict
+) -> AttackFn:
+    """The :class:`~sarjax.attacks.core.AttackFn` of a step-rule attack (the tail every
+    ``make_fgsm`` / ``make_mifgsm`` / ``make_pgd`` shares, after its own checks).
+
+    Args:
+      name: the attack's name (messages).
+      apply: the model.
+      p: canonical norm.
+      eps: the factory's default radius.
+      loss, targeted, box, audit: as :func:`sarjax.attacks.pgd.make_pgd`.
+      eot: EOT draws (checked here).
+      step_rule: the remaining :class:`Config` fields (``steps``, ``restarts``,
+        ``random_start``, ``rel_step``, ``abs_step``, ``l1_sparsity``, ``momentum``).
+    """
+    cfg = Config(
+        apply=apply,
+        p=p,
+        loss=loss,
+        targeted=targeted,
+        box=tuple(float(b) for b in box),
+        eot=V.check_eot(eot),
+        **step_rule,
+    )
+    return V.public(
+        gradient_attack(cfg),
+        name=name,
+        p=p,
+        default_eps=eps,
+        box=box,
+        audit=audit,
+        apply=apply,
+        eot=cfg.eot,
+        ref_name="targets" if targeted else "labels",
+    )
+
+
+__all__ = [
+    "gradient_factory",
+    "Config",
+    "GradientState",
+    "alpha",
+    "gradient_attack",
+    "init",
+    "pgd_step",
+    "result",
+    "step",
+]
