@@ -41,6 +41,7 @@ import json
 import math
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -343,7 +344,7 @@ def main(argv=None) -> int:
         args.samples, args.reps = min(args.samples, 8), min(args.reps, 3)
     load0 = os.getloadavg()
     out = dict(
-        command="python benchmarks/pdpgd_prox_speed.py " + " ".join(argv if argv is not None else []),
+        command="python benchmarks/pdpgd_prox_speed.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         backend=jax.default_backend(),
         jax=jax.__version__,
         load_before=load0,
