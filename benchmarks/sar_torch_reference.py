@@ -201,7 +201,7 @@ class TorchPool:
         groups = self.group_of[members]
         for g in np.unique(groups):  # members are sorted and grouped by architecture
             base, params, buffers = self.stacked[g]
-            loc = torch.from_numpy(self.local[members[groups == g]])
+            loc = torch.from_numpy(self.local[members[groups == g]]).to(x.device)
             p = {k: v.index_select(0, loc) for k, v in params.items()}
             b = {k: v.index_select(0, loc) for k, v in buffers.items()}
             outs.append(vmap(lambda p, b, x: functional_call(base, (p, b), (x,)), in_dims=(0, 0, None))(p, b, x))
@@ -236,11 +236,12 @@ def torch_joint_pgd(tp: TorchPool, x0, ref, sel, evaluate, *, eps, steps, restar
     n, m = ref.shape
     step_members = np.flatnonzero(sel.any(0).numpy())  # one forward of these members per step
     eval_members = np.flatnonzero((evaluate | sel).any(0).numpy())
-    w_step = sel[:, step_members].float()
+    dev = x0.device  # the masks stay on the host; what the steps use goes to the device
+    w_step = sel[:, step_members].float().to(dev)
     den = w_step.sum(1).clamp_min(1.0)
-    ref_step = ref[:, step_members]
-    ref_eval = ref[:, eval_members]
-    w_eval = sel[:, eval_members].float()
+    ref_step = ref[:, step_members].to(dev)
+    ref_eval = ref[:, eval_members].to(dev)
+    w_eval = sel[:, eval_members].float().to(dev)
 
     def ce(z, r):  # z [k, n, C], r [n, k] -> [n, k]
         return -torch.log_softmax(z, -1).gather(2, r.T.unsqueeze(-1)).squeeze(-1).T
@@ -272,8 +273,8 @@ def torch_joint_pgd(tp: TorchPool, x0, ref, sel, evaluate, *, eps, steps, restar
         best_fooled[better] = fooled[better]
     full_fooled = torch.zeros((n, m), dtype=torch.bool)
     full_loss = torch.full((n, m), -float("inf"))
-    full_fooled[:, eval_members] = best_fooled & (evaluate | sel)[:, eval_members]
-    full_loss[:, eval_members] = torch.where((evaluate | sel)[:, eval_members], best_loss, -float("inf"))
+    full_fooled[:, eval_members] = best_fooled.cpu() & (evaluate | sel)[:, eval_members]
+    full_loss[:, eval_members] = torch.where((evaluate | sel)[:, eval_members], best_loss.cpu(), -float("inf"))
     return best_x, full_fooled, full_loss
 
 
@@ -307,12 +308,13 @@ def torch_sar(tp: TorchPool, x, ref, eps: float, deltas, *, steps: int, restarts
             break
         rows = torch.from_numpy(active)
         unc = uncovered[rows]
+        dev_rows = rows.to(x.device)
 
         def at(stream, idx, rnd=rnd):
             return None if starts is None else (lambda r: starts(stream, rnd, r)[idx])
 
         _, fooled, loss = torch_joint_pgd(
-            tp, x[rows], ref[rows], unc, unc, eps=eps, steps=steps, restarts=restarts, starts=at(0, rows)
+            tp, x[dev_rows], ref[rows], unc, unc, eps=eps, steps=steps, restarts=restarts, starts=at(0, dev_rows)
         )
         new = fooled & unc
         recorded = new.any(1)
@@ -324,7 +326,15 @@ def torch_sar(tp: TorchPool, x, ref, eps: float, deltas, *, steps: int, restarts
             one = torch.zeros((len(nrows), m), dtype=torch.bool)
             one[torch.arange(len(nrows)), target] = True
             _, f_fooled, _ = torch_joint_pgd(
-                tp, x[nrows], ref[nrows], one, unc[need], eps=eps, steps=steps, restarts=restarts, starts=at(1, nrows)
+                tp,
+                x[nrows.to(x.device)],
+                ref[nrows],
+                one,
+                unc[need],
+                eps=eps,
+                steps=steps,
+                restarts=restarts,
+                starts=at(1, nrows.to(x.device)),
             )
             success = f_fooled[torch.arange(len(nrows)), target]
             f_new = torch.where(success[:, None], f_fooled & unc[need], torch.zeros_like(f_fooled))
@@ -403,6 +413,12 @@ def get_pool(args) -> tuple[Pool, str]:
     architectures at random init; else the high preset trained by the demo (cached)."""
     from sarjax.models.presets import HIGH_ARCHS
 
+    if args.zoo_pool:  # the zoo pools of benchmarks/joint_attack_throughput.py (random init)
+        from sarjax.models import zoo
+
+        arch = zoo.mlp() if args.zoo_pool == "mlp" else zoo.cnn()
+        keys = jax.random.split(jax.random.PRNGKey(args.seed), args.members)
+        return Pool((Stack.from_keys(arch, keys),)), f"zoo {arch.name} x{args.members}, random init"
     if args.pool:
         from sarjax.models.checkpoint import load_pool
 
@@ -450,11 +466,90 @@ def compare(sj: np.ndarray, st: np.ndarray, kj: np.ndarray, kt: np.ndarray) -> d
     }
 
 
+def joint_pgd_section(args, pool: Pool, modules, groups, device, save, report) -> list[dict]:
+    """ONE joint PGD call (every member selected, 1 restart) per batch size: sarjax's
+    ``make_joint_pgd`` vs the reference's :func:`torch_joint_pgd` (loop and vmap), alternated;
+    member-sample-steps per second (``M * B * steps / seconds``), medians of ``--reps`` calls."""
+    import torch
+
+    from sarjax.attacks.joint import make_joint_pgd
+    from sarjax.data.mnist import load_mnist
+
+    data = load_mnist()
+    pool_x = np.concatenate([data.x_test, data.x_train])
+    m = pool.num_members
+    attack = make_joint_pgd(pool.apply, eps=float(args.eps), steps=args.joint_steps, restarts=1)
+    rows = []
+    report["joint_pgd"] = rows
+    for bsz in args.joint_batches:
+        x = np.asarray(pool_x[:bsz], np.float32)
+        xj = jnp.asarray(x)
+        ref = pool.predict(x).T.astype(np.int32)
+        refj, mask = jnp.asarray(ref), jnp.ones((bsz, m), jnp.float32)
+        xt = torch.from_numpy(x).permute(0, 3, 1, 2).contiguous().to(device)
+        ref_t = torch.from_numpy(ref).long()
+        sel = torch.ones((bsz, m), dtype=torch.bool)
+        key = jax.random.PRNGKey(3)
+
+        def run_jax():
+            jax.block_until_ready(attack(pool.params, xj, refj, mask, key).x_adv)
+
+        contenders = {"sarjax": run_jax}
+        for impl in args.torch_impls:
+            tp = TorchPool(modules, groups, impl)
+            for th in args.threads if device.type == "cpu" else [0]:
+
+                def run_torch(tp=tp, th=th):
+                    if th:
+                        torch.set_num_threads(th)
+                    torch_joint_pgd(
+                        tp, xt, ref_t, sel, sel, eps=args.eps, steps=args.joint_steps, restarts=1, starts=None
+                    )
+                    if device.type == "cuda":
+                        torch.cuda.synchronize()
+
+                contenders[f"torch_{impl}" + (f"_{th}t" if th else "")] = run_torch
+        first = {}
+        for name, fn in contenders.items():  # warm-up (sarjax: compilation)
+            t0 = time.perf_counter()
+            fn()
+            first[name] = time.perf_counter() - t0
+        times: dict[str, list[float]] = {k: [] for k in contenders}
+        for _ in range(args.reps):
+            for name, fn in contenders.items():
+                t0 = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - t0)
+        rate = {k: m * bsz * args.joint_steps / statistics.median(v) for k, v in times.items()}
+        best = max((k for k in rate if k != "sarjax"), key=lambda k: rate[k])
+        row = {
+            "batch": bsz,
+            "steps": args.joint_steps,
+            "first_call_s": first,
+            "seconds": times,
+            "member_sample_steps_per_s": rate,
+            "baseline": best,
+            "ratio_sarjax_vs_baseline": rate["sarjax"] / rate[best],
+        }
+        rows.append(row)
+        print(
+            f"joint PGD B={bsz}: {json.dumps({k: f'{v:.3g}' for k, v in rate.items()})}; sarjax / {best} = {row['ratio_sarjax_vs_baseline']:.2f}x"
+        )
+        save()
+    return rows
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--pool", default=None, help="a saved sarjax pool directory (default: train the high preset)")
     ap.add_argument("--cache", default=os.path.expanduser("~/.cache/sarjax/sar_torch_reference"))
     ap.add_argument("--random-init", action="store_true", help="the high preset's architectures at random init")
+    ap.add_argument(
+        "--zoo-pool",
+        choices=["mlp", "cnn"],
+        default=None,
+        help="instead: M random-init members of zoo.mlp() or zoo.cnn() (joint_attack_throughput.py's pools)",
+    )
     ap.add_argument("--members", type=int, default=20)
     ap.add_argument("--epochs", type=int, default=10, help="training epochs when the pool is trained here")
     ap.add_argument("--images", type=int, default=32, help="MNIST test images (the first ones)")
@@ -470,6 +565,23 @@ def main(argv=None) -> dict:
     ap.add_argument("--no-agreement", action="store_true")
     ap.add_argument("--no-speed", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--torch-device", default=None, help="default: cuda when torch sees a GPU, else cpu")
+    ap.add_argument(
+        "--precision",
+        default=None,
+        choices=["default", "high", "highest"],
+        help="jax_default_matmul_precision (GPU: 'highest' for float32 matmuls like torch's, no TF32 in "
+        "either framework)",
+    )
+    ap.add_argument(
+        "--joint-batches",
+        type=int,
+        nargs="*",
+        default=[],
+        help="also time ONE joint PGD call (every member selected, 1 restart, --joint-steps) at these "
+        "batch sizes: sarjax vs the reference's torch_joint_pgd, alternated",
+    )
+    ap.add_argument("--joint-steps", type=int, default=20)
     ap.add_argument("--quick", action="store_true", help="6 random-init members, 6 images, 5 steps, 1 rep")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
@@ -488,6 +600,12 @@ def main(argv=None) -> dict:
     from sarjax.cover.vision import run_sar
     from sarjax.data.mnist import load_mnist
 
+    if args.precision:
+        jax.config.update("jax_default_matmul_precision", args.precision)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    device = torch.device(args.torch_device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
     load_before = os.getloadavg()
     t_setup = time.perf_counter()
     pool, source = get_pool(args)
@@ -496,9 +614,11 @@ def main(argv=None) -> dict:
     x = np.asarray(load_mnist().x_test[: args.images], np.float32)  # [B, 28, 28, 1]
     b = len(x)
     modules, groups = torch_members(pool)
-    xt = torch.from_numpy(x).permute(0, 3, 1, 2).contiguous()
+    modules = [mod.to(device) for mod in modules]
+    xt = torch.from_numpy(x).permute(0, 3, 1, 2).contiguous().to(device)
     jl = np.asarray(pool.logits(x))  # [M, B, C]
-    tl = TorchPool(modules, groups, "loop").logits(xt, np.arange(m)).numpy()
+    with torch.no_grad():
+        tl = TorchPool(modules, groups, "loop").logits(xt, np.arange(m)).cpu().numpy()
     logit_err = float(np.abs(jl - tl).max())
     if logit_err > 1e-3:
         raise SystemExit(f"the PyTorch export disagrees with pool.apply: max |logit difference| {logit_err}")
@@ -521,6 +641,9 @@ def main(argv=None) -> dict:
         "logit_max_abs_diff": logit_err,
         "versions": {"jax": jax.__version__, "torch": torch.__version__, "python": platform.python_version()},
         "platform": jax.devices()[0].platform,
+        "jax_device": str(jax.devices()[0]),
+        "torch_device": str(device),
+        "precision": args.precision,
         "cpu_count": os.cpu_count(),
         "quick": bool(args.quick),
     }
@@ -531,6 +654,8 @@ def main(argv=None) -> dict:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=1))
 
+    if args.joint_batches:
+        report["joint_pgd"] = joint_pgd_section(args, pool, modules, groups, device, save, report)
     speed: dict = {}
     runs: dict[str, list[float]] = {}
     sar_out: dict[str, np.ndarray] = {}
@@ -546,15 +671,16 @@ def main(argv=None) -> dict:
         contenders = {"sarjax": run_jax}
         for impl in args.torch_impls:
             tp_i = TorchPool(modules, groups, impl)
-            for th in args.threads:
+            for th in args.threads if device.type == "cpu" else [0]:
 
                 def run_torch(tp_i=tp_i, th=th):
-                    torch.set_num_threads(th)
+                    if th:
+                        torch.set_num_threads(th)
                     torch.manual_seed(args.seed)
                     r = torch_sar(tp_i, xt, ref_t, args.eps, deltas, steps=args.steps, restarts=args.restarts)
                     return r["sar"], r["k_hat"]
 
-                contenders[f"torch_{impl}_{th}t"] = run_torch
+                contenders[f"torch_{impl}" + (f"_{th}t" if th else "")] = run_torch
         t0 = time.perf_counter()
         sar_out["sarjax"], k_j = run_jax()
         speed["sarjax_first_call_s"] = time.perf_counter() - t0
@@ -600,7 +726,7 @@ def main(argv=None) -> dict:
         t1 = time.perf_counter()
 
         def tstarts(stream, rnd, restart):
-            return torch.from_numpy(starts(stream, rnd, restart)).permute(0, 3, 1, 2)
+            return torch.from_numpy(starts(stream, rnd, restart)).permute(0, 3, 1, 2).to(device)
 
         rt = torch_sar(tp, xt, ref_t, args.eps, deltas, steps=args.steps, restarts=1, starts=tstarts)
         t2 = time.perf_counter()

@@ -1,0 +1,328 @@
+"""Pool-size scaling: joint PGD and the SAR greedy (``run_sar``) on M = 20, 64, 128, 256 members.
+
+For an MLP stack and a CNN stack (small widths, random init: the cost of a step does not depend on
+the weights' values) and each pool size M, on one fixed batch of B MNIST test images:
+
+* **joint PGD** (``make_joint_pgd``, every member selected): member-sample-steps per second
+  (``M * B * steps * restarts / seconds``, median of ``--reps`` calls after a compiling first
+  call, reported separately) and the process's peak resident memory during the timed calls
+  (``VmHWM`` after resetting it through ``/proc/self/clear_refs``, Linux; XLA's CPU buffers are
+  not seen by tracemalloc), plus the host-side Python peak (tracemalloc) and JAX's device memory
+  statistics where the backend has them (GPU);
+* **the greedy** (``run_sar`` with a short joint PGD, ``--greedy-steps``): wall time, rounds,
+  the time inside the attack kernel (the attack is wrapped and timed: its outputs are made
+  ready inside the wrapper) vs the host's greedy bookkeeping (the rest), member-sample-steps per
+  second of the kernel calls (each call runs every member on every sample: ``M * B * steps``),
+  and the same memory figures;
+* **the demo's fallback table** (``precomputed_single``: every member evaluated on every member's
+  single-model adversarial input, ``M * B`` inputs through ``M`` members) timed per M, since its
+  work is ``O(M^2 B)``.
+
+What grows worse than linearly in M is read off the per-M columns: ``seconds`` per unit of
+``M`` (``*_per_member``) should stay flat for linear work; the JSON lists each quantity's
+growth exponent between the smallest and the largest M (``log(t_max / t_min) / log(M_max /
+M_min)``: 1 = linear).
+
+Writes JSON and a PNG (matplotlib) with the load average (the machine may be shared).
+
+Usage:
+  python benchmarks/pool_scaling.py --quick                  # M = 4, 8, 16, a test of the script
+  python benchmarks/pool_scaling.py                          # M = 20, 64, 128, 256
+  python benchmarks/pool_scaling.py --sizes 20 256 --families mlp
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # sarjax from this checkout
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from sarjax.attacks.joint import make_joint_pgd  # noqa: E402
+from sarjax.models import zoo  # noqa: E402
+from sarjax.models.pool import Pool, Stack  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+ARCHS = {"mlp": zoo.mlp((64,)), "cnn": zoo.cnn((4, 8), dense=32)}
+
+
+def reset_peak_rss() -> bool:
+    """Reset the process's peak RSS (``VmHWM``) to its current RSS (Linux ``clear_refs`` 5)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_mib() -> float | None:
+    """``VmHWM`` of this process in MiB (None where /proc is missing)."""
+    try:
+        for line in open("/proc/self/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def device_peak_mib() -> float | None:
+    stats = jax.devices()[0].memory_stats() if hasattr(jax.devices()[0], "memory_stats") else None
+    if not stats:
+        return None
+    return stats.get("peak_bytes_in_use", 0) / 2**20
+
+
+class Measure:
+    """Context manager: wall seconds, peak RSS, tracemalloc peak and JAX's device peak of a block."""
+
+    def __enter__(self):
+        self.rss_reset = reset_peak_rss()
+        tracemalloc.start()
+        self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        self.seconds = time.perf_counter() - self.t0
+        self.host_python_peak_mib = tracemalloc.get_traced_memory()[1] / 2**20
+        tracemalloc.stop()
+        self.peak_rss_mib = peak_rss_mib() if self.rss_reset else None
+        self.device_peak_mib = device_peak_mib()
+        return False
+
+
+def build_pool(family: str, m: int) -> Pool:
+    return Pool((Stack.from_keys(ARCHS[family], jax.random.split(jax.random.PRNGKey(m), m)),))
+
+
+def growth(ms: list[int], values: list[float]) -> float | None:
+    """Exponent of ``value ~ M^k`` between the smallest and the largest M."""
+    pairs = [(m, v) for m, v in zip(ms, values) if v is not None and v > 0]
+    if len(pairs) < 2:
+        return None
+    (m0, v0), (m1, v1) = pairs[0], pairs[-1]
+    return math.log(v1 / v0) / math.log(m1 / m0)
+
+
+def bench_joint(pool: Pool, x, steps: int, reps: int, eps: float) -> dict:
+    m, b = pool.num_members, len(x)
+    attack = make_joint_pgd(pool.apply, eps=eps, steps=steps, restarts=1)
+    ref = jnp.asarray(pool.predict(x).T)
+    mask = jnp.ones((b, m), jnp.float32)
+    key = jax.random.PRNGKey(1)
+
+    def call():
+        return jax.block_until_ready(attack(pool.params, x, ref, mask, key).x_adv)
+
+    t0 = time.perf_counter()
+    call()
+    first = time.perf_counter() - t0
+    times = []
+    with Measure() as mem:
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - t0)
+    t = statistics.median(times)
+    return {
+        "first_call_s": first,
+        "seconds": times,
+        "median_s": t,
+        "member_sample_steps_per_s": m * b * steps / t,
+        "seconds_per_member": t / m,
+        "peak_rss_mib": mem.peak_rss_mib,
+        "host_python_peak_mib": mem.host_python_peak_mib,
+        "device_peak_mib": mem.device_peak_mib,
+    }
+
+
+def bench_greedy(pool: Pool, x, steps: int, eps: float, deltas) -> dict:
+    from sarjax.cover.vision import run_sar
+
+    m, b = pool.num_members, len(x)
+    inner = make_joint_pgd(pool.apply, eps=eps, steps=steps, restarts=1)
+    calls: list[float] = []
+
+    def attack(*a, **k):
+        t0 = time.perf_counter()
+        res = jax.block_until_ready(inner(*a, **k))
+        calls.append(time.perf_counter() - t0)
+        return res
+
+    key = jax.random.PRNGKey(2)
+    run_sar(pool, x[:2], eps, deltas, key=key, attack=make_joint_pgd(pool.apply, eps=eps, steps=1, restarts=1))
+    inner(pool.params, x, jnp.asarray(pool.predict(x).T), jnp.ones((b, m)), key)  # compile the timed kernel
+    with Measure() as mem:
+        res = run_sar(pool, x, eps, deltas, key=key, attack=attack, store_inputs=False)
+    attack_s = sum(calls)
+    host_s = mem.seconds - attack_s
+    rounds = int(res.num_rounds)
+    return {
+        "seconds": mem.seconds,
+        "rounds": rounds,
+        "attack_calls": len(calls),
+        "attack_s": attack_s,
+        "host_s": host_s,
+        "host_s_per_round": host_s / max(rounds, 1),
+        "attack_s_per_call": attack_s / max(len(calls), 1),
+        "kernel_member_sample_steps_per_s": len(calls) * m * b * steps / attack_s if attack_s > 0 else None,
+        "seconds_per_member": mem.seconds / m,
+        "mean_sar": res.sar.mean(0).tolist(),
+        "mean_active_per_round": [float(a.mean()) for a in res.active],
+        "peak_rss_mib": mem.peak_rss_mib,
+        "host_python_peak_mib": mem.host_python_peak_mib,
+        "device_peak_mib": mem.device_peak_mib,
+    }
+
+
+def bench_fallback_table(pool: Pool, x) -> dict:
+    """``precomputed_single`` on stand-in member attacks (the clean inputs): its M x M x B predict."""
+    from sarjax.cover.vision import precomputed_single
+
+    m, b = pool.num_members, len(x)
+    x_adv = np.broadcast_to(np.asarray(x)[None], (m, *x.shape)).copy()
+    queries = np.zeros((m, b), np.int64)
+    ref = pool.predict(x).T
+    precomputed_single(pool, x_adv, queries, ref)  # compile outside (pool.predict's chunk shapes)
+    with Measure() as mem:
+        precomputed_single(pool, x_adv, queries, ref)
+    return {"seconds": mem.seconds, "seconds_per_member": mem.seconds / m, "peak_rss_mib": mem.peak_rss_mib}
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    for fam, rows in report["families"].items():
+        ms = [r["M"] for r in rows]
+        axes[0].plot(ms, [r["joint"]["member_sample_steps_per_s"] for r in rows], "o-", label=f"{fam} joint PGD")
+        gr = [r for r in rows if r.get("greedy")]
+        if gr:
+            gm = [r["M"] for r in gr]
+            axes[0].plot(
+                gm,
+                [r["greedy"]["kernel_member_sample_steps_per_s"] for r in gr],
+                "s--",
+                label=f"{fam} greedy kernel calls",
+            )
+            axes[1].plot(gm, [r["greedy"]["seconds_per_member"] for r in gr], "s-", label=f"{fam} greedy total")
+            axes[1].plot(gm, [r["greedy"]["host_s"] / r["M"] for r in gr], "x:", label=f"{fam} greedy host part")
+        fs = [r.get("fallback_table", {}).get("seconds_per_member") for r in rows]
+        if any(v is not None for v in fs):
+            axes[1].plot(ms, fs, "^-.", label=f"{fam} precomputed_single")
+        axes[2].plot(ms, [r["joint"]["peak_rss_mib"] for r in rows], "o-", label=f"{fam} joint PGD")
+        if gr:
+            axes[2].plot([r["M"] for r in gr], [r["greedy"]["peak_rss_mib"] for r in gr], "s--", label=f"{fam} greedy")
+    axes[0].set(xlabel="members M", ylabel="member-sample-steps / s", title="throughput", xscale="log", yscale="log")
+    axes[1].set(xlabel="members M", ylabel="seconds / M", title="time per member (flat = linear)", xscale="log")
+    axes[2].set(xlabel="members M", ylabel="peak RSS (MiB)", title="peak resident memory", xscale="log")
+    for a in axes:
+        a.grid(alpha=0.3)
+        a.legend(fontsize=7)
+    fig.suptitle(f"pool scaling, B={report['batch']}, {report['platform']}, load {report['load_avg_before'][0]:.1f}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[20, 64, 128, 256])
+    ap.add_argument("--families", nargs="+", default=["mlp", "cnn"], choices=sorted(ARCHS))
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=10, help="joint PGD steps per timed call")
+    ap.add_argument("--greedy-steps", type=int, default=5, help="joint PGD steps inside the greedy")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--eps", type=float, default=0.1)
+    ap.add_argument("--no-greedy", action="store_true")
+    ap.add_argument("--greedy-max-m", type=int, default=None, help="run the greedy only up to this M")
+    ap.add_argument("--no-fallback-table", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="M = 4, 8, 16; B = 8; 2 steps; 1 rep")
+    ap.add_argument("--out", default=None, help="JSON path (the PNG goes beside it)")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.sizes, args.batch, args.steps, args.greedy_steps, args.reps = [4, 8, 16], 8, 2, 2, 1
+    out = Path(args.out) if args.out else RESULTS / ("pool_scaling_quick.json" if args.quick else "pool_scaling.json")
+    from sarjax.data.mnist import load_mnist
+
+    x = jnp.asarray(load_mnist().x_test[: args.batch])
+    deltas = (0.5, 0.15, 0.0)
+    report: dict = {
+        "benchmark": "pool_scaling",
+        "batch": args.batch,
+        "steps": args.steps,
+        "greedy_steps": args.greedy_steps,
+        "eps": args.eps,
+        "deltas": list(deltas),
+        "archs": {k: v.spec() for k, v in ARCHS.items()},
+        "platform": jax.devices()[0].platform,
+        "device": str(jax.devices()[0]),
+        "versions": {"jax": jax.__version__, "python": platform.python_version()},
+        "cpu_count": os.cpu_count(),
+        "load_avg_before": list(os.getloadavg()),
+        "families": {},
+    }
+
+    def save():
+        report["load_avg_after"] = list(os.getloadavg())
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=1))
+
+    for fam in args.families:
+        rows = report["families"].setdefault(fam, [])
+        for m in args.sizes:
+            pool = build_pool(fam, m)
+            row: dict = {"M": m, "joint": bench_joint(pool, x, args.steps, args.reps, args.eps)}
+            j = row["joint"]
+            print(
+                f"{fam} M={m}: joint {j['median_s']:.3f}s ({j['member_sample_steps_per_s']:.3g} member-sample-steps/s,"
+                f" first call {j['first_call_s']:.1f}s, peak RSS {j['peak_rss_mib']} MiB)",
+                flush=True,
+            )
+            if not args.no_greedy and (args.greedy_max_m is None or m <= args.greedy_max_m):
+                g = row["greedy"] = bench_greedy(pool, x, args.greedy_steps, args.eps, deltas)
+                print(
+                    f"  greedy {g['seconds']:.2f}s: {g['rounds']} rounds, {g['attack_calls']} kernel calls "
+                    f"{g['attack_s']:.2f}s, host {g['host_s']:.2f}s ({g['host_s_per_round'] * 1e3:.1f} ms/round)",
+                    flush=True,
+                )
+            if not args.no_fallback_table:
+                f = row["fallback_table"] = bench_fallback_table(pool, np.asarray(x))
+                print(f"  precomputed_single {f['seconds']:.3f}s", flush=True)
+            rows.append(row)
+            save()
+        ms = [r["M"] for r in rows]
+        report.setdefault("growth_exponents", {})[fam] = {
+            "joint_seconds": growth(ms, [r["joint"]["median_s"] for r in rows]),
+            "joint_peak_rss": growth(ms, [r["joint"]["peak_rss_mib"] for r in rows]),
+            "greedy_seconds": growth(ms, [r.get("greedy", {}).get("seconds") for r in rows]),
+            "greedy_attack_seconds": growth(ms, [r.get("greedy", {}).get("attack_s") for r in rows]),
+            "greedy_host_seconds": growth(ms, [r.get("greedy", {}).get("host_s") for r in rows]),
+            "greedy_rounds": growth(ms, [r.get("greedy", {}).get("rounds") for r in rows]),
+            "fallback_table_seconds": growth(ms, [r.get("fallback_table", {}).get("seconds") for r in rows]),
+        }
+        save()
+    plot(report, out.with_suffix(".png"))
+    print(json.dumps(report["growth_exponents"], indent=1))
+    print(f"wrote {out} and {out.with_suffix('.png')}")
+    return report
+
+
+if __name__ == "__main__":
+    main()
