@@ -18,6 +18,7 @@ Build pools with :meth:`sarjax.models.pool.Pool.from_flax` and :meth:`sarjax.mod
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
@@ -53,6 +54,9 @@ def eval_kwargs(module: Any) -> dict:
     except (TypeError, ValueError):
         return {}
     return {k: v for k, v in _EVAL_ARGS.items() if k in params}
+
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
 def _qualname(obj: Any) -> str:
@@ -178,7 +182,7 @@ class LinenStack(BaseStack):
             "kind": self.kind,
             "name": self.name,
             "module_class": _qualname(self.module),
-            "module": repr(self.module),
+            "module": _ADDRESS.sub("", repr(self.module)),  # fields; no object addresses (stable across runs)
             "apply_kwargs": self.apply_kwargs,
             "input_shape": list(self.input_shape),
             "num_classes": self.num_classes,
