@@ -7,7 +7,9 @@ the weights' values) and each pool size M, on one fixed batch of B MNIST test im
   (``M * B * steps * restarts / seconds``, median of ``--reps`` calls after a compiling first
   call, reported separately) and the process's peak resident memory during the timed calls
   (``VmHWM`` after resetting it through ``/proc/self/clear_refs``, Linux; XLA's CPU buffers are
-  not seen by tracemalloc), plus the host-side Python peak (tracemalloc) and JAX's device memory
+  not seen by tracemalloc) and that peak minus the resident size at the block's start
+  (``peak_delta_mib``: the block's own working set; the process keeps every compiled kernel, so
+  the absolute peak grows with the number of M already run), plus the host-side Python peak (tracemalloc) and JAX's device memory
   statistics where the backend has them (GPU);
 * **the greedy** (``run_sar`` with a short joint PGD, ``--greedy-steps``): wall time, rounds,
   the time inside the attack kernel (the attack is wrapped and timed: its outputs are made
@@ -68,11 +70,11 @@ def reset_peak_rss() -> bool:
         return False
 
 
-def peak_rss_mib() -> float | None:
-    """``VmHWM`` of this process in MiB (None where /proc is missing)."""
+def peak_rss_mib(field: str = "VmHWM") -> float | None:
+    """``VmHWM`` (peak) or ``VmRSS`` (current) of this process in MiB (None where /proc is missing)."""
     try:
         for line in open("/proc/self/status"):
-            if line.startswith("VmHWM:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024
     except OSError:
         return None
@@ -91,6 +93,7 @@ class Measure:
 
     def __enter__(self):
         self.rss_reset = reset_peak_rss()
+        self.rss_start_mib = peak_rss_mib("VmRSS")
         tracemalloc.start()
         self.t0 = time.perf_counter()
         return self
@@ -100,6 +103,10 @@ class Measure:
         self.host_python_peak_mib = tracemalloc.get_traced_memory()[1] / 2**20
         tracemalloc.stop()
         self.peak_rss_mib = peak_rss_mib() if self.rss_reset else None
+        # what the block added on top of the process (compiled kernels and earlier M's buffers stay)
+        self.peak_delta_mib = (
+            self.peak_rss_mib - self.rss_start_mib if self.peak_rss_mib and self.rss_start_mib else None
+        )
         self.device_peak_mib = device_peak_mib()
         return False
 
@@ -144,6 +151,7 @@ def bench_joint(pool: Pool, x, steps: int, reps: int, eps: float) -> dict:
         "member_sample_steps_per_s": m * b * steps / t,
         "seconds_per_member": t / m,
         "peak_rss_mib": mem.peak_rss_mib,
+        "peak_delta_mib": mem.peak_delta_mib,
         "host_python_peak_mib": mem.host_python_peak_mib,
         "device_peak_mib": mem.device_peak_mib,
     }
@@ -183,6 +191,7 @@ def bench_greedy(pool: Pool, x, steps: int, eps: float, deltas) -> dict:
         "mean_sar": res.sar.mean(0).tolist(),
         "mean_active_per_round": [float(a.mean()) for a in res.active],
         "peak_rss_mib": mem.peak_rss_mib,
+        "peak_delta_mib": mem.peak_delta_mib,
         "host_python_peak_mib": mem.host_python_peak_mib,
         "device_peak_mib": mem.device_peak_mib,
     }
@@ -199,7 +208,47 @@ def bench_fallback_table(pool: Pool, x) -> dict:
     precomputed_single(pool, x_adv, queries, ref)  # compile outside (pool.predict's chunk shapes)
     with Measure() as mem:
         precomputed_single(pool, x_adv, queries, ref)
-    return {"seconds": mem.seconds, "seconds_per_member": mem.seconds / m, "peak_rss_mib": mem.peak_rss_mib}
+    return {
+        "seconds": mem.seconds,
+        "seconds_per_member": mem.seconds / m,
+        "peak_rss_mib": mem.peak_rss_mib,
+        "peak_delta_mib": mem.peak_delta_mib,
+    }
+
+
+def bench_host_greedy(m: int, b: int, p: float, store_inputs: bool) -> dict:
+    """The greedy's host side alone (``greedy_sar`` with synthetic numpy oracles, no JAX).
+
+    Each round the joint oracle covers every uncovered member with probability ``p`` and the
+    fallback always breaks its target, so every active sample loses at least one member per round
+    and a small ``p`` makes the rounds grow like M (as for robust samples). Seconds and the peak of
+    numpy's allocations (tracemalloc sees them) isolate the bookkeeping: its per-round logs are
+    ``[R, B, M]`` (and ``[R, B, *S]`` inputs with ``store_inputs``).
+    """
+    from sarjax.cover.greedy import greedy_sar
+    from sarjax.cover.types import Candidates
+
+    rng = np.random.default_rng(m)
+    x = np.zeros((b, 28, 28, 1), np.float32)
+    q = np.zeros(b, np.int64)
+
+    def joint(unc, r):
+        return Candidates(x, rng.random((b, m)) < p, q, rng.random((b, m)))
+
+    def single(target, active, r):
+        cov = np.zeros((b, m), bool)
+        cov[np.arange(b), target] = active
+        return Candidates(x, cov, q, np.zeros((b, m)))
+
+    with Measure() as mem:
+        res = greedy_sar(joint, single, np.zeros((b, m), bool), (0.0, 0.15, 0.5), store_inputs=store_inputs)
+    return {
+        "seconds": mem.seconds,
+        "rounds": int(res.num_rounds),
+        "seconds_per_round": mem.seconds / max(int(res.num_rounds), 1),
+        "host_python_peak_mib": mem.host_python_peak_mib,
+        "store_inputs": store_inputs,
+    }
 
 
 def plot(report: dict, path: Path) -> None:
@@ -253,6 +302,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--no-greedy", action="store_true")
     ap.add_argument("--greedy-max-m", type=int, default=None, help="run the greedy only up to this M")
     ap.add_argument("--no-fallback-table", action="store_true")
+    ap.add_argument("--host-batch", type=int, default=256, help="B of the host-only greedy (synthetic oracles)")
+    ap.add_argument("--host-p", type=float, default=0.02, help="per-round cover probability of the synthetic oracle")
     ap.add_argument("--quick", action="store_true", help="M = 4, 8, 16; B = 8; 2 steps; 1 rep")
     ap.add_argument("--out", default=None, help="JSON path (the PNG goes beside it)")
     args = ap.parse_args(argv)
@@ -284,6 +335,25 @@ def main(argv=None) -> dict:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=1))
 
+    host = report["host_greedy"] = []
+    for m in args.sizes:  # the greedy's own bookkeeping first: no JAX, seconds
+        for store in (False, True):
+            host.append({"M": m, "B": args.host_batch, **bench_host_greedy(m, args.host_batch, args.host_p, store)})
+            h = host[-1]
+            print(
+                f"host greedy M={m} store_inputs={store}: {h['rounds']} rounds, {h['seconds']:.2f}s "
+                f"({h['seconds_per_round'] * 1e3:.1f} ms/round), numpy peak {h['host_python_peak_mib']:.1f} MiB",
+                flush=True,
+            )
+    hs = [h for h in host if not h["store_inputs"]]
+    report["growth_exponents"] = {
+        "host_greedy": {
+            "seconds": growth([h["M"] for h in hs], [h["seconds"] for h in hs]),
+            "rounds": growth([h["M"] for h in hs], [h["rounds"] for h in hs]),
+            "numpy_peak": growth([h["M"] for h in hs], [h["host_python_peak_mib"] for h in hs]),
+        }
+    }
+    save()
     for fam in args.families:
         rows = report["families"].setdefault(fam, [])
         for m in args.sizes:
@@ -308,9 +378,10 @@ def main(argv=None) -> dict:
             rows.append(row)
             save()
         ms = [r["M"] for r in rows]
-        report.setdefault("growth_exponents", {})[fam] = {
+        report["growth_exponents"][fam] = {
             "joint_seconds": growth(ms, [r["joint"]["median_s"] for r in rows]),
             "joint_peak_rss": growth(ms, [r["joint"]["peak_rss_mib"] for r in rows]),
+            "joint_peak_delta": growth(ms, [r["joint"]["peak_delta_mib"] for r in rows]),
             "greedy_seconds": growth(ms, [r.get("greedy", {}).get("seconds") for r in rows]),
             "greedy_attack_seconds": growth(ms, [r.get("greedy", {}).get("attack_s") for r in rows]),
             "greedy_host_seconds": growth(ms, [r.get("greedy", {}).get("host_s") for r in rows]),
