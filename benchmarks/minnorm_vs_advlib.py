@@ -15,8 +15,13 @@ of the tests (exact optimum known) and prints norm / optimum.
 Needs ``pip install adv-lib torch==2.13.0`` (adv-lib's optional visdom /
 torchvision imports are stubbed when missing: no attack used here needs them).
 
+The JSON records the load average (``os.getloadavg()``) at the start, at the end and at every
+sarjax timing, and CPU time (``time.process_time``, every thread) beside wall time: on a shared,
+oversubscribed machine wall time mostly measures the other processes.
+
 Usage:
-  python benchmarks/minnorm_vs_advlib.py [--n 64] [--queries 1000] [--out minnorm_vs_advlib.json] [--affine]
+  python benchmarks/minnorm_vs_advlib.py --quick       # a few minutes: 16 samples, 200 queries, 4 cases
+  python benchmarks/minnorm_vs_advlib.py [--n 64] [--queries 1000] [--affine] [--attacks fmn,fab]
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 import types
@@ -66,7 +72,7 @@ def _norm(d, p):
     return np.abs(d).max(1)
 
 
-def train_members(seed=0, epochs=4, at_eps=0.1):
+def train_members(seed=0, epochs=4, at_eps=0.1, n_train=None):
     import jax
     import jax.numpy as jnp
     import optax
@@ -96,7 +102,7 @@ def train_members(seed=0, epochs=4, at_eps=0.1):
         opt = tx.init(params)
         rng = np.random.default_rng(seed)
         for ep in range(epochs):
-            perm = rng.permutation(len(data.y_train))
+            perm = rng.permutation(len(data.y_train))[:n_train]
             for i in range(0, len(perm) - 127, 128):
                 idx = perm[i : i + 128]
                 x, y = data.x_train[idx], data.y_train[idx]
@@ -112,6 +118,10 @@ def torch_mlp(torch, params):
     W0, b0 = (torch.tensor(np.asarray(params["dense0"][k])) for k in ("w", "b"))
     W1, b1 = (torch.tensor(np.asarray(params["out"][k])) for k in ("w", "b"))
     return lambda x: torch.relu(x.flatten(1) @ W0 + b0) @ W1 + b1
+
+
+# --quick: one norm per attack
+QUICK = {"fmn": 2, "ddn": 2, "pdgd": 2, "fab": math.inf}
 
 
 # attack name -> (sarjax module name, norms, sarjax spec kwargs, adv-lib call builder)
@@ -149,7 +159,7 @@ def run_mnist(args, torch, adv):
     from sarjax.attacks import minnorm as mn
 
     t0 = time.time()
-    arch, members, data = train_members()
+    arch, members, data = train_members(epochs=args.epochs, n_train=args.train_samples)
     print(
         f"trained 2 MLP members in {time.time() - t0:.0f}s: test acc standard {members[0][1]:.3f}, "
         f"PGD-AT {members[1][1]:.3f}"
@@ -172,25 +182,33 @@ def run_mnist(args, torch, adv):
         if only and name not in only:
             continue
         for p in norms:
+            if args.quick and p != QUICK[name]:
+                continue
             spec = _spec(name, **skw)
             fn = mn.make(spec, arch.apply, norm=p, max_queries=T, stacked=True)  # results [B, M]
             # warm-up (compile), then alternate adv-lib / sarjax
             fn(params, x0, y, key=jax.random.key(0))
-            ta = 0.0
+            ta = ca = 0.0
             a_norm = []
             for tm in tmods:
                 call = tcall(adv, p)
-                t1 = time.time()
+                t1, c1 = time.time(), time.process_time()
                 xa, err = _advlib_call(call, tm, x0, y, torch)
                 ta += time.time() - t1
+                ca += time.process_time() - c1
                 if err:
                     print(f"  adv-lib {name} l{p} raised {err[:120]}")
                 succ = tm(xa).argmax(1).numpy() != y
                 a_norm.append(np.where(succ, _norm(xa.numpy() - x0, p), np.inf))
-            t1 = time.time()
-            res = fn(params, x0, y, key=jax.random.key(0))
-            jax.block_until_ready(res)
-            ts = time.time() - t1
+            ts, cs = [], []
+            for _ in range(args.repeats):  # the fastest of a few warm calls (the machine is shared)
+                t1, c1 = time.time(), time.process_time()
+                res = fn(params, x0, y, key=jax.random.key(0))
+                jax.block_until_ready(res)
+                ts.append(time.time() - t1)
+                cs.append(time.process_time() - c1)
+            ts, cs = min(ts), min(cs)
+            load = os.getloadavg()[0]
             for m in range(2):
                 sn = np.asarray(res.norm[:, m], np.float64)
                 an = a_norm[m]
@@ -206,17 +224,21 @@ def run_mnist(args, torch, adv):
                     advlib_success=float(np.isfinite(an).mean()),
                     sarjax_time_s=ts / 2,
                     advlib_time_s=ta / 2,
+                    sarjax_cpu_s=cs / 2,
+                    advlib_cpu_s=ca / 2,
+                    load=load,
                 )
                 row["median_ratio"] = (
                     row["sarjax_median"] / row["advlib_median"] if row["advlib_median"] > 0 else float("nan")
                 )
                 row["speedup"] = row["advlib_time_s"] / max(row["sarjax_time_s"], 1e-9)
+                row["cpu_ratio"] = row["advlib_cpu_s"] / max(row["sarjax_cpu_s"], 1e-9)
                 rows.append(row)
                 print(
                     f"{row['member']:9s} {name:10s} {row['norm']:5s} median sarjax {row['sarjax_median']:.4g} "
                     f"adv-lib {row['advlib_median']:.4g} (x{row['median_ratio']:.3f})  success "
                     f"{row['sarjax_success']:.2f}/{row['advlib_success']:.2f}  time {row['sarjax_time_s']:.2f}s/"
-                    f"{row['advlib_time_s']:.2f}s (x{row['speedup']:.1f} faster)",
+                    f"{row['advlib_time_s']:.2f}s (x{row['speedup']:.1f} faster; CPU time x{row['cpu_ratio']:.1f})",
                     flush=True,
                 )
     return rows
@@ -272,19 +294,47 @@ def run_affine(torch, adv):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--n", type=int, default=64, help="test samples (correctly classified by both members)")
-    ap.add_argument("--queries", type=int, default=1000, help="query cap T per sample (papers/001: 1000)")
-    ap.add_argument("--out", default="minnorm_vs_advlib.json")
+    ap.add_argument("--n", type=int, default=None, help="test samples (correctly classified by both members; 64)")
+    ap.add_argument("--queries", type=int, default=None, help="query cap T per sample (papers/001: 1000)")
+    ap.add_argument("--epochs", type=int, default=None, help="training epochs of the members (4)")
+    ap.add_argument("--train-samples", type=int, default=None, help="training images per epoch (all; --quick 10000)")
+    ap.add_argument("--repeats", type=int, default=3, help="warm sarjax calls timed (the fastest is reported)")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="16 samples, 200 queries, 2 epochs of 10000 images, FMN-l2 / DDN / PDGD / FAB-linf only (a few minutes)",
+    )
+    ap.add_argument("--out", default=None, help="JSON (default benchmarks/results/minnorm_vs_advlib[_quick].json)")
     ap.add_argument("--affine", action="store_true", help="also compare on the affine known-answer instances")
     ap.add_argument("--skip-mnist", action="store_true")
     ap.add_argument("--attacks", default="", help="comma-separated subset, e.g. pdpgd,fab (default: all)")
     args = ap.parse_args()
+    defaults = (
+        dict(n=16, queries=200, epochs=2, train_samples=10000) if args.quick else dict(n=64, queries=1000, epochs=4)
+    )
+    for k, v in defaults.items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    if args.quick and not args.attacks:
+        args.attacks = ",".join(QUICK)
+    if args.out is None:
+        name = "minnorm_vs_advlib_quick.json" if args.quick else "minnorm_vs_advlib.json"
+        args.out = str(Path(__file__).parent / "results" / name)
     torch, adv = _import_advlib()
-    out = dict(command=" ".join(sys.argv), n=args.n, queries=args.queries)
+    out = dict(
+        command=" ".join(sys.argv),
+        n=args.n,
+        queries=args.queries,
+        epochs=args.epochs,
+        train_samples=args.train_samples,
+        cpus=os.cpu_count(),
+        load_start=os.getloadavg(),
+    )
     if args.affine:
         out["affine"] = run_affine(torch, adv)
     if not args.skip_mnist:
         out["mnist"] = run_mnist(args, torch, adv)
+    out["load_end"] = os.getloadavg()
     Path(args.out).write_text(json.dumps(out, indent=1))
     print(f"wrote {args.out}")
 
