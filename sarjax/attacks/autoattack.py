@@ -669,7 +669,7 @@ def autoattack(
       log: print the AutoAttack-like log while running.
       checks: run :func:`sanity_checks` on the first batch first (warnings).
       n_iter: APGD iterations (AutoAttack: 100).
-      fab_iter: FAB iterations (AutoAttack: 100).
+      fab_iter: FAB iterations (AutoAttack: 100; at least 3).
       square_queries: Square queries (AutoAttack: 5,000).
       attacks: a custom list from ``ATTACKS`` (AutoAttack's ``version='custom'``); None: the
         version's list.
@@ -699,6 +699,11 @@ def autoattack(
     bad = [a for a in stages if a not in ATTACKS]
     if bad or not stages:
         raise ValueError(f"attacks must be a non-empty list from {ATTACKS}, got {attacks!r}")
+    if fab_iter < 3 and ({"fab", "fab-t"} & set(stages)):
+        raise ValueError(
+            f"fab_iter must be >= 3 when FAB runs (sarjax's minimum-norm budget is at least 10 queries, "
+            f"1 + 3 fab_iter for FAB-T), got {fab_iter}"
+        )
     x0 = np.asarray(x)
     if not np.issubdtype(x0.dtype, np.floating) or x0.ndim < 2:
         raise TypeError(f"x must be a float array [B, *S], got dtype {x0.dtype} shape {x0.shape}")

@@ -279,6 +279,8 @@ def test_autoattack_validates_inputs(small):
         autoattack(linear, params, x + 2.0, y, norm="linf", eps=0.1, key=k)
     with pytest.raises(ValueError, match="attacks"):
         autoattack(linear, params, x, y, norm="linf", eps=0.1, key=k, attacks=["pgd"])
+    with pytest.raises(ValueError, match="fab_iter"):
+        autoattack(linear, params, x, y, norm="linf", eps=0.1, key=k, fab_iter=2)
 
 
 # -- papers/002: chained rounds vs the bounded combinator -------------------------------------------
