@@ -1,0 +1,260 @@
+"""Joint GCG and joint BEAST on a tiny stacked Llama pool (sarjax.attacks.text).
+
+Every attack config is built once per module (three compiles in all) and every call uses the
+same batch shapes, so the kernels are shared between tests.
+"""
+
+import itertools
+
+import jax
+import numpy as np
+import pytest
+from conftest import scaled_init, tiny_llama
+
+from sarjax.attacks.text import (
+    audit_text,
+    joint_loss,
+    llm_text_model,
+    make_beast,
+    make_gcg,
+    refusal_loss,
+    seed_suffixes,
+    target_loss,
+    text_batch,
+)
+from sarjax.attacks.text import core as T
+from sarjax.models.llm import decoder, scoring
+from sarjax.models.llm.pool import unstack_params
+
+V = 24
+LS = 3
+MASK = np.array([1.0, 0.0, 1.0])  # member 1 is covered already
+BEFORE = [[1, 2, 3], [4, 5]]
+AFTER = [[6], [7, 8]]
+TARGET = [[9, 10], [11]]
+
+
+@pytest.fixture(scope="module")
+def pool():
+    cfg = tiny_llama(V, hidden_size=16, num_heads=2, num_kv_heads=1, head_dim=8, intermediate_size=24)
+    keys = jax.random.split(jax.random.key(0), 3)
+    params = jax.vmap(lambda k: scaled_init(cfg, k, 3.0))(keys)
+    return cfg, params, llm_text_model(cfg), text_batch(BEFORE, AFTER, TARGET)
+
+
+@pytest.fixture(scope="module")
+def gcg(pool):
+    return make_gcg(pool[2], vocab_size=V, num_steps=4, suffix_len=LS, topk=4, num_candidates=64)
+
+
+@pytest.fixture(scope="module")
+def beast(pool):
+    return make_beast(pool[2], vocab_size=V, suffix_len=LS, beam_width=2, candidates=3)
+
+
+_nll_one = jax.jit(scoring.target_nll, static_argnums=1)
+_logits_one = jax.jit(decoder.logits, static_argnums=1)
+_member_losses = jax.jit(T.member_losses, static_argnums=(0, 1))
+
+
+def _member_nll(cfg, params, m, prompt, target):
+    """Per-token target NLL of member m on a hole-free prompt (computed alone, unbatched)."""
+    p = unstack_params(params, m)
+    ids = np.asarray(prompt, np.int32)
+    return np.asarray(_nll_one(p, cfg, ids, np.ones_like(ids), np.asarray(target, np.int32)))
+
+
+def _joint_by_hand(cfg, params, b, suffix, mask=MASK, members=(0, 1, 2)):
+    losses = [
+        _member_nll(cfg, params, m, BEFORE[b] + list(suffix) + AFTER[b], TARGET[b]).mean() if m in members else 0.0
+        for m in range(3)
+    ]
+    return float(np.sum(mask * np.asarray(losses)) / mask.sum()), losses
+
+
+def test_joint_loss_equals_mean_of_members_one_by_one(pool):
+    cfg, params, model, batch = pool
+    r = T.row(T.TextBatch(*(np.asarray(a) for a in batch)), 1)  # row 1: before is left-padded (a hole)
+    sufs = np.array([[3, 4, 5], [0, 7, 7]], np.int32)
+    sm = np.array([[1, 1, 1], [0, 1, 1]], np.int32)  # the second suffix has one hole
+    ml = np.asarray(_member_losses(model, target_loss, params, r, sufs, sm))  # [M, N]
+    jl = np.asarray(joint_loss(ml, MASK))
+    for n, s in enumerate([[3, 4, 5], [7, 7]]):
+        want, each = _joint_by_hand(cfg, params, 1, s)
+        np.testing.assert_allclose(ml[:, n], each, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(jl[n], want, rtol=1e-5, atol=1e-5)
+        assert abs(jl[n] - np.mean(each)) > 1e-4  # the mask matters here
+
+
+def test_gcg_finds_the_brute_force_optimum_over_a_tiny_vocabulary(pool, gcg):
+    cfg, params, _, batch = pool
+    allowed = np.zeros(V, bool)
+    allowed[[12, 15, 17, 20]] = True
+    r = gcg(params, batch, MASK, jax.random.key(3), allowed=allowed, suffix_init=[12, 12, 12])
+    every = list(itertools.product([12, 15, 17, 20], repeat=LS))
+    nb = T.TextBatch(*(np.asarray(a) for a in batch))
+    for b in range(2):
+        # default loss: MAXIMISE the mean refusal NLL (papers/000), i.e. minimise its negative;
+        # the batched scorer is checked against one-by-one scoring in the test above
+        ml = _member_losses(
+            pool[2], refusal_loss, params, T.row(nb, b), np.asarray(every, np.int32), np.ones(LS, np.int32)
+        )
+        brute = dict(zip(every, np.asarray(joint_loss(ml, MASK)).tolist(), strict=True))
+        best = min(brute, key=lambda s: brute[s])
+        np.testing.assert_allclose(brute[best], -_joint_by_hand(cfg, params, b, best)[0], rtol=1e-5)
+        swaps = lambda s: [s[:i] + (t,) + s[i + 1 :] for i in range(LS) for t in (12, 15, 17, 20)]  # noqa: E731
+        local = [s for s in every if all(brute[s] <= brute[n] for n in swaps(s))]
+        got = tuple(np.asarray(r.suffix[b]).tolist())
+        # coordinate search ends in a one-swap local minimum; here row 0 has one (the global
+        # optimum) and row 1 has four, so this pins the search on both rows
+        assert got in local, (got, local)
+        assert (b != 0) or (len(local) == 1 and got == best)
+        np.testing.assert_allclose(float(r.loss[b]), brute[got], rtol=1e-5, atol=1e-5)
+        assert brute[got] < brute[(12, 12, 12)] - 1e-3  # the start was not already optimal
+    # the returned loss is the joint loss of the returned members' losses
+    np.testing.assert_allclose(np.asarray(r.loss), np.asarray(r.member_loss) @ MASK / 2, rtol=1e-5)
+
+
+def test_gcg_queries_cap_key_mask_and_allowed(pool, gcg):
+    cfg, params, _, batch = pool
+    allowed = np.arange(V) % 2 == 1
+    call = dict(allowed=allowed, suffix_init=[1, 1, 1])
+    r1 = gcg(params, batch, MASK, jax.random.key(5), **call)
+    r2 = gcg(params, batch, MASK, jax.random.key(5), **call)
+    np.testing.assert_array_equal(np.asarray(r1.suffix), np.asarray(r2.suffix))
+    np.testing.assert_array_equal(np.asarray(r1.loss), np.asarray(r2.loss))
+    assert np.all(np.asarray(r1.suffix) % 2 == 1)  # masked-out ids never appear
+    # start: 1 forward per covered member; step: (1 gradient + 64 candidates) per covered member
+    nm = 2
+    assert np.asarray(r1.queries).tolist() == [nm + 4 * 65 * nm] * 2
+    # a traced per-request cap: row 0 can afford 2 steps, row 1 none
+    rc = gcg(params, batch, MASK, jax.random.key(5), max_queries=[nm + 2 * 65 * nm + 5, nm + 3], **call)
+    assert np.asarray(rc.queries).tolist() == [nm + 2 * 65 * nm, nm]
+    np.testing.assert_array_equal(np.asarray(rc.suffix[1]), [1, 1, 1])
+    # the uncovered member does not influence the search (its weights changed -> same suffix)
+    p2 = jax.tree.map(lambda x: x.at[1].multiply(-1.0), params)
+    r3 = gcg(p2, batch, MASK, jax.random.key(5), **call)
+    np.testing.assert_array_equal(np.asarray(r1.suffix), np.asarray(r3.suffix))
+    np.testing.assert_allclose(np.asarray(r1.loss), np.asarray(r3.loss), rtol=1e-6)
+
+
+def _mixture_top(cfg, params, prompt, allowed, k):
+    probs = []
+    for m in np.flatnonzero(MASK):
+        lg = np.asarray(_logits_one(unstack_params(params, m), cfg, np.asarray(prompt, np.int32)))[-1]
+        probs.append(np.exp(lg - lg.max()) / np.exp(lg - lg.max()).sum())
+    mix = np.where(allowed, np.mean(probs, axis=0), -1.0)
+    return list(np.argsort(-mix, kind="stable")[:k])
+
+
+def test_beast_beam_width_one_greedy_equals_hand_trace(pool):
+    cfg, params, model, batch = pool
+    fn = make_beast(model, vocab_size=V, suffix_len=LS, beam_width=1, candidates=3, sampler="greedy")
+    allowed = np.ones(V, bool)
+    allowed[[0, 5, 9]] = False
+    r = fn(params, batch, MASK, jax.random.key(0), allowed=allowed)
+    for b in range(2):
+        suffix, best, best_s = [], np.inf, None
+        for _ in range(LS):
+            toks = _mixture_top(cfg, params, BEFORE[b] + suffix, allowed, 3)
+            scores = [_joint_by_hand(cfg, params, b, suffix + [t], members=(0, 2))[0] for t in toks]
+            i = int(np.argmin(scores))
+            suffix = suffix + [int(toks[i])]
+            if scores[i] < best:
+                best, best_s = scores[i], list(suffix)
+        n = int(np.asarray(r.suffix_mask[b]).sum())
+        assert np.asarray(r.suffix[b])[LS - n :].tolist() == best_s
+        np.testing.assert_allclose(float(r.loss[b]), best, rtol=1e-5, atol=1e-5)
+    assert np.asarray(r.queries).tolist() == [LS * (1 + 3) * 2] * 2
+
+
+def test_beast_queries_cap_key_allowed_and_seed(pool, beast):
+    cfg, params, _, batch = pool
+    allowed = np.arange(V) % 3 != 0
+    r1 = beast(params, batch, MASK, jax.random.key(7), allowed=allowed)
+    r2 = beast(params, batch, MASK, jax.random.key(7), allowed=allowed)
+    np.testing.assert_array_equal(np.asarray(r1.ids), np.asarray(r2.ids))
+    real = np.asarray(r1.suffix)[np.asarray(r1.suffix_mask) == 1]
+    assert real.size and np.all(real % 3 != 0)
+    per_step = (2 + 2 * 3) * 2
+    assert np.asarray(r1.queries).tolist() == [LS * per_step] * 2
+    # the returned loss is the joint loss of the returned suffix, recomputed by hand
+    for b in range(2):
+        n = int(np.asarray(r1.suffix_mask[b]).sum())
+        want = _joint_by_hand(cfg, params, b, np.asarray(r1.suffix[b])[LS - n :].tolist())[0]
+        np.testing.assert_allclose(float(r1.loss[b]), want, rtol=1e-5, atol=1e-5)
+    others = [beast(params, batch, MASK, jax.random.key(k), allowed=allowed) for k in (8, 9)]
+    assert any(not np.array_equal(np.asarray(o.ids), np.asarray(r1.ids)) for o in others)
+    # a traced cap stops after one step for row 1
+    rc = beast(params, batch, MASK, jax.random.key(7), allowed=allowed, max_queries=[10**6, per_step + 1])
+    assert np.asarray(rc.queries).tolist() == [LS * per_step, per_step]
+    assert int(np.asarray(rc.suffix_mask[1]).sum()) == 1
+    # a seed of one token: scored once, then 2 steps append to it
+    rs = beast(params, batch, MASK, jax.random.key(7), allowed=allowed, suffix_init=[0, 0, 4], init_len=1)
+    assert np.asarray(rs.queries).tolist() == [2 + 2 * per_step] * 2
+    for b in range(2):
+        n = int(np.asarray(rs.suffix_mask[b]).sum())
+        assert np.asarray(rs.suffix[b])[LS - n] == 4
+
+
+class _MergingTokenizer:
+    """Letters a, b, ... for ids 0, 1, ...; encoding merges "ab" into id 20 (so [0, 1] does not
+    re-tokenize to itself, while [20] and [1, 0] do)."""
+
+    def decode(self, ids, **_):
+        return "".join("ab" if i == 20 else chr(97 + i) for i in ids)
+
+    def __call__(self, text, add_special_tokens=False):
+        out, i = [], 0
+        while i < len(text):
+            if text[i : i + 2] == "ab":
+                out.append(20)
+                i += 2
+            else:
+                out.append(ord(text[i]) - 97)
+                i += 1
+        return {"input_ids": out}
+
+
+def test_audit_names_offending_rows(pool, gcg):
+    cfg, params, _, batch = pool
+    prob = gcg.problem(params, batch, MASK, jax.random.key(0), suffix_init=[[1, 0, 20], [1, 0, 1]])
+    ids = np.concatenate([np.asarray(batch.before), np.asarray(prob.suffix_init), np.asarray(batch.after)], axis=1)
+    mask = np.concatenate([batch.before_mask, np.ones((2, LS), np.int32), batch.after_mask], axis=1)
+    good = T.TextAttackResult(
+        np.asarray(prob.suffix_init), np.ones((2, LS), np.int32), ids, mask, np.zeros(2), np.zeros((2, 3)), np.zeros(2)
+    )
+    audit_text("gcg", prob, good)  # no tokenizer: passes
+    with pytest.raises(ValueError, match=r"row 1: the suffix ids do not re-tokenize") as e:
+        audit_text("gcg", prob, good, _MergingTokenizer())  # row 1 = [1, 0, 1] -> "bab" -> [1, 20]
+    assert "row 0" not in str(e.value)
+    bad = ids.copy()
+    bad[0, 0] = 13  # the request itself changed
+    with pytest.raises(ValueError, match=r"row 0: the part before the suffix changed"):
+        audit_text("gcg", prob, good._replace(ids=bad))
+    prob2 = prob._replace(allowed=np.arange(V) != 20)
+    with pytest.raises(ValueError, match=r"row 0: suffix ids outside the allowed vocabulary: \[20\]"):
+        audit_text("gcg", prob2, good)
+
+
+def test_input_errors(pool, gcg):
+    cfg, params, model, batch = pool
+    with pytest.raises(TypeError, match="key is required"):
+        gcg(params, batch, MASK, None)
+    with pytest.raises(ValueError, match="allowed vocabulary"):
+        gcg.problem(params, batch, MASK, jax.random.key(0), allowed=np.arange(V) > 2, suffix_init=[1, 4, 4])
+    with pytest.raises(ValueError, match=r"mask must be \[M=3\]"):
+        gcg.problem(params, batch, np.ones(2), jax.random.key(0))
+    with pytest.raises(ValueError, match="target rows \\[1\\] are empty"):
+        text_batch([[1], [2]], [[], []], [[3], []])
+    with pytest.raises(ValueError, match="exceeds the vocabulary"):
+        make_beast(model, vocab_size=V, beam_width=5, candidates=5)
+    with pytest.raises(ValueError, match="outside \\[0, 24\\)"):
+        gcg.problem(params, text_batch([[1, 99]], [[2]], [[3]]), MASK, jax.random.key(0))
+
+
+def test_seed_suffixes_right_aligns_and_clips():
+    tok = _MergingTokenizer()
+    s, n = seed_suffixes(lambda req: ["", "cde" + req], ["fg", "hij"], tok, suffix_len=4, seed_tokens=3)
+    assert n.tolist() == [3, 3]
+    assert s.tolist() == [[0, 2, 3, 4], [0, 2, 3, 4]]
