@@ -22,9 +22,10 @@ Formulation (docs/exact_optima.md; the big-M encoding of a ReLU as in Tjeng, Xia
   arithmetic;
 * the decision constraint of target ``t``: ``z_t - z_y >= 0``.
 
-Search: ``r`` starts at the distance of a found adversarial point (a line search from
-``x0`` to the nearest training image the net classifies as another class, then to its
-boundary; any valid point is enough, its quality only changes the solve time).  The targets
+Search: ``r`` starts at 1.01x the norm FMN (sarjax, 1000 queries) reaches, or, where FMN
+fails or its radius leaves every target infeasible, at the distance of the boundary on the
+segment from ``x0`` to the nearest training image the net classifies otherwise (any valid
+radius gives the same optimum; its size only changes the solve time).  The targets
 are solved one by one, in the order of their clean logit (runner-up first), each with the
 constraint ``||d||_p <= r`` and the bounds recomputed for that ``r``; an optimum lowers ``r``
 for the next target; an infeasible program proves the target's distance exceeds ``r``.
@@ -41,7 +42,7 @@ Outputs in ``--out`` (default ``tests/frontier/fixtures``):
 * ``exact_nets.npz``: the two nets' weights (float32; ``net{k}_w{l}``, ``net{k}_b{l}``);
 * ``exact_optima.npz``: ``idx`` [N] test-split indices, ``x0`` [N, 28, 28, 1], ``y`` [N],
   and per net ``k`` and norm ``p``: ``opt_{k}_{p}`` [N] (float64 optimum), ``target_{k}_{p}``
-  [N] (the class whose boundary is nearest), ``xstar_{k}_{p}`` [N, 784] (float32 optimum
+  [N] (the class whose boundary is nearest), ``xstar_{k}_{p}`` [N, 196] (float32 optimum
   point);
 * ``exact_optima.json``: the command, the nets' test accuracy, and every program's status,
   objective, gap, node count and time.
