@@ -135,27 +135,11 @@ def tiny_gpt2(vocab_size, *, hidden_size=16, num_layers=1, num_heads=2, head_dim
     """A tiny GPT-2 :class:`DecoderConfig` for the JAX decoder tests (learned positions, biases
     everywhere, ``gelu_new``, LayerNorm eps 1e-5; ``num_kv_heads = num_heads``); ``**kw``:
     other fields (``tie_word_embeddings`` defaults to True, ``max_position_embeddings`` to 64)."""
-    from sarjax.models.llm.config import DecoderConfig
-
     kw.setdefault("tie_word_embeddings", True)
     kw.setdefault("max_position_embeddings", 64)
-    return DecoderConfig(
-        family="gpt2",
-        model_type="gpt2",
-        vocab_size=vocab_size,
-        hidden_size=hidden_size,
-        num_layers=num_layers,
-        num_heads=num_heads,
-        num_kv_heads=num_heads,
-        head_dim=head_dim,
-        intermediate_size=intermediate_size,
-        activation="gelu_new",
-        qkv_bias=True,
-        o_bias=True,
-        mlp_bias=True,
-        norm_eps=1e-5,
-        **kw,
-    )
+    gpt2 = dict(activation="gelu_new", qkv_bias=True, o_bias=True, mlp_bias=True, norm_eps=1e-5)
+    dims = (hidden_size, num_layers, num_heads, num_heads, head_dim, intermediate_size)
+    return _tiny("gpt2", vocab_size, *dims, **gpt2, **kw)
 
 
 def tiny_llama(
@@ -163,11 +147,16 @@ def tiny_llama(
 ):
     """A tiny Llama :class:`DecoderConfig` (GQA with ``num_kv_heads < num_heads``); ``**kw``: other
     fields (``rope_theta``, ``qkv_bias``, ``max_position_embeddings``, ...)."""
+    dims = (hidden_size, num_layers, num_heads, num_kv_heads, head_dim, intermediate_size)
+    return _tiny("llama", vocab_size, *dims, **kw)
+
+
+def _tiny(family, vocab_size, hidden_size, num_layers, num_heads, num_kv_heads, head_dim, intermediate_size, **kw):
     from sarjax.models.llm.config import DecoderConfig
 
     return DecoderConfig(
-        family="llama",
-        model_type="llama",
+        family=family,
+        model_type=family,
         vocab_size=vocab_size,
         hidden_size=hidden_size,
         num_layers=num_layers,
