@@ -145,15 +145,16 @@ DEFENSES: tuple[Defense, ...] = (
         source=f"{_MADRY}; the MLP at eps 0.1 (a second architecture); {_PGD_STEPS}",
     ),
     Defense(
-        "pgd-at-l2-2.0",
+        "pgd-at-l2-1.5",
         "cnn",
         "pgd-at",
         "l2",
-        2.0,
-        (("steps", 10), ("ramp_epochs", 0)),
+        1.5,
+        (("steps", 10), ("ramp_epochs", 3)),
         seed=6,
-        source="Madry et al. 2018 PGD-AT in l2; eps 2.0 = MNIST's standard l2 evaluation radius "
-        "(Croce & Hein 2020, AutoAttack); 10 l2 PGD steps of eps/4 (normalised gradients)",
+        source="Madry et al. 2018 PGD-AT in l2; eps 1.5, the issue's value, below MNIST's l2 evaluation "
+        "radius 2.0 (at 2.0 without a ramp this CNN stayed at chance: 10.2% clean); 10 l2 PGD steps of "
+        f"eps/4 (normalised gradients); {_RAMP}",
     ),
     Defense(
         "l1-apgd-at-10",
@@ -248,7 +249,7 @@ class ZooSettings:
       self_ensemble_epochs: epochs of the self-ensemble.
       batch_size: batch size per member.
       lr: Adam learning rate (:class:`sarjax.models.train.MemberConfig`'s default).
-      train_samples: use the first N training images (None = all).
+      train_samples: train on a random subset of N training images (seed 0; None = all).
       attack_steps: override of every training attack's steps (None = each entry's).
     """
 
@@ -606,8 +607,9 @@ def train_defenses(
     idx = _read_index(out)
     data = load_mnist(data_dir)
     x, y = data.x_train, data.y_train
-    if settings.train_samples is not None:
-        x, y = x[: settings.train_samples], y[: settings.train_samples]
+    if settings.train_samples is not None:  # a seeded random subset (the embedded split is sorted by class)
+        sub = np.sort(np.random.default_rng(0).permutation(len(x))[: settings.train_samples])
+        x, y = x[sub], y[sub]
     digest = array_digest(x, y, data.x_test, data.y_test)
 
     fps: dict[str, dict] = {}
