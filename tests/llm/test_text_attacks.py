@@ -9,10 +9,11 @@ import itertools
 import jax
 import numpy as np
 import pytest
-from conftest import scaled_init, tiny_llama
+from conftest import scaled_init, tiny_gpt2, tiny_llama
 
 from sarjax.attacks.text import (
     audit_text,
+    exchange_suffix,
     joint_loss,
     llm_text_model,
     make_beast,
@@ -84,6 +85,21 @@ def test_joint_loss_equals_mean_of_members_one_by_one(pool):
         np.testing.assert_allclose(ml[:, n], each, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(jl[n], want, rtol=1e-5, atol=1e-5)
         assert abs(jl[n] - np.mean(each)) > 1e-4  # the mask matters here
+
+
+def test_pool_of_two_stacks_scores_members_in_stack_order(pool):
+    cfg, params, _, batch = pool
+    gcfg = tiny_gpt2(V)
+    gp = jax.vmap(lambda k: scaled_init(gcfg, k, 3.0))(jax.random.split(jax.random.key(1), 1))
+    two = (jax.tree.map(lambda x: x[:2], params), gp)
+    r = T.row(T.TextBatch(*(np.asarray(a) for a in batch)), 0)
+    ml = np.asarray(_member_losses(llm_text_model((cfg, gcfg)), target_loss, two, r, np.array([[3, 4, 5]]), np.ones(3)))
+    prompt = BEFORE[0] + [3, 4, 5] + AFTER[0]
+    want = [_member_nll(cfg, params, m, prompt, TARGET[0]).mean() for m in range(2)]
+    want.append(_member_nll(gcfg, gp, 0, prompt, TARGET[0]).mean())
+    np.testing.assert_allclose(ml[:, 0], want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="share one vocabulary"):
+        llm_text_model((cfg, tiny_gpt2(V + 1)))
 
 
 def test_gcg_finds_the_brute_force_optimum_over_a_tiny_vocabulary(pool, gcg):
@@ -251,6 +267,23 @@ def test_input_errors(pool, gcg):
         make_beast(model, vocab_size=V, beam_width=5, candidates=5)
     with pytest.raises(ValueError, match="outside \\[0, 24\\)"):
         gcg.problem(params, text_batch([[1, 99]], [[2]], [[3]]), MASK, jax.random.key(0))
+
+
+class _LettersTokenizer(_MergingTokenizer):
+    """Letters a..e only (no merges); other characters are not encodable (id 99)."""
+
+    def decode(self, ids, **_):
+        return "".join(chr(97 + i) if i < 5 else "?" for i in ids)
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [ord(c) - 97 if "a" <= c <= "e" else 99 for c in text]}
+
+
+def test_exchange_suffix_as_text_keeps_only_retokenizable_suffixes():
+    merging, letters = _MergingTokenizer(), _LettersTokenizer()
+    assert exchange_suffix([20, 2], merging, [letters, merging]) == [[0, 1, 2], [20, 2]]
+    assert exchange_suffix([0, 1, 3], letters, [merging]) == [[20, 3]]
+    assert exchange_suffix([5], merging, [letters]) is None  # "f" is not in the letters vocabulary
 
 
 def test_seed_suffixes_right_aligns_and_clips():

@@ -32,8 +32,6 @@ again with another key) and the AmpleGCG seed generator itself (pass seeds throu
 :func:`seed_suffixes`).
 """
 
-from __future__ import annotations
-
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 

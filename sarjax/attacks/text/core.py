@@ -17,8 +17,6 @@ parameter pytree holding every member), so any model with those functions can be
 one member on one candidate prompt is 1 query.
 """
 
-from __future__ import annotations
-
 import functools
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -468,6 +466,32 @@ def audit_text(name: str, problem: TextProblem, result: TextAttackResult, tokeni
         raise ValueError(f"{name}: output violates the threat model: " + " | ".join(problems))
 
 
+def exchange_suffix(ids: Sequence[int], source, targets: Sequence[Any]) -> list[list[int]] | None:
+    """Passes a suffix between tokenizers as TEXT (papers/000: joint GCG exchanges suffixes as
+    text, not ids): decode with ``source``, re-encode with each of ``targets`` (host side).
+
+    Args:
+      ids: the suffix in ``source``'s ids.
+      source: the proposer's tokenizer.
+      targets: every member's tokenizer.
+
+    Returns:
+      One id list per target, or None when the text does not survive a target: its ids must
+      decode back to the same text and re-tokenize to themselves (the re-tokenization filter).
+    """
+    from sarjax.models.llm.prompts import _encode, retokenizes
+
+    kw = dict(skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    text = source.decode([int(i) for i in ids], **kw)
+    out = []
+    for tok in targets:
+        enc = _encode(tok, text)
+        if not enc or tok.decode(enc, **kw) != text or not retokenizes(tok, enc):
+            return None
+        out.append(enc)
+    return out
+
+
 def allowed_vocab(tokenizer, vocab_size: int, ascii_only: bool = True) -> np.ndarray:
     """``[V]`` bool: ids a suffix may use (GCG's filter: no special tokens, no ids past the
     tokenizer's vocabulary (padded embedding rows), and with ``ascii_only`` only tokens whose
@@ -608,6 +632,7 @@ __all__ = [
     "TextProblem",
     "allowed_vocab",
     "audit_text",
+    "exchange_suffix",
     "joint_loss",
     "llm_text_model",
     "refusal_loss",

@@ -28,8 +28,6 @@ tokenizers (papers/000); GCG's re-tokenization filter on candidates (it needs th
 host; the audited entry checks the returned suffix instead and raises if it does not re-tokenize).
 """
 
-from __future__ import annotations
-
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
