@@ -9,7 +9,7 @@ import itertools
 import jax
 import numpy as np
 import pytest
-from conftest import scaled_init, tiny_gpt2, tiny_llama
+from conftest import build_tokenizer, scaled_init, tiny_gpt2, tiny_llama
 
 from sarjax.attacks.text import (
     audit_text,
@@ -205,6 +205,12 @@ def test_beast_queries_cap_key_allowed_and_seed(pool, beast):
     rc = beast(params, batch, MASK, jax.random.key(7), allowed=allowed, max_queries=[10**6, per_step + 1])
     assert np.asarray(rc.queries).tolist() == [LS * per_step, per_step]
     assert int(np.asarray(rc.suffix_mask[1]).sum()) == 1
+    # the same state machine behind an entry that audits re-tokenization with the tiny word-level
+    # tokenizer (ids 6..23 are words: every suffix of them re-tokenizes); no new compile
+    fn_tok = make_beast(pool[2], vocab_size=V, suffix_len=LS, beam_width=2, candidates=3, tokenizer=build_tokenizer())
+    assert fn_tok.attack == beast.attack
+    rt = fn_tok(params, batch, MASK, jax.random.key(7), allowed=allowed & (np.arange(V) >= 6))
+    assert np.all(np.asarray(rt.suffix)[np.asarray(rt.suffix_mask) == 1] >= 6)
     # a seed of one token: scored once, then 2 steps append to it
     rs = beast(params, batch, MASK, jax.random.key(7), allowed=allowed, suffix_init=[0, 0, 4], init_len=1)
     assert np.asarray(rs.queries).tolist() == [2 + 2 * per_step] * 2
