@@ -1,6 +1,9 @@
 """CIFAR-10 / CIFAR-100 python-pickle batches from a local directory (tiny synthetic files)."""
 
+import os
 import pickle
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -104,3 +107,17 @@ def test_pickles_that_build_other_objects_are_refused(tmp_path):
     _write(tmp_path / "test_batch", {b"data": _Evil()})
     with pytest.raises(ValueError, match=r"test_batch: refuses to unpickle posix.getcwd|refuses to unpickle"):
         read_batch(tmp_path / "test_batch")
+
+
+@pytest.mark.skipif(not os.environ.get("SARJAX_MODELS_FULL"), reason="trains a pool: SARJAX_MODELS_FULL=1")
+def test_train_pool_cli_on_cifar_files(cifar10, tmp_path):
+    from sarjax.models.checkpoint import load_pool
+
+    root, _, _ = cifar10
+    out = tmp_path / "pool"
+    cmd = [sys.executable, "-m", "sarjax.cli", "train-pool", "--preset", "low", "--members", "2", "--epochs", "1"]
+    r = subprocess.run([*cmd, "--data-dir", str(root), "--out", str(out)], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "CIFAR-10 batches" in r.stdout
+    pool, config = load_pool(out)
+    assert pool.input_shape == (32, 32, 3) and pool.num_classes == 10 and "CIFAR-10" in config["data"]
