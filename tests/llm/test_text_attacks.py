@@ -205,6 +205,10 @@ def test_beast_queries_cap_key_allowed_and_seed(pool, beast):
     rc = beast(params, batch, MASK, jax.random.key(7), allowed=allowed, max_queries=[10**6, per_step + 1])
     assert np.asarray(rc.queries).tolist() == [LS * per_step, per_step]
     assert int(np.asarray(rc.suffix_mask[1]).sum()) == 1
+    # one allowed id: the first layer has 1 valid candidate for k1 = 2 beams; the invalid beam's
+    # children must never be kept (the audit would raise on a banned id)
+    one = beast(params, batch, MASK, jax.random.key(7), allowed=np.arange(V) == 13)
+    assert np.all(np.asarray(one.suffix)[np.asarray(one.suffix_mask) == 1] == 13)
     # the same state machine behind an entry that audits re-tokenization with the tiny word-level
     # tokenizer (ids 6..23 are words: every suffix of them re-tokenizes); no new compile
     fn_tok = make_beast(pool[2], vocab_size=V, suffix_len=LS, beam_width=2, candidates=3, tokenizer=build_tokenizer())

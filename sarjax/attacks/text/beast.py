@@ -72,6 +72,8 @@ class BEASTState(NamedTuple):
     Attributes:
       beams: ``[B, k1, Ls]`` right-aligned suffixes (holes 0).
       length: ``[B]`` int32 tokens in every beam.
+      beam_ok: ``[B, k1]`` bool, the beam holds only allowed tokens (False when fewer than ``k1``
+        valid candidates existed; its children are never kept).
       best_suffix: ``[B, Ls]``; best_len: ``[B]``; best_loss: ``[B]`` (inf: nothing scored yet).
       queries: ``[B]`` int32.
       step: scalar int32.
@@ -81,6 +83,7 @@ class BEASTState(NamedTuple):
 
     beams: Any
     length: Any
+    beam_ok: Any
     best_suffix: Any
     best_len: Any
     best_loss: Any
@@ -106,8 +109,9 @@ def _init(cfg: BEASTConfig, params, problem: T.TextProblem) -> BEASTState:
     q = Q.charge(jnp.zeros_like(nm), nm, ok)
     beams = jnp.broadcast_to(problem.suffix_init[:, None], (problem.suffix_init.shape[0], k1, ls))
     best_len = jnp.where(ok, n0, 0)
+    ok_beams = jnp.ones(beams.shape[:2], bool)
     return BEASTState(
-        beams, n0, problem.suffix_init, best_len, best_loss, q, jnp.int32(0), T.sample_keys(problem), problem
+        beams, n0, ok_beams, problem.suffix_init, best_len, best_loss, q, jnp.int32(0), T.sample_keys(problem), problem
     )
 
 
@@ -116,7 +120,7 @@ def _step(cfg: BEASTConfig, state: BEASTState, params) -> BEASTState:
     ls, k1, k2 = cfg.suffix_len, cfg.beam_width, cfg.candidates
     pb = p.batch.before.shape[1]
 
-    def one(r, mk, key, beams, n, n0, best_s, best_n, best_l, count, cap):
+    def one(r, mk, key, beams, beam_ok, n, n0, best_s, best_n, best_l, count, cap):
         nm = jnp.sum(mk > 0).astype(jnp.int32)
         cost = (k1 + k1 * k2) * nm
         active = Q.allowed(count, cost, cap) & (nm > 0) & (n < ls)
@@ -140,7 +144,8 @@ def _step(cfg: BEASTConfig, state: BEASTState, params) -> BEASTState:
         first = jax.lax.top_k(noisy[0], k1 * k2)[1].reshape(k1, k2)
         later = jax.lax.top_k(noisy, k2)[1]
         tok = jnp.where(n == n0, first, later)  # [k1, k2]; n == n0: every beam is the start
-        ok_tok = jnp.isfinite(jnp.take_along_axis(logp, tok, axis=1)).reshape(-1)
+        parent_ok = beam_ok | (n == n0)  # the first layer is drawn from the (valid) start
+        ok_tok = (jnp.isfinite(jnp.take_along_axis(logp, tok, axis=1)) & parent_ok[:, None]).reshape(-1)
         grown = jnp.concatenate([beams[:, 1:], jnp.zeros((k1, 1), beams.dtype)], axis=1)  # [k1, Ls]
         cands = jnp.broadcast_to(grown[:, None], (k1, k2, ls)).at[:, :, ls - 1].set(tok).reshape(k1 * k2, ls)
         sm1 = T.suffix_mask(ls, n + 1)
@@ -151,6 +156,7 @@ def _step(cfg: BEASTConfig, state: BEASTState, params) -> BEASTState:
         better = active & (jl[i] < best_l)
         return (
             jnp.where(active, cands[keep], beams),
+            jnp.where(active, jnp.isfinite(jl[keep]), beam_ok),
             jnp.where(active, n + 1, n),
             jnp.where(better, cands[i], best_s),
             jnp.where(better, n + 1, best_n),
@@ -163,6 +169,7 @@ def _step(cfg: BEASTConfig, state: BEASTState, params) -> BEASTState:
         p.mask,
         state.keys,
         state.beams,
+        state.beam_ok,
         state.length,
         p.init_len,
         state.best_suffix,
@@ -171,9 +178,9 @@ def _step(cfg: BEASTConfig, state: BEASTState, params) -> BEASTState:
         state.queries,
         p.cap,
     )
-    beams, n, bs, bn, bl, q = out
+    beams, bok, n, bs, bn, bl, q = out
     return state._replace(
-        beams=beams, length=n, best_suffix=bs, best_len=bn, best_loss=bl, queries=q, step=state.step + 1
+        beams=beams, beam_ok=bok, length=n, best_suffix=bs, best_len=bn, best_loss=bl, queries=q, step=state.step + 1
     )
 
 
