@@ -289,7 +289,8 @@ def torch_sar(tp: TorchPool, x, ref, eps: float, deltas, *, steps: int, restarts
         to fix the start points, or None (random).
 
     Returns:
-      ``{"k_hat": [B, D] (-1: not reached), "sar": [B, D], "rounds": int, "fallbacks": int}``.
+      ``{"k_hat": [B, D] (-1: not reached), "sar": [B, D], "rounds", "fallbacks", "calls": attack
+      calls, "work": sum over calls of (members stepped) x (samples in the batch)}``.
     """
     import torch
 
@@ -299,7 +300,7 @@ def torch_sar(tp: TorchPool, x, ref, eps: float, deltas, *, steps: int, restarts
     covered = torch.zeros((b, m), dtype=torch.bool)
     inputs = np.zeros(b, np.int64)
     k_hat = np.full((b, len(taus)), -1, np.int64)
-    rnd = fallbacks = 0
+    rnd = fallbacks = calls = work = 0  # work: member x sample pairs each step of a call runs
     while True:
         count, left = covered.sum(1).numpy(), uncovered.sum(1).numpy()
         pending = (count[:, None] < taus[None]) & ((count + left)[:, None] >= taus[None])
@@ -313,6 +314,8 @@ def torch_sar(tp: TorchPool, x, ref, eps: float, deltas, *, steps: int, restarts
         def at(stream, idx, rnd=rnd):
             return None if starts is None else (lambda r: starts(stream, rnd, r)[idx])
 
+        calls += 1
+        work += int(unc.any(0).sum()) * len(active)
         _, fooled, loss = torch_joint_pgd(
             tp, x[dev_rows], ref[rows], unc, unc, eps=eps, steps=steps, restarts=restarts, starts=at(0, dev_rows)
         )
@@ -325,6 +328,8 @@ def torch_sar(tp: TorchPool, x, ref, eps: float, deltas, *, steps: int, restarts
             target = torch.where(unc[need], loss[need], -float("inf")).argmax(1)  # first maximum
             one = torch.zeros((len(nrows), m), dtype=torch.bool)
             one[torch.arange(len(nrows)), target] = True
+            calls += 1
+            work += int(one.any(0).sum()) * len(nrows)
             _, f_fooled, _ = torch_joint_pgd(
                 tp,
                 x[nrows.to(x.device)],
@@ -350,7 +355,7 @@ def torch_sar(tp: TorchPool, x, ref, eps: float, deltas, *, steps: int, restarts
         k_hat[hit] = np.broadcast_to(inputs[:, None], k_hat.shape)[hit]
         rnd += 1
     sar = np.where(k_hat >= 0, k_hat / m, 1.0)
-    return {"k_hat": k_hat, "sar": sar, "rounds": rnd, "fallbacks": fallbacks}
+    return {"k_hat": k_hat, "sar": sar, "rounds": rnd, "fallbacks": fallbacks, "calls": calls, "work": work}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -736,6 +741,11 @@ def main(argv=None) -> dict:
             torch_rounds=rt["rounds"],
             sarjax_fallbacks=int(rj.fallback.sum()),
             torch_fallbacks=rt["fallbacks"],
+            # sarjax's kernel runs every member on every sample in every call (fixed shapes); the
+            # reference runs only the members uncovered for some active sample, on the active samples
+            sarjax_member_sample_pairs=int(rj.num_rounds + np.count_nonzero(rj.fallback.any(1))) * m * b,
+            torch_member_sample_pairs=rt["work"],
+            torch_calls=rt["calls"],
             seconds={"sarjax_incl_compile": t1 - t0, "torch": t2 - t1},
         )
         report["agreement_same_starts"] = same
