@@ -182,6 +182,11 @@ def test_beast_beam_width_one_greedy_equals_hand_trace(pool):
         assert np.asarray(r.suffix[b])[LS - n :].tolist() == best_s
         np.testing.assert_allclose(float(r.loss[b]), best, rtol=1e-5, atol=1e-5)
     assert np.asarray(r.queries).tolist() == [LS * (1 + 3) * 2] * 2
+    # the jit-safe entry inside a user's jax.jit (traced mask, key, cap, allowed) gives the same result
+    traced = jax.jit(lambda p, m, k, cap, al: fn.jit(p, batch, m, k, max_queries=cap, allowed=al))
+    rj = traced(params, MASK, jax.random.key(0), 10**6, allowed)
+    for name, a, b in zip(r._fields, r, rj, strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, err_msg=name)
 
 
 def test_beast_queries_cap_key_allowed_and_seed(pool, beast):
