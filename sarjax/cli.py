@@ -242,7 +242,7 @@ def _register_demo(sub) -> None:
     )
     d.set_defaults(func=cmd_demo)
 
-    s = sub.add_parser("sar", help="SAR_{1-delta} of a saved pool on MNIST test images (joint PGD greedy)")
+    s = sub.add_parser("sar", help="SAR_{1-delta} of a saved pool on MNIST or CIFAR test images (joint PGD greedy)")
     s.add_argument("--pool", required=True, help="pool directory written by train-pool")
     s.add_argument("--eps", type=float, required=True, help="linf budget, a finite float > 0 (the paper: 0.05)")
     s.add_argument("--delta", type=float, required=True, help="allowed uncovered share, in [0, 1)")
@@ -250,7 +250,11 @@ def _register_demo(sub) -> None:
         "--samples", type=_positive_int, default=100, help="test images to attack, at most the test split (default 100)"
     )
     s.add_argument("--out", default="sarjax-sar", help="output directory (results.json, sar.png, arrays)")
-    s.add_argument("--data-dir", default=None, help="directory with MNIST IDX files (default: embedded)")
+    s.add_argument(
+        "--data-dir",
+        default=None,
+        help="directory with MNIST IDX files or CIFAR-10 / CIFAR-100 python batches (default: the embedded MNIST)",
+    )
     s.add_argument("--steps", type=_positive_int, default=40, help="PGD steps (Table 1: 40)")
     s.add_argument("--restarts", type=_positive_int, default=3, help="PGD restarts (Table 1: 3)")
     s.add_argument(

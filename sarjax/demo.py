@@ -496,6 +496,15 @@ def _open_sar_output(outp: Path, fingerprint: dict[str, Any], overwrite: bool, d
         print(f"{outp}: delta={delta:g} read off the finished run at delta={stored['delta']:g} (same coverage order)")
 
 
+def _load_data(data_dir: str | None) -> Split:
+    """The embedded MNIST, an MNIST IDX directory, or CIFAR-10 / CIFAR-100 python batches."""
+    from sarjax.data.cifar import cifar_kind, load_cifar
+
+    if data_dir is not None and cifar_kind(data_dir) is not None:
+        return load_cifar(data_dir)
+    return load_mnist(data_dir)
+
+
 def run_sar_on_saved_pool(
     pool_dir: str,
     eps: float,
@@ -512,7 +521,10 @@ def run_sar_on_saved_pool(
     overwrite: bool = False,
     devices: tuple[int, int] | None = None,
 ) -> dict:
-    """SAR_{1-delta} of a saved pool on the first ``samples`` MNIST test images; writes OUT/results.json.
+    """SAR_{1-delta} of a saved pool on the first ``samples`` test images; writes OUT/results.json.
+
+    The images: the embedded MNIST (default), or ``data_dir`` holding MNIST IDX files or
+    CIFAR-10 / CIFAR-100 python batches (:func:`sarjax.data.cifar.cifar_kind` tells which).
 
     ``devices=(P, D)`` shards the pool over a ``P x D`` mesh of this process's devices
     (:class:`sarjax.models.sharding.ShardedPool`: members on ``pool``, each attack's batch on
@@ -539,7 +551,7 @@ def run_sar_on_saved_pool(
     pool, cfg = load_pool(pool_dir)
     if conv_impl is not None:
         pool = pool.with_conv_impl(conv_impl)
-    data = load_mnist(data_dir)
+    data = _load_data(data_dir)
     if tuple(pool.input_shape) != data.x_test.shape[1:]:
         raise ValueError(f"the pool takes inputs of shape {pool.input_shape}, the data has {data.x_test.shape[1:]}")
     check_samples(samples, data)
