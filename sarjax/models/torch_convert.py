@@ -75,35 +75,64 @@ def _channel_view(p, ndim: int):
     return p.reshape((1, -1) + (1,) * (ndim - 2))
 
 
-def _conv(x, w, b=None, stride=1, padding=0, dilation=1, transposed=False, output_padding=0, groups=1):
+def _conv(x, w, b=None, stride=1, padding=0, dilation=1, transposed=False, output_padding=0, groups=1, impl="xla"):
+    """aten.convolution on NC... tensors; ``impl="im2col"``: 2-D convolutions as one matmul (CPU)."""
     if transposed:
         raise NotImplementedError("aten.convolution with transposed=True (ConvTranspose) is not supported")
     n = x.ndim - 2
+    ks, dil, st = tuple(w.shape[2:]), _spatial(dilation, n), _spatial(stride, n)
     if isinstance(padding, str):
         if padding == "valid":
             pads = [(0, 0)] * n
-        elif padding == "same":
-            pads = "SAME"
+        elif padding == "same":  # torch: total d*(k-1), the odd element on the right
+            pads = [(d * (k - 1) // 2, d * (k - 1) - d * (k - 1) // 2) for k, d in zip(ks, dil)]
         else:
             raise NotImplementedError(f"convolution padding={padding!r}")
     else:
         pads = [(p, p) for p in _spatial(padding, n)]
-    sp = "DHW"[3 - n :]
-    dn = lax.conv_dimension_numbers(x.shape, w.shape, (f"NC{sp}", f"OI{sp}", f"NC{sp}"))
-    y = lax.conv_general_dilated(
-        x,
-        w,
-        window_strides=_spatial(stride, n),
-        padding=pads,
-        rhs_dilation=_spatial(dilation, n),
-        dimension_numbers=dn,
-        feature_group_count=int(groups),
-    )
+    if impl == "im2col" and n == 2:
+        y = _conv2d_im2col(x, w, st, pads, dil, int(groups))
+    else:
+        sp = "DHW"[3 - n :]
+        dn = lax.conv_dimension_numbers(x.shape, w.shape, (f"NC{sp}", f"OI{sp}", f"NC{sp}"))
+        y = lax.conv_general_dilated(
+            x,
+            w,
+            window_strides=st,
+            padding=pads,
+            rhs_dilation=dil,
+            dimension_numbers=dn,
+            feature_group_count=int(groups),
+        )
     return y if b is None else y + _channel_view(b, y.ndim)
 
 
-def _conv_nd(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
-    return _conv(x, w, b, stride, padding, dilation, False, 0, groups)
+def _conv2d_im2col(x, w, stride, pads, dil, groups):
+    """A 2-D convolution as shifted strided slices and one contraction (XLA's convolution
+    gradients are slow on CPU; the zoo's ``conv_impl="im2col"`` does the same, in NHWC)."""
+    nb, c, _, _ = x.shape
+    o, cg, kh, kw = w.shape
+    x = jnp.pad(x, ((0, 0), (0, 0), pads[0], pads[1]))
+    ho = (x.shape[2] - dil[0] * (kh - 1) - 1) // stride[0] + 1
+    wo = (x.shape[3] - dil[1] * (kw - 1) - 1) // stride[1] + 1
+    cols = [
+        x[
+            :,
+            :,
+            i * dil[0] : i * dil[0] + stride[0] * (ho - 1) + 1 : stride[0],
+            j * dil[1] : j * dil[1] + stride[1] * (wo - 1) + 1 : stride[1],
+        ]
+        for i in range(kh)
+        for j in range(kw)
+    ]
+    patches = jnp.stack(cols, axis=2).reshape(nb, groups, cg, kh * kw, ho, wo)
+    wg = w.reshape(groups, o // groups, cg, kh * kw)
+    y = jnp.einsum("ngckhw,gock->ngohw", patches, wg)
+    return y.reshape(nb, o, ho, wo)
+
+
+def _conv_nd(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, impl="xla"):
+    return _conv(x, w, b, stride, padding, dilation, False, 0, groups, impl)
 
 
 def _batch_norm_eval(x, w, b, mean, var, eps):
@@ -185,6 +214,16 @@ def _max_pool(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False)
         _, extra = _pool_geometry(x.shape[x.ndim - n + i], k[i], s[i], p[i], d[i], bool(ceil_mode))
         pads.append((p[i], p[i] + extra))
     lead = (1,) * (x.ndim - n)
+    if k == s and all(pi == 0 for pi in p) and all(di == 1 for di in d) and all(hi == 0 for _, hi in pads):
+        # non-overlapping windows (e.g. 2x2 / stride 2): a reshape and a max, whose gradient is a
+        # select (reduce_window's is a select-and-scatter, slow on CPU); the trailing rows that
+        # floor mode drops are cropped first
+        spatial = x.shape[x.ndim - n :]
+        outs = [sz // ki for sz, ki in zip(spatial, k)]
+        x = x[(Ellipsis, *(slice(0, o * ki) for o, ki in zip(outs, k)))]
+        shape = x.shape[: x.ndim - n] + tuple(v for o, ki in zip(outs, k) for v in (o, ki))
+        axes = tuple(x.ndim - n + 2 * i + 1 for i in range(n))
+        return jnp.max(x.reshape(shape), axis=axes)
     return lax.reduce_window(x, -jnp.inf, lax.max, lead + k, lead + s, pads, window_dilation=lead + d)
 
 
@@ -551,6 +590,8 @@ _PYTHON_OPS: dict[Any, Callable] = {
     operator.neg: operator.neg,
 }
 
+CONV_IMPLS = ("auto", "im2col", "xla")
+
 SUPPORTED_OPS: tuple[str, ...] = tuple(sorted(_ATEN))
 """The ATen ops (schema names, any overload) the converter interprets."""
 
@@ -640,6 +681,10 @@ class TorchProgram:
       signature: SHA-256 of the exported graph, the placeholders' targets, shapes and dtypes:
         two modules with the same signature share one ``apply`` (and stack).
       param_shapes: ``{dotted name: shape}`` of the params the graph reads.
+      conv_impl: how 2-D convolutions run: ``"xla"`` (``lax.conv_general_dilated``),
+        ``"im2col"`` (strided slices and one contraction: XLA's convolution gradients are slow on
+        CPU) or ``"auto"`` (im2col on the CPU backend, xla elsewhere).  Same logits to float32
+        rounding.
     """
 
     name: str
@@ -651,6 +696,7 @@ class TorchProgram:
     _graph: Any = field(repr=False)
     _placeholders: tuple[tuple[str, str | None], ...] = field(repr=False)
     _output: Any = field(repr=False)
+    conv_impl: str = "auto"
 
     def apply_one(self, params: PyTree, x: jax.Array) -> jax.Array:
         """Logits of ONE example: params (one member), x: [*input_shape] -> [C]."""
@@ -668,14 +714,20 @@ class TorchProgram:
                 raise NotImplementedError(f"{_where(n)} uses the {v.what}, which sarjax does not compute")
             return v
 
+        impl = self.conv_impl
+        if impl == "auto":
+            impl = "im2col" if jax.default_backend() == "cpu" else "xla"
         for node in self._graph.nodes:
             if node.op != "call_function":
                 continue
             args = map_arg(node.args, fetch)
             kwargs = map_arg(node.kwargs, fetch)
             kwargs = {k: v for k, v in kwargs.items() if k not in ("device", "layout", "pin_memory", "memory_format")}
+            handler = _handler(node)
+            if handler is _conv or handler is _conv_nd:
+                kwargs["impl"] = impl
             try:
-                env[node.name] = _handler(node)(*args, **kwargs)
+                env[node.name] = handler(*args, **kwargs)
             except NotImplementedError as e:
                 raise NotImplementedError(f"{e} ({_where(node)})") from None
         (out,) = map_arg(self._output, fetch)
@@ -744,6 +796,7 @@ def convert(
     channels_last: bool | None = None,
     name: str | None = None,
     verify: bool = True,
+    conv_impl: str = "auto",
 ) -> tuple[TorchProgram, PyTree]:
     """Convert a PyTorch module into a :class:`TorchProgram` and its params.
 
@@ -757,6 +810,7 @@ def convert(
       name: label of the program (default: the module's class name).
       verify: run the converted function and the module on a fixed random batch of 2 examples
         and raise ValueError if the logits differ by more than 1e-3 * (1 + max |logit|).
+      conv_impl: ``"auto"``, ``"im2col"`` or ``"xla"`` (see :class:`TorchProgram`).
 
     Returns:
       ``(program, params)``: ``program.apply(params, x [B, *input_shape]) -> [B, C]`` and the
@@ -774,6 +828,8 @@ def convert(
 
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"expected a torch.nn.Module, got {type(module).__name__}")
+    if conv_impl not in CONV_IMPLS:
+        raise ValueError(f"conv_impl must be one of {CONV_IMPLS}, got {conv_impl!r}")
     input_shape = tuple(int(s) for s in input_shape)
     if not input_shape or any(s <= 0 for s in input_shape):
         raise ValueError(f"input_shape must be positive sizes, e.g. (32, 32, 3), got {input_shape}")
@@ -834,6 +890,7 @@ def convert(
         _graph=graph,
         _placeholders=tuple(placeholders),
         _output=outputs,
+        conv_impl=conv_impl,
     )
     if verify:
         verify_against_torch(program, params, module)
@@ -918,8 +975,9 @@ def convert_many(
 class TorchStack(BaseStack):
     """Members of ONE converted PyTorch architecture (kind ``"torch"``), params stacked.
 
-    ``apply`` is ``jax.vmap`` of :attr:`TorchProgram.member_apply` over the stacked params: one
-    compiled kernel for all members, no host callback and no Python loop over members.
+    ``apply`` runs :attr:`TorchProgram.member_apply` over the stacked params inside one compiled
+    kernel (``jax.vmap``; ``lax.map`` on the CPU backend, see :meth:`apply_prepared`): no host
+    callback and no Python loop over members.
 
     Args:
       program: the converted architecture (:func:`convert`).
@@ -973,6 +1031,16 @@ class TorchStack(BaseStack):
     def hash_spec(self) -> dict:
         """The spec without the graph signature (torch versions may print the same graph differently)."""
         return {k: v for k, v in self.spec().items() if k != "signature"}
+
+    def apply_prepared(self, prepared: PyTree, x: jax.Array) -> jax.Array:
+        """Logits ``[K, B, C]``: ``jax.vmap`` of the member apply over the stacked params; on the CPU
+        backend ``lax.map`` (the members one after the other inside the same compiled call): a
+        vmapped convolution over members becomes a grouped convolution or a batched contraction,
+        slower on CPU (benchmarks/torch_pool_throughput.py: joint PGD on 8 CNNs 1.4x faster)."""
+        if jax.default_backend() == "cpu" and self.size > 1:
+            f = self.member_apply
+            return lax.map(lambda p: f(p, x), prepared)
+        return jax.vmap(self.member_apply, in_axes=(0, None))(prepared, x)
 
     def with_params(self, params: PyTree, names: Sequence[str] | None = None) -> TorchStack:
         return TorchStack(self.program, params, self.names if names is None else names, name=self.name)

@@ -92,14 +92,18 @@ class FlatMLP(nn.Module):
         return self.net(x.view(x.size(0), -1))
 
 
-@pytest.mark.parametrize("make", [ConvPools, Elementwise], ids=["conv_pool", "elementwise"])
-def test_ops_match_torch(make):
+@pytest.mark.parametrize(
+    "make, conv_impl",
+    [(ConvPools, "im2col"), (ConvPools, "xla"), (Elementwise, "auto")],
+    ids=["conv_pool_im2col", "conv_pool_xla", "elementwise"],
+)
+def test_ops_match_torch(make, conv_impl):
     torch.manual_seed(0)
     m = make()
     for p in m.parameters():  # non-trivial norm affine params
         with torch.no_grad():
             p.add_(0.1 * torch.randn_like(p))
-    prog, params = convert(m, (8, 8, 3))
+    prog, params = convert(m, (8, 8, 3), conv_impl=conv_impl)
     x = np.random.default_rng(1).random((3, 8, 8, 3), dtype=np.float32)
     got = np.asarray(prog.jit_apply(params, x))
     ref = _torch_logits(m, x)
