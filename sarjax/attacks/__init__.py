@@ -12,8 +12,24 @@ The narrative page (docs/attacks.md) follows.
 .. include:: ../../docs/attacks.md
 """
 
-# minimum-norm attacks (docs/minnorm.md): each module has spec(**hp) and a factory make_<name>(apply, *, norm, max_queries)
-from sarjax.attacks import alma, apgd_min, core, ddn, fab, fmn, geometry, minnorm, pdgd, pdpgd, queries, sigma_zero  # noqa: E402
+# minimum-norm attacks (docs/minnorm.md): each module has spec(**hp) and a factory make_<name>(apply, *, norm, max_queries);
+# AutoAttack (docs/autoattack.md) and the attacks on LLM pools (text, docs/llm.md) as modules
+from sarjax.attacks import (  # noqa: E402
+    alma,
+    apgd_min,
+    autoattack,
+    core,
+    ddn,
+    fab,
+    fmn,
+    geometry,
+    minnorm,
+    pdgd,
+    pdpgd,
+    queries,
+    sigma_zero,
+    text,
+)
 from sarjax.attacks.apgd import make_apgd, make_apgd_t
 from sarjax.attacks.audit import AuditReport, audit, check
 from sarjax.attacks.core import Attack, AttackFn, Problem
@@ -63,6 +79,8 @@ __all__ = [
     "MinNormResult",
     "alma",
     "apgd_min",
+    "autoattack",
+    "text",
     "ddn",
     "fab",
     "fmn",

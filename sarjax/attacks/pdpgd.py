@@ -52,9 +52,56 @@ def _project_l1_ball(v, radius=1.0):
     return jnp.where(jnp.sum(a) <= radius, v, w)
 
 
-def prox_linf(x, lam):
-    """Moreau: ``x - lam * P_{B1(1)}(x / lam)``; the l1 projection by sorting, once per call."""
+def project_l1_ball_newton(v: jax.Array, radius=1.0) -> tuple[jax.Array, jax.Array]:
+    """Euclidean projection onto ``{w : ||w||_1 <= radius}`` (no box) without a sort.
+
+    Newton's method on ``g(theta) = sum_i max(|v_i| - theta, 0) - radius`` from
+    ``theta_0 = (||v||_1 - radius) / d`` (Michelot 1986; Condat 2016, Section 3): ``g`` is convex
+    and decreasing, so the iterates increase monotonically to the root; each is
+    ``(sum of |v_i| over the active set - radius) / |active set|`` with the active set
+    ``{|v_i| > theta}`` of the previous iterate, and the loop ends when the active set stops
+    shrinking (at most ``d`` steps; 3-10 measured on PDPGD's inputs). Equal to the sort-based
+    :func:`_project_l1_ball` (Duchi et al. 2008) up to the summation order of the active set.
+
+    Args:
+      v: ``[*S]`` point.
+      radius: ball radius > 0.
+
+    Returns:
+      (``[*S]`` projection, int32 Newton steps taken).
+    """
+    a = jnp.abs(v).ravel()
+    total = jnp.sum(a)
+    n = a.size
+
+    def cond(c):
+        _, count, prev_count, i = c
+        return (count < prev_count) & (i < n)
+
+    def body(c):
+        theta, count, _, i = c
+        active = a > theta
+        cnt = jnp.sum(active.astype(jnp.int32))
+        s = jnp.sum(jnp.where(active, a, 0.0))
+        return (s - radius) / jnp.maximum(cnt, 1).astype(a.dtype), cnt, count, i + 1
+
+    theta0 = (total - radius) / n
+    init = (theta0, jnp.asarray(n, jnp.int32), jnp.asarray(n + 1, jnp.int32), jnp.asarray(0, jnp.int32))
+    theta, _, _, steps = jax.lax.while_loop(cond, body, init)
+    w = jnp.sign(v) * jnp.maximum(jnp.abs(v) - theta, 0.0)
+    return jnp.where(total <= radius, v, w), steps
+
+
+def prox_linf_sort(x, lam):
+    """:func:`prox_linf` with the sort-based l1 projection (the reference; PDPGD's prox before
+    sarjax 0.3, 2-3x slower per PDPGD query on MNIST, ``benchmarks/pdpgd_prox_speed.py``)."""
     return x - lam * _project_l1_ball(x / jnp.maximum(lam, 1e-12))
+
+
+def prox_linf(x, lam):
+    """The proximal operator of ``lam ||.||_inf`` by Moreau, ``x - lam * P_{B1(1)}(x / lam)``,
+    with the sort-free :func:`project_l1_ball_newton` (equal to :func:`prox_linf_sort` to 1e-6)."""
+    return x - lam * project_l1_ball_newton(x / jnp.maximum(lam, 1e-12))[0]
 
 
 def prox_l23(x, lam):
