@@ -247,11 +247,15 @@ def main():
             + f" | parity {parity:.1e} | load {os.getloadavg()[0]:.1f}",
             flush=True,
         )
+        _write(args.out, rows, convert_s, load_before, torch.__version__)  # after every row: a long run keeps its rows
+
+
+def _write(path, rows, convert_s, load_before, torch_version):
     out = {
         "benchmark": "joint linf PGD on 8 converted PyTorch CNNs (Pool.from_torch) vs PyTorch",
         "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
         "jax": jax.__version__,
-        "torch": torch.__version__,
+        "torch": torch_version,
         "platform": jax.devices()[0].platform,
         "cpus": os.cpu_count(),
         "eps": EPS,
@@ -260,10 +264,10 @@ def main():
         "loadavg_after": os.getloadavg(),
         "rows": rows,
     }
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as fh:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as fh:
         json.dump(out, fh, indent=2)
-    print(f"wrote {args.out}")
+    print(f"wrote {path}", flush=True)
 
 
 if __name__ == "__main__":
