@@ -1036,7 +1036,7 @@ class TorchStack(BaseStack):
         """Logits ``[K, B, C]``: ``jax.vmap`` of the member apply over the stacked params; on the CPU
         backend ``lax.map`` (the members one after the other inside the same compiled call): a
         vmapped convolution over members becomes a grouped convolution or a batched contraction,
-        slower on CPU (benchmarks/torch_pool_throughput.py: joint PGD on 8 CNNs 1.4x faster)."""
+        slower on CPU (benchmarks/torch_pool_throughput.py: joint PGD on 8 CNNs 1.4-1.75x faster)."""
         if jax.default_backend() == "cpu" and self.size > 1:
             f = self.member_apply
             return lax.map(lambda p: f(p, x), prepared)
