@@ -196,11 +196,17 @@ class ApgdState(NamedTuple):
 
 
 def _periods(cfg: ApgdConfig) -> tuple[int, int, int]:
-    """``(k0, size_decr, k_min)``: first checkpoint period, its decrement and its minimum."""
-    k0 = max(int(math.ceil(0.22 * cfg.n_iter)), 1)
+    """``(k0, size_decr, k_min)``: first checkpoint period, its decrement and its minimum.
+
+    As AutoAttack's reference (``autopgd_base.py``, ``init_hyperparam``): ``max(int(0.22 n), 1)``,
+    ``max(int(0.03 n), 1)``, ``max(int(0.06 n), 1)``, rounded DOWN (sarjax rounded up before
+    0.3, which differed from the reference whenever ``0.22 n`` etc. is not an integer, e.g.
+    ``n = 10``: periods 3 / 1 / 1 instead of 2 / 1 / 1).
+    """
+    k0 = max(int(0.22 * cfg.n_iter), 1)
     if cfg.p == 1.0:
         k0 = max(int(L1_CHECK_EVERY * cfg.n_iter), 1)
-    return k0, max(int(math.ceil(0.03 * cfg.n_iter)), 1), max(int(math.ceil(0.06 * cfg.n_iter)), 1)
+    return k0, max(int(0.03 * cfg.n_iter), 1), max(int(0.06 * cfg.n_iter), 1)
 
 
 def _evaluators(cfg: ApgdConfig):
