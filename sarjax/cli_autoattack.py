@@ -4,8 +4,8 @@
                       [--samples N] [--data-dir D] [--out OUT.json]
 
 Loads the pool (:func:`sarjax.models.checkpoint.load_pool`), takes ``--samples`` MNIST test images
-(a fixed random subset, ``default_rng(0)``: the embedded test split is sorted by class, so its
-first images are all zeros), runs :func:`sarjax.attacks.autoattack.autoattack_pool` (every member attacked on its
+(a fixed random subset, ``default_rng(0)``; chosen while the embedded test split was still
+class-sorted, kept so that results stay comparable), runs :func:`sarjax.attacks.autoattack.autoattack_pool` (every member attacked on its
 own, members vmapped per stack), prints AutoAttack's log and each member's clean and robust
 accuracy, and writes the result as JSON (docs/autoattack.md).
 """
@@ -17,22 +17,10 @@ import json
 import time
 from pathlib import Path
 
+from sarjax.cli import _positive_float, _positive_int  # argparse types shared by every command
+
 N_ITER = 100  # = sarjax.attacks.autoattack.N_ITER (not imported: --help stays fast, no jax import)
 SQUARE_QUERIES = 5000  # = sarjax.attacks.autoattack.SQUARE_QUERIES
-
-
-def _positive_int(s: str) -> int:
-    v = int(s)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {s}")
-    return v
-
-
-def _positive_float(s: str) -> float:
-    v = float(s)
-    if not (v > 0 and v != float("inf")):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {s}")
-    return v
 
 
 def cmd_autoattack(args: argparse.Namespace) -> int:
