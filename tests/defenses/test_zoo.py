@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 
 import jax
@@ -228,6 +229,10 @@ def test_self_ensemble_checkpoint_round_trip(tmp_path, tiny_models):
         zoo.load_self_ensemble(tmp_path / "se")
 
 
+@pytest.mark.skipif(
+    os.environ.get("SARJAX_DEFENSES_FULL") != "1",
+    reason="SARJAX_DEFENSES_FULL=1: a tiny train-defenses run (about 30 s on 2 cores; the suite's 15-minute budget)",
+)
 def test_tiny_train_defenses_saves_loads_resumes_and_refuses_stale(tmp_path):
     settings = zoo.ZooSettings(epochs=1, self_ensemble_epochs=1, batch_size=32, train_samples=64, attack_steps=1)
     only = ["standard-mlp", "pgd-at-linf-0.1-mlp"]  # two MLP groups: cheap to compile
