@@ -1,11 +1,13 @@
-"""Deterministic greedy decoding with a preallocated KV cache.
+"""Greedy and sampled decoding with a preallocated KV cache.
 
 The prompt is run once (prefill); its keys/values go into a cache of
 ``P + max_new_tokens`` slots, and each new token attends to the cache and is
 written into it with ``lax.dynamic_update_slice`` inside one ``lax.scan``.
 Written for one sequence and vmapped over the batch (left padding with masks)
 and over the members of a stack. An optional shared-prefix ``KVBlock`` (see
-``scoring.stack_prefix_cache`` / ``decoder.prefill``) sits before every prompt.
+``scoring.stack_prefix_cache`` / ``decoder.prefill``) sits before every prompt. Greedy is the
+default for judging (papers/000 decodes deterministically); sampling (temperature, top-k,
+top-p, seeded per sample and per member) shares the same loop.
 """
 
 from __future__ import annotations
@@ -48,6 +50,95 @@ def greedy_one(
     Returns:
       [max_new_tokens] int32 generated ids.
     """
+    return _decode_one(params, cfg, ids, mask, max_new_tokens, eos_id, pad_id, prefix, _argmax)
+
+
+def _argmax(lg, t):
+    return jnp.argmax(lg).astype(jnp.int32)
+
+
+def filter_logits(logits, temperature=1.0, top_k=0, top_p=1.0):
+    """Temperature, then top-k, then top-p (nucleus) filtering of ONE logit vector.
+
+    The order and the tie rules are transformers' logits warpers (``TemperatureLogitsWarper``,
+    ``TopKLogitsWarper``: every token tied with the k-th largest is kept; ``TopPLogitsWarper``:
+    the smallest set of most likely tokens whose probability reaches ``top_p``, at least one;
+    top-p is computed on the top-k-filtered, temperature-scaled distribution). Holtzman et al.
+    2020 define nucleus sampling. Every argument may be traced (no recompilation per setting).
+
+    Args:
+      logits: [V] float logits.
+      temperature: scalar > 0 (the caller handles 0 = greedy; see :func:`sample_token`).
+      top_k: scalar int; 0 (or < 0) keeps every token.
+      top_p: scalar in (0, 1]; 1 keeps every token.
+
+    Returns:
+      [V] float32 logits divided by the temperature, ``-inf`` at the filtered-out tokens.
+    """
+    z = logits.astype(jnp.float32) / jnp.maximum(jnp.asarray(temperature, jnp.float32), 1e-20)
+    v = z.shape[-1]
+    order = jnp.argsort(-z)  # descending, stable
+    zs = z[order]
+    top_k = jnp.asarray(top_k, jnp.int32)
+    kth = zs[jnp.clip(top_k - 1, 0, v - 1)]
+    keep = (top_k <= 0) | (zs >= kth)
+    p = jax.nn.softmax(jnp.where(keep, zs, -jnp.inf))
+    before = jnp.cumsum(p) - p  # probability of the more likely tokens
+    keep = keep & ((before < jnp.asarray(top_p, jnp.float32)) | (jnp.arange(v) == 0))
+    return jnp.full((v,), -jnp.inf, jnp.float32).at[order].set(jnp.where(keep, zs, -jnp.inf))
+
+
+def sample_token(key, logits, temperature=1.0, top_k=0, top_p=1.0):
+    """One token drawn from ``softmax(filter_logits(logits, temperature, top_k, top_p))``.
+
+    Args:
+      key: PRNG key.
+      logits: [V] float logits.
+      temperature: scalar; ``<= 0`` is greedy (the argmax; no draw).
+      top_k, top_p: as in :func:`filter_logits`.
+
+    Returns:
+      int32 scalar token id.
+    """
+    drawn = jax.random.categorical(key, filter_logits(logits, temperature, top_k, top_p)).astype(jnp.int32)
+    return jnp.where(jnp.asarray(temperature) > 0, drawn, jnp.argmax(logits).astype(jnp.int32))
+
+
+def sample_one(
+    params: Params,
+    cfg: DecoderConfig,
+    ids,
+    mask,
+    max_new_tokens: int,
+    key,
+    temperature=1.0,
+    top_k=0,
+    top_p=1.0,
+    eos_id=-1,
+    pad_id: int = 0,
+    prefix: Sequence[KVBlock] = (),
+):
+    """Sampled continuation of ONE (left-padded) prompt (same KV-cache path as :func:`greedy_one`).
+
+    Token ``t`` is drawn with :func:`sample_token` from ``fold_in(key, t)``.
+
+    Args:
+      params, cfg, ids, mask, max_new_tokens, eos_id, pad_id, prefix: as in :func:`greedy_one`.
+      key: PRNG key of this sequence.
+      temperature, top_k, top_p: as in :func:`sample_token` (traced scalars allowed).
+
+    Returns:
+      [max_new_tokens] int32 generated ids.
+    """
+
+    def pick(lg, t):
+        return sample_token(jax.random.fold_in(key, t), lg, temperature, top_k, top_p)
+
+    return _decode_one(params, cfg, ids, mask, max_new_tokens, eos_id, pad_id, prefix, pick)
+
+
+def _decode_one(params, cfg, ids, mask, max_new_tokens, eos_id, pad_id, prefix, pick):
+    """The KV-cache decoding loop of one prompt; ``pick(logits [V], t) -> int32`` chooses token t."""
     if _concrete(ids, mask, prefix):
         decoder.check_padding("mask", mask, "left")
         decoder.check_positions(cfg, "ids", int(np.asarray(mask).sum()) + max_new_tokens, decoder.prefix_length(prefix))
@@ -55,7 +146,7 @@ def greedy_one(
     offset = sum((jnp.sum(b.mask.astype(jnp.int32)) for b in prefix), 0)
     pos = decoder.positions_from_mask(mask, offset)
     h, (k, v) = decoder.hidden_states(params, cfg, decoder.embed_tokens(params, ids), mask, pos, prefix)
-    first = jnp.argmax(decoder.lm_head(params, cfg, h[-1])).astype(jnp.int32)
+    first = pick(decoder.lm_head(params, cfg, h[-1]), 0)
     s = p_len + max_new_tokens
     kshape = (cfg.num_layers, s) + k.shape[2:]
     kc = jax.lax.dynamic_update_slice(jnp.zeros(kshape, k.dtype), k, (0, 0, 0, 0))
@@ -75,7 +166,7 @@ def greedy_one(
         vc = jax.lax.dynamic_update_slice(vc, vn, (0, slot, 0, 0))
         cmask = jax.lax.dynamic_update_slice(cmask, jnp.ones((1,), bool), (slot,))
         cpos = jax.lax.dynamic_update_slice(cpos, p, (slot,))
-        nxt = jnp.argmax(decoder.lm_head(params, cfg, h[0])).astype(jnp.int32)
+        nxt = pick(decoder.lm_head(params, cfg, h[0]), t + 1)
         return (kc, vc, cmask, cpos, nxt), nxt
 
     _, rest = jax.lax.scan(step, (kc, vc, cmask, cpos, first), jnp.arange(max_new_tokens - 1))
@@ -101,6 +192,152 @@ def _stack_greedy(params, cfg, ids, mask, max_new_tokens, eos_id, pad_id, prefix
     if prefix is None:
         return jax.vmap(lambda p: member(p, None))(params)
     return jax.vmap(member)(params, prefix)
+
+
+@partial(jax.jit, static_argnames=("cfg", "max_new_tokens"))
+def _stack_sample(params, cfg, ids, mask, max_new_tokens, key, sample_ids, member_ids, knobs, eos_id, pad_id, prefix):
+    temperature, top_k, top_p = knobs
+
+    def member(p, mid, pre):
+        pre = () if pre is None else (pre,)
+
+        def row(i, m, sid):
+            k = jax.random.fold_in(jax.random.fold_in(key, sid), mid)
+            return sample_one(p, cfg, i, m, max_new_tokens, k, temperature, top_k, top_p, eos_id, pad_id, pre)
+
+        return jax.vmap(row)(ids, mask, sample_ids)
+
+    if prefix is None:
+        return jax.vmap(lambda p, mid: member(p, mid, None))(params, member_ids)
+    return jax.vmap(member)(params, member_ids, prefix)
+
+
+@partial(jax.jit, static_argnames=("cfg", "max_new_tokens"))
+def _batch_sample(params, cfg, ids, mask, max_new_tokens, key, sample_ids, knobs, eos_id, pad_id, prefix):
+    temperature, top_k, top_p = knobs
+    pre = () if prefix is None else (prefix,)
+
+    def row(i, m, sid):
+        k = jax.random.fold_in(key, sid)
+        return sample_one(params, cfg, i, m, max_new_tokens, k, temperature, top_k, top_p, eos_id, pad_id, pre)
+
+    return jax.vmap(row)(ids, mask, sample_ids)
+
+
+def _sampling_knobs(temperature, top_k, top_p):
+    """Host checks of the sampling settings -> traced scalars (one compile for every setting)."""
+    try:
+        t, p = float(temperature), float(top_p)
+    except (TypeError, ValueError):
+        raise TypeError(f"temperature / top_p: expected numbers, got {temperature!r} / {top_p!r}") from None
+    if not np.isfinite(t) or t < 0:
+        raise ValueError(f"temperature: expected a finite number >= 0 (0: greedy), got {temperature!r}")
+    if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 0:
+        raise ValueError(f"top_k: expected an int >= 0 (0: no top-k filter), got {top_k!r}")
+    if not 0.0 < p <= 1.0:
+        raise ValueError(f"top_p: expected a number in (0, 1] (1: no nucleus filter), got {top_p!r}")
+    return jnp.float32(t), jnp.int32(top_k), jnp.float32(p)
+
+
+def _ids_vector(name, v, n, default):
+    a = np.arange(n, dtype=np.int64) if v is None else np.asarray(v)
+    if a.shape != (n,) or not np.issubdtype(a.dtype, np.integer) or np.any(a < 0):
+        raise ValueError(f"{name}: expected [{n}] non-negative ints ({default}), got {v!r}")
+    return jnp.asarray(a, jnp.uint32)
+
+
+def sample_generate(
+    params: Params,
+    cfg: DecoderConfig,
+    ids,
+    mask=None,
+    max_new_tokens: int = 32,
+    *,
+    key,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    eos_id: int | Sequence[int] | None = None,
+    pad_id: int = 0,
+    prefix: KVBlock | None = None,
+    sample_ids=None,
+):
+    """Sampled decoding of a left-padded batch with one model (temperature, top-k, top-p).
+
+    Row ``b`` draws from ``fold_in(key, sample_ids[b])`` (token ``t`` from a further
+    ``fold_in(., t)``), so a row's output does not depend on the batch it is in, and the same key
+    gives the same output. ``temperature=0`` is greedy (equal to :func:`greedy_generate`).
+
+    Args:
+      params, cfg, ids, mask, max_new_tokens, eos_id, pad_id, prefix: as in :func:`greedy_generate`.
+      key: PRNG key (required).
+      temperature: >= 0 (transformers' default 1.0).
+      top_k: >= 0, 0 = off (transformers' ``GenerationConfig`` default is 50; here 0, so that
+        the call samples ``softmax(logits / T)`` unless asked otherwise).
+      top_p: in (0, 1], 1 = off (transformers' default 1.0).
+      sample_ids: [B] non-negative ints (default ``arange(B)``).
+
+    Returns:
+      [B, max_new_tokens] int32.
+
+    Raises:
+      TypeError: ``key`` is None.
+      ValueError / TypeError: as :func:`greedy_generate`; a sampling setting out of range.
+    """
+    if key is None:
+        raise TypeError("sample_generate: key is required (a jax.random key); sarjax never defaults it")
+    ids, mask = _validate(cfg, ids, mask, max_new_tokens, prefix)
+    knobs = _sampling_knobs(temperature, top_k, top_p)
+    sid = _ids_vector("sample_ids", sample_ids, ids.shape[0], "one per prompt")
+    eos = _eos_array(cfg, eos_id)
+    return _batch_sample(params, cfg, ids, mask, max_new_tokens, key, sid, knobs, eos, jnp.int32(pad_id), prefix)
+
+
+def stack_sample_generate(
+    params: Params,
+    cfg: DecoderConfig,
+    ids,
+    mask=None,
+    max_new_tokens: int = 32,
+    *,
+    key,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    eos_id: int | Sequence[int] | None = None,
+    pad_id: int = 0,
+    prefix: KVBlock | None = None,
+    sample_ids=None,
+    member_ids=None,
+):
+    """Sampled decoding of the same batch by every member of a stack, in one compiled call.
+
+    Member ``m``, row ``b`` draws from ``fold_in(fold_in(key, sample_ids[b]), member_ids[m])``:
+    members draw independently, and a member's output depends only on its own id (pass its
+    index in the whole pool as ``member_ids`` so that a pool's stacks do not share draws).
+
+    Args:
+      params: stacked parameters [M, ...].
+      ids, mask, max_new_tokens, key, temperature, top_k, top_p, eos_id, pad_id, sample_ids: as
+        in :func:`sample_generate`.
+      prefix: optional stacked shared-prefix cache from ``scoring.stack_prefix_cache``.
+      member_ids: [M] non-negative ints (default ``arange(M)``).
+
+    Returns:
+      [M, B, max_new_tokens] int32.
+
+    Raises:
+      TypeError / ValueError: as :func:`sample_generate`.
+    """
+    if key is None:
+        raise TypeError("stack_sample_generate: key is required (a jax.random key); sarjax never defaults it")
+    ids, mask = _validate(cfg, ids, mask, max_new_tokens, prefix)
+    knobs = _sampling_knobs(temperature, top_k, top_p)
+    sid = _ids_vector("sample_ids", sample_ids, ids.shape[0], "one per prompt")
+    m = int(jax.tree.leaves(params)[0].shape[0])
+    mid = _ids_vector("member_ids", member_ids, m, "one per member")
+    eos = _eos_array(cfg, eos_id)
+    return _stack_sample(params, cfg, ids, mask, max_new_tokens, key, sid, mid, knobs, eos, jnp.int32(pad_id), prefix)
 
 
 def _concrete(*xs) -> bool:

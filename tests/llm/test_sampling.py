@@ -1,0 +1,148 @@
+"""Sampled decoding (temperature, top-k, top-p): known answers against greedy decoding, against
+transformers' logits warpers, and chi-square checks of the empirical token frequencies."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import scaled_init, tiny_llama
+from scipy.stats import chi2
+
+from sarjax.models.llm import generate
+from sarjax.models.llm.pool import left_pad
+
+V = 16
+CFG = tiny_llama(V, hidden_size=16, num_heads=2, num_kv_heads=1, head_dim=8, intermediate_size=24)
+PROMPTS = [[1, 2, 3, 4, 5], [6, 7], [8, 9, 10]]
+NEW = 6
+
+
+@pytest.fixture(scope="module")
+def stack():
+    # scale 4: logits spread enough that a few tokens carry most of the mass, but not one-hot
+    return jax.vmap(lambda k: scaled_init(CFG, k, 4.0))(jax.random.split(jax.random.key(0), 2))
+
+
+def _prompts():
+    return left_pad(PROMPTS, 0)
+
+
+def _hf_filtered_probs(logits, temperature, top_k, top_p):
+    """transformers' warpers in generate()'s order (temperature, top-k, top-p) -> probabilities."""
+    import torch
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    x = torch.tensor(np.asarray(logits, np.float32))[None]
+    x = TemperatureLogitsWarper(temperature)(None, x)
+    if top_k:
+        x = TopKLogitsWarper(top_k)(None, x)
+    if top_p < 1:
+        x = TopPLogitsWarper(top_p)(None, x)
+    return torch.softmax(x, -1)[0].numpy()
+
+
+SETTINGS = [(0.7, 0, 1.0), (1.0, 5, 1.0), (1.3, 0, 0.8), (0.8, 6, 0.9), (1.0, 3, 0.5)]
+
+
+def test_filter_logits_equals_transformers_warpers():
+    rng = np.random.default_rng(0)
+    f = jax.jit(generate.filter_logits)
+    for t, k, p in SETTINGS:
+        for _ in range(3):
+            lg = rng.normal(0, 2, V).astype(np.float32)
+            got = np.asarray(jax.nn.softmax(f(lg, t, k, p)))
+            want = _hf_filtered_probs(lg, t, k, p)
+            np.testing.assert_array_equal(got > 0, want > 0)  # the same kept set
+            np.testing.assert_allclose(got, want, atol=1e-6)
+    # top-k keeps every token tied with the k-th largest (transformers' rule)
+    tied = np.array([3.0, 1.0, 1.0, 1.0, 0.0] + [-5.0] * (V - 5), np.float32)
+    assert int(np.sum(np.isfinite(np.asarray(f(tied, 1.0, 2, 1.0))))) == 4
+
+
+def _chi2_ok(counts, probs, alpha=1e-4):
+    """Pearson chi-square of counts against probs over the support; nothing outside it."""
+    support = probs > 0
+    assert counts[~support].sum() == 0, "a filtered-out token was drawn"
+    n = counts.sum()
+    exp = n * probs[support]
+    stat = float(np.sum((counts[support] - exp) ** 2 / exp))
+    dof = int(support.sum()) - 1
+    assert stat < chi2.ppf(1 - alpha, dof), (stat, dof, counts, np.round(exp, 1))
+
+
+def test_sample_token_frequencies_match_the_filtered_softmax():
+    lg = np.random.default_rng(1).normal(0, 1.5, V).astype(np.float32)
+    keys = jax.random.split(jax.random.key(2), 20000)
+    draw = jax.jit(jax.vmap(generate.sample_token, in_axes=(0, None, None, None, None)))
+    for t, k, p in SETTINGS:
+        toks = np.asarray(draw(keys, lg, t, k, p))
+        _chi2_ok(np.bincount(toks, minlength=V), _hf_filtered_probs(lg, t, k, p))
+    np.testing.assert_array_equal(np.asarray(draw(keys[:5], lg, 0.0, 0, 1.0)), [np.argmax(lg)] * 5)
+
+
+def test_one_step_generation_frequencies_match_the_members_softmax(stack):
+    """The whole decoding path: 3000 seeds of one prompt, 1 new token, both members; the counts
+    follow softmax(last logits / T) restricted to top-k / top-p of each member."""
+    from sarjax.models.llm import decoder
+
+    n = 3000
+    ids, mask = left_pad([PROMPTS[0]] * n, 0)
+    t, k, p = 0.9, 6, 0.95
+    out = np.asarray(
+        generate.stack_sample_generate(stack, CFG, ids, mask, 1, key=jax.random.key(3), temperature=t, top_k=k, top_p=p)
+    )
+    for m in range(2):
+        pm = jax.tree.map(lambda x, m=m: x[m], stack)
+        lg = np.asarray(decoder.logits(pm, CFG, jnp.asarray(PROMPTS[0], jnp.int32)))[-1]
+        probs = _hf_filtered_probs(lg, t, k, p)
+        assert 2 <= (probs > 0).sum() <= 6 and probs.max() < 0.9  # a real draw, not a near-argmax
+        _chi2_ok(np.bincount(out[m, :, 0], minlength=V), probs)
+
+
+def test_top_k_one_tiny_top_p_and_zero_temperature_equal_greedy(stack):
+    ids, mask = _prompts()
+    greedy = np.asarray(generate.stack_greedy_generate(stack, CFG, ids, mask, NEW, eos_id=[7, 11]))
+    key = jax.random.key(4)
+    kw = dict(key=key, eos_id=[7, 11])
+    for t, k, p in [(1.5, 1, 1.0), (1.5, 0, 1e-6), (0.0, 0, 1.0)]:
+        got = generate.stack_sample_generate(stack, CFG, ids, mask, NEW, temperature=t, top_k=k, top_p=p, **kw)
+        np.testing.assert_array_equal(np.asarray(got), greedy)
+    one = jax.tree.map(lambda x: x[1], stack)
+    single = generate.sample_generate(one, CFG, ids, mask, NEW, temperature=1.0, top_k=1, **kw)
+    np.testing.assert_array_equal(np.asarray(single), greedy[1])
+
+
+def test_same_key_same_output_rows_independent_of_the_batch(stack):
+    ids, mask = _prompts()
+    kw = dict(temperature=1.5, top_k=0, top_p=1.0)
+    a = np.asarray(generate.stack_sample_generate(stack, CFG, ids, mask, NEW, key=jax.random.key(5), **kw))
+    b = np.asarray(generate.stack_sample_generate(stack, CFG, ids, mask, NEW, key=jax.random.key(5), **kw))
+    c = np.asarray(generate.stack_sample_generate(stack, CFG, ids, mask, NEW, key=jax.random.key(6), **kw))
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, c)
+    assert not np.array_equal(a[0], a[1])  # members draw independently
+    # row 2 alone, with its sample id, draws what it drew inside the batch; member ids likewise
+    i2, m2 = left_pad([PROMPTS[2]], 0, length=ids.shape[1])
+    swapped = jax.tree.map(lambda x: x[::-1], stack)
+    solo = generate.stack_sample_generate(
+        swapped, CFG, np.repeat(i2, 3, 0), np.repeat(m2, 3, 0), NEW, key=jax.random.key(5),
+        sample_ids=[2, 2, 2], member_ids=[1, 0], **kw,
+    )  # fmt: skip
+    np.testing.assert_array_equal(np.asarray(solo)[::-1, 0], a[:, 2])
+
+
+def test_sampling_arguments_are_checked(stack):
+    ids, mask = _prompts()
+    with pytest.raises(TypeError, match="key is required"):
+        generate.stack_sample_generate(stack, CFG, ids, mask, 2, key=None)
+    for bad, match in [
+        (dict(temperature=-1.0), "temperature"),
+        (dict(top_k=-2), "top_k"),
+        (dict(top_k=1.5), "top_k"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_p=1.2), "top_p"),
+        (dict(sample_ids=[0, 1]), "sample_ids"),
+        (dict(member_ids=[0, 1, 2]), "member_ids"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            generate.stack_sample_generate(stack, CFG, ids, mask, 2, key=jax.random.key(0), **bad)
