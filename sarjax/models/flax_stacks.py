@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import jax
 import numpy as np
 
 from sarjax.models.stack import (
-    BaseStack,
+    StoredStack,
     check_member_output,
     leaf_signature,
     register_kind,
@@ -90,7 +90,7 @@ def _plain(tree: PyTree) -> PyTree:
 
 
 @register_kind
-class LinenStack(BaseStack):
+class LinenStack(StoredStack):
     """A flax linen module with its members' variables stacked on a leading axis.
 
     Args:
@@ -161,22 +161,6 @@ class LinenStack(BaseStack):
                 )
         return cls(module, stack_trees(variables), names, input_shape=input_shape, apply_kwargs=apply_kwargs, name=name)
 
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def input_shape(self) -> tuple[int, ...]:
-        return self._input_shape
-
-    @property
-    def num_classes(self) -> int:
-        return self._num_classes
-
-    @property
-    def member_apply(self) -> Callable:
-        return self._apply
-
     def spec(self) -> dict:
         return {
             "kind": self.kind,
@@ -242,7 +226,7 @@ def _paths(tree: PyTree) -> list[str]:
 
 
 @register_kind
-class NnxStack(BaseStack):
+class NnxStack(StoredStack):
     """flax nnx modules of one graph with their states stacked on a leading axis.
 
     Build it with :meth:`group` (or :meth:`sarjax.models.pool.Pool.from_nnx`).
@@ -326,22 +310,6 @@ class NnxStack(BaseStack):
                 )
             )
         return stacks
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def input_shape(self) -> tuple[int, ...]:
-        return self._input_shape
-
-    @property
-    def num_classes(self) -> int:
-        return self._num_classes
-
-    @property
-    def member_apply(self) -> Callable:
-        return self._apply
 
     def spec(self) -> dict:
         return {

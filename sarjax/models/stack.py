@@ -65,6 +65,7 @@ _KIND_MODULES = {
     "linen": "sarjax.models.flax_stacks",
     "nnx": "sarjax.models.flax_stacks",
     "torch": "sarjax.models.torch_convert",
+    "self-ensemble": "sarjax.defenses.self_ensemble",
 }
 _KINDS: dict[str, type[BaseStack]] = {}
 _K = TypeVar("_K", bound="type[BaseStack]")
@@ -292,8 +293,38 @@ def tree_from_paths(paths: Sequence[str], leaves: Sequence[Any]) -> PyTree:
     return listify(root)
 
 
+class StoredStack(BaseStack):
+    """A :class:`BaseStack` whose protocol properties read what its constructor stored.
+
+    For kinds that wrap a user's apply (:class:`FunctionStack`, the flax stacks): the constructor
+    sets ``_name``, ``_input_shape``, ``_num_classes`` and ``_apply`` (the member apply: keep the
+    same object across :meth:`~BaseStack.with_params` so kernels cached on it are shared).
+    """
+
+    _name: str
+    _input_shape: tuple[int, ...]
+    _num_classes: int
+    _apply: Callable
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return self._input_shape
+
+    @property
+    def num_classes(self) -> int:
+        return self._num_classes
+
+    @property
+    def member_apply(self) -> Callable:
+        return self._apply
+
+
 @register_kind
-class FunctionStack(BaseStack):
+class FunctionStack(StoredStack):
     """A plain ``apply(params_one, x) -> logits`` with its members' params stacked.
 
     Args:
@@ -331,22 +362,6 @@ class FunctionStack(BaseStack):
         self._name = name or _callable_name(apply).rsplit(".", 1)[-1]
         self._check_members()
         self._num_classes = check_member_output(self, num_classes)
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def input_shape(self) -> tuple[int, ...]:
-        return self._input_shape
-
-    @property
-    def num_classes(self) -> int:
-        return self._num_classes
-
-    @property
-    def member_apply(self) -> Callable:
-        return self._apply
 
     def spec(self) -> dict:
         return {
