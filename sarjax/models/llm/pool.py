@@ -21,6 +21,84 @@ from sarjax.models.llm.config import DecoderConfig
 from sarjax.models.llm.scoring import stack_target_nll
 
 
+@dataclasses.dataclass(frozen=True)
+class GenerationDefaults:
+    """The decoding defaults of a checkpoint (its ``generation_config.json``).
+
+    Attributes:
+      eos_token_id: end tokens (the list form of Llama-3 / Qwen2.5 configs), or None.
+      pad_token_id: padding / filler id, or None.
+      max_new_tokens: or None.
+      do_sample: the checkpoint's sampling flag (informational: sarjax decodes greedily unless a
+        call asks for sampling, as papers/000 judges deterministic decoding).
+      temperature: 1.0 when unset (transformers' ``GenerationConfig`` default).
+      top_k: 50 when unset (transformers' default).
+      top_p: 1.0 when unset (transformers' default).
+    """
+
+    eos_token_id: tuple[int, ...] | None = None
+    pad_token_id: int | None = None
+    max_new_tokens: int | None = None
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 50
+    top_p: float = 1.0
+
+
+def generation_defaults(raw: dict[str, Any] | None) -> GenerationDefaults:
+    """A :class:`GenerationDefaults` from a parsed ``generation_config.json`` (None: the defaults).
+
+    Raises:
+      TypeError: ``raw`` is not a dict, or a field has the wrong type (named).
+    """
+    if raw is None:
+        return GenerationDefaults()
+    if not isinstance(raw, dict):
+        raise TypeError(f"generation config: expected a dict, got {type(raw).__name__}")
+
+    def opt(name, conv, default=None):
+        v = raw.get(name)
+        if v is None:
+            return default
+        try:
+            return conv(v)
+        except (TypeError, ValueError):
+            raise TypeError(f"generation config field {name!r}: cannot read {v!r}") from None
+
+    eos = raw.get("eos_token_id")
+    if eos is not None:
+        eos = tuple(int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]))
+    return GenerationDefaults(
+        eos_token_id=eos or None,
+        pad_token_id=opt("pad_token_id", int),
+        max_new_tokens=opt("max_new_tokens", int),
+        do_sample=bool(raw.get("do_sample", False)),
+        temperature=opt("temperature", float, 1.0),
+        top_k=opt("top_k", int, 50),
+        top_p=opt("top_p", float, 1.0),
+    )
+
+
+def load_generation_config(path: str) -> GenerationDefaults:
+    """Reads ``<path>/generation_config.json`` (plain JSON; no transformers); a folder without
+    one gets the defaults, with the end token of ``config.json`` when it names one (what
+    transformers falls back to)."""
+    import json
+    import os
+
+    f = os.path.join(path, "generation_config.json")
+    if os.path.isfile(f):
+        with open(f) as fh:
+            return generation_defaults(json.load(fh))
+    c = os.path.join(path, "config.json")
+    raw = {}
+    if os.path.isfile(c):
+        with open(c) as fh:
+            cj = json.load(fh)
+        raw = {k: cj[k] for k in ("eos_token_id", "pad_token_id") if cj.get(k) is not None}
+    return generation_defaults(raw)
+
+
 @dataclasses.dataclass
 class LLMStack:
     """Members of one architecture.
@@ -30,12 +108,14 @@ class LLMStack:
       params: stacked parameter tree, leading axis [M_s].
       names: member names, length M_s.
       tokenizer: shared tokenizer (or None for id-only use).
+      generation: the members' decoding defaults (``generation_config.json``), or None.
     """
 
     cfg: DecoderConfig
     params: Any
     names: tuple[str, ...]
     tokenizer: Any = None
+    generation: GenerationDefaults | None = None
 
     @property
     def size(self) -> int:
@@ -91,11 +171,13 @@ def unstack_params(params, m: int):
     return jax.tree.map(lambda x: x[m], params)
 
 
-def build_pool(members: Sequence[tuple[str, DecoderConfig, Any, Any]]) -> LLMPool:
-    """Groups members into stacks by (config, shapes/dtypes, tokenizer) and stacks them.
+def build_pool(members: Sequence[tuple]) -> LLMPool:
+    """Groups members into stacks by (config, shapes/dtypes, tokenizer, generation defaults) and
+    stacks them.
 
     Args:
-      members: sequence of ``(name, cfg, params, tokenizer)``; ``tokenizer`` may be None.
+      members: sequence of ``(name, cfg, params, tokenizer)`` or ``(name, cfg, params, tokenizer,
+        generation)``; ``tokenizer`` and ``generation`` (a :class:`GenerationDefaults`) may be None.
 
     Returns:
       The pool; stacks are ordered by first appearance, members within a stack
@@ -111,15 +193,54 @@ def build_pool(members: Sequence[tuple[str, DecoderConfig, Any, Any]]) -> LLMPoo
     if len(set(names)) != len(names):
         raise ValueError(f"member names must be unique, got {names}")
     groups: dict[tuple, list] = {}
-    for name, cfg, params, tok in members:
+    for member in members:
+        if len(member) not in (4, 5):
+            raise ValueError(f"expected (name, cfg, params, tokenizer[, generation]) tuples, got {len(member)} fields")
+        name, cfg, params, tok = member[:4]
+        gen = member[4] if len(member) == 5 else None
         if not isinstance(cfg, DecoderConfig):
             raise TypeError(f"member {name!r}: expected a DecoderConfig, got {type(cfg).__name__}")
-        key = (cfg, _shape_key(params), tokenizer_fingerprint(tok))
+        if gen is not None and not isinstance(gen, GenerationDefaults):
+            raise TypeError(f"member {name!r}: expected GenerationDefaults or None, got {type(gen).__name__}")
+        key = (cfg, _shape_key(params), tokenizer_fingerprint(tok), gen)
         groups.setdefault(key, []).append((name, params, tok))
     stacks = []
-    for (cfg, _, _), items in groups.items():
-        stacks.append(LLMStack(cfg, stack_params([p for _, p, _ in items]), tuple(n for n, _, _ in items), items[0][2]))
+    for (cfg, _, _, gen), items in groups.items():
+        params = stack_params([p for _, p, _ in items])
+        stacks.append(LLMStack(cfg, params, tuple(n for n, _, _ in items), items[0][2], gen))
     return LLMPool(tuple(stacks))
+
+
+def load_pool(paths: Sequence[str], names: Sequence[str] | None = None, dtype: str = "float32") -> LLMPool:
+    """A pool from local Hugging Face checkpoint folders (weights, tokenizer, generation config).
+
+    Args:
+      paths: checkpoint folders (``config.json``, safetensors, tokenizer files; optionally
+        ``generation_config.json``).
+      names: member names (default: the folder names).
+      dtype: ``"float32"`` or ``"bfloat16"``.
+
+    Returns:
+      The pool (members with equal configs, shapes, tokenizers and generation defaults share a
+      stack).
+
+    Raises:
+      ValueError: ``names`` of another length than ``paths``, or duplicate names.
+    """
+    import os
+
+    from sarjax.models.llm.loader import load_model
+    from sarjax.models.llm.prompts import load_tokenizer
+
+    paths = list(paths)
+    names = [os.path.basename(os.path.normpath(p)) for p in paths] if names is None else list(names)
+    if len(names) != len(paths):
+        raise ValueError(f"load_pool: expected one name per path ({len(paths)}), got {len(names)}")
+    members = []
+    for name, p in zip(names, paths, strict=True):
+        cfg, params = load_model(p, dtype)
+        members.append((name, cfg, params, load_tokenizer(p), load_generation_config(p)))
+    return build_pool(members)
 
 
 def left_pad(seqs: Sequence[Sequence[int]], pad_id: int = 0, length: int | None = None):
@@ -172,3 +293,151 @@ def pool_target_nll_text(pool: LLMPool, prompts: Sequence[str], target: str, red
         nll = np.asarray(stack_target_nll(s.params, s.cfg, ids, mask, np.asarray(tgt, np.int32)))
         out.append(nll.mean(-1) if reduce == "mean" else nll.sum(-1))
     return np.concatenate(out, axis=0)
+
+
+def render_requests(tokenizer, requests: Sequence[Any], system: str | None = None, chat_template: bool = True):
+    """Token ids of each request as the model reads it (no special tokens added: a BOS the chat
+    template writes is kept, as in ``apply_chat_template(..., tokenize=True)``).
+
+    Args:
+      tokenizer: a transformers tokenizer.
+      requests: N user requests (strings) or conversations (lists of ``{"role", "content"}``).
+      system: optional system message before a string request.
+      chat_template: render with the tokenizer's chat template and the generation prompt (the
+        assistant header); False: the raw text (base models).
+
+    Returns:
+      N id lists.
+
+    Raises:
+      ValueError: ``chat_template`` without a template on the tokenizer, or an empty rendering.
+      TypeError: a request that is neither a string nor a list of messages.
+    """
+    if chat_template and getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError("the tokenizer has no chat_template; set one or pass chat_template=False")
+    out = []
+    for i, req in enumerate(requests):
+        if isinstance(req, str):
+            msgs = ([] if system is None else [{"role": "system", "content": system}]) + [
+                {"role": "user", "content": req}
+            ]
+        elif isinstance(req, (list, tuple)) and all(isinstance(m, dict) for m in req):
+            msgs = list(req)
+        else:
+            raise TypeError(f"request {i}: expected a string or a list of message dicts, got {type(req).__name__}")
+        if chat_template:
+            text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        else:
+            text = "\n".join(m["content"] for m in msgs)
+        ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        if not ids:
+            raise ValueError(f"request {i}: renders to no tokens")
+        out.append(ids)
+    return out
+
+
+def stack_decoding(stack: LLMStack) -> tuple[tuple[int, ...] | None, int]:
+    """``(end tokens, pad id)`` a stack decodes with: ``generation_config.json``'s ``eos_token_id``
+    (else the tokenizer's end token), its ``pad_token_id`` (else the tokenizer's, else the first
+    end token, else 0)."""
+    gen = stack.generation or GenerationDefaults()
+    tok = stack.tokenizer
+    eos = gen.eos_token_id
+    if eos is None and tok is not None and tok.eos_token_id is not None:
+        eos = (int(tok.eos_token_id),)
+    pad = gen.pad_token_id
+    if pad is None and tok is not None and tok.pad_token_id is not None:
+        pad = int(tok.pad_token_id)
+    if pad is None:
+        pad = eos[0] if eos else 0
+    return eos, int(pad)
+
+
+def pool_generate_text(
+    pool: LLMPool,
+    requests: Sequence[Any],
+    *,
+    max_new_tokens: int | None = None,
+    do_sample: bool = False,
+    key=None,
+    temperature: float | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    system: str | None = None,
+    chat_template: bool = True,
+    sample_ids=None,
+    pad_to_multiple: int = 16,
+) -> list[list[str]]:
+    """Text in, text out for every member of a pool: chat template, batching, left padding,
+    decoding (greedy by default) and detokenization, one compiled call per stack.
+
+    Each stack renders the requests with its own tokenizer and chat template
+    (:func:`render_requests`), decodes with the end tokens and pad id of its
+    ``generation_config.json`` (:func:`stack_decoding`), cuts each response at its first end
+    token and decodes it without special tokens.
+
+    Args:
+      pool: the pool; every stack needs a tokenizer.
+      requests: N user requests (strings) or conversations (lists of message dicts).
+      max_new_tokens: tokens to generate (default: the stack's ``generation_config.json``
+        ``max_new_tokens``, else 32).
+      do_sample: False (default): greedy, deterministic (papers/000 judges greedy decoding; a
+        checkpoint's ``do_sample`` is not followed). True: sampling with ``key``.
+      key: PRNG key (required when sampling). Member ``m`` (its index in ``pool.names``) of request
+        ``n`` draws from ``fold_in(fold_in(key, sample_ids[n]), m)``.
+      temperature, top_k, top_p: sampling settings (default: each stack's generation config,
+        else transformers' defaults 1.0 / 50 / 1.0).
+      system: optional system message for string requests.
+      chat_template: False for base models (raw text).
+      sample_ids: [N] non-negative ints (default ``arange(N)``).
+      pad_to_multiple: prompts are left-padded to a multiple of this length, so that batches of
+        similar lengths share one compiled kernel.
+
+    Returns:
+      ``[M][N]`` response strings, members in ``pool.names`` order.
+
+    Raises:
+      ValueError / TypeError: a stack without a tokenizer, ``do_sample`` without a key, and the
+        errors of :func:`render_requests` and the decoders.
+    """
+    from sarjax.models.llm import generate
+
+    if do_sample and key is None:
+        raise TypeError("pool_generate_text: do_sample=True needs a key (a jax.random key)")
+    if len(requests) == 0:
+        raise ValueError("pool_generate_text: expected at least one request")
+    if pad_to_multiple < 1:
+        raise ValueError(f"pad_to_multiple: expected an int >= 1, got {pad_to_multiple!r}")
+    out: list[list[str]] = []
+    offset = 0
+    for s in pool.stacks:
+        tok = s.tokenizer
+        if tok is None:
+            raise ValueError(f"stack {s.names} has no tokenizer; text generation needs one")
+        gen = s.generation or GenerationDefaults()
+        eos, pad = stack_decoding(s)
+        n_new = int(max_new_tokens or gen.max_new_tokens or 32)
+        enc = render_requests(tok, requests, system, chat_template)
+        longest = max(len(e) for e in enc)
+        ids, mask = left_pad(enc, pad, length=-(-longest // pad_to_multiple) * pad_to_multiple)
+        eos_ids = list(eos) if eos else None
+        if do_sample:
+            toks = generate.stack_sample_generate(
+                s.params, s.cfg, ids, mask, n_new, key=key, sample_ids=sample_ids,
+                member_ids=np.arange(offset, offset + s.size),
+                temperature=gen.temperature if temperature is None else temperature,
+                top_k=gen.top_k if top_k is None else top_k,
+                top_p=gen.top_p if top_p is None else top_p, eos_id=eos_ids, pad_id=pad,
+            )  # fmt: skip
+        else:
+            toks = generate.stack_greedy_generate(s.params, s.cfg, ids, mask, n_new, eos_id=eos_ids, pad_id=pad)
+        toks = np.asarray(toks)
+        ends = set(eos or ())
+        for m in range(s.size):
+            texts = []
+            for row in toks[m].tolist():
+                cut = next((i for i, t in enumerate(row) if t in ends), len(row))
+                texts.append(tok.decode(row[:cut], skip_special_tokens=True))
+            out.append(texts)
+        offset += s.size
+    return out
