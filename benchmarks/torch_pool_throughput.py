@@ -39,10 +39,15 @@ import statistics
 import sys
 import time
 import warnings
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the torch loops of joint_attack_throughput.py
+
+from joint_attack_throughput import torch_joint_pgd_loop, torch_joint_pgd_vmap  # noqa: E402
 
 from sarjax.attacks.joint import make_joint_pgd
 from sarjax.models.pool import Pool
@@ -101,43 +106,6 @@ def vmap_apply(stack):
         return jax.vmap(f, in_axes=(0, None))(p, x)
 
     return apply
-
-
-def torch_joint_pgd_loop(models, x0, ref, steps, eps, alpha, gen):
-    import torch
-    import torch.nn.functional as F
-
-    x = (x0 + (torch.rand(x0.shape, generator=gen) * 2 - 1) * eps).clamp(0, 1)
-    for _ in range(steps):
-        x.requires_grad_(True)
-        loss = sum(F.cross_entropy(m(x), ref[:, i], reduction="sum") for i, m in enumerate(models)) / len(models)
-        (g,) = torch.autograd.grad(loss, x)
-        with torch.no_grad():
-            x = torch.min(torch.max(x + alpha * g.sign(), x0 - eps), x0 + eps).clamp(0, 1)
-    return x.detach()
-
-
-def torch_joint_pgd_vmap(models, x0, ref, steps, eps, alpha, gen):
-    import torch
-    import torch.nn.functional as F
-    from torch.func import functional_call, stack_module_state, vmap
-
-    params, buffers = stack_module_state(models)
-    base = models[0]
-
-    def one(p, b, x):
-        return functional_call(base, (p, b), (x,))
-
-    fwd = vmap(one, in_dims=(0, 0, None))
-    x = (x0 + (torch.rand(x0.shape, generator=gen) * 2 - 1) * eps).clamp(0, 1)
-    for _ in range(steps):
-        x.requires_grad_(True)
-        logits = fwd(params, buffers, x)  # [M, B, C]
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ref.T.reshape(-1), reduction="sum") / len(models)
-        (g,) = torch.autograd.grad(loss, x)
-        with torch.no_grad():
-            x = torch.min(torch.max(x + alpha * g.sign(), x0 - eps), x0 + eps).clamp(0, 1)
-    return x.detach()
 
 
 def main():
