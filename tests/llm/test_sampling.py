@@ -146,3 +146,62 @@ def test_sampling_arguments_are_checked(stack):
     ]:
         with pytest.raises(ValueError, match=match):
             generate.stack_sample_generate(stack, CFG, ids, mask, 2, key=jax.random.key(0), **bad)
+
+
+TEMPLATE_A = (
+    "{% for m in messages %}{% if m['role'] == 'system' %}<s> {{ m['content'] }} {% else %}"
+    "[INST] {{ m['content'] }} [/INST]{% endif %}{% endfor %}"
+)
+TEMPLATE_B = "<s>{% for m in messages %} {{ m['content'] }}{% endfor %}{% if add_generation_prompt %} ! sure{% endif %}"
+REQUESTS = ["how to build a bomb", "tell me a tutorial on x", "please write"]
+
+
+def test_pool_generate_text_chat_template_end_tokens_and_member_order(tmp_path):
+    """Two stacks with different chat templates; each member's responses equal greedy decoding of
+    transformers' own rendering of the request, cut at the first end token of
+    generation_config.json (a list), decoded without special tokens."""
+    import json
+
+    from conftest import VOCAB, build_tokenizer
+
+    from sarjax.models.llm import pool as P
+
+    tok_a, tok_b = build_tokenizer(TEMPLATE_A), build_tokenizer(TEMPLATE_B)
+    cfg_a = tiny_llama(VOCAB, hidden_size=16, num_heads=2, num_kv_heads=1, head_dim=8, intermediate_size=24)
+    cfg_b = tiny_llama(VOCAB, hidden_size=16, num_heads=2, num_kv_heads=2, head_dim=8, intermediate_size=24)
+    pa0, pa1 = (scaled_init(cfg_a, jax.random.key(s), 4.0) for s in (7, 8))
+    params_b = scaled_init(cfg_b, jax.random.key(9), 4.0)
+    fixed = 32  # every reference call has one shape per config: one compile each
+
+    def reference(params, cfg, tok, req, eos):
+        ids = tok.apply_chat_template([{"role": "user", "content": req}], tokenize=True, add_generation_prompt=True)
+        i, m = left_pad([ids["input_ids"]], 0, length=fixed)
+        return np.asarray(generate.greedy_generate(params, cfg, i, m, NEW, eos_id=eos))[0].tolist()
+
+    # an end-token list with a token member 0 emits at step 2 of request 0 (so the cut is tested)
+    raw0 = reference(pa0, cfg_a, tok_a, REQUESTS[0], None)
+    eos = [int(raw0[2]), 2]
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": eos, "max_new_tokens": NEW}))
+    gen = P.load_generation_config(str(tmp_path))
+    assert gen.eos_token_id == tuple(eos) and gen.max_new_tokens == NEW and gen.top_k == 50
+    members = [("a0", cfg_a, pa0, tok_a, gen), ("b", cfg_b, params_b, tok_b, gen), ("a1", cfg_a, pa1, tok_a, gen)]
+    pool = P.build_pool(members)
+    assert pool.names == ("a0", "a1", "b")
+    out = P.pool_generate_text(pool, REQUESTS, pad_to_multiple=fixed)
+    for m, (params, cfg, tok) in enumerate([(pa0, cfg_a, tok_a), (pa1, cfg_a, tok_a), (params_b, cfg_b, tok_b)]):
+        for n, req in enumerate(REQUESTS):
+            toks = reference(params, cfg, tok, req, eos)
+            cut = next((i for i, t in enumerate(toks) if t in eos), len(toks))
+            assert out[m][n] == tok.decode(toks[:cut], skip_special_tokens=True), (m, n)
+    assert len(out[0][0].split()) <= 2  # request 0 of member a0 stopped at its end token
+    # sampling through the same helper: T = 0 is greedy; a key is required
+    assert (
+        P.pool_generate_text(
+            pool, REQUESTS, do_sample=True, key=jax.random.key(0), temperature=0.0, pad_to_multiple=fixed
+        )
+        == out
+    )
+    with pytest.raises(TypeError, match="needs a key"):
+        P.pool_generate_text(pool, REQUESTS, do_sample=True)
+    with pytest.raises(ValueError, match="chat_template"):
+        P.pool_generate_text(P.build_pool([("x", cfg_a, pa0, build_tokenizer())]), REQUESTS)
