@@ -39,6 +39,22 @@ def _soft_xent(logits, target):
     return -jnp.sum(target * jax.nn.log_softmax(logits), axis=-1).mean()
 
 
+def _perturb(attack, params: Any, x: jax.Array, labels: jax.Array, key: jax.Array, eps) -> jax.Array:
+    """The inner maximisation of every adversarial objective here and in
+    :mod:`sarjax.defenses.zoo_objectives`: ``attack``'s jit-safe entry on ``x`` with the params
+    held fixed; its ``x_adv [B, *S]``, gradient-free."""
+    res = attack.jit(jax.lax.stop_gradient(params), x, labels, None, key, eps=eps)
+    return jax.lax.stop_gradient(res.x_adv)
+
+
+def _adversarial_xent(objective, apply: Callable, params: Any, x: jax.Array, y: jax.Array, key: jax.Array, hp):
+    """Cross-entropy of the training-mode logits at ``objective.perturb``'s point (soft targets
+    ``y [B, C]``; radius ``hp["eps"]``, default ``objective.eps``): PGD-AT's and l1-APGD-AT's loss."""
+    eps = hp.get("eps", objective.eps)
+    x_adv = objective.perturb(apply, params, x, jnp.argmax(y, axis=-1), jax.random.fold_in(key, ATTACK_STREAM), eps)
+    return _soft_xent(apply(params, x_adv, key=jax.random.fold_in(key, 2)), y)
+
+
 def _norm(norm) -> str:
     p = canonical_norm(norm)
     if p not in (2.0, float("inf")):
@@ -117,16 +133,13 @@ class PGDAT:
           [B, *S], the attack's ``x_adv`` (the final iterate, or ``x`` where its loss is higher),
           inside the ball of ``x`` by construction; gradient-free.
         """
-        res = self.attack(apply).jit(jax.lax.stop_gradient(params), x, labels, None, key, eps=eps)
-        return jax.lax.stop_gradient(res.x_adv)
+        return _perturb(self.attack(apply), params, x, labels, key, eps)
 
     def __call__(
         self, apply: Callable, params: Any, x: jax.Array, y: jax.Array, key: jax.Array, hp: Mapping[str, jax.Array]
     ) -> jax.Array:
         """The member loss: cross-entropy of the training-mode logits at ``x_adv`` (soft targets ``y``)."""
-        eps = hp.get("eps", self.eps)
-        x_adv = self.perturb(apply, params, x, jnp.argmax(y, axis=-1), jax.random.fold_in(key, ATTACK_STREAM), eps)
-        return _soft_xent(apply(params, x_adv, key=jax.random.fold_in(key, 2)), y)
+        return _adversarial_xent(self, apply, params, x, y, key, hp)
 
 
 @dataclass(frozen=True)
@@ -185,8 +198,7 @@ class TRADES:
     def perturb(self, apply: Callable, params: Any, x: jax.Array, labels: jax.Array, key: jax.Array, eps) -> jax.Array:
         """``x_adv [B, *S]`` maximising KL(f(x) || f(x_adv)) in the ball, the params held fixed
         (arguments as :meth:`PGDAT.perturb`; ``labels`` are not used by the KL)."""
-        res = self.attack(apply).jit(jax.lax.stop_gradient(params), x, labels, None, key, eps=eps)
-        return jax.lax.stop_gradient(res.x_adv)
+        return _perturb(self.attack(apply), params, x, labels, key, eps)
 
     def __call__(
         self, apply: Callable, params: Any, x: jax.Array, y: jax.Array, key: jax.Array, hp: Mapping[str, jax.Array]

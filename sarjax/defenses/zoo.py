@@ -105,6 +105,19 @@ _MADRY = "Madry et al. 2018 (PGD adversarial training; MNIST linf eps 0.3)"
 _PGD_STEPS = "10 PGD steps of eps/4 from a random start (sarjax.defenses.pgd_at's default, as Rice et al. 2020)"
 _RAMP = "eps ramped linearly: eps/3, 2 eps/3, then eps from epoch 3 (Gowal et al. 2018 ramp eps on MNIST)"
 
+_TRADES = "Zhang et al. 2019 (TRADES, beta 6"
+
+
+def _adversarial(
+    name: str, objective: str, norm: str, eps: float, seed: int, source: str, *, arch: str = "cnn", ramp: int = 3
+) -> Defense:
+    """A PGD-AT / TRADES / l1-APGD-AT entry: 10 training-attack steps, ``ramp`` ramp epochs (TRADES: beta 6 first)."""
+    hp = (("beta", 6.0),) if objective == "trades" else ()
+    return Defense(
+        name, arch, objective, norm, eps, (*hp, ("steps", 10), ("ramp_epochs", ramp)), seed=seed, source=source
+    )
+
+
 DEFENSES: tuple[Defense, ...] = (
     Defense("standard-mlp", "mlp", "standard", seed=1, source="standard training, cross-entropy (the zoo MLP)"),
     Defense(
@@ -114,79 +127,62 @@ DEFENSES: tuple[Defense, ...] = (
         seed=2,
         source="standard training, cross-entropy (the zoo CNN); the distillation teacher",
     ),
-    Defense(
+    _adversarial(
         "pgd-at-linf-0.1",
-        "cnn",
         "pgd-at",
         "linf",
         0.1,
-        (("steps", 10), ("ramp_epochs", 3)),
-        seed=3,
-        source=f"{_MADRY}; eps 0.1 as the milder MNIST point; {_PGD_STEPS}; {_RAMP} (shared with eps 0.3)",
+        3,
+        f"{_MADRY}; eps 0.1 as the milder MNIST point; {_PGD_STEPS}; {_RAMP} (shared with eps 0.3)",
     ),
-    Defense(
-        "pgd-at-linf-0.3",
-        "cnn",
-        "pgd-at",
-        "linf",
-        0.3,
-        (("steps", 10), ("ramp_epochs", 3)),
-        seed=4,
-        source=f"{_MADRY}; {_PGD_STEPS} (Madry et al.: 40 steps of 0.01); {_RAMP}",
+    _adversarial(
+        "pgd-at-linf-0.3", "pgd-at", "linf", 0.3, 4, f"{_MADRY}; {_PGD_STEPS} (Madry et al.: 40 steps of 0.01); {_RAMP}"
     ),
-    Defense(
+    _adversarial(
         "pgd-at-linf-0.1-mlp",
-        "mlp",
         "pgd-at",
         "linf",
         0.1,
-        (("steps", 10), ("ramp_epochs", 0)),
-        seed=5,
-        source=f"{_MADRY}; the MLP at eps 0.1 (a second architecture); {_PGD_STEPS}",
+        5,
+        f"{_MADRY}; the MLP at eps 0.1 (a second architecture); {_PGD_STEPS}",
+        arch="mlp",
+        ramp=0,
     ),
-    Defense(
+    _adversarial(
         "pgd-at-l2-1.5",
-        "cnn",
         "pgd-at",
         "l2",
         1.5,
-        (("steps", 10), ("ramp_epochs", 3)),
-        seed=6,
-        source="Madry et al. 2018 PGD-AT in l2; eps 1.5, the issue's value, below MNIST's l2 evaluation "
+        6,
+        "Madry et al. 2018 PGD-AT in l2; eps 1.5, the issue's value, below MNIST's l2 evaluation "
         "radius 2.0 (at 2.0 without a ramp this CNN stayed at chance: 10.2% clean); 10 l2 PGD steps of "
         f"eps/4 (normalised gradients); {_RAMP}",
     ),
-    Defense(
+    _adversarial(
         "l1-apgd-at-10",
-        "cnn",
         "l1-apgd-at",
         "l1",
         10.0,
-        (("steps", 10), ("ramp_epochs", 0)),
-        seed=7,
-        source="Croce & Hein 2021 (Mind the box: adversarial training with l1-APGD, 10 iterations; "
+        7,
+        "Croce & Hein 2021 (Mind the box: adversarial training with l1-APGD, 10 iterations; "
         "CIFAR-10 eps 12); eps 10 = MNIST's standard l1 evaluation radius",
+        ramp=0,
     ),
-    Defense(
+    _adversarial(
         "trades-linf-0.1",
-        "cnn",
         "trades",
         "linf",
         0.1,
-        (("beta", 6.0), ("steps", 10), ("ramp_epochs", 3)),
-        seed=8,
-        source="Zhang et al. 2019 (TRADES, beta 6 = 1/lambda, start x + 0.001 N(0, I)); 10 steps of eps/4; "
-        f"{_RAMP} (shared with eps 0.3)",
+        8,
+        f"{_TRADES} = 1/lambda, start x + 0.001 N(0, I)); 10 steps of eps/4; {_RAMP} (shared with eps 0.3)",
     ),
-    Defense(
+    _adversarial(
         "trades-linf-0.3",
-        "cnn",
         "trades",
         "linf",
         0.3,
-        (("beta", 6.0), ("steps", 10), ("ramp_epochs", 3)),
-        seed=9,
-        source="Zhang et al. 2019 (TRADES, beta 6; MNIST eps 0.3: 40 steps of 0.01, here 10 of eps/4); " + _RAMP,
+        9,
+        f"{_TRADES}; MNIST eps 0.3: 40 steps of 0.01, here 10 of eps/4); {_RAMP}",
     ),
     Defense(
         "gaussian-noise-cnn",

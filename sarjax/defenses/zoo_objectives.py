@@ -34,14 +34,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from sarjax.attacks.apgd import make_apgd
+from sarjax.defenses.objectives import _adversarial_xent, _perturb, _soft_xent
 
 NOISE_STREAM = 5  # gaussian_augmentation draws its noise from fold_in(key, 5) (the trainer uses 1 and 2)
-ATTACK_STREAM = 3  # as sarjax.defenses.objectives: the inner attack draws from fold_in(key, 3)
 DROPOUT_STREAM = 2  # the trainer's dropout stream
-
-
-def _soft_xent(logits: jax.Array, target: jax.Array) -> jax.Array:
-    return -jnp.sum(target * jax.nn.log_softmax(logits, axis=-1), axis=-1).mean()
 
 
 def _finite_nonneg(name: str, v) -> float:
@@ -173,16 +169,13 @@ class L1APGDAT:
 
     def perturb(self, apply: Callable, params: Any, x: jax.Array, labels: jax.Array, key: jax.Array, eps) -> jax.Array:
         """``x_adv [B, *S]`` of l1-APGD-CE in the l1 ball of radius ``eps`` around ``x`` (params held fixed)."""
-        res = self.attack(apply).jit(jax.lax.stop_gradient(params), x, labels, None, key, eps=eps)
-        return jax.lax.stop_gradient(res.x_adv)
+        return _perturb(self.attack(apply), params, x, labels, key, eps)
 
     def __call__(
         self, apply: Callable, params: Any, x: jax.Array, y: jax.Array, key: jax.Array, hp: Mapping[str, jax.Array]
     ) -> jax.Array:
-        """Cross-entropy of the training-mode logits at ``x_adv`` (soft targets ``y``)."""
-        eps = hp.get("eps", self.eps)
-        x_adv = self.perturb(apply, params, x, jnp.argmax(y, axis=-1), jax.random.fold_in(key, ATTACK_STREAM), eps)
-        return _soft_xent(apply(params, x_adv, key=jax.random.fold_in(key, DROPOUT_STREAM)), y)
+        """Cross-entropy of the training-mode logits at ``x_adv`` (soft targets ``y``), as PGD-AT's."""
+        return _adversarial_xent(self, apply, params, x, y, key, hp)
 
 
 def gaussian_augmentation(sigma: float = 0.25) -> GaussianAugmentation:
