@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-LLAMA_FAMILY = ("llama", "mistral", "qwen2")
+LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3")
 SUPPORTED_MODEL_TYPES = LLAMA_FAMILY + ("gpt2",)
 _ROPE_TYPES = ("default", "linear", "llama3")
 _ACTIVATIONS = ("silu", "gelu_new", "gelu", "gelu_pytorch_tanh", "relu")
@@ -27,7 +27,7 @@ class DecoderConfig:
 
     Attributes:
       family: ``"llama"`` (pre-norm RMSNorm, rotary positions, gated MLP, separate
-        q/k/v projections; Llama 2/3, Mistral, Qwen2) or ``"gpt2"`` (pre-norm
+        q/k/v projections; Llama 2/3, Mistral, Qwen2, Qwen3) or ``"gpt2"`` (pre-norm
         LayerNorm, learned positions, GELU MLP, fused qkv).
       model_type: the ``model_type`` of the source config (for messages and loading).
       vocab_size: V.
@@ -51,6 +51,8 @@ class DecoderConfig:
       rope_high_freq_factor: llama3 scaling parameter.
       rope_original_max_position: llama3 scaling parameter.
       sliding_window: Mistral-style attention window, or None.
+      qk_norm: per-head RMSNorm of the queries and keys (over ``head_dim``, before the rotary
+        embedding), as in Qwen3.
     """
 
     family: str
@@ -76,6 +78,7 @@ class DecoderConfig:
     rope_high_freq_factor: float = 4.0
     rope_original_max_position: int = 8192
     sliding_window: int | None = None
+    qk_norm: bool = False
 
     def __post_init__(self):
         if self.family not in ("llama", "gpt2"):
@@ -197,8 +200,11 @@ def config_from_hf(raw: Mapping[str, Any]) -> DecoderConfig:
     sliding = None
     if mt == "mistral":
         sliding = raw.get("sliding_window")
-    elif mt == "qwen2" and raw.get("use_sliding_window", False):
-        raise ValueError("Qwen2 use_sliding_window=True is not supported")
+    elif mt in ("qwen2", "qwen3") and raw.get("use_sliding_window", False):
+        raise ValueError(f"{mt} use_sliding_window=True is not supported")
+    layer_types = raw.get("layer_types")
+    if layer_types and any(t != "full_attention" for t in layer_types):
+        raise ValueError(f"layer_types other than 'full_attention' are not supported, got {sorted(set(layer_types))}")
     return DecoderConfig(
         family="llama",
         model_type=mt,
@@ -217,5 +223,6 @@ def config_from_hf(raw: Mapping[str, Any]) -> DecoderConfig:
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
         sliding_window=None if sliding is None else int(sliding),
+        qk_norm=mt == "qwen3",
         **_rope_fields(raw),
     )

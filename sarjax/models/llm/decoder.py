@@ -15,7 +15,8 @@ Parameter tree (llama family)::
 
     embed [V, d], final_norm [d], lm_head [d, V] (absent when tied),
     layers: attn_norm [L, d], wq [L, d, H*D], wk/wv [L, d, Hkv*D], wo [L, H*D, d],
-            (bq [L, H*D], bk/bv [L, Hkv*D] if qkv_bias; bo [L, d] if o_bias),
+            (bq [L, H*D], bk/bv [L, Hkv*D] if qkv_bias; bo [L, d] if o_bias;
+            q_norm/k_norm [L, D] if qk_norm),
             mlp_norm [L, d], w_gate/w_up [L, d, F], w_down [L, F, d]
             (b_gate/b_up [L, F], b_down [L, d] if mlp_bias)
 
@@ -242,6 +243,8 @@ def _llama_layer(cfg, p, x, cos, sin, self_allowed, ext):
     q = _lin(h, p["wq"], p.get("bq")).reshape(t, cfg.num_heads, cfg.head_dim)
     k = _lin(h, p["wk"], p.get("bk")).reshape(t, cfg.num_kv_heads, cfg.head_dim)
     v = _lin(h, p["wv"], p.get("bv")).reshape(t, cfg.num_kv_heads, cfg.head_dim)
+    if cfg.qk_norm:  # Qwen3: RMSNorm over each head's D before the rotary embedding
+        q, k = _rms_norm(q, p["q_norm"], cfg.norm_eps), _rms_norm(k, p["k_norm"], cfg.norm_eps)
     q, k = _rope(q, cos, sin), _rope(k, cos, sin)
     a = _attention(cfg, q, [(k, v, self_allowed)] + ext)
     x = x + _lin(a, p["wo"], p.get("bo"))
@@ -502,6 +505,9 @@ def _init_params(cfg: DecoderConfig, key, dtype) -> Params:
         if cfg.mlp_bias:
             shapes.update(b_gate=(L, F), b_up=(L, F), b_down=(L, d))
         ones = {"attn_norm", "mlp_norm"}
+        if cfg.qk_norm:
+            shapes.update(q_norm=(L, D), k_norm=(L, D))
+            ones |= {"q_norm", "k_norm"}
     normal = {name: shp for name, shp in sorted(shapes.items()) if name not in ones and name not in zeros}
     top = {"embed": (V, d)}
     if cfg.family == "gpt2":

@@ -114,6 +114,8 @@ def _llama_params(cfg: DecoderConfig, get) -> dict[str, Any]:
         table.update(
             b_gate=("mlp.gate_proj.bias", False), b_up=("mlp.up_proj.bias", False), b_down=("mlp.down_proj.bias", False)
         )
+    if cfg.qk_norm:
+        table.update(q_norm=("self_attn.q_norm.weight", False), k_norm=("self_attn.k_norm.weight", False))
     layers = {k: _stack(get, [lp.format(i) + n for i in L], t) for k, (n, t) in table.items()}
     out = {"embed": get("embed_tokens.weight"), "final_norm": get("norm.weight"), "layers": layers}
     if not cfg.tie_word_embeddings:
