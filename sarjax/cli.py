@@ -161,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     __import__("sarjax.cli_autoattack", fromlist=["register"]).register(sub)  # sarjax autoattack
     __import__("sarjax.cli_frontier", fromlist=["register"]).register(sub)  # sarjax frontier
     __import__("sarjax.cli_llm_sar", fromlist=["register"]).register(sub)  # sarjax llm-sar
+    __import__("sarjax.cli_llm_demo", fromlist=["register"]).register(sub)  # sarjax llm-demo
     return p
 
 

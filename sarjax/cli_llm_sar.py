@@ -3,6 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import sys
+
+
+def hide_broken_torchvision() -> None:
+    """transformers imports torchvision lazily when it is installed; a torchvision built for another
+    torch fails on import and breaks even ``LlamaConfig``. Hide it, only when it is broken (the
+    LLM commands need no vision code); tests/llm/conftest.py does the same."""
+    try:
+        import torchvision  # noqa: F401
+    except Exception:
+        for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+            del sys.modules[name]
+        sys.modules["torchvision"] = None  # type: ignore[assignment]
 
 
 def register(sub) -> None:
@@ -68,6 +81,7 @@ def _settings(args: argparse.Namespace) -> dict:
 
 def cmd_llm_sar(args: argparse.Namespace) -> int:
     """Run ``sarjax llm-sar`` (prints the summary; writes OUT/llm_sar.json and OUT/llm_sar.png)."""
+    hide_broken_torchvision()
     import jax
 
     from sarjax.cover.llm import harmbench_judge_fn, load_llm_pool, pool_llm_sar, refusal_judge_fn
