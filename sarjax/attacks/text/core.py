@@ -492,6 +492,45 @@ def exchange_suffix(ids: Sequence[int], source, targets: Sequence[Any]) -> list[
     return out
 
 
+def suffix_text_violations(text: str, tokenizers: Sequence[Any], allowed: Sequence[Any], slots: Sequence[int]):
+    """The threat-model check of a suffix exchanged as TEXT across a pool's tokenizers (host side).
+
+    A suffix is valid for a member when its text encodes (no special tokens) to ids that decode
+    back to the same text (so they re-tokenize to themselves: ``encode(decode(ids)) == ids``),
+    every id is in that member's allowed vocabulary (no special tokens, no id past the tokenizer's
+    vocabulary, see :func:`allowed_vocab`), and the ids fit the suffix slots.
+
+    Args:
+      text: the suffix text.
+      tokenizers: one tokenizer per stack.
+      allowed: one ``[V_s]`` bool per stack.
+      slots: the suffix slots of each stack.
+
+    Returns:
+      ``(ids, reasons)``: one id list per stack (None where encoding failed) and the list of
+      violations (empty: valid for every stack).
+    """
+    from sarjax.models.llm.prompts import _encode
+
+    kw = dict(skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    ids, reasons = [], []
+    for s, (tok, al, n) in enumerate(zip(tokenizers, allowed, slots, strict=True)):
+        enc = _encode(tok, text)
+        ids.append(enc)
+        if not enc:
+            reasons.append(f"stack {s}: the text encodes to no token")
+        elif tok.decode(enc, **kw) != text:
+            reasons.append(f"stack {s}: the ids do not decode back to the text (no re-tokenization)")
+        elif len(enc) > n:
+            reasons.append(f"stack {s}: {len(enc)} tokens exceed the {n} suffix slots")
+        else:
+            a = np.asarray(enc)
+            bad = sorted({int(t) for t in a if not (0 <= t < len(al) and al[t])})
+            if bad:
+                reasons.append(f"stack {s}: ids outside the allowed vocabulary: {bad}")
+    return ids, reasons
+
+
 def allowed_vocab(tokenizer, vocab_size: int, ascii_only: bool = True) -> np.ndarray:
     """``[V]`` bool: ids a suffix may use (GCG's filter: no special tokens, no ids past the
     tokenizer's vocabulary (padded embedding rows), and with ``ascii_only`` only tokens whose
@@ -636,6 +675,7 @@ __all__ = [
     "joint_loss",
     "llm_text_model",
     "refusal_loss",
+    "suffix_text_violations",
     "target_loss",
     "text_batch",
 ]
