@@ -18,12 +18,15 @@ from sarjax.attacks.text.core import (
     joint_loss,
     llm_text_model,
     refusal_loss,
+    suffix_text_violations,
     target_loss,
     text_batch,
 )
-from sarjax.attacks.text.gcg import make_gcg
+from sarjax.attacks.text.gcg import JointGCG, JointGCGResult, make_gcg, make_joint_gcg
 
 __all__ = [
+    "JointGCG",
+    "JointGCGResult",
     "TextAttackFn",
     "TextAttackResult",
     "TextBatch",
@@ -38,8 +41,10 @@ __all__ = [
     "llm_text_model",
     "make_beast",
     "make_gcg",
+    "make_joint_gcg",
     "refusal_loss",
     "seed_suffixes",
+    "suffix_text_violations",
     "target_loss",
     "text_batch",
 ]

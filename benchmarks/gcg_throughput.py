@@ -1,0 +1,243 @@
+"""Joint GCG step throughput: sarjax (``make_gcg``: one compiled ``lax.scan``, members stacked and
+vmapped) vs a PyTorch transformers loop written the same way, on the same weights.
+
+One joint GCG step (papers/000; Zou et al. 2023) on a pool of M tiny Llamas and one request:
+the one-hot token gradient of the joint refusal loss (one backward pass per member), the top-k
+substitutions per suffix position, ``candidates`` single-token candidates, every candidate scored
+by every member, the move to the best candidate. The PyTorch side does exactly this with a Python
+loop over the members (``torch.autograd.grad`` through ``inputs_embeds = one_hot @ E``, then one
+batched forward of the candidates per member, logits only where the target is predicted).
+
+Both sides are timed alternately in one run (PyTorch at every ``--threads`` count in the same
+rotation; the ratio is taken against the fastest). Before timing, the two sides' per-member losses
+of the same candidates are compared. The load average is recorded: the machine may be shared.
+
+    python benchmarks/gcg_throughput.py --out benchmarks/results/gcg_throughput.json
+    python benchmarks/gcg_throughput.py --quick   # a smoke run: 2 reps, 3 steps per call
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+
+
+def _hide_broken_torchvision():
+    """A torchvision built for another torch breaks transformers' lazy imports; hide it when broken."""
+    try:
+        import torchvision  # noqa: F401
+    except Exception:
+        for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+            del sys.modules[name]
+        sys.modules["torchvision"] = None
+
+
+_hide_broken_torchvision()
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import jax
+import numpy as np
+
+
+def _build_members(m, layers, d, heads, kv_heads, ffn, vocab, tmp):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=d,
+        intermediate_size=ffn,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=512,
+    )
+    models, paths = [], []
+    for i in range(m):
+        torch.manual_seed(i)
+        mdl = LlamaForCausalLM(cfg).eval()
+        for p in mdl.parameters():
+            p.requires_grad_(False)
+        path = os.path.join(tmp, f"m{i}")
+        mdl.save_pretrained(path)
+        models.append(mdl)
+        paths.append(path)
+    return models, paths
+
+
+def _torch_gcg(models, before, after, target, suffix0, steps, topk, nc, seed):
+    """GCG with the joint refusal loss, a Python loop over members (the reference)."""
+    import torch
+    import torch.nn.functional as F
+
+    gen = torch.Generator().manual_seed(seed)
+    m = len(models)
+    v = models[0].config.vocab_size
+    ls, tt = suffix0.shape[0], target.shape[0]
+    embeds = [mdl.get_input_embeddings().weight for mdl in models]
+
+    def losses(cands):  # [N, Ls] -> joint refusal loss [N]
+        n = cands.shape[0]
+        seq = torch.cat([before.expand(n, -1), cands, after.expand(n, -1), target.expand(n, -1)], 1)
+        total = torch.zeros(n)
+        with torch.inference_mode():
+            for mdl in models:
+                lg = mdl(seq, logits_to_keep=tt + 1).logits[:, :-1].float()
+                nll = F.cross_entropy(lg.reshape(-1, v), target.repeat(n), reduction="none").reshape(n, tt)
+                total -= nll.mean(1)  # refusal loss: minus the mean NLL
+        return total / m
+
+    suffix = suffix0.clone()
+    best = float(losses(suffix[None])[0])
+    for _ in range(steps):
+        grad = torch.zeros(ls, v)
+        for mdl, e in zip(models, embeds):
+            oh = F.one_hot(suffix, v).float().requires_grad_(True)
+            x = torch.cat([e[before], oh @ e, e[after], e[target]])[None]
+            lg = mdl(inputs_embeds=x, logits_to_keep=tt + 1).logits[0, :-1].float()
+            loss = -F.cross_entropy(lg, target)
+            (g,) = torch.autograd.grad(loss, oh)
+            grad += g / m
+        top = (-grad).topk(min(topk, v), dim=1).indices
+        pos = torch.randint(0, ls, (nc,), generator=gen)
+        tok = top[pos, torch.randint(0, top.shape[1], (nc,), generator=gen)]
+        cands = suffix.repeat(nc, 1)
+        cands[torch.arange(nc), pos] = tok
+        jl = losses(cands)
+        i = int(torch.argmin(jl))
+        suffix = cands[i]
+        best = min(best, float(jl[i]))
+    return suffix, best
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--members", type=int, default=4)
+    ap.add_argument("--candidates", type=int, default=64, help="candidates per step (64, papers/000 Table 3)")
+    ap.add_argument("--topk", type=int, default=256, help="substitutions per position (256, papers/000 Table 3)")
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--d", type=int, default=128)
+    ap.add_argument("--vocab", type=int, default=2048)
+    ap.add_argument("--before-len", type=int, default=24, help="template head + request tokens")
+    ap.add_argument("--suffix-len", type=int, default=20, help="suffix tokens (20, Zou et al. 2023)")
+    ap.add_argument("--after-len", type=int, default=4, help="template tail tokens")
+    ap.add_argument("--target-len", type=int, default=8, help="refusal tokens")
+    ap.add_argument("--steps", type=int, default=5, help="GCG steps per timed call")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="torch thread counts (fastest taken)")
+    ap.add_argument("--quick", action="store_true", help="2 reps of 3 steps (a smoke run)")
+    ap.add_argument("--out", default="benchmarks/results/gcg_throughput.json")
+    a = ap.parse_args(argv)
+    if a.quick:
+        a.reps, a.steps = 2, 3
+
+    import torch
+
+    from sarjax.attacks.text import core as T
+    from sarjax.attacks.text import llm_text_model, make_gcg, text_batch
+    from sarjax.models.llm import load_model, stack_params
+
+    load_start = os.getloadavg()
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        models, paths = _build_members(a.members, a.layers, a.d, 4, 2, int(a.d * 2.6875), a.vocab, tmp)
+        loaded = [load_model(p) for p in paths]
+    cfg = loaded[0][0]
+    params = stack_params([p for _, p in loaded])
+    model = llm_text_model(cfg)
+    v = a.vocab
+    before = rng.integers(3, v, a.before_len).astype(np.int32)
+    after = rng.integers(3, v, a.after_len).astype(np.int32)
+    target = rng.integers(3, v, a.target_len).astype(np.int32)
+    suffix0 = rng.integers(3, v, a.suffix_len).astype(np.int32)
+    batch = text_batch([before.tolist()], [after.tolist()], [target.tolist()])
+    fn = make_gcg(
+        model, vocab_size=v, num_steps=a.steps, suffix_len=a.suffix_len, topk=a.topk, num_candidates=a.candidates
+    )
+    tb = [torch.tensor(x, dtype=torch.long) for x in (before, after, target, suffix0)]
+
+    # correctness first: the same candidates, every member, both sides
+    cands = rng.integers(3, v, (a.candidates, a.suffix_len)).astype(np.int32)
+    r0 = T.row(T.TextBatch(*(np.asarray(x) for x in batch)), 0)
+    ml = np.asarray(
+        jax.jit(T.member_losses, static_argnums=(0, 1))(
+            model, T.refusal_loss, params, r0, cands, np.ones(a.suffix_len, np.int32)
+        )
+    )
+    want = []
+    with torch.inference_mode():
+        seq = torch.cat([tb[0].expand(a.candidates, -1), torch.tensor(cands, dtype=torch.long)], 1)
+        seq = torch.cat([seq, tb[1].expand(a.candidates, -1), tb[2].expand(a.candidates, -1)], 1)
+        for mdl in models:
+            lg = mdl(seq, logits_to_keep=a.target_len + 1).logits[:, :-1].float()
+            nll = torch.nn.functional.cross_entropy(lg.reshape(-1, v), tb[2].repeat(a.candidates), reduction="none")
+            want.append(-nll.reshape(a.candidates, -1).mean(1).numpy())
+    err = float(np.abs(ml - np.stack(want)).max())
+    print(f"max |member loss (jax) - (torch)| over {a.candidates} candidates x {a.members} members = {err:.2e}")
+
+    def jax_call():
+        r = fn(params, batch, None, jax.random.key(0), suffix_init=suffix0)
+        return float(np.asarray(r.loss)[0])
+
+    def torch_call():
+        return _torch_gcg(models, *tb[:3], tb[3], a.steps, a.topk, a.candidates, 0)[1]
+
+    t0 = time.perf_counter()
+    jax_best = jax_call()  # compile
+    compile_s = time.perf_counter() - t0
+    torch_best = torch_call()
+    t_jax, t_torch = [], {th: [] for th in a.threads}
+    for _ in range(a.reps):  # alternate the contenders
+        for th in a.threads:
+            torch.set_num_threads(th)
+            t = time.perf_counter()
+            torch_call()
+            t_torch[th].append((time.perf_counter() - t) / a.steps)
+        t = time.perf_counter()
+        jax_call()
+        t_jax.append((time.perf_counter() - t) / a.steps)
+    med = lambda x: float(np.median(x))  # noqa: E731
+    best_th = min(a.threads, key=lambda th: med(t_torch[th]))
+    ratio = med(t_torch[best_th]) / med(t_jax)
+    res = {
+        "config": vars(a),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "processor": platform.processor() or platform.machine(),
+            "load_average_at_start": load_start,
+            "load_average_at_end": os.getloadavg(),
+            "torch": torch.__version__,
+            "jax": jax.__version__,
+        },
+        "devices": [str(d) for d in jax.devices()],
+        "member_loss_max_abs_diff": err,
+        "best_joint_loss_after_steps": {"jax": jax_best, "torch": torch_best},
+        "jax_compile_plus_first_call_s": compile_s,
+        "seconds_per_step_jax": med(t_jax),
+        "seconds_per_step_torch_by_threads": {str(th): med(t_torch[th]) for th in a.threads},
+        "torch_threads_fastest": best_th,
+        "speedup_jax_vs_fastest_torch": ratio,
+        "target_speedup": 2.0,
+        "raw_seconds_per_step": {"jax": t_jax, "torch": {str(k): x for k, x in t_torch.items()}},
+        "note": "seconds per step include the start-suffix scoring (1 forward per member) spread over "
+        "the steps of a call, and, for sarjax, the host validation and audit of the entry",
+    }
+    print(
+        f"joint GCG step (M={a.members}, {a.candidates} candidates, top-{a.topk}, T={a.before_len}+{a.suffix_len}"
+        f"+{a.after_len}+{a.target_len}): torch loop ({best_th} thr, fastest) {med(t_torch[best_th]) * 1e3:.1f} ms | "
+        f"sarjax {med(t_jax) * 1e3:.1f} ms -> {ratio:.2f}x (target 2x)"
+    )
+    print(f"load average start {load_start}, end {os.getloadavg()} (2 cores: a quiet machine reads < 2)")
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+    with open(a.out, "w") as fh:
+        json.dump(res, fh, indent=2)
+    print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()
