@@ -98,20 +98,10 @@ def process_rows(n: int, index: int | None = None, count: int | None = None) -> 
 
 def _pack(result: SARResult, arrays: Mapping[str, np.ndarray]) -> np.ndarray:
     """A result and extra arrays as one ``uint8`` buffer (a compressed ``.npz``)."""
-    from dataclasses import fields
-
-    meta = {
-        "num_members": result.num_members,
-        "deltas": list(result.deltas),
-        "taus": list(result.taus),
-        "count_clean_input": result.count_clean_input,
-        "stop_when_unreachable": result.stop_when_unreachable,
-        "num_rounds": result.num_rounds,
-    }
-    out = {f.name: v for f in fields(result) if isinstance(v := getattr(result, f.name), np.ndarray)}
+    out = result.arrays()
     out.update({_EXTRA + k: np.asarray(v) for k, v in arrays.items()})
     buf = io.BytesIO()
-    out[_META] = np.array(json.dumps(meta))
+    out[_META] = np.array(json.dumps(result.header()))
     np.savez_compressed(buf, **out)  # pyright: ignore[reportArgumentType]  (numpy's stub: **kwds as allow_pickle)
     return np.frombuffer(buf.getvalue(), np.uint8)
 
@@ -121,17 +111,7 @@ def _unpack(blob: np.ndarray) -> tuple[SARResult, dict[str, np.ndarray]]:
         got = {k: z[k] for k in z.files}
     meta = json.loads(str(got.pop(_META)))
     extra = {k[len(_EXTRA) :]: got.pop(k) for k in list(got) if k.startswith(_EXTRA)}
-    result = SARResult(
-        num_members=int(meta["num_members"]),
-        deltas=tuple(meta["deltas"]),
-        taus=tuple(meta["taus"]),
-        count_clean_input=bool(meta["count_clean_input"]),
-        stop_when_unreachable=bool(meta["stop_when_unreachable"]),
-        num_rounds=int(meta["num_rounds"]),
-        inputs=got.pop("inputs", None),
-        **got,
-    )
-    return result, extra
+    return SARResult.from_parts(meta, got), extra
 
 
 def allgather_parts(

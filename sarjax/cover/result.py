@@ -443,6 +443,13 @@ class SARResult:
                     "inputs": inputs,
                 }
             )
+        return {**self.header(), "summary": self.summary(), "samples": samples}
+
+    def header(self) -> dict[str, Any]:
+        """The scalar fields (``num_members``, ``deltas``, ``taus``, the options, ``num_rounds``) as JSON values.
+
+        With :meth:`arrays` it is everything :meth:`from_parts` needs to rebuild the result.
+        """
         return {
             "num_members": self.num_members,
             "deltas": [float(d) for d in self.deltas],
@@ -450,17 +457,37 @@ class SARResult:
             "count_clean_input": self.count_clean_input,
             "stop_when_unreachable": self.stop_when_unreachable,
             "num_rounds": self.num_rounds,
-            "summary": self.summary(),
-            "samples": samples,
         }
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Every array field by name (``inputs`` only when stored)."""
+        return {f.name: v for f in fields(self) if isinstance(v := getattr(self, f.name), np.ndarray)}
+
+    @classmethod
+    def from_parts(cls, header: dict[str, Any], arrays: dict[str, np.ndarray]) -> SARResult:
+        """The result of :meth:`header` (or the same keys of ``result.json``) and :meth:`arrays`.
+
+        Used by :meth:`load` and by :func:`sarjax.cover.distributed.allgather_parts`; ``arrays``
+        is not modified.
+        """
+        arrays = dict(arrays)
+        return cls(
+            num_members=int(header["num_members"]),
+            deltas=tuple(header["deltas"]),
+            taus=tuple(header["taus"]),
+            count_clean_input=bool(header["count_clean_input"]),
+            stop_when_unreachable=bool(header["stop_when_unreachable"]),
+            num_rounds=int(header["num_rounds"]),
+            inputs=arrays.pop("inputs", None),
+            **arrays,
+        )
 
     def save(self, directory: str | os.PathLike) -> Path:
         """Write ``result.json`` and ``arrays.npz`` into ``directory``."""
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
         (path / "result.json").write_text(json.dumps(self.to_json_dict(), indent=1))
-        arrays = {f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), np.ndarray)}
-        np.savez_compressed(path / "arrays.npz", **arrays)
+        np.savez_compressed(path / "arrays.npz", **self.arrays())  # pyright: ignore[reportArgumentType]
         return path
 
     @classmethod
@@ -474,16 +501,7 @@ class SARResult:
         meta = json.loads((path / "result.json").read_text())
         with np.load(path / "arrays.npz", allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
-        return cls(
-            num_members=int(meta["num_members"]),
-            deltas=tuple(meta["deltas"]),
-            taus=tuple(meta["taus"]),
-            count_clean_input=bool(meta["count_clean_input"]),
-            stop_when_unreachable=bool(meta["stop_when_unreachable"]),
-            num_rounds=int(meta["num_rounds"]),
-            inputs=arrays.pop("inputs", None),
-            **arrays,
-        )
+        return cls.from_parts(meta, arrays)
 
 
 _ROUND_FILL = {"fallback_target": -1}
