@@ -26,6 +26,91 @@ from sarjax.cover.types import Candidates, JointAttack, SingleAttack
 _JOINT_STREAM = 0
 _SINGLE_STREAM = 1
 _POOL_API = ("apply", "params", "num_members", "num_classes", "input_shape", "predict", "check_input")
+PACK_LEVELS = 4  # run_sar's default: batch sizes B, B/2, ..., B/16 (at most 5 compiled shapes)
+
+
+def pack_sizes(batch: int, levels: int) -> tuple[int, ...]:
+    """The batch sizes a packed oracle calls its attack with: ``ceil(batch / 2**k)``, ``k = 0..levels``.
+
+    Args:
+        batch: ``B``, the rows of the oracle (a ``run_sar`` chunk).
+        levels: halvings (0: the whole batch only, no packing).
+
+    Returns:
+        The distinct sizes, increasing (at most ``levels + 1`` compiled shapes).
+    """
+    return tuple(sorted({-(-batch // 2**k) for k in range(levels + 1)}))
+
+
+class StackGate:
+    """A pool's ``apply`` whose stacks pass the input gradient only when switched on.
+
+    ``gate.apply((pool.params, on), x)`` returns ``pool.apply(pool.params, x)`` (the same logits,
+    computed the same way); ``on`` is a ``[S]`` bool array, one switch per stack. A stack that is
+    off runs its forward pass on ``lax.stop_gradient(x)`` inside a ``lax.cond``, so a gradient in
+    ``x`` skips its backward pass at run time without a new compiled shape. The SAR oracles switch
+    on the stacks that hold a member some row of the call attacks (:meth:`switches`): the members
+    of the other stacks have a zero weight in every row's loss, so their backward pass only adds
+    exact zeros to the gradient, and skipping it leaves every result unchanged.
+
+    It keeps ``prepare_apply`` (:func:`sarjax.attacks.core.evaluate.prepare`) and one instance per
+    pool (:meth:`of`), so attacks built on ``gate.apply`` share one compiled kernel per pool.
+
+    Args:
+        pool: a :class:`sarjax.models.pool.Pool`.
+    """
+
+    _instances: Any = None  # weakref.WeakKeyDictionary: pool -> its gate
+
+    def __init__(self, pool: Any):
+        self.pool = pool
+        self.slices = tuple(pool.member_slices)
+
+    @classmethod
+    def of(cls, pool: Any) -> StackGate:
+        """The gate of ``pool`` (one per pool object, so that kernels built on it are reused)."""
+        import weakref
+
+        if cls._instances is None:
+            cls._instances = weakref.WeakKeyDictionary()
+        gate = cls._instances.get(pool)
+        if gate is None:
+            gate = cls._instances[pool] = cls(pool)
+        return gate
+
+    def switches(self, mask: np.ndarray) -> np.ndarray:
+        """``[S]`` bool: the stacks holding a member that some row of ``mask`` (``[n, M]``) selects."""
+        m = np.asarray(mask).astype(bool)
+        return np.array([m[:, sl].any() for sl in self.slices], dtype=bool)
+
+    def params(self, mask: np.ndarray) -> tuple[Any, jax.Array]:
+        """The params of :meth:`apply` for a call whose rows select ``mask`` (``[n, M]``)."""
+        return self.pool.params, jnp.asarray(self.switches(mask))
+
+    def apply(self, params: Any, x: jax.Array) -> jax.Array:
+        """``[M, B, C]`` logits; ``params = (pool.params, on [S] bool)``."""
+        p, on = params
+        return self.apply_prepared((self.pool.prepare_apply(p)[1], on), x)
+
+    def prepare_apply(self, params: Any) -> tuple[Callable, Any]:
+        """``(fn, prepared)`` with ``fn(prepared, x) == self.apply(params, x)`` (the pool's layouts, once)."""
+        p, on = params
+        return self.apply_prepared, (self.pool.prepare_apply(p)[1], on)
+
+    def apply_prepared(self, prepared: Any, x: jax.Array) -> jax.Array:
+        """:meth:`apply` on the output of :meth:`prepare_apply`."""
+        prep, on = prepared
+        outs = []
+        for i, (stack, q) in enumerate(zip(self.pool.stacks, prep)):
+
+            def fwd(z, stack=stack, q=q):
+                return stack.apply_prepared(q, z)
+
+            def fwd_no_grad(z, fwd=fwd):
+                return fwd(jax.lax.stop_gradient(z))
+
+            outs.append(jax.lax.cond(on[i], fwd, fwd_no_grad, x))
+        return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=0)
 
 
 def make_attack_oracles(
@@ -38,6 +123,8 @@ def make_attack_oracles(
     eps: Any = None,
     use_best: bool = False,
     sample_ids: Any = None,
+    pack_levels: int = 0,
+    call_params: Callable[[np.ndarray], Any] | None = None,
 ) -> tuple[JointAttack, SingleAttack]:
     """Joint and single-member oracles from a mask-driven attack.
 
@@ -65,16 +152,39 @@ def make_attack_oracles(
             passed to ``attack`` (which must then accept ``sample_ids=``) so
             that a sample's random stream does not depend on the batch it is
             attacked in; None: the attack's default (its position, ``arange(B)``).
+        pack_levels: 0 (default): every call attacks all ``B`` rows (rows with
+            nothing selected are masked). ``k > 0``: each call attacks only the
+            rows with some selected member, packed into the smallest of the
+            batch sizes :func:`pack_sizes` ``(B, k)`` that holds them (padding
+            rows repeat a packed row with nothing selected), and the unattacked
+            rows come back as ``x0``, nothing covered, 0 queries, objective 0.
+            The attack is then always called with ``sample_ids=`` (``arange(B)``
+            when None), and each row's result must depend only on that row and
+            its id (as :func:`run_sar` requires of any attack): the results of
+            the attacked rows are those of the unpacked call.
+        call_params: optional ``call_params(mask [n, M] bool) -> params`` for
+            each call (e.g. :meth:`StackGate.params`); default ``params``.
 
     Returns:
         ``(joint, single)`` callables for :func:`sarjax.cover.greedy_sar`.
+
+    Raises:
+        ValueError: ``pack_levels`` not an int ``>= 0``.
     """
+    if isinstance(pack_levels, bool) or not isinstance(pack_levels, (int, np.integer)) or pack_levels < 0:
+        raise ValueError(f"pack_levels must be an int >= 0, got {pack_levels!r}")
+    x0_host = np.asarray(x0)
     x0 = jnp.asarray(x0)
-    ref = jnp.asarray(ref, jnp.int32)
+    ref_host = np.asarray(ref, np.int32)
+    ref = jnp.asarray(ref_host)
     b, m = ref.shape
     joint_key = jax.random.fold_in(key, _JOINT_STREAM)
     single_key = jax.random.fold_in(key, _SINGLE_STREAM)
-    ids = {} if sample_ids is None else {"sample_ids": np.asarray(sample_ids)}
+    sizes = pack_sizes(b, int(pack_levels))
+    if pack_levels and sample_ids is None:
+        sample_ids = np.arange(b)  # a packed row keeps its position's stream
+    id_host = None if sample_ids is None else np.asarray(sample_ids)
+    eps_host = None if eps is None or np.ndim(eps) == 0 else np.asarray(eps)
 
     def _candidates(res: Any) -> Candidates:
         x = res.best_x if use_best else res.x_adv
@@ -86,15 +196,48 @@ def make_attack_oracles(
             np.asarray(res.member_loss, dtype=np.float64),
         )
 
+    def _call(mask: np.ndarray, k: jax.Array) -> Candidates:
+        cp = params if call_params is None else call_params(mask)
+        rows = np.flatnonzero(mask.any(axis=1))
+        n = rows.size
+        size = next((z for z in sizes if z >= n), b)
+        if size == b:  # the whole batch (the unpacked call)
+            ids = {} if id_host is None else {"sample_ids": id_host}
+            return _candidates(attack(cp, x0, ref, jnp.asarray(mask, jnp.float32), k, eps=eps, **ids))
+        x_out = x0_host.copy()
+        covered = np.zeros((b, m), bool)
+        queries = np.zeros(b, np.int64)
+        objective = np.zeros((b, m))
+        if n == 0:
+            return Candidates(x_out, covered, queries, objective)
+        idx = np.concatenate([rows, np.full(size - n, rows[0])])
+        sub = mask[idx]
+        sub[n:] = False  # padding rows: nothing selected, never attacked
+        e = eps if eps_host is None else eps_host[idx]
+        assert id_host is not None  # packing always passes ids
+        res = _candidates(
+            attack(
+                cp,
+                jnp.asarray(x0_host[idx]),
+                jnp.asarray(ref_host[idx]),
+                jnp.asarray(sub, jnp.float32),
+                k,
+                eps=e,
+                sample_ids=id_host[idx],
+            )
+        )
+        x_out[rows] = res.x_adv[:n]
+        covered[rows] = res.covered[:n]
+        queries[rows] = res.queries[:n]
+        objective[rows] = res.objective[:n]
+        return Candidates(x_out, covered, queries, objective)
+
     def joint(uncovered: np.ndarray, round_index: int) -> Candidates:
-        mask = jnp.asarray(uncovered, jnp.float32)
-        k = jax.random.fold_in(joint_key, round_index)
-        return _candidates(attack(params, x0, ref, mask, k, eps=eps, **ids))
+        return _call(np.asarray(uncovered, bool), jax.random.fold_in(joint_key, round_index))
 
     def single(target: np.ndarray, active: np.ndarray, round_index: int) -> Candidates:
-        mask = (np.arange(m)[None, :] == np.asarray(target)[:, None]) & np.asarray(active)[:, None]
-        k = jax.random.fold_in(single_key, round_index)
-        return _candidates(attack(params, x0, ref, jnp.asarray(mask, jnp.float32), k, eps=eps, **ids))
+        mask = (np.arange(m)[None, :] == np.asarray(target)[:, None]) & np.asarray(active, bool)[:, None]
+        return _call(mask, jax.random.fold_in(single_key, round_index))
 
     return joint, single
 
@@ -210,6 +353,8 @@ def run_sar(
     member_attacks: tuple[Any, Any] | None = None,
     sample_ids: Any = None,
     overwrite: bool = False,
+    pack_levels: int = PACK_LEVELS,
+    gate_stacks: bool = True,
 ) -> SARResult:
     """SAR_{1-delta} of a vision pool on a batch of images with joint linf PGD.
 
@@ -273,6 +418,19 @@ def run_sar(
             when ``x`` is a slice of a larger set, so that a sample gets the
             same attack in any run that contains it. Chunk padding rows
             repeat a real row's id and are never attacked.
+        pack_levels: each attack call runs only the samples still active,
+            packed into the smallest batch of ``chunk_size``, ``chunk_size / 2``,
+            ..., ``chunk_size / 2**pack_levels`` (rounded up) that holds them
+            (default 4: at most 5 compiled shapes; 0: every call on the whole
+            chunk). Each sample's result is unchanged (its stream comes from its
+            id; see :func:`make_attack_oracles`); the greedy's late rounds,
+            where few samples are left, cost what they attack.
+        gate_stacks: with the default attack on a :class:`~sarjax.models.pool.Pool`
+            of several stacks, skip the backward pass of every stack none of
+            whose members the call attacks (:class:`StackGate`: e.g. a fallback
+            aimed at one member differentiates one architecture, not the pool).
+            The results are unchanged. Ignored for a custom ``attack`` or a
+            ``ShardedPool``.
 
     Returns:
         SARResult over all ``B`` samples (round logs padded across chunks).
@@ -339,10 +497,16 @@ def run_sar(
         raise TypeError(
             "run_sar: key is required (a jax.random key, e.g. jax.random.key(seed)); sarjax never defaults it"
         )
+    if isinstance(pack_levels, bool) or not isinstance(pack_levels, (int, np.integer)) or pack_levels < 0:
+        raise ValueError(f"pack_levels must be an int >= 0, got {pack_levels!r}")
+    gate = None
     if attack is None:
         from sarjax.attacks.joint import make_joint_pgd
 
-        attack = make_joint_pgd(pool.apply, eps=float(eps), steps=steps, step_size=step_size, restarts=restarts)
+        if gate_stacks and sharded is None and len(getattr(base, "stacks", ())) > 1:
+            gate = StackGate.of(pool)
+        apply = pool.apply if gate is None else gate.apply
+        attack = make_joint_pgd(apply, eps=float(eps), steps=steps, step_size=step_size, restarts=restarts)
     if sharded is not None:
         attack = _on_mesh(sharded, attack)
     from sarjax.attacks.core.validate import check_sample_ids
@@ -399,6 +563,8 @@ def run_sar(
                 eps=float(eps),
                 use_best=use_best,
                 sample_ids=ids[idx],
+                pack_levels=int(pack_levels),
+                call_params=None if gate is None else gate.params,
             )
             if member_attacks is not None:
                 single = precomputed_single(
