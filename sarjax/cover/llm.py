@@ -680,7 +680,7 @@ def pool_llm_sar(
     vocab = cfgs[0].vocab_size
     respond = PoolResponder(pool, max_new_tokens=max_new_tokens)
     if attack == "autodan":
-        from sarjax.attacks.text.autodan import autodan_llm_sar_parts  # pyright: ignore[reportMissingImports]
+        from sarjax.attacks.text.autodan import autodan_llm_sar_parts
 
         st = {**(settings or {})}
         fn, batch, kw, calls, st = autodan_llm_sar_parts(pool, behaviors, respond, judge, attacker, st, system)
