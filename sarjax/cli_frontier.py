@@ -20,6 +20,7 @@ import math
 import re
 import time
 from dataclasses import dataclass
+from functools import cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -136,15 +137,113 @@ def _apply_of(pool):
     return pool.apply, pool.params, False, ("pool", id(pool))
 
 
+class _FnStack:
+    """One member given by a plain ``apply(params, x) -> [B, C]`` (the self-ensemble's plain views)
+    in the shape ``run_entry`` and :func:`sarjax.attacks.autoattack.autoattack_pool` read: a
+    stacked ``params``, ``member_apply`` and ``arch.apply``."""
+
+    kind = "fn"
+
+    def __init__(self, apply, params, name: str):
+        from types import SimpleNamespace
+
+        import jax
+
+        self.member_apply = apply
+        self.arch = SimpleNamespace(apply=apply)
+        self.params = jax.tree.map(lambda a: a[None], params)
+        self.names = (name,)
+
+
+class _FnPool:
+    """A one-member pool of a :class:`_FnStack` (``apply``, ``logits``, ``params``, shapes)."""
+
+    def __init__(self, apply, params, name: str, input_shape=(28, 28, 1), num_classes: int = 10):
+        self.stacks = (_FnStack(apply, params, name),)
+        self.params = self.stacks[0].params
+        self.num_members = 1
+        self.input_shape = tuple(input_shape)
+        self.num_classes = int(num_classes)
+        self._one = apply
+
+    def apply(self, params, x):
+        import jax
+
+        return jax.vmap(self._one, (0, None))(params, x)
+
+    def logits(self, x, batch: int = 500):
+        import numpy as np
+
+        return np.concatenate(
+            [np.asarray(self.apply(self.params, x[s : s + batch])) for s in range(0, len(x), batch)], axis=1
+        )
+
+
+@dataclass
+class _Model:
+    """One ``--models`` item after loading: a saved pool, or one defense of a defense zoo."""
+
+    label: str  # display prefix of its members' names
+    tag: str  # cache folder name under OUT/cache
+    group: str  # split stratum (the --models directory)
+    pool: Any
+    member_names: list[str]
+
+
+def load_models(models: list[str]) -> list[_Model]:
+    """``--models`` directories as pools: a pool saved by ``sarjax train-pool`` (every member a
+    model), or a defense zoo written by ``sarjax train-defenses`` (a directory with
+    ``zoo.json``: every trained defense a one-member model; the randomized ones are attacked
+    deterministically: the noise defense without its inference noise, the self-ensemble through
+    its plain views, :func:`sarjax.defenses.zoo.load_zoo`)."""
+    from sarjax.models.checkpoint import load_pool
+
+    out: list[_Model] = []
+    for i, d in enumerate(models):
+        base = Path(d).name
+        if (Path(d) / "zoo.json").is_file():
+            from sarjax.defenses.zoo import load_zoo
+
+            for name, zm in load_zoo(d).items():
+                pool = zm.pool if zm.pool is not None else _FnPool(zm.apply, zm.params, name)
+                out.append(_Model(name, f"zoo-{_safe(base)}-{_safe(name)}", f"{i}-{base}", pool, [name]))
+            continue
+        pool, _ = load_pool(d)
+        member_names = [n for s in pool.stacks for n in s.names] if hasattr(pool, "stacks") else []
+        if len(member_names) != pool.num_members:
+            member_names = [f"m{j}" for j in range(pool.num_members)]
+        names = [f"{base}/{n}" for n in member_names]
+        out.append(_Model(base, f"{i}-{_safe(base)}", f"{i}-{base}", pool, names))
+    return out
+
+
+def _random_starts(key, ids, x, radius: float, norm: str):
+    """``[b, *S]`` random points of the ``norm`` ball of ``radius`` around each ``x`` (in the box),
+    seeded per sample id; one compiled function (eager vmapping compiled every primitive)."""
+    return _random_starts_jit()(key, ids, x, radius, norm)
+
+
+@cache
+def _random_starts_jit():
+    import jax
+
+    from sarjax.attacks import geometry
+    from sarjax.attacks.threat import canonical_norm
+
+    @partial(jax.jit, static_argnums=(4,))
+    def f(key, ids, x, radius, norm):
+        p = canonical_norm(norm)
+        return jax.vmap(lambda i, xi: geometry.random_in_ball(jax.random.fold_in(key, i), xi, radius, p))(ids, x)
+
+    return f
+
+
 def run_entry(fns: dict, pool, entry: EntrySpec, x, y, correct, targets, *, norm, cap, init_eps, key, batch):
     """Run one entry on every member of ``pool``: ``(norm [B, M], trajectory [B, M, cap // 10],
     queries [B, M])`` as numpy, misclassified (sample, member) pairs at distance 0."""
     import jax
     import jax.numpy as jnp
     import numpy as np
-
-    from sarjax.attacks import geometry
-    from sarjax.attacks.threat import canonical_norm
 
     tg = entry.kind == "targeted"
     apply, params, stacked, arch_key = _apply_of(pool)
@@ -165,10 +264,7 @@ def run_entry(fns: dict, pool, entry: EntrySpec, x, y, correct, targets, *, norm
             ref = targets[sl, :, entry.rank - 1]
             kw["labels"] = y[sl]
         if entry.kind == "restart":  # papers/001: "5 independent initializations sampled from the lp ball"
-            p = canonical_norm(norm)
-            kw["x_init"] = jax.vmap(
-                lambda i, xi: geometry.random_in_ball(jax.random.fold_in(ekey, i), xi, init_eps, p)
-            )(jnp.asarray(ids), jnp.asarray(x[sl]))
+            kw["x_init"] = _random_starts(ekey, jnp.asarray(ids), jnp.asarray(x[sl]), float(init_eps), norm)
         if not mask.any():
             m = correct.shape[1]
             outs.append(
@@ -239,7 +335,6 @@ def run_frontier(
     from sarjax.data.mnist import load_mnist
     from sarjax.frontier import PoolEntry, TrajectoryPool, build_report
     from sarjax.frontier import plots as fplots
-    from sarjax.models.checkpoint import load_pool
     from sarjax.progress import progress_bar
 
     entries = attack_pool(norm, attacks, restarts, targeted)
@@ -267,21 +362,23 @@ def run_frontier(
     outp = Path(out)
     outp.mkdir(parents=True, exist_ok=True)
     key = jax.random.key(seed)
-    names, groups, trajs, timings = [], [], [], {}
-    pools = []
-    for d in models:
-        pool, _ = load_pool(d)
+    names, groups, trajs, timings, ran = [], [], [], {}, []
+    loaded = load_models(models)
+    for mdl in loaded:
+        pool = mdl.pool
         if tuple(pool.input_shape) != x.shape[1:]:
-            raise ValueError(f"{d}: the pool takes inputs of shape {pool.input_shape}, the data has {x.shape[1:]}")
+            raise ValueError(
+                f"{mdl.label}: the pool takes inputs of shape {pool.input_shape}, the data has {x.shape[1:]}"
+            )
         if targeted > pool.num_classes - 1:
-            raise ValueError(f"--targeted {targeted} exceeds the {pool.num_classes - 1} wrong classes of {d}")
-        pools.append(pool)
+            raise ValueError(f"--targeted {targeted} exceeds the {pool.num_classes - 1} wrong classes of {mdl.label}")
+    pools = [mdl.pool for mdl in loaded]
     total = len(pools) * len(entries)
     fns: dict = {}
     with progress_bar(progress) as bar:
         task = bar.add_task(f"frontier {norm}", total=total)
-        for i, (d, pool) in enumerate(zip(models, pools)):
-            tag = f"{i}-{_safe(Path(d).name)}"
+        for mdl in loaded:
+            pool, tag = mdl.pool, mdl.tag
             cdir = outp / "cache" / tag
             fp = {
                 "kind": "frontier",
@@ -308,8 +405,9 @@ def run_frontier(
                     if str(z["entry"]) != spec:
                         raise ValueError(f"{f} holds another entry ({z['entry']}); {CACHE_HINT}")
                     traj = z["trajectory"]
+                    timings[f"{tag}:{e.name}"] = float(z["seconds"])  # as measured when it ran
                 else:
-                    bar.update(task, description=f"{Path(d).name}: {e.name}")
+                    bar.update(task, description=f"{mdl.label}: {e.name}")
                     t0 = time.time()
                     n, traj, q = run_entry(
                         fns, pool, e, x, y, correct, tk, norm=norm, cap=cap, init_eps=eps0, key=key, batch=batch
@@ -319,15 +417,13 @@ def run_frontier(
                     np.savez(tmp, norm=n, trajectory=traj, queries=q, entry=np.array(spec), seconds=np.array(dt))
                     tmp.replace(f)
                     timings[f"{tag}:{e.name}"] = dt
+                    ran.append(f"{tag}:{e.name}")
                 per_entry.append(traj)  # [B, M, L]
                 bar.advance(task)
             arr = np.stack(per_entry)  # [A, B, M, L]
             trajs.append(np.transpose(arr, (2, 0, 1, 3)))  # [M, A, B, L]
-            member_names = [n for s in pool.stacks for n in s.names] if hasattr(pool, "stacks") else []
-            if len(member_names) != pool.num_members:
-                member_names = [f"m{j}" for j in range(pool.num_members)]
-            names += [f"{Path(d).name}/{n}" for n in member_names]
-            groups += [f"{i}-{Path(d).name}"] * pool.num_members
+            names += mdl.member_names
+            groups += [mdl.group] * pool.num_members
     pool_entries = tuple(PoolEntry(e.name, e.kind, None if e.kind == "base" else e.attack, e.rank) for e in entries)
     tp = TrajectoryPool(np.concatenate(trajs), pool_entries, cap=cap, every=10, models=tuple(names))
     report = build_report(tp, norm=norm, tiers=ts, heldout=heldout, groups=groups, seed=seed)
@@ -335,13 +431,14 @@ def run_frontier(
         "models_dirs": [str(m) for m in models],
         "data": data.source,
         "init_eps": eps0,
-        "attack_seconds": timings,
+        "attack_seconds": timings,  # every entry's run time (read back from the cache for cached entries)
+        "ran": ran,  # the entries this invocation ran (the others came from the cache)
         "attack_seconds_by_attack": _by_attack(timings),
     }
     aa_aoi = None
     if autoattack:
         aa_cfg = {"attacks": aa_attacks, "n_iter": aa_iter, "square_queries": aa_square, "eps_ref": eps_ref}
-        aa = _run_autoattack(models, pools, tp, x, y, norm=norm, key=key, cfg=aa_cfg, out=outp, progress=progress)
+        aa = _run_autoattack(loaded, tp, x, y, norm=norm, key=key, cfg=aa_cfg, out=outp, progress=progress)
         report.extra["autoattack"] = _compare_autoattack(report, tp, aa, eps_ref)
         aa_aoi = [report.extra["autoattack"]["models"][n]["aoi"] for n in names]
     report.to_json(outp / "frontier.json")
@@ -367,7 +464,7 @@ def run_frontier(
     return report
 
 
-def _run_autoattack(models, pools, tp, x, y, *, norm, key, cfg, out: Path, progress: bool) -> dict[str, Any]:
+def _run_autoattack(loaded, tp, x, y, *, norm, key, cfg, out: Path, progress: bool) -> dict[str, Any]:
     """AutoAttack on every pool at its eps grid, cached per (pool, eps) next to the trajectories.
 
     Returns ``{model name: (eps [E], accuracy [E], queries [E, B], frontier distances [B])}``."""
@@ -382,13 +479,14 @@ def _run_autoattack(models, pools, tp, x, y, *, norm, key, cfg, out: Path, progr
     res: dict[str, Any] = {}
     row = 0
     with progress_bar(progress) as bar:
-        task = bar.add_task("autoattack", total=len(pools))
-        for i, (d, pool) in enumerate(zip(models, pools)):
+        task = bar.add_task("autoattack", total=len(loaded))
+        for mdl in loaded:
+            pool = mdl.pool
             m = pool.num_members
             rows = slice(row, row + m)
             row += m
             grid = eps_grid(front[rows].ravel(), cfg["eps_ref"])
-            cdir = out / "cache" / f"{i}-{_safe(Path(d).name)}"
+            cdir = out / "cache" / mdl.tag
             spec = json.dumps({**cfg, "eps": grid.tolist()}, sort_keys=True)
             f = cdir / "autoattack.npz"
             if f.is_file():
@@ -399,7 +497,7 @@ def _run_autoattack(models, pools, tp, x, y, *, norm, key, cfg, out: Path, progr
             else:
                 rob, qs = [], []
                 for k, e in enumerate(grid):
-                    bar.update(task, description=f"autoattack {Path(d).name} eps={e:.4g}")
+                    bar.update(task, description=f"autoattack {mdl.label} eps={e:.4g}")
                     kw: dict[str, Any] = {"n_iter": cfg["n_iter"], "fab_iter": cfg["n_iter"]}
                     kw["square_queries"] = cfg["square_queries"]
                     if cfg["attacks"]:

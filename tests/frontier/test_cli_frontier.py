@@ -84,10 +84,11 @@ def test_frontier_cli_end_to_end(pools, tmp_path, capsys):
     np.testing.assert_array_equal(tr[..., -1], z["norm"])
     assert rep.extra["attack_seconds_by_attack"].keys() == {"fmn"}
     assert min(rep.clean_accuracy) > 0  # some pairs were attacked
-    # a rerun reads the cache (no attack runs: no timings) and gives the same report
+    # a rerun reads the cache (no attack runs; the stored run times) and gives the same report
+    assert len(rep.extra["ran"]) == 6
     assert main(["frontier", "--models", *pools, "--out", str(out), *ARGS]) == 0
     rep2 = FrontierReport.from_json(out / "frontier.json")
-    assert rep2.extra["attack_seconds"] == {}
+    assert rep2.extra["ran"] == [] and rep2.extra["attack_seconds"] == pytest.approx(rep.extra["attack_seconds"])
     assert [t.q for t in rep2.tiers] == [t.q for t in rep.tiers] and rep2.tiers[-1].doi == rep.tiers[-1].doi
     # DOI of the last tier recomputed from the cache
     trajs = []
