@@ -1,0 +1,135 @@
+"""The whole ``sarjax frontier`` run: where its time goes, per attack, per kind of entry, per model.
+
+Issue 17, item 5: "the whole frontier run (attack pool on 12 models x 1,000 images) on CPU
+[...] with the time split per attack".  ``sarjax frontier`` records the wall time of every
+(model, entry) run in ``OUT/frontier.json`` (``extra.attack_seconds``, kept for entries read
+back from its cache).  This script either summarises such a run (``--from OUT``) or runs one
+first (``--models ... --out OUT``, the CLI's options) and then summarises it:
+
+* seconds per attack, per kind (base run, random restart, targeted run) and per model;
+* per attack the median seconds of one (model, entry) run and ``median x runs``, a
+  steady-state estimate; the rest of the total (``total - estimate``) is mostly compilation,
+  paid by the first run of each (attack, targeted or not, architecture) in a process;
+* microseconds per query at the median (queries = cap x images x members per run).
+
+There is no baseline to alternate with (the run is the measurement); the load average before
+and after is recorded, since the machine is shared.
+
+Usage::
+
+    PYTHONPATH=. python benchmarks/frontier_run.py --from /work/zoo/h6-frontier-linf
+    PYTHONPATH=. python benchmarks/frontier_run.py --quick --models /work/zoo/mnist --out /tmp/fr
+    PYTHONPATH=. python benchmarks/frontier_run.py --models DIR... --norm linf --samples 1000 --out OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _kind(entry: str) -> str:
+    tail = entry.split("/", 1)[1] if "/" in entry else ""
+    return "restart" if tail.startswith("r") else "targeted" if tail.startswith("t") else "base"
+
+
+def summarise(report: dict) -> dict:
+    """The time split of a ``frontier.json`` (as a dict)."""
+    secs: dict[str, float] = report["extra"]["attack_seconds"]
+    samples, cap = int(report["samples"]), int(report["cap"])
+    by_attack: dict[str, list[float]] = {}
+    by_kind: dict[str, float] = {}
+    by_model: dict[str, float] = {}
+    for k, v in secs.items():
+        model, entry = k.split(":", 1)
+        a = entry.split("/", 1)[0]
+        by_attack.setdefault(a, []).append(v)
+        by_kind[_kind(entry)] = by_kind.get(_kind(entry), 0.0) + v
+        by_model[model] = by_model.get(model, 0.0) + v
+    total = float(sum(secs.values()))
+    members = len(report["models"]) / max(1, len(by_model))  # members per cached model folder
+    attacks = {}
+    for a, vs in sorted(by_attack.items()):
+        med = statistics.median(vs)
+        attacks[a] = dict(
+            runs=len(vs),
+            seconds=float(sum(vs)),
+            share=float(sum(vs)) / total if total else 0.0,
+            median_run_seconds=med,
+            steady_estimate_seconds=med * len(vs),
+            first_call_overhead_seconds=float(sum(vs)) - med * len(vs),
+            us_per_query_at_median=1e6 * med / (cap * samples * members),
+        )
+    return dict(
+        norm=report["norm"],
+        models=len(report["models"]),
+        samples=samples,
+        cap=cap,
+        entries=len(report["entries"]),
+        total_attack_seconds=total,
+        by_attack=attacks,
+        by_kind=by_kind,
+        by_model=by_model,
+    )
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--from", dest="src", default=None, help="summarise OUT/frontier.json of an earlier run")
+    ap.add_argument("--quick", action="store_true", help="a tiny run: 4 images, cap 100, FMN, 1 restart, 1 target")
+    ap.add_argument("--models", nargs="*", default=None)
+    ap.add_argument("--norm", default="linf")
+    ap.add_argument("--samples", type=int, default=1000)
+    ap.add_argument("--out", default=None, help="the frontier run's output directory (with --models)")
+    ap.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more `sarjax frontier` options")
+    ap.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "frontier_run.json"))
+    args = ap.parse_args(argv)
+    load0 = os.getloadavg()
+    t0 = time.time()
+    if args.src is None:
+        if not args.models or not args.out:
+            ap.error("give --from OUT, or --models DIR... and --out OUT")
+        from sarjax.cli import main as cli
+
+        cmd = ["frontier", "--models", *args.models, "--norm", args.norm, "--out", args.out, "--no-progress"]
+        if args.quick:
+            cmd += ["--samples", "4", "--cap", "100", "--attacks", "fmn", "--restarts", "1", "--targeted", "1"]
+            cmd += ["--tiers", "100", "200"]
+        else:
+            cmd += ["--samples", str(args.samples)]
+        cli(cmd + list(args.extra))
+        src = Path(args.out)
+    else:
+        src = Path(args.src)
+    report = json.loads((src / "frontier.json").read_text())
+    out = dict(
+        command="python benchmarks/frontier_run.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        source=str(src),
+        wall_seconds_this_call=time.time() - t0,
+        load_before=load0,
+        load_after=os.getloadavg(),
+        **summarise(report),
+    )
+    for a, r in out["by_attack"].items():
+        print(
+            f"{a:>14}: {r['seconds']:8.1f} s ({100 * r['share']:4.1f}%), {r['runs']} runs, median {r['median_run_seconds']:.1f} s, "
+            f"first-call overhead {r['first_call_overhead_seconds']:.0f} s, {r['us_per_query_at_median']:.1f} us/query"
+        )
+    print(
+        f"by kind: { {k: round(v, 1) for k, v in out['by_kind'].items()} }; total {out['total_attack_seconds']:.0f} s"
+    )
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+    print(f"load {load0} -> {out['load_after']}; wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
