@@ -103,6 +103,8 @@ RANDOMIZED_RTOL = 1e-4  # checks.py check_randomized: alpha = 1e-4 on L2-normali
 PROBABILITY_ATOL = 1e-5  # checks.py check_range_output: alpha = 1e-5
 SQUARE_GAIN = 0.002  # checks.py check_square_sr: alpha = .002
 BATCH = 250  # rows per compiled call (autoattack.py run_standard_evaluation: bs=250)
+N_BUCKETS = 4  # chunk sizes bs, bs / 2, bs / 4, bs / 8 (sarjax: padding vs compiled shapes)
+MIN_BUCKET = 32  # no chunk size below 32 rows unless bs is smaller (sarjax)
 
 
 class AutoAttackWarning(UserWarning):
@@ -525,6 +527,13 @@ class _Ctx(NamedTuple):
     version: str
 
 
+def _buckets(bs: int) -> list[int]:
+    """Chunk sizes for ``batch_size = bs``: ``ceil(bs / 2^j)`` for ``j < N_BUCKETS``, none below
+    ``min(bs, MIN_BUCKET)`` (ascending)."""
+    lo = min(bs, MIN_BUCKET)
+    return sorted({max(lo, -(-bs // 2**j)) for j in range(N_BUCKETS)})
+
+
 def _largereps(n_iter: int) -> list[tuple[float, int]]:
     iters = [math.ceil(s * n_iter) for _, s in LARGEREPS[:-1]]
     iters.append(n_iter - sum(iters))
@@ -737,20 +746,23 @@ def autoattack(
     say = print if log else (lambda *a, **k: None)
     say(f"using {version} version including {', '.join(stages)} ({norm_name(p)}, eps={eps:g}, {mem.m} member(s))")
 
-    # Chunks of bs rows built at the start of every stage from the rows still robust for some member
-    # (compaction: a sample's draws depend on its sample id only, so the rows a chunk holds do not
-    # change its result); the last chunk is padded by repeating a row with an all-zero mask (no
-    # queries, results dropped); every chunk has bs rows: one compiled kernel per attack.
+    # Before every run (a restart, a target, an l1 phase schedule) the rows still robust for some
+    # member are packed into chunks of bs rows (compaction: a sample's draws depend on its sample id
+    # only, so the rows a chunk holds do not change its result); the last chunk is padded, by
+    # repeating a row with an all-zero mask (no queries, results dropped), up to the smallest of a
+    # few bucket sizes (bs, bs / 2, bs / 4, bs / 8: at most four compiled shapes per kernel).
     xp, yp, sp = x0, yh.astype(np.int32), sid_all.astype(np.int32)
     ctx = _Ctx(mem, p, eps, eot, tuple(float(v) for v in box), n_iter, fab_iter, square_queries, version)
     vkey = jax.random.fold_in(key, 0xC1EA)
     m = mem.m
+    sizes = _buckets(bs)
 
     def chunks_of(rows):
         for c0 in range(0, len(rows), bs):
             idx = rows[c0 : c0 + bs]
-            pad_idx = np.concatenate([idx, np.repeat(idx[:1], bs - len(idx))])
-            valid = np.arange(bs) < len(idx)
+            size = next(v for v in sizes if v >= len(idx))
+            pad_idx = np.concatenate([idx, np.repeat(idx[:1], size - len(idx))])
+            valid = np.arange(size) < len(idx)
             yield idx, pad_idx, valid, (jnp.asarray(xp[pad_idx]), yp[pad_idx], jnp.asarray(sp[pad_idx]))
 
     def verify(yc, xc):
@@ -759,8 +771,8 @@ def autoattack(
         return _wrong(z, yc)
 
     robust = np.zeros((B, m), bool)
-    for idx, _, _, chunk in chunks_of(np.arange(B)):
-        xc = np.broadcast_to(np.asarray(chunk[0])[:, None], (bs, m, *xp.shape[1:]))
+    for idx, pad_idx, _, chunk in chunks_of(np.arange(B)):
+        xc = np.broadcast_to(np.asarray(chunk[0])[:, None], (len(pad_idx), m, *xp.shape[1:]))
         robust[idx] = ~verify(chunk[1], xc)[: len(idx)]
     clean = robust.copy()
     x_adv = np.array(np.broadcast_to(xp[:, None], (B, m, *xp.shape[1:])))
@@ -783,17 +795,21 @@ def autoattack(
             continue
         skey = jax.random.fold_in(key, s_idx + 1)
         before = robust.copy()
-        for idx, pad_idx, valid, chunk in chunks_of(np.flatnonzero(robust.any(axis=1))):
-            n = len(idx)
-
-            def mask_now(pad_idx=pad_idx, valid=valid):
-                return (robust[pad_idx] & valid[:, None]).astype(np.float32)
-
-            for xc, qc in _runs(name, ctx, chunk, mask_now, skey):
-                mk = mask_now() > 0
+        ranked = None
+        if name in ("apgd-t", "fab-t"):  # targets ranked once, on the clean logits, for the rows robust now
+            ranked = np.zeros((B, m, max(mem.c - 1, 1)), np.int32)
+            for idx, _, _, chunk in chunks_of(np.flatnonzero(robust.any(axis=1))):
+                ranked[idx] = _ranked(ctx, chunk, jax.random.fold_in(skey, 0xA11))[: len(idx)]
+                q[idx] += eot * robust[idx]  # the ranking forward
+        for run_one in _runs(name, ctx, skey):
+            rows = np.flatnonzero(robust.any(axis=1))
+            if not rows.size:  # nothing left to attack: no kernel call
+                break
+            for idx, pad_idx, valid, chunk in chunks_of(rows):
+                n = len(idx)
+                mk = robust[pad_idx] & valid[:, None]
+                xc, qc = run_one(chunk, mk.astype(np.float32), None if ranked is None else ranked[pad_idx])
                 q[idx] += qc[:n].astype(np.int64)
-                if xc is None:
-                    continue
                 wrong = (verify(chunk[1], xc) & mk)[:n]
                 q[idx] += eot * mk[:n]
                 upd = x_adv[idx]
@@ -872,53 +888,43 @@ def _ranked(ctx: _Ctx, chunk, key) -> np.ndarray:
     return np.argsort(-z, axis=-1, kind="stable")[..., : mem.c - 1].astype(np.int32)
 
 
-def _runs(name: str, ctx: _Ctx, chunk, mask_now: Callable, skey):
-    """The runs of one stage on one chunk, each seeing the CURRENT still-robust mask: yields
-    ``(x_cand [b, M, *S] or None, queries [b, M])``."""
-    x0, y, sid = chunk
+def _runs(name: str, ctx: _Ctx, skey):
+    """The runs of one stage, in AutoAttack's order (restarts, then targets): each a function
+    ``run(chunk, mask [b, M], ranked [b, M, C - 1] or None) -> (x_cand [b, M, *S], queries [b, M])``
+    applied to the chunks of the rows still robust before it."""
     l1 = ctx.p == 1.0
     plus = ctx.version == "plus"
     if name in ("apgd-ce", "apgd-dlr"):
         loss = name.split("-")[1]
         n = RESTARTS_L1 if (l1 and ctx.version == "standard") else (RESTARTS_PLUS if plus else 1)
         for r in range(n):
-            if not mask_now().any():  # nothing left to attack in this chunk: no kernel call
-                return
-            yield _apgd_run(ctx, chunk, mask_now(), jax.random.fold_in(skey, r), loss)
+            yield lambda chunk, mask, _, r=r: _apgd_run(ctx, chunk, mask, jax.random.fold_in(skey, r), loss)
     elif name in ("apgd-t", "fab-t"):
-        mk = mask_now()
-        if not mk.any():
-            return
-        ranked = _ranked(ctx, chunk, jax.random.fold_in(skey, 0xA11))
-        yield None, ctx.eot * mk.astype(np.int64)  # the ranking forward
         n = min(N_TARGETS_L1 if (l1 and name == "apgd-t") else N_TARGETS, ctx.mem.c - 1)
         for t in range(n):
             k = jax.random.fold_in(skey, t)
             if name == "apgd-t":
-                if not mask_now().any():  # nothing left to attack in this chunk: no kernel call
-                    return
-                yield _apgd_run(ctx, chunk, mask_now(), k, "dlr", targets=ranked[..., t])
+                yield lambda chunk, mask, ranked, k=k, t=t: _apgd_run(
+                    ctx, chunk, mask, k, "dlr", targets=ranked[..., t]
+                )
             else:
-                if not mask_now().any():  # nothing left to attack in this chunk: no kernel call
-                    return
-                yield _fab_run(ctx, chunk, mask_now(), k, targets=ranked[..., t])
+                yield lambda chunk, mask, ranked, k=k, t=t: _fab_run(ctx, chunk, mask, k, targets=ranked[..., t])
     elif name == "fab":
         n = RESTARTS_PLUS if plus else 1
         for r in range(n):
-            k = jax.random.fold_in(skey, r)
-            xi = None
-            if r > 0:  # AutoAttack's FAB restarts > 0 start at a random point of radius eps / 2
-                keys = jax.vmap(lambda s: jax.random.fold_in(jax.random.fold_in(k, 0x5EED), s))(sid.astype(jnp.uint32))
-                xi = jax.vmap(lambda kk, a: G.random_in_ball(kk, a, FAB_RAND_RADIUS * ctx.eps, ctx.p, ctx.box))(
-                    keys, x0
-                )
-            if not mask_now().any():  # nothing left to attack in this chunk: no kernel call
-                return
-            yield _fab_run(ctx, chunk, mask_now(), k, x_init=xi)
+            yield functools.partial(_fab_restart, ctx, jax.random.fold_in(skey, r), r)
     elif name == "square":
-        if not mask_now().any():  # nothing left to attack in this chunk: no kernel call
-            return
-        yield _square_run(ctx, chunk, mask_now(), skey)
+        yield lambda chunk, mask, _: _square_run(ctx, chunk, mask, skey)
+
+
+def _fab_restart(ctx: _Ctx, k, r: int, chunk, mask, _ranked=None):
+    """FAB (untargeted) restart ``r``: restarts > 0 start at a random point of radius eps / 2 (AutoAttack)."""
+    x0, _, sid = chunk
+    xi = None
+    if r > 0:
+        keys = jax.vmap(lambda s: jax.random.fold_in(jax.random.fold_in(k, 0x5EED), s))(sid.astype(jnp.uint32))
+        xi = jax.vmap(lambda kk, a: G.random_in_ball(kk, a, FAB_RAND_RADIUS * ctx.eps, ctx.p, ctx.box))(keys, x0)
+    return _fab_run(ctx, chunk, mask, k, x_init=xi)
 
 
 def autoattack_pool(
