@@ -56,6 +56,7 @@ def beast(pool):
 _nll_one = jax.jit(scoring.target_nll, static_argnums=1)
 _logits_one = jax.jit(decoder.logits, static_argnums=1)
 _member_losses = jax.jit(T.member_losses, static_argnums=(0, 1))
+_member_losses_cached = jax.jit(T.member_losses_cached, static_argnums=(0, 1))
 
 
 def _member_nll(cfg, params, m, prompt, target):
@@ -85,6 +86,10 @@ def test_joint_loss_equals_mean_of_members_one_by_one(pool):
         np.testing.assert_allclose(ml[:, n], each, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(jl[n], want, rtol=1e-5, atol=1e-5)
         assert abs(jl[n] - np.mean(each)) > 1e-4  # the mask matters here
+    # GCG's candidate scoring reads the (left-padded) before block from a per-member KV cache
+    np.testing.assert_allclose(
+        np.asarray(_member_losses_cached(model, target_loss, params, r, sufs, sm)), ml, atol=1e-5
+    )
 
 
 def test_pool_of_two_stacks_scores_members_in_stack_order(pool):
@@ -98,6 +103,9 @@ def test_pool_of_two_stacks_scores_members_in_stack_order(pool):
     want = [_member_nll(cfg, params, m, prompt, TARGET[0]).mean() for m in range(2)]
     want.append(_member_nll(gcfg, gp, 0, prompt, TARGET[0]).mean())
     np.testing.assert_allclose(ml[:, 0], want, rtol=1e-5, atol=1e-5)
+    model2 = llm_text_model((cfg, gcfg))
+    cached = _member_losses_cached(model2, target_loss, two, r, np.array([[3, 4, 5]]), np.ones(3))
+    np.testing.assert_allclose(np.asarray(cached)[:, 0], want, rtol=1e-5, atol=1e-5)  # one cache per stack
     with pytest.raises(ValueError, match="share one vocabulary"):
         llm_text_model((cfg, tiny_gpt2(V + 1)))
 

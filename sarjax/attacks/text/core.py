@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sarjax.attacks import queries as Q
+from sarjax.attacks.core.entry import Entry
 
 
 class TextBatch(NamedTuple):
@@ -82,11 +83,18 @@ class TextModel(NamedTuple):
         NLL of the target after one prompt (0 at padded target tokens), every member.
       nll_one_hot: same with the prompt given as ``one_hot [T, V]`` float32 (differentiable).
       logits: ``logits(params, ids [T], mask [T]) -> [M, T, V]`` next-token logits.
+      prefill: optional ``prefill(params, ids [P], mask [P]) -> cache``: every member's keys and
+        values of a shared prompt prefix (None: the model has no cache; scoring runs full prompts).
+      nll_cached: optional ``nll_cached(params, cache, ids [T], mask [T], target, target_mask) ->
+        [M, Tt]``: :attr:`nll` of ``prefix | ids`` with the prefix read from ``cache`` (equal to
+        :attr:`nll` on the concatenation up to float rounding).
     """
 
     nll: Callable
     nll_one_hot: Callable
     logits: Callable
+    prefill: Callable | None = None
+    nll_cached: Callable | None = None
 
 
 class TextAttackResult(NamedTuple):
@@ -196,7 +204,21 @@ def llm_text_model(cfgs) -> TextModel:
     def logits(params, ids, mask):
         return each(params, lambda p, c: decoder.logits(p, c, ids, mask))
 
-    return TextModel(nll, nll_one_hot, logits)
+    def prefill(params, ids, mask):
+        ps = (params,) if single else params
+        return tuple(
+            jax.vmap(lambda p, c=c: decoder.prefill(p, c, ids, mask)[1])(p) for p, c in zip(ps, cs, strict=True)
+        )
+
+    def nll_cached(params, cache, ids, mask, target, target_mask):
+        ps = (params,) if single else params
+        out = [
+            jax.vmap(lambda p, kv, c=c: scoring.target_nll(p, c, ids, mask, target, target_mask, (kv,)))(p, kv)
+            for p, kv, c in zip(ps, cache, cs, strict=True)
+        ]
+        return jnp.concatenate(out, axis=0)
+
+    return TextModel(nll, nll_one_hot, logits, prefill, nll_cached)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -234,6 +256,28 @@ def member_losses(model: TextModel, loss_fn: Callable, params, r: TextBatch, suf
     def one(s, sm):
         ids, mask = assemble(r, s, sm)
         return loss_fn(model.nll(params, ids, mask, r.target, r.target_mask), r.target_mask)
+
+    return jax.vmap(one, out_axes=1)(suffixes, smasks)
+
+
+def member_losses_cached(model: TextModel, loss_fn: Callable, params, r: TextBatch, suffixes, smasks):
+    """:func:`member_losses` with the request's ``before`` block run once per member and read from
+    a KV cache by every candidate (``model.prefill`` / ``model.nll_cached``); falls back to
+    :func:`member_losses` when the model has no cache. Equal up to float rounding.
+
+    Returns:
+      ``[M, N]`` float32.
+    """
+    nll_cached = model.nll_cached
+    if model.prefill is None or nll_cached is None:
+        return member_losses(model, loss_fn, params, r, suffixes, smasks)
+    smasks = jnp.broadcast_to(smasks, suffixes.shape)
+    cache = model.prefill(params, r.before, r.before_mask)
+
+    def one(s, sm):
+        ids = jnp.concatenate([s, r.after]).astype(jnp.int32)
+        mask = jnp.concatenate([sm, r.after_mask]).astype(jnp.int32)
+        return loss_fn(nll_cached(params, cache, ids, mask, r.target, r.target_mask), r.target_mask)
 
     return jax.vmap(one, out_axes=1)(suffixes, smasks)
 
@@ -554,10 +598,18 @@ def allowed_vocab(tokenizer, vocab_size: int, ascii_only: bool = True) -> np.nda
     return al
 
 
-class TextAttackFn:
+class TextAttackFn(Entry):
     """The entries of a suffix attack: ``fn(params, batch, mask=None, key, *, max_queries=None,
     allowed=None, suffix_init=None, init_len=None, sample_ids=None) -> TextAttackResult`` (validated, audited),
     ``fn.jit(...)`` (same arguments; jit-safe, no validation or audit) and ``fn.attack``.
+
+    A subclass of the image attacks' :class:`~sarjax.attacks.core.entry.Entry`: one code path
+    (validate -> :func:`~sarjax.attacks.core.protocol.run_jit` -> audit) through its hooks
+    ``_host_problem`` / ``_traced_problem`` / ``_audit_result``. Only the positional signature
+    differs: a text request carries its own target, so there is no ``ref`` argument
+    (``fn(params, batch, mask, key)``, not ``fn(params, x0, ref, mask, key)``); ``problem`` and
+    ``jit`` pass ``ref=None`` to :class:`Entry`'s, and ``__call__`` repeats its three lines with
+    the text signature.
 
     Args:
       attack: the state machine (:class:`~sarjax.attacks.core.Attack`).
@@ -572,9 +624,10 @@ class TextAttackFn:
     """
 
     def __init__(self, attack, *, name, model, vocab_size, suffix_len, tokenizer=None, init_id=None, grows=False):
-        self.attack = attack
+        self._attack = attack
         self.name = name
         self.__name__ = name
+        self.apply = None
         self.model = model
         self.vocab_size = vocab_size
         self.suffix_len = suffix_len
@@ -582,12 +635,18 @@ class TextAttackFn:
         self.init_id = init_id
         self.grows = grows
 
-    def problem(
+    @property
+    def attack(self):
+        """The state machine."""
+        return self._attack
+
+    def _host_problem(
         self,
         params,
         batch,
-        mask=None,
-        key=None,
+        ref,
+        mask,
+        key,
         *,
         max_queries=None,
         allowed=None,
@@ -595,28 +654,19 @@ class TextAttackFn:
         init_len=None,
         sample_ids=None,
     ):
-        """The validated :class:`TextProblem` of a call (host side)."""
         return host_problem(
             self.name, self.model, params, batch, mask, key, vocab_size=self.vocab_size, ls=self.suffix_len,
             max_queries=max_queries, allowed=allowed, suffix_init=suffix_init, sample_ids=sample_ids, init_id=self.init_id,
             init_len=init_len, grows=self.grows,
         )  # fmt: skip
 
-    def __call__(self, params, batch, mask=None, key=None, **call) -> TextAttackResult:
-        """Validate -> the compiled state machine -> audit (see :func:`audit_text`)."""
-        from sarjax.attacks.core.protocol import run_jit
-
-        problem = self.problem(params, batch, mask, key, **call)
-        result = run_jit(self.attack, params, problem)
-        audit_text(self.name, problem, result, self.tokenizer)
-        return result
-
-    def jit(
+    def _traced_problem(
         self,
         params,
         batch,
-        mask=None,
-        key=None,
+        ref,
+        mask,
+        key,
         *,
         max_queries=None,
         allowed=None,
@@ -624,16 +674,33 @@ class TextAttackFn:
         init_len=None,
         sample_ids=None,
     ):
-        """The jit-safe entry (no host call, no validation, no audit)."""
-        from sarjax.attacks.core.protocol import run
-
         m = member_count(self.model, params, TextBatch(*(jnp.asarray(a) for a in batch)))
-        problem = traced_problem(
+        return traced_problem(
             batch, mask, key, vocab_size=self.vocab_size, ls=self.suffix_len, max_queries=max_queries,
             allowed=allowed, suffix_init=suffix_init, sample_ids=sample_ids, init_id=self.init_id, m=m,
             init_len=init_len, grows=self.grows,
         )  # fmt: skip
-        return run(self.attack, params, problem)
+
+    def _audit_result(self, params, problem, result) -> None:
+        audit_text(self.name, problem, result, self.tokenizer)
+
+    def problem(self, params, batch, mask=None, key=None, **call):  # pyright: ignore[reportIncompatibleMethodOverride]
+        """The validated :class:`TextProblem` of a call (host side)."""
+        return super().problem(params, batch, None, mask, key, **call)
+
+    def __call__(self, params, batch, mask=None, key=None, **call) -> TextAttackResult:  # pyright: ignore[reportIncompatibleMethodOverride]
+        """Validate -> the compiled state machine -> audit (see :func:`audit_text`); the flow of
+        :meth:`Entry.__call__` with the text signature."""
+        from sarjax.attacks.core.protocol import run_jit
+
+        problem = self.problem(params, batch, mask, key, **call)
+        result = run_jit(self._attack_for(params, problem), params, problem)
+        self._audit_result(params, problem, result)
+        return result
+
+    def jit(self, params, batch, mask=None, key=None, **call):  # pyright: ignore[reportIncompatibleMethodOverride]
+        """The jit-safe entry (no host call, no validation, no audit)."""
+        return super().jit(params, batch, None, mask, key, **call)
 
     def __repr__(self) -> str:
         return f"TextAttackFn({self.name}, steps={self.attack.num_steps}, Ls={self.suffix_len})"

@@ -11,8 +11,11 @@ One step, per request (all requests of a batch in one ``vmap``):
    vocabulary only;
 3. ``num_candidates`` candidates, each the current suffix with ONE position (uniform) replaced by
    one of that position's top-k ids (uniform), as in GCG's ``sample_control``;
-4. every candidate scored on every member in one batched call; the suffix moves to the best
-   candidate (GCG moves even when it is worse than the current one); the best-so-far is kept.
+4. every candidate scored on every member in one batched call, the request's ``before`` block
+   (template head + request) run once per member and read from a KV cache
+   (:func:`~sarjax.attacks.text.core.member_losses_cached`; nanoGCG's prefix cache); the suffix
+   moves to the best candidate (GCG moves even when it is worse than the current one); the
+   best-so-far is kept.
 
 The loss is a function argument: the default :func:`~sarjax.attacks.text.core.refusal_loss`
 MAXIMISES the mean NLL of a fixed refusal (papers/000, joint GCG); pass
@@ -128,7 +131,8 @@ def _step(cfg: GCGConfig, state: GCGState, params) -> GCGState:
         which = jax.random.randint(kt, (nc,), 0, k)
         tok = top[pos, which]
         cands = jnp.broadcast_to(suffix, (nc, ls)).at[jnp.arange(nc), pos].set(tok)
-        jl = T.joint_loss(T.member_losses(cfg.model, cfg.loss, params, r, cands, full), mk)
+        # the request's ``before`` block is run once per member and cached for the candidates
+        jl = T.joint_loss(T.member_losses_cached(cfg.model, cfg.loss, params, r, cands, full), mk)
         jl = jnp.where(p.allowed[tok], jl, jnp.inf)  # fewer than k allowed ids: never pick a banned one
         i = jnp.argmin(jl)
         move = active & jnp.isfinite(jl[i])
