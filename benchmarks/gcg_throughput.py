@@ -8,8 +8,10 @@ by every member, the move to the best candidate. The PyTorch side does exactly t
 loop over the members (``torch.autograd.grad`` through ``inputs_embeds = one_hot @ E``, then one
 batched forward of the candidates per member, logits only where the target is predicted).
 
-Both sides are timed alternately in one run (PyTorch at every ``--threads`` count in the same
-rotation; the ratio is taken against the fastest). Before timing, the two sides' per-member losses
+Both sides read the request's ``before`` block from a per-member KV cache when scoring candidates
+(sarjax's ``make_gcg``; nanoGCG's prefix cache); PyTorch is also timed on full prompts. Both
+sides are timed alternately in one run (PyTorch at every ``--threads`` count and both prompt
+variants in the same rotation; the ratio is taken against the fastest PyTorch variant). Before timing, the two sides' per-member losses
 of the same candidates are compared. The load average is recorded: the machine may be shared.
 
     python benchmarks/gcg_throughput.py --out benchmarks/results/gcg_throughput.json
@@ -70,8 +72,12 @@ def _build_members(m, layers, d, heads, kv_heads, ffn, vocab, tmp):
     return models, paths
 
 
-def _torch_gcg(models, before, after, target, suffix0, steps, topk, nc, seed):
-    """GCG with the joint refusal loss, a Python loop over members (the reference)."""
+def _torch_gcg(models, before, after, target, suffix0, steps, topk, nc, seed, cache=True):
+    """GCG with the joint refusal loss, a Python loop over members (the reference). ``cache``: the
+    candidates read the ``before`` block from its KV cache (computed once per member and step, as
+    sarjax's ``make_gcg`` and nanoGCG's prefix cache do); False: full prompts."""
+    import copy
+
     import torch
     import torch.nn.functional as F
 
@@ -83,11 +89,18 @@ def _torch_gcg(models, before, after, target, suffix0, steps, topk, nc, seed):
 
     def losses(cands):  # [N, Ls] -> joint refusal loss [N]
         n = cands.shape[0]
-        seq = torch.cat([before.expand(n, -1), cands, after.expand(n, -1), target.expand(n, -1)], 1)
+        rest = torch.cat([cands, after.expand(n, -1), target.expand(n, -1)], 1)
+        seq = torch.cat([before.expand(n, -1), rest], 1)
         total = torch.zeros(n)
         with torch.inference_mode():
             for mdl in models:
-                lg = mdl(seq, logits_to_keep=tt + 1).logits[:, :-1].float()
+                if cache:
+                    kv = mdl(before[None], use_cache=True).past_key_values
+                    kv = copy.deepcopy(kv)
+                    kv.batch_repeat_interleave(n)
+                    lg = mdl(rest, past_key_values=kv, logits_to_keep=tt + 1).logits[:, :-1].float()
+                else:
+                    lg = mdl(seq, logits_to_keep=tt + 1).logits[:, :-1].float()
                 nll = F.cross_entropy(lg.reshape(-1, v), target.repeat(n), reduction="none").reshape(n, tt)
                 total -= nll.mean(1)  # refusal loss: minus the mean NLL
         return total / m
@@ -184,25 +197,28 @@ def main(argv=None):
         r = fn(params, batch, None, jax.random.key(0), suffix_init=suffix0)
         return float(np.asarray(r.loss)[0])
 
-    def torch_call():
-        return _torch_gcg(models, *tb[:3], tb[3], a.steps, a.topk, a.candidates, 0)[1]
+    def torch_call(cache):
+        return _torch_gcg(models, *tb[:3], tb[3], a.steps, a.topk, a.candidates, 0, cache)[1]
+
+    variants = [(th, c) for th in a.threads for c in (True, False)]
+    vname = lambda v: f"{v[0]}thr_{'prefix_cache' if v[1] else 'full_prompt'}"  # noqa: E731
 
     t0 = time.perf_counter()
     jax_best = jax_call()  # compile
     compile_s = time.perf_counter() - t0
-    torch_best = torch_call()
-    t_jax, t_torch = [], {th: [] for th in a.threads}
+    torch_best = {c: torch_call(c) for c in (True, False)}
+    t_jax, t_torch = [], {vname(v): [] for v in variants}
     for _ in range(a.reps):  # alternate the contenders
-        for th in a.threads:
-            torch.set_num_threads(th)
+        for v in variants:
+            torch.set_num_threads(v[0])
             t = time.perf_counter()
-            torch_call()
-            t_torch[th].append((time.perf_counter() - t) / a.steps)
+            torch_call(v[1])
+            t_torch[vname(v)].append((time.perf_counter() - t) / a.steps)
         t = time.perf_counter()
         jax_call()
         t_jax.append((time.perf_counter() - t) / a.steps)
     med = lambda x: float(np.median(x))  # noqa: E731
-    best_th = min(a.threads, key=lambda th: med(t_torch[th]))
+    best_th = min(t_torch, key=lambda k: med(t_torch[k]))
     ratio = med(t_torch[best_th]) / med(t_jax)
     res = {
         "config": vars(a),
@@ -216,20 +232,24 @@ def main(argv=None):
         },
         "devices": [str(d) for d in jax.devices()],
         "member_loss_max_abs_diff": err,
-        "best_joint_loss_after_steps": {"jax": jax_best, "torch": torch_best},
+        "best_joint_loss_after_steps": {
+            "jax": jax_best,
+            "torch_prefix_cache": torch_best[True],
+            "torch_full": torch_best[False],
+        },
         "jax_compile_plus_first_call_s": compile_s,
         "seconds_per_step_jax": med(t_jax),
-        "seconds_per_step_torch_by_threads": {str(th): med(t_torch[th]) for th in a.threads},
-        "torch_threads_fastest": best_th,
+        "seconds_per_step_torch_by_variant": {k: med(x) for k, x in t_torch.items()},
+        "torch_variant_fastest": best_th,
         "speedup_jax_vs_fastest_torch": ratio,
         "target_speedup": 2.0,
-        "raw_seconds_per_step": {"jax": t_jax, "torch": {str(k): x for k, x in t_torch.items()}},
+        "raw_seconds_per_step": {"jax": t_jax, "torch": t_torch},
         "note": "seconds per step include the start-suffix scoring (1 forward per member) spread over "
         "the steps of a call, and, for sarjax, the host validation and audit of the entry",
     }
     print(
         f"joint GCG step (M={a.members}, {a.candidates} candidates, top-{a.topk}, T={a.before_len}+{a.suffix_len}"
-        f"+{a.after_len}+{a.target_len}): torch loop ({best_th} thr, fastest) {med(t_torch[best_th]) * 1e3:.1f} ms | "
+        f"+{a.after_len}+{a.target_len}): torch loop ({best_th}, the fastest variant) {med(t_torch[best_th]) * 1e3:.1f} ms | "
         f"sarjax {med(t_jax) * 1e3:.1f} ms -> {ratio:.2f}x (target 2x)"
     )
     print(f"load average start {load_start}, end {os.getloadavg()} (2 cores: a quiet machine reads < 2)")
