@@ -250,7 +250,10 @@ def precomputed_single(pool: Any, x_adv: Any, queries: Any, ref: Any) -> SingleA
     fallback for member ``j`` on sample ``b`` returns ``x_adv[j, b]`` at no new attack cost, and
     ASR and the fallback agree by construction. The coverage set of each such input is its effect
     on the whole pool (one forward pass of every member, charged as ``M`` queries on top of the
-    member attack's own queries).
+    member attack's own queries), evaluated when the greedy looks the input up: only the inputs
+    used (at most one per sample and round, packed into the batch sizes :func:`pack_sizes` ``(B,
+    PACK_LEVELS)``), not all ``M * B`` of them up front (``O(M^2 B)`` forwards whatever the greedy
+    needs).
 
     Args:
         pool: the pool (``predict``, ``num_members``).
@@ -269,21 +272,23 @@ def precomputed_single(pool: Any, x_adv: Any, queries: Any, ref: Any) -> SingleA
             f"expected x_adv [M={m}, B={b}, ...], queries [{m}, {b}], ref [{b}, {m}]; "
             f"got {x_adv.shape}, {np.shape(queries)}, {ref.shape}"
         )
-    preds = pool.predict(x_adv.reshape(m * b, *x_adv.shape[2:])).reshape(m, m, b)  # [evaluated, source, B]
-    covered_all = preds.transpose(1, 2, 0) != ref[None]  # [source j, B, evaluated member]
     q = np.asarray(queries, np.int64) + m
+    sizes = pack_sizes(b, PACK_LEVELS)
 
     def single(target: np.ndarray, active: np.ndarray, round_index: int) -> Candidates:
         del round_index  # the member attacks are fixed inputs
         t = np.asarray(target)
         rows = np.arange(b)
         act = np.asarray(active, bool)
-        return Candidates(
-            x_adv[t, rows],
-            covered_all[t, rows] & act[:, None],
-            np.where(act, q[t, rows], 0),
-            np.zeros((b, m)),
-        )
+        x = x_adv[t, rows]
+        covered = np.zeros((b, m), bool)
+        used = np.flatnonzero(act)
+        if used.size:  # the pool on the looked-up inputs only, padded to a few batch sizes
+            size = next(z for z in sizes if z >= used.size)
+            idx = np.concatenate([used, np.full(size - used.size, used[0])])
+            preds = pool.predict(x[idx])[:, : used.size]  # [M, used]
+            covered[used] = preds.T != ref[used]
+        return Candidates(x, covered, np.where(act, q[t, rows], 0), np.zeros((b, m)))
 
     return single
 
