@@ -4,9 +4,10 @@ Loads a zoo trained by ``sarjax train-defenses --out DIR`` (:func:`sarjax.defens
 and runs :func:`sarjax.attacks.autoattack.autoattack` on ``--samples`` test images (a seeded random subset) of the
 embedded MNIST split at linf 0.3, linf 0.1, l2 2.0 and l1 10 (the issue's radii):
 
-* the deterministic zoo-architecture defenses as ONE pool (:func:`~sarjax.defenses.zoo.zoo_pool`,
-  :func:`~sarjax.attacks.autoattack.autoattack_pool`: members vmapped per stack), version
-  ``standard``;
+* the deterministic zoo-architecture defenses one by one (each a one-member stack,
+  ``stacked=True``; defenses of one architecture share the compiled kernels), version
+  ``standard``: a pool call would vmap every member over every image still robust for ANY
+  member, so a defense broken early would keep paying for the robust ones' Square queries;
 * the randomized defenses (Gaussian noise at inference, the self-ensemble's stochastic views) with
   version ``rand`` (APGD-CE + APGD-DLR, EOT over 20 draws; clean and robust accuracy by the
   majority over the draws, as AutoAttack's rand version).
@@ -14,7 +15,9 @@ embedded MNIST split at linf 0.3, linf 0.1, l2 2.0 and l1 10 (the issue's radii)
 ``--attack apgd-ce`` runs APGD-CE alone (AutoAttack's first stage; an upper bound on AutoAttack's
 robust accuracy), labelled as such. ``--quick``: 20 images, 10 iterations, 200 Square queries.
 Writes JSON (with the load average and the command) and a markdown table:
-``benchmarks/results/defense_zoo_table.{json,md}`` by default.
+``benchmarks/results/defense_zoo_table.{json,md}`` by default, rewritten after every (radius,
+defense) run, so an interrupted run leaves the rows it finished. ``--compile-cache DIR``: XLA's
+persistent compilation cache (a rerun skips the compilations).
 
     python benchmarks/defense_zoo_table.py --zoo DIR [--samples 100] [--attack autoattack|apgd-ce]
 """
@@ -48,6 +51,8 @@ def main(argv=None) -> int:
     ap.add_argument("--points", nargs="+", default=None, help="e.g. linf:0.3 l2:2 (default: the four radii)")
     ap.add_argument("--out", default="benchmarks/results/defense_zoo_table", help="output stem (.json, .md)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--batch-size", type=int, default=None, help="rows per compiled call (default: autoattack's)")
+    ap.add_argument("--compile-cache", default=None, help="XLA persistent compilation cache directory")
     args = ap.parse_args(argv)
     if args.merge:
         return merge(args.merge, Path(args.out))
@@ -56,15 +61,21 @@ def main(argv=None) -> int:
 
     import jax
 
-    from sarjax.attacks.autoattack import autoattack, autoattack_pool
+    if args.compile_cache:
+        jax.config.update("jax_compilation_cache_dir", str(Path(args.compile_cache).absolute()))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+
+    from sarjax.attacks.autoattack import autoattack
     from sarjax.data.mnist import load_mnist
-    from sarjax.defenses.zoo import defense_names, load_zoo, zoo_pool
+    from sarjax.defenses.zoo import defense_names, load_zoo
 
     load_before = os.getloadavg()
     n = 20 if args.quick else args.samples
     kw = {"n_iter": 10, "fab_iter": 10, "square_queries": 200} if args.quick else {}
     if args.attack == "apgd-ce":
         kw["attacks"] = ("apgd-ce",)
+    if args.batch_size:
+        kw["batch_size"] = args.batch_size
     points = POINTS
     if args.points:
         points = tuple((p.split(":")[0], float(p.split(":")[1])) for p in args.points)
@@ -83,22 +94,68 @@ def main(argv=None) -> int:
     rows: dict[str, dict] = {k: {"clean_acc_zoo": m.info.get("clean_acc"), "robust": {}} for k, m in models.items()}
     runs = []
     t_all = time.perf_counter()
+    what = "AutoAttack" if args.attack == "autoattack" else "APGD-CE only (AutoAttack's first stage)"
+    cmd = "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
+    stem = Path(args.out)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(done: bool) -> dict:
+        out = {
+            "attack": what,
+            "samples": n,
+            "quick": args.quick,
+            "settings": kw,
+            "points": [f"{a} {b:g}" for a, b in points],
+            "rows": rows,
+            "runs": runs,
+            "complete": done,
+            "total_seconds": time.perf_counter() - t_all,
+            "loadavg_before": load_before,
+            "loadavg_after": os.getloadavg(),
+            "command": cmd,
+            "randomized": rand,
+        }
+        stem.with_suffix(".json").write_text(json.dumps(out, indent=1, default=float))
+        stem.with_suffix(".md").write_text(_markdown([out]))
+        return out
+
+    # the deterministic defenses at every radius first, then the randomized ones (EOT: 20x the cost)
     for pi, (norm, eps) in enumerate(points):
         label = f"{norm} {eps:g}"
-        if det:
+        for j, k in enumerate(det):
+            stack = models[k].pool.stacks[0]
             t0 = time.perf_counter()
-            res = autoattack_pool(
-                zoo_pool(models, det), x, y, norm=norm, eps=eps, key=jax.random.fold_in(key, pi), log=True, **kw
+            res = autoattack(
+                stack.arch.apply,
+                stack.params,
+                x,
+                y,
+                norm=norm,
+                eps=eps,
+                key=jax.random.fold_in(jax.random.fold_in(key, pi), j),
+                stacked=True,
+                names=(k,),
+                log=False,
+                **kw,
             )
             dt = time.perf_counter() - t0
-            runs.append({"point": label, "models": det, "version": "standard", "seconds": dt, **res.to_json()})
-            for i, k in enumerate(det):
-                rows[k]["clean"] = float(res.clean_accuracy[i])
-                rows[k]["robust"][label] = float(res.robust_accuracy[i])
+            runs.append({"point": label, "models": [k], "version": "standard", "seconds": dt, **res.to_json()})
+            rows[k]["clean"] = float(res.clean_accuracy[0])
+            rows[k]["robust"][label] = float(res.robust_accuracy[0])
+            print(
+                f"[{label}] {k}: clean {100 * res.clean_accuracy[0]:.1f}% robust {100 * res.robust_accuracy[0]:.1f}% "
+                f"({dt:.0f} s; " + ", ".join(f"{s.name} {s.seconds:.0f} s" for s in res.log) + f"; load "
+                f"{os.getloadavg()[0]:.1f})",
+                flush=True,
+            )
+            write(False)
+        print(f"[{label}] deterministic defenses done in {time.perf_counter() - t_all:.0f} s", flush=True)
+    for pi, (norm, eps) in enumerate(points):
+        label = f"{norm} {eps:g}"
         for j, k in enumerate(rand):
             m = models[k]
             t0 = time.perf_counter()
-            kw_r = {kk: v for kk, v in kw.items() if kk != "attacks"}
+            kw_r = {kk: v for kk, v in kw.items() if kk in ("n_iter", "batch_size")}
             if args.attack == "apgd-ce":
                 kw_r["attacks"] = ("apgd-ce",)
             res = autoattack(
@@ -111,37 +168,23 @@ def main(argv=None) -> int:
                 key=jax.random.fold_in(jax.random.fold_in(key, pi), 100 + j),
                 version="rand",
                 names=(k,),
-                log=True,
-                **{kk: v for kk, v in kw_r.items() if kk in ("n_iter", "attacks")},
+                log=False,
+                **kw_r,
             )
             dt = time.perf_counter() - t0
             runs.append({"point": label, "models": [k], "version": "rand", "seconds": dt, **res.to_json()})
             rows[k]["clean"] = float(res.clean_accuracy[0])
             rows[k]["robust"][label] = float(res.robust_accuracy[0])
-        print(f"[{label}] done in {time.perf_counter() - t_all:.0f} s", flush=True)
+            print(
+                f"[{label}] {k} (rand): clean {100 * res.clean_accuracy[0]:.1f}% robust "
+                f"{100 * res.robust_accuracy[0]:.1f}% ({dt:.0f} s; load {os.getloadavg()[0]:.1f})",
+                flush=True,
+            )
+            write(False)
+        print(f"[{label}] randomized defenses done in {time.perf_counter() - t_all:.0f} s", flush=True)
 
-    what = "AutoAttack" if args.attack == "autoattack" else "APGD-CE only (AutoAttack's first stage)"
-    cmd = "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
-    out = {
-        "attack": what,
-        "samples": n,
-        "quick": args.quick,
-        "settings": kw,
-        "points": [f"{a} {b:g}" for a, b in points],
-        "rows": rows,
-        "runs": runs,
-        "total_seconds": time.perf_counter() - t_all,
-        "loadavg_before": load_before,
-        "loadavg_after": os.getloadavg(),
-        "command": cmd,
-    }
-    out["randomized"] = rand
-    stem = Path(args.out)
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    stem.with_suffix(".json").write_text(json.dumps(out, indent=1, default=float))
-    md = _markdown([out])
-    stem.with_suffix(".md").write_text(md)
-    print(md)
+    out = write(True)
+    print(_markdown([out]))
     return 0
 
 
