@@ -158,6 +158,45 @@ def test_batch_size_padding_gives_the_same_result(cascade):
     assert parts.stage_queries.shape == (2, 20, 1)  # the padding rows are dropped
 
 
+def test_every_run_attacks_only_rows_still_robust(cascade, monkeypatch):
+    """APGD-T alone: rows broken by target t are not in the chunks of target t + 1 (only padding
+    rows, repeats of the chunk's first row, carry an all-zero mask); results as the fixture's kernels."""
+    import sarjax.attacks.autoattack as aa
+
+    params, x, y, _, _, EPS = cascade
+    seen = []
+    real = aa._apgd_run
+
+    def spy(ctx, chunk, mask, key, loss, targets=None):
+        seen.append((np.asarray(chunk[2]), np.asarray(mask)))
+        return real(ctx, chunk, mask, key, loss, targets=targets)
+
+    monkeypatch.setattr(aa, "_apgd_run", spy)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", AutoAttackWarning)
+        res = autoattack(
+            linear, params, x, y, norm="linf", eps=EPS, key=jax.random.PRNGKey(0), attacks=["apgd-t"], **BUDGET
+        )
+    assert len(seen) == C - 1  # one call per target (16 rows: one chunk)
+    live = [set(sid[mk.any(axis=1)].tolist()) for sid, mk in seen]
+    for sid, mk in seen:
+        idle = ~mk.any(axis=1)
+        assert np.all(sid[idle] == sid[0]), "a broken row rode along in a later target's chunk"
+    assert live[0] > live[-1]  # some rows were broken by the early targets ...
+    for a, b in zip(live, live[1:]):  # ... and every row attacked at target t + 1 was robust after target t
+        assert b <= a
+    assert live[-1] >= set(np.flatnonzero(res.robust[:, 0]).tolist())
+
+
+def test_chunk_buckets():
+    from sarjax.attacks.autoattack import _buckets
+
+    assert _buckets(250) == [32, 63, 125, 250]
+    assert _buckets(100) == [32, 50, 100]
+    assert _buckets(16) == [16]
+    assert _buckets(40) == [32, 40]
+
+
 @pytest.mark.skipif(not FULL, reason="set SARJAX_AUTOATTACK_FULL=1")
 def test_known_answer_affine_l2():
     params, x, y, d = affine_problem("l2", seed=1)
