@@ -13,21 +13,29 @@ reported robust accuracy fell to near zero. This script runs, for ``n`` in {1, 2
 * (b) ``bounded``: sarjax's :func:`sarjax.attacks.make_rounds` (every round warm-starts from the
   best point so far projected into the eps-ball of the ORIGINAL input; audited).
 
-on two models: the randomized target (the defense zoo's multi-resolution self-ensemble of Fort &
-Lakshminarayanan 2024 with ``--zoo DIR`` when it is trained there, attacked with EOT over its
-stochastic views; otherwise a STAND-IN: a small MLP trained here behind Gaussian input noise at
-inference, ``with_input_noise``, and the output says so) and a PGD-AT control (the zoo's
-``pgd-at-linf-0.1``, or a small PGD-AT MLP trained here). Each round is PGD (linf, ``--steps``
-steps of ``eps/4`` from a random start; EOT over ``--eot`` draws for the randomized model).
+on the randomized target (the defense zoo's multi-resolution self-ensemble of Fort &
+Lakshminarayanan 2024 when a ``--zoo DIR`` holds it, attacked with EOT over its stochastic views;
+otherwise a STAND-IN: a small MLP trained here behind Gaussian input noise at inference,
+``with_input_noise``, and the output says so) and deterministic PGD-AT controls (``--control``, default
+the zoo's ``pgd-at-linf-0.1`` and ``pgd-at-linf-0.3``; a small PGD-AT MLP trained here when no zoo has
+them). ``--zoo`` is repeatable (e.g. the self-ensemble's zoo and the main one). Each round is PGD
+(linf, ``--steps`` steps of ``eps/4`` from a random start; EOT over ``--eot`` draws for the randomized
+model, default 10 as the Note's ``num_eot=10``). Each method runs ONCE for ``max(n)`` rounds and
+reports its prefixes: chained round ``n``'s output, and the start that ``make_rounds`` hands to round
+``n + 1`` (its best point after ``n`` rounds, which equals ``make_rounds(attack, n)``'s ``best_x``: same
+keys, same combination; checked on the PGD-AT control).
 
-Reported per model, method and n: the realized max (and mean) linf distance of the returned
-points to the ORIGINAL inputs (expect ``~ n * eps`` for (a), ``<= eps`` for (b)), the robust
-accuracy each method reports (the model's accuracy at the returned points; randomized model:
-majority vote over ``--eval-draws`` fresh draws), and the audit's verdict on (a). Table, plot
-(``--plot``) and JSON (``--out``) with the machine load.
+Radii (``--eps``, comma-separated, fractions allowed): the Note attacks at CIFAR's standard linf
+8/255; MNIST's standard points are linf 0.3 (Madry et al. 2018) and the milder 0.1 (the zoo's table).
 
-    python benchmarks/note_chained_rounds.py --quick      # a few minutes on 2 CPU cores
-    python benchmarks/note_chained_rounds.py --zoo ZOO    # the zoo's self-ensemble and PGD-AT model
+Reported per model, radius, method and n: the realized max (and mean) linf distance of the returned
+points to the ORIGINAL inputs (expect ``~ n * eps`` for (a), capped by the box, ``<= eps`` for (b)), the
+robust accuracy each method reports (the model's accuracy at the returned points; randomized model:
+majority vote over ``--eval-draws`` fresh draws), and the audit's verdict. Table, plot (``--plot``) and
+JSON (``--out``, rewritten after every model and radius) with the machine load.
+
+    python benchmarks/note_chained_rounds.py --quick      # stand-ins, a few minutes on 2 CPU cores
+    python benchmarks/note_chained_rounds.py --zoo /work/zoo/se --zoo /work/zoo/mnist --samples 100 --eps 0.1,0.3
 """
 
 from __future__ import annotations
@@ -93,22 +101,31 @@ def _train(objective: str, x, y, *, eps: float, epochs: int, sigma: float = 0.0)
     return arch.apply, jax.tree.map(lambda a: a[0], stack.params)
 
 
+def _load(zoos) -> dict:
+    """``{name: ZooModel}`` of every defense trained in the ``--zoo`` directories (first one wins)."""
+    from sarjax.defenses.zoo import load_zoo
+
+    found: dict = {}
+    for z in zoos or ():
+        try:
+            for name, m in load_zoo(z).items():
+                found.setdefault(name, (m, z))
+        except ValueError as e:
+            print(f"--zoo {z}: {e}")
+    return found
+
+
 def _models(args, data):
-    """``[(name, apply, params, stochastic_apply or None, note)]``."""
+    """``[(name, apply, params, stochastic_apply or None, note)]``: the self-ensemble (or its
+    stand-in) first, then each ``--control`` (or the PGD-AT MLP stand-in when none is trained)."""
     from sarjax.attacks import with_input_noise
 
+    zm = _load(args.zoo)
     out = []
-    zm = None
-    if args.zoo:
-        from sarjax.defenses.zoo import load_zoo
-
-        try:
-            zm = load_zoo(args.zoo)
-        except ValueError as e:
-            print(f"--zoo {args.zoo}: {e}; using the stand-ins")
-    if zm is not None and "self-ensemble" in zm:
-        m = zm["self-ensemble"]
-        out.append(("self-ensemble", m.apply, m.params, m.stochastic_apply, "the zoo's multi-resolution self-ensemble"))
+    if "self-ensemble" in zm:
+        m, z = zm["self-ensemble"]
+        note = f"the zoo's multi-resolution self-ensemble ({z}); EOT over its stochastic views"
+        out.append(("self-ensemble", m.apply, m.params, m.stochastic_apply, note))
     else:
         apply, params = _train("standard", data.x_train, data.y_train, eps=0.0, epochs=args.epochs, sigma=args.sigma)
         note = (
@@ -117,12 +134,16 @@ def _models(args, data):
         )
         print(note)
         out.append(("noise-mlp (stand-in)", apply, params, with_input_noise(apply, args.sigma), note))
-    if zm is not None and "pgd-at-linf-0.1" in zm:
-        m = zm["pgd-at-linf-0.1"]
-        out.append(("pgd-at-linf-0.1", m.apply, m.params, None, "the zoo's PGD-AT CNN (linf 0.1)"))
-    else:
-        apply, params = _train("pgd-at", data.x_train, data.y_train, eps=args.eps, epochs=args.epochs)
-        out.append(("pgd-at-mlp", apply, params, None, f"an MLP trained here with PGD-AT linf {args.eps} (control)"))
+    controls = [c for c in args.control if c in zm]
+    for c in controls:
+        m, z = zm[c]
+        out.append((c, m.apply, m.params, m.stochastic_apply, f"the zoo's {c} ({z}), the control"))
+    if not controls:
+        eps = max(args.eps)
+        apply, params = _train("pgd-at", data.x_train, data.y_train, eps=eps, epochs=args.epochs)
+        note = f"an MLP trained here with PGD-AT linf {eps} (control; none of {args.control} is in --zoo)"
+        print(note)
+        out.append(("pgd-at-mlp (stand-in)", apply, params, None, note))
     return out
 
 
@@ -137,32 +158,157 @@ def _accuracy(apply, params, stoch, x, y, key, draws):
     return float(np.mean(votes.mean(0) > 0.5))
 
 
+def _row(x0, xa, eps, acc, **fields) -> dict:
+    """One table row: the realized linf distances of ``xa`` to the ORIGINAL ``x0``, the robust
+    accuracy ``acc`` reported at ``xa``, and the audit's verdict against ``x0`` at ``eps``."""
+    from sarjax.attacks.audit import audit
+    from sarjax.attacks.threat import Threat
+
+    d = np.abs(xa - x0).reshape(len(x0), -1).max(1)
+    rep = audit(x0, xa, Threat("linf", eps))
+    return dict(
+        fields,
+        eps=eps,
+        max_linf=float(d.max()),
+        mean_linf=float(d.mean()),
+        robust_accuracy=acc,
+        audit_ok=bool(rep.ok),
+        audit_outside=int((~rep.within).sum()),
+        audit=rep.describe(3),
+    )
+
+
+def _attack_model(name, apply, params, stoch, *, x0, y, eps, a, rounds, key, eval_key) -> list[dict]:
+    """Rows of one model at one eps: (a) chained and (b) bounded for every n, each from ONE run of
+    max(n) rounds (its prefixes; ``seconds``: the time up to round n)."""
+    from sarjax.attacks import make_pgd, make_rounds
+
+    f = stoch if stoch is not None else apply
+    hp = dict(norm="linf", eps=eps, steps=a.steps, rel_step=0.25, eot=a.eot if stoch is not None else 1)
+
+    def acc(xa):
+        return _accuracy(apply, params, stoch, xa, y, eval_key, a.eval_draws)
+
+    print(
+        "(a) chained rounds: the attack is built with audit=False EXPLICITLY (the Note's error is "
+        "reproduced on purpose); its outputs are audited afterwards against the ORIGINAL inputs"
+    )
+    t0 = time.perf_counter()
+    chain = chained_rounds(
+        make_pgd(f, audit=False, **hp), params=params, x0=x0, y=y, key=key, eps=eps, rounds=max(rounds)
+    )
+    t_chain = time.perf_counter() - t0
+    rows = [
+        _row(x0, chain[n - 1], eps, acc(chain[n - 1]), model=name, method="chained", rounds=n, seconds=None)
+        for n in rounds
+    ]
+    rows[-1]["seconds"] = t_chain  # the whole chain of max(n) rounds
+    # (b) ONE make_rounds call of max(n) rounds: round r (0-based) starts from the best point of
+    # rounds 0..r-1, i.e. make_rounds(attack, r)'s best_x (same keys fold_in(key, r), same
+    # combination), so the starts seen by the wrapped attack ARE the n-round results
+    starts: dict[int, tuple] = {}
+    t0 = time.perf_counter()
+
+    def recorded(params, x0_, ref, mask, key_, *, x_init=None, **kw):
+        if x_init is not None:
+            starts[len(starts) + 1] = (np.asarray(x_init), time.perf_counter() - t0)
+        else:
+            starts.clear()
+        return bounded(params, x0_, ref, mask, key_, x_init=x_init, **kw)
+
+    bounded = make_pgd(f, **hp)
+    res = make_rounds(recorded, max(rounds), norm="linf")(params, x0, y, key=key, eps=eps)
+    starts[max(rounds)] = (np.asarray(res.best_x), time.perf_counter() - t0)
+    for n in rounds:
+        xa, dt = starts[n]
+        rows.append(_row(x0, xa, eps, acc(xa), model=name, method="bounded", rounds=n, seconds=dt))
+    return rows
+
+
+def _stronger(name, apply, params, stoch, *, x0, y, eps, a, key, eval_key) -> list[dict]:
+    """Is the bounded attack's robust accuracy on the randomized model an artefact of a weak attack?
+    Two other bounded attacks, audited against ``x0``: PGD of 100 steps of eps/16 on the noise-off
+    model (a transfer to the deployed, randomized one: no gradient through the randomness), and
+    APGD-CE (Croce & Hein 2020) with EOT over ``--eot`` draws for ``--stronger-iter`` iterations."""
+    from sarjax.attacks import make_apgd, make_pgd
+
+    rows = []
+    for method, atk in (
+        ("transfer-pgd100", make_pgd(apply, norm="linf", eps=eps, steps=100, rel_step=1 / 16)),
+        (f"apgd-ce-eot{a.eot}-{a.stronger_iter}it", make_apgd(stoch, norm="linf", n_iter=a.stronger_iter, eot=a.eot)),
+    ):
+        t0 = time.perf_counter()
+        res = atk(params, x0, y, key=jax.random.fold_in(key, 0x57), eps=eps)
+        xa = np.asarray(res.x_adv)
+        acc = _accuracy(apply, params, stoch, xa, y, eval_key, a.eval_draws)
+        rows.append(_row(x0, xa, eps, acc, model=name, method=method, rounds=1, seconds=time.perf_counter() - t0))
+    return rows
+
+
+def _table(rows, n_samples) -> None:
+    print(f"{'method':8s} {'n':>3s} {'max linf':>9s} {'x eps':>6s} {'robust acc':>10s}  audit vs the original input")
+    for r in rows:
+        verdict = "ok" if r["audit_ok"] else f"FAILS ({r['audit_outside']}/{n_samples} outside)"
+        print(
+            f"{r['method']:8s} {r['rounds']:3d} {r['max_linf']:9.4f} {r['max_linf'] / r['eps']:6.2f} "
+            f"{100 * r['robust_accuracy']:9.1f}%  {verdict}"
+        )
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--zoo", default=None, help="defense zoo directory (sarjax train-defenses --out DIR)")
+    ap.add_argument(
+        "--zoo",
+        action="append",
+        default=None,
+        help="defense zoo directory (sarjax train-defenses --out DIR); repeatable",
+    )
+    ap.add_argument(
+        "--control",
+        action="append",
+        default=None,
+        help="zoo defense(s) attacked as the deterministic control (default: pgd-at-linf-0.1 and pgd-at-linf-0.3)",
+    )
     ap.add_argument("--samples", type=int, default=200)
-    ap.add_argument("--eps", type=float, default=0.1, help="linf radius (MNIST's milder standard point)")
+    ap.add_argument(
+        "--eps",
+        default="0.1",
+        help="linf radius or radii, comma-separated (default 0.1, MNIST's milder standard point; the Note's own is 8/255)",
+    )
     ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--eot", type=int, default=8, help="EOT draws per step for the randomized model")
+    ap.add_argument(
+        "--eot", type=int, default=10, help="EOT draws per step for the randomized model (the Note: num_eot=10)"
+    )
     ap.add_argument("--eval-draws", type=int, default=16)
     ap.add_argument("--sigma", type=float, default=0.3, help="the stand-in's inference noise")
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--rounds", default=",".join(map(str, ROUNDS)))
+    ap.add_argument(
+        "--stronger",
+        action="store_true",
+        help="also attack the randomized model with PGD-100 transferred from its noise-off view and APGD-CE + EOT",
+    )
+    ap.add_argument("--stronger-only", action="store_true", help="only --stronger's attacks (no rounds, no controls)")
+    ap.add_argument("--stronger-iter", type=int, default=20, help="APGD-CE iterations of --stronger")
     ap.add_argument("--quick", action="store_true", help="100 samples, 5 steps, 4 EOT draws, 2 epochs")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="benchmarks/results/note_chained_rounds.json")
     ap.add_argument("--plot", default=None, help="PNG path (default: --out with .png)")
+    ap.add_argument("--replot", default=None, metavar="JSON", help="only draw the plot of a JSON this script wrote")
     a = ap.parse_args(argv)
+    if a.replot:
+        done = json.loads(Path(a.replot).read_text())
+        _plot(done["rows"], a.plot or str(Path(a.replot).with_suffix(".png")))
+        return done
     if a.quick:
         a.samples, a.steps, a.eot, a.epochs, a.eval_draws = 100, 5, 4, 2, 8
+    a.control = a.control or ["pgd-at-linf-0.1", "pgd-at-linf-0.3"]
+    a.eps = [_radius(e) for e in str(a.eps).split(",")]
     rounds = sorted({int(r) for r in a.rounds.split(",")})
-    from sarjax.attacks import make_pgd, make_rounds
-    from sarjax.attacks.audit import audit
-    from sarjax.attacks.threat import Threat
     from sarjax.data.mnist import load_mnist
 
     data = load_mnist()
-    # a fixed random subset: the embedded test split is sorted by class (its first 100 images are zeros)
+    # a fixed random subset (chosen while the embedded test split was class-sorted; kept for comparability)
     sel = np.sort(np.random.default_rng(0).permutation(len(data.x_test))[: a.samples])
     x0 = np.asarray(data.x_test[sel], np.float32)
     y = np.asarray(data.y_test[sel], np.int32)
@@ -170,109 +316,86 @@ def main(argv=None) -> dict:
     eval_key = jax.random.fold_in(key, 0xE7A1)  # never seen by an attack
     rows = []
     notes = {}
+    clean = {}
     t_all = time.perf_counter()
-    for name, apply, params, stoch, note in _models(a, data):
+    out_path = Path(a.out)
+
+    def dump() -> dict:
+        out = dict(
+            benchmark="note_chained_rounds",
+            paper="papers/002 (Fort 2025): chained rounds grow the perturbation to n * eps",
+            settings=dict(vars(a), rounds=rounds),
+            samples=len(x0),
+            models=notes,
+            clean_accuracy=clean,
+            rows=rows,
+            seconds=time.perf_counter() - t_all,
+            load=os.getloadavg(),
+            machine=platform.platform(),
+            jax=jax.__version__,
+            backend=jax.default_backend(),
+        )
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        out_path.write_text(json.dumps(out, indent=1))
+        return out
+
+    models = _models(a, data)
+    for name, apply, params, stoch, note in models:
         notes[name] = note
-        eot = a.eot if stoch is not None else 1
-        f = stoch if stoch is not None else apply
-        clean = _accuracy(apply, params, stoch, x0, y, eval_key, a.eval_draws)
-        print(f"\n== {name}: {note}; clean accuracy {100 * clean:.1f}%")
-        print(
-            "(a) chained rounds: the attack is built with audit=False EXPLICITLY (the Note's error is "
-            "reproduced on purpose); its outputs are audited afterwards against the ORIGINAL inputs"
-        )
-        hp = dict(norm="linf", eps=a.eps, steps=a.steps, rel_step=0.25, eot=eot)
-        t0 = time.perf_counter()
-        chain = chained_rounds(
-            make_pgd(f, audit=False, **hp), params=params, x0=x0, y=y, key=key, eps=a.eps, rounds=max(rounds)
-        )
-        t_chain = time.perf_counter() - t0
-        for n in rounds:
-            xa = chain[n - 1]
-            rep = audit(x0, xa, Threat("linf", a.eps))
-            d = np.abs(xa - x0).reshape(len(x0), -1).max(1)
-            rows.append(
-                dict(
-                    model=name,
-                    method="chained",
-                    rounds=n,
-                    max_linf=float(d.max()),
-                    mean_linf=float(d.mean()),
-                    robust_accuracy=_accuracy(apply, params, stoch, xa, y, eval_key, a.eval_draws),
-                    audit_ok=bool(rep.ok),
-                    audit_outside=int((~rep.within).sum()),
-                    audit=rep.describe(3),
+        clean[name] = _accuracy(apply, params, stoch, x0, y, eval_key, a.eval_draws)
+        print(f"{name}: {note}; clean accuracy {100 * clean[name]:.1f}% on {len(x0)} test images")
+    for eps in a.eps:  # radius outer: a long run has every model at the first radius first
+        for name, apply, params, stoch, _ in models:
+            if a.stronger_only and stoch is None:
+                continue
+            print(f"\n== {name}, eps {eps:.4f}")
+            new = []
+            if not a.stronger_only:
+                new += _attack_model(
+                    name, apply, params, stoch, x0=x0, y=y, eps=eps, a=a, rounds=rounds, key=key, eval_key=eval_key
                 )
-            )
-        for n in rounds:
-            t0 = time.perf_counter()
-            res = make_rounds(make_pgd(f, **hp), n, norm="linf")(params, x0, y, key=key, eps=a.eps)
-            xa = np.asarray(res.best_x)
-            d = np.abs(xa - x0).reshape(len(x0), -1).max(1)
-            rep = audit(x0, xa, Threat("linf", a.eps))
-            rows.append(
-                dict(
-                    model=name,
-                    method="bounded",
-                    rounds=n,
-                    max_linf=float(d.max()),
-                    mean_linf=float(d.mean()),
-                    robust_accuracy=_accuracy(apply, params, stoch, xa, y, eval_key, a.eval_draws),
-                    audit_ok=bool(rep.ok),
-                    audit_outside=int((~rep.within).sum()),
-                    audit=rep.describe(3),
-                    seconds=time.perf_counter() - t0,
-                )
-            )
-        print(f"chained: {t_chain:.1f} s for {max(rounds)} rounds")
-        print(
-            f"{'method':8s} {'n':>3s} {'max linf':>9s} {'x eps':>6s} {'robust acc':>10s}  audit vs the original input"
-        )
-        for r in (r for r in rows if r["model"] == name):
-            verdict = "ok" if r["audit_ok"] else f"FAILS ({r['audit_outside']}/{len(x0)} outside)"
-            print(
-                f"{r['method']:8s} {r['rounds']:3d} {r['max_linf']:9.4f} {r['max_linf'] / a.eps:6.2f} "
-                f"{100 * r['robust_accuracy']:9.1f}%  {verdict}"
-            )
-    out = dict(
-        benchmark="note_chained_rounds",
-        paper="papers/002 (Fort 2025): chained rounds grow the perturbation to n * eps",
-        settings=dict(vars(a), rounds=rounds),
-        models=notes,
-        rows=rows,
-        seconds=time.perf_counter() - t_all,
-        load=os.getloadavg(),
-        machine=platform.platform(),
-        jax=jax.__version__,
-        backend=jax.default_backend(),
-    )
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(out, indent=1))
+            if (a.stronger or a.stronger_only) and stoch is not None:
+                new += _stronger(name, apply, params, stoch, x0=x0, y=y, eps=eps, a=a, key=key, eval_key=eval_key)
+            rows.extend(new)
+            _table(new, len(x0))
+            dump()  # after every model and radius: a long run keeps what it measured
+    out = dump()
     print(f"\nwrote {a.out} (load {os.getloadavg()[0]:.1f})")
-    _plot(rows, a.eps, a.plot or str(Path(a.out).with_suffix(".png")))
+    if any(r["method"] in ("chained", "bounded") for r in rows):
+        _plot(rows, a.plot or str(out_path.with_suffix(".png")))
     return out
 
 
-def _plot(rows, eps, path):
+def _radius(text: str) -> float:
+    """``"0.1"`` or a fraction ``"8/255"`` -> float."""
+    num, _, den = text.strip().partition("/")
+    return float(num) / float(den) if den else float(num)
+
+
+def _plot(rows, path):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(1, 2, figsize=(10, 4))
-    for model in dict.fromkeys(r["model"] for r in rows):
-        for method, ls in (("chained", "-"), ("bounded", "--")):
-            rr = [r for r in rows if r["model"] == model and r["method"] == method]
-            n = [r["rounds"] for r in rr]
-            ax[0].plot(n, [r["max_linf"] for r in rr], ls, marker="o", label=f"{model}, {method}")
-            ax[1].plot(n, [100 * r["robust_accuracy"] for r in rr], ls, marker="o", label=f"{model}, {method}")
-    ns = sorted({r["rounds"] for r in rows})
-    ax[0].plot(ns, [eps] * len(ns), "k:", label="eps")
-    ax[0].plot(ns, [min(n * eps, 1.0) for n in ns], "k-.", lw=0.8, label="n * eps (capped at 1: the box)")
-    ax[0].set(xscale="log", xlabel="rounds n", ylabel="max linf distance to the ORIGINAL input")
-    ax[1].set(xscale="log", xlabel="rounds n", ylabel="robust accuracy reported (%)")
-    ax[0].legend(fontsize=7)
-    ax[1].legend(fontsize=7)
+    radii = sorted({r["eps"] for r in rows})
+    fig, ax = plt.subplots(len(radii), 2, figsize=(10, 4 * len(radii)), squeeze=False)
+    for i, eps in enumerate(radii):
+        rr_eps = [r for r in rows if r["eps"] == eps]
+        for model in dict.fromkeys(r["model"] for r in rr_eps):
+            for method, ls in (("chained", "-"), ("bounded", "--")):
+                rr = [r for r in rr_eps if r["model"] == model and r["method"] == method]
+                n = [r["rounds"] for r in rr]
+                ax[i, 0].plot(n, [r["max_linf"] for r in rr], ls, marker="o", label=f"{model}, {method}")
+                ax[i, 1].plot(n, [100 * r["robust_accuracy"] for r in rr], ls, marker="o", label=f"{model}, {method}")
+        ns = sorted({r["rounds"] for r in rr_eps})
+        ax[i, 0].plot(ns, [eps] * len(ns), "k:", label="eps")
+        ax[i, 0].plot(ns, [min(n * eps, 1.0) for n in ns], "k-.", lw=0.8, label="n * eps (capped at 1: the box)")
+        ax[i, 0].set(xscale="log", xlabel="rounds n", ylabel="max linf distance to the ORIGINAL input")
+        ax[i, 1].set(xscale="log", xlabel="rounds n", ylabel="robust accuracy reported (%)")
+        ax[i, 0].set_title(f"eps = {eps:.4g}", fontsize=9)
+        ax[i, 0].legend(fontsize=7)
+        ax[i, 1].legend(fontsize=7)
     fig.suptitle("papers/002: chained rounds (the error) vs bounded rounds (sarjax make_rounds)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
