@@ -28,6 +28,12 @@ def cmd_autoattack(args: argparse.Namespace) -> int:
     import jax
     import numpy as np
 
+    if args.compile_cache:
+        # XLA's persistent compilation cache: a rerun (another eps, version or pool of the same
+        # architecture and batch shape) loads the compiled kernels instead of compiling them again
+        jax.config.update("jax_compilation_cache_dir", str(Path(args.compile_cache).absolute()))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+
     from sarjax.attacks.autoattack import autoattack_pool
     from sarjax.attacks.eot import with_input_noise
     from sarjax.data.mnist import load_mnist
@@ -111,6 +117,12 @@ def register(sub) -> None:
     a.add_argument("--out", default="sarjax-autoattack.json", help="JSON output path")
     a.add_argument("--batch-size", type=_positive_int, default=None, help="images per compiled call (default all)")
     a.add_argument("--seed", type=int, default=0)
+    a.add_argument(
+        "--compile-cache",
+        default=None,
+        metavar="DIR",
+        help="XLA persistent compilation cache directory (reruns skip the compilations; default: none)",
+    )
     a.add_argument(
         "--noise-sigma",
         type=_positive_float,

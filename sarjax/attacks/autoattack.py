@@ -33,10 +33,11 @@ The cascade (``autoattack.py::run_standard_evaluation``): a point starts robust 
 if ``m`` classifies it correctly; each attack run (a restart, a target, an l1 phase schedule)
 sees the ``[B, M]`` mask of the (sample, member) pairs still robust and attacks only those
 (per-member masks: a sample broken for member 0 is still attacked for member 1 in the same call);
-a pair broken by a run is removed from the mask before the next run. At each stage's start the
-samples still robust for some member are packed into chunks of ``batch_size`` rows (one shape:
-one compiled kernel per attack; a sample's random streams come from its sample id, so its chunk
-does not change its result), and fully broken samples cost no compute. Restarts and targets are cascades
+a pair broken by a run is removed from the mask before the next run. Before every run the
+samples still robust for some member are packed into chunks of ``batch_size`` rows, the last one
+padded to the smallest of the bucket sizes ``batch_size / 2^j``, ``j < 4`` (at most four compiled
+shapes per attack; a sample's random streams come from its sample id, so its chunk does not
+change its result): fully broken samples cost no compute in any later run. Restarts and targets are cascades
 too, as in AutoAttack's ``perturb``: a point broken by target 1 is not attacked at target 2.
 
 Success of a run is decided by a verification forward pass of each member at the run's returned
@@ -668,9 +669,10 @@ def autoattack(
       version: ``"standard"``, ``"plus"`` or ``"rand"``.
       stacked: see ``apply``.
       batch_size: rows per compiled call (default ``min(B, 250)``, AutoAttack's ``bs``). Every
-        stage packs the rows still robust for some member into chunks of this size (the last one
-        padded with all-zero masks: no queries), so a stage costs ``ceil(still robust /
-        batch_size)`` kernel calls of one shape. With a deterministic model a sample's result does
+        run packs the rows still robust for some member into chunks of this size, the last one
+        padded with all-zero masks (no queries) to the smallest bucket ``ceil(batch_size / 2^j)``
+        (``j < 4``, at least ``min(batch_size, 32)``) that holds it: a run costs ``ceil(still
+        robust / batch_size)`` kernel calls of at most four shapes per attack. With a deterministic model a sample's result does
         not depend on its chunk (its draws come from its sample id); with EOT the building blocks
         draw the noise per batch, so results are equal in distribution only.
       sample_ids: ``[B]`` each sample's index in the data set (default ``arange(B)``).
