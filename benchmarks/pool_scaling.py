@@ -13,12 +13,14 @@ the weights' values) and each pool size M, on one fixed batch of B MNIST test im
   statistics where the backend has them (GPU);
 * **the greedy** (``run_sar`` with a short joint PGD, ``--greedy-steps``): wall time, rounds,
   the time inside the attack kernel (the attack is wrapped and timed: its outputs are made
-  ready inside the wrapper) vs the host's greedy bookkeeping (the rest), member-sample-steps per
-  second of the kernel calls (each call runs every member on every sample: ``M * B * steps``),
-  and the same memory figures;
-* **the demo's fallback table** (``precomputed_single``: every member evaluated on every member's
-  single-model adversarial input, ``M * B`` inputs through ``M`` members) timed per M, since its
-  work is ``O(M^2 B)``.
+  ready inside the wrapper) vs the host's greedy bookkeeping (the rest), the member-sample-steps
+  the kernel calls ran (``M * steps`` times each call's batch: ``run_sar`` packs the active
+  samples, ``pack_levels``; an untimed first run compiles every batch size, ``first_run_s``) and
+  their rate, and the same memory figures; ``--unpacked`` also times ``pack_levels=0`` (every call
+  on the whole batch, as before);
+* **the demo's fallback lookup** (``precomputed_single``): building it and one lookup with every
+  sample active (``B`` inputs through ``M`` members; it used to evaluate all ``M * B`` member
+  attacks through ``M`` members up front, ``O(M^2 B)``).
 
 What grows worse than linearly in M is read off the per-M columns: ``seconds`` per unit of
 ``M`` (``*_per_member``) should stay flat for linear work; the JSON lists each quantity's
@@ -157,36 +159,49 @@ def bench_joint(pool: Pool, x, steps: int, reps: int, eps: float) -> dict:
     }
 
 
-def bench_greedy(pool: Pool, x, steps: int, eps: float, deltas) -> dict:
-    from sarjax.cover.vision import run_sar
+def bench_greedy(pool: Pool, x, steps: int, eps: float, deltas, pack: bool = True) -> dict:
+    """``run_sar`` timed with its kernel calls (packed unless ``pack=False``), after an untimed first run."""
+    from sarjax.cover.vision import PACK_LEVELS, run_sar
 
-    m, b = pool.num_members, len(x)
+    m = pool.num_members
     inner = make_joint_pgd(pool.apply, eps=eps, steps=steps, restarts=1)
     calls: list[float] = []
+    rows: list[int] = []  # each call's batch (run_sar packs the active samples, pack_levels)
 
     def attack(*a, **k):
         t0 = time.perf_counter()
         res = jax.block_until_ready(inner(*a, **k))
         calls.append(time.perf_counter() - t0)
+        rows.append(int(a[1].shape[0]))
         return res
 
     key = jax.random.PRNGKey(2)
-    run_sar(pool, x[:2], eps, deltas, key=key, attack=make_joint_pgd(pool.apply, eps=eps, steps=1, restarts=1))
-    inner(pool.params, x, jnp.asarray(pool.predict(x).T), jnp.ones((b, m)), key)  # compile the timed kernel
+    packed_levels = PACK_LEVELS if pack else 0
+    t0 = time.perf_counter()  # an untimed first run compiles every batch size the timed run calls
+    run_sar(pool, x, eps, deltas, key=key, attack=attack, store_inputs=False, pack_levels=packed_levels)
+    first_s = time.perf_counter() - t0
+    calls.clear()
+    rows.clear()
     with Measure() as mem:
-        res = run_sar(pool, x, eps, deltas, key=key, attack=attack, store_inputs=False)
+        res = run_sar(pool, x, eps, deltas, key=key, attack=attack, store_inputs=False, pack_levels=packed_levels)
     attack_s = sum(calls)
     host_s = mem.seconds - attack_s
     rounds = int(res.num_rounds)
+    work = sum(rows) * m * steps  # member-sample-steps the kernel calls ran
     return {
+        "pack_levels": packed_levels,
+        "first_run_s": first_s,
         "seconds": mem.seconds,
         "rounds": rounds,
         "attack_calls": len(calls),
+        "call_batches": rows,
         "attack_s": attack_s,
         "host_s": host_s,
         "host_s_per_round": host_s / max(rounds, 1),
         "attack_s_per_call": attack_s / max(len(calls), 1),
-        "kernel_member_sample_steps_per_s": len(calls) * m * b * steps / attack_s if attack_s > 0 else None,
+        "seconds_per_round": mem.seconds / max(rounds, 1),
+        "kernel_member_sample_steps": work,
+        "kernel_member_sample_steps_per_s": work / attack_s if attack_s > 0 else None,
         "seconds_per_member": mem.seconds / m,
         "mean_sar": res.sar.mean(0).tolist(),
         "mean_active_per_round": [float(a.mean()) for a in res.active],
@@ -198,16 +213,18 @@ def bench_greedy(pool: Pool, x, steps: int, eps: float, deltas) -> dict:
 
 
 def bench_fallback_table(pool: Pool, x) -> dict:
-    """``precomputed_single`` on stand-in member attacks (the clean inputs): its M x M x B predict."""
+    """``precomputed_single`` on stand-in member attacks (the clean inputs): built and looked up once
+    for every sample (``B`` inputs through ``M`` members)."""
     from sarjax.cover.vision import precomputed_single
 
     m, b = pool.num_members, len(x)
     x_adv = np.broadcast_to(np.asarray(x)[None], (m, *x.shape)).copy()
     queries = np.zeros((m, b), np.int64)
     ref = pool.predict(x).T
-    precomputed_single(pool, x_adv, queries, ref)  # compile outside (pool.predict's chunk shapes)
+    target, active = np.arange(b) % m, np.ones(b, bool)
+    precomputed_single(pool, x_adv, queries, ref)(target, active, 0)  # compile outside (pool.predict's shape)
     with Measure() as mem:
-        precomputed_single(pool, x_adv, queries, ref)
+        precomputed_single(pool, x_adv, queries, ref)(target, active, 0)
     return {
         "seconds": mem.seconds,
         "seconds_per_member": mem.seconds / m,
@@ -272,6 +289,14 @@ def plot(report: dict, path: Path) -> None:
             )
             axes[1].plot(gm, [r["greedy"]["seconds_per_member"] for r in gr], "s-", label=f"{fam} greedy total")
             axes[1].plot(gm, [r["greedy"]["host_s"] / r["M"] for r in gr], "x:", label=f"{fam} greedy host part")
+            gu = [r for r in gr if r.get("greedy_unpacked")]
+            if gu:
+                axes[1].plot(
+                    [r["M"] for r in gu],
+                    [r["greedy_unpacked"]["seconds_per_member"] for r in gu],
+                    "d--",
+                    label=f"{fam} greedy, unpacked",
+                )
         fs = [r.get("fallback_table", {}).get("seconds_per_member") for r in rows]
         if any(v is not None for v in fs):
             axes[1].plot(ms, fs, "^-.", label=f"{fam} precomputed_single")
@@ -302,6 +327,11 @@ def main(argv=None) -> dict:
     ap.add_argument("--no-greedy", action="store_true")
     ap.add_argument("--greedy-max-m", type=int, default=None, help="run the greedy only up to this M")
     ap.add_argument("--no-fallback-table", action="store_true")
+    ap.add_argument(
+        "--unpacked",
+        action="store_true",
+        help="also time the greedy with pack_levels=0 (every call on the whole batch)",
+    )
     ap.add_argument("--host-batch", type=int, default=256, help="B of the host-only greedy (synthetic oracles)")
     ap.add_argument("--host-p", type=float, default=0.02, help="per-round cover probability of the synthetic oracle")
     ap.add_argument("--quick", action="store_true", help="M = 4, 8, 16; B = 8; 2 steps; 1 rep")
@@ -366,12 +396,15 @@ def main(argv=None) -> dict:
                 flush=True,
             )
             if not args.no_greedy and (args.greedy_max_m is None or m <= args.greedy_max_m):
-                g = row["greedy"] = bench_greedy(pool, x, args.greedy_steps, args.eps, deltas)
-                print(
-                    f"  greedy {g['seconds']:.2f}s: {g['rounds']} rounds, {g['attack_calls']} kernel calls "
-                    f"{g['attack_s']:.2f}s, host {g['host_s']:.2f}s ({g['host_s_per_round'] * 1e3:.1f} ms/round)",
-                    flush=True,
-                )
+                variants = [("greedy", True)] + ([("greedy_unpacked", False)] if args.unpacked else [])
+                for name, pack in variants:
+                    g = row[name] = bench_greedy(pool, x, args.greedy_steps, args.eps, deltas, pack=pack)
+                    print(
+                        f"  {name} {g['seconds']:.2f}s: {g['rounds']} rounds, {g['attack_calls']} kernel calls "
+                        f"{g['attack_s']:.2f}s on {sum(g['call_batches'])} sample-calls, host {g['host_s']:.2f}s "
+                        f"({g['host_s_per_round'] * 1e3:.1f} ms/round); first run (compiles) {g['first_run_s']:.1f}s",
+                        flush=True,
+                    )
             if not args.no_fallback_table:
                 f = row["fallback_table"] = bench_fallback_table(pool, np.asarray(x))
                 print(f"  precomputed_single {f['seconds']:.3f}s", flush=True)
@@ -386,6 +419,12 @@ def main(argv=None) -> dict:
             "greedy_attack_seconds": growth(ms, [r.get("greedy", {}).get("attack_s") for r in rows]),
             "greedy_host_seconds": growth(ms, [r.get("greedy", {}).get("host_s") for r in rows]),
             "greedy_rounds": growth(ms, [r.get("greedy", {}).get("rounds") for r in rows]),
+            "greedy_seconds_per_round": growth(ms, [r.get("greedy", {}).get("seconds_per_round") for r in rows]),
+            "greedy_kernel_work": growth(ms, [r.get("greedy", {}).get("kernel_member_sample_steps") for r in rows]),
+            "greedy_unpacked_seconds": growth(ms, [r.get("greedy_unpacked", {}).get("seconds") for r in rows]),
+            "greedy_unpacked_kernel_work": growth(
+                ms, [r.get("greedy_unpacked", {}).get("kernel_member_sample_steps") for r in rows]
+            ),
             "fallback_table_seconds": growth(ms, [r.get("fallback_table", {}).get("seconds") for r in rows]),
         }
         save()
