@@ -231,7 +231,7 @@ def _register_demo(sub) -> None:
         "--samples",
         type=_positive_int,
         default=None,
-        help="test images to attack, at most the test split (default 20, quick 12)",
+        help="test images to attack, at most the test split (default 50, quick 12)",
     )
     d.add_argument(
         "--data-dir", default=None, help="directory with MNIST IDX files (default: the embedded 5,000 digits)"

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -33,6 +35,49 @@ from sarjax.models.train import TrainConfig, train_pool
 
 COVERAGES = (0.5, 0.75, 0.85, 1.0)  # 1 - delta
 
+_COMPILE = [0.0]  # JAX compile seconds of this process (jax.monitoring), from the first PhaseClock on
+
+
+def _on_duration(event: str, duration_secs: float, **_: str | int) -> None:
+    if event.startswith("/jax/core/compile/"):  # tracing, lowering, backend compile
+        _COMPILE[0] += duration_secs
+
+
+class PhaseClock:
+    """Wall seconds and JAX compile seconds spent in named phases (the demo's time split).
+
+    ``with clock("train", "low"): ...`` adds the block's wall time and the compile time JAX
+    reports inside it (``jax.monitoring`` events ``/jax/core/compile/*``: tracing, lowering to
+    MLIR, backend compilation) to the phase ``train`` of ``low``. :meth:`split` sums per phase.
+    """
+
+    _listening = False
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+        if not PhaseClock._listening:
+            jax.monitoring.register_event_duration_secs_listener(_on_duration)
+            PhaseClock._listening = True
+
+    @contextmanager
+    def __call__(self, phase: str, pool: str = "") -> Iterator[None]:
+        t0, c0 = time.perf_counter(), _COMPILE[0]
+        try:
+            yield
+        finally:
+            self.rows.append(
+                {"phase": phase, "pool": pool, "seconds": time.perf_counter() - t0, "compile_seconds": _COMPILE[0] - c0}
+            )
+
+    def split(self) -> dict[str, dict[str, float]]:
+        """{phase: {"seconds", "compile_seconds"}} summed over pools, in first-seen order."""
+        out: dict[str, dict[str, float]] = {}
+        for r in self.rows:
+            acc = out.setdefault(r["phase"], {"seconds": 0.0, "compile_seconds": 0.0})
+            acc["seconds"] += r["seconds"]
+            acc["compile_seconds"] += r["compile_seconds"]
+        return out
+
 
 @dataclass(frozen=True)
 class DemoSettings:
@@ -40,12 +85,14 @@ class DemoSettings:
 
     members: int = 20
     epochs: int = 10
-    samples: int = 20
+    samples: int = 50
     eps: float = 0.05
     steps: int = 40
     restarts: int = 3
     seed: int = 0
     quick: bool = False
+    lr_schedule: str = "constant"
+    attack_conv_impl: str = "fused"
 
     @classmethod
     def quick_settings(cls, seed: int = 0) -> DemoSettings:
@@ -71,6 +118,7 @@ def pool_settings(preset: str, data: Split, s: DemoSettings) -> dict[str, Any]:
         "preset": preset,
         "members": s.members,
         "epochs": s.epochs,
+        "lr_schedule": s.lr_schedule,
         "seed": s.seed,
         "data": data.source,
         "sarjax_version": resume.sarjax_version(),
@@ -95,7 +143,8 @@ def get_pool(
     retrained either way.
     """
     digest = hashlib.sha1(data.source.encode()).hexdigest()[:8]
-    tag = f"{preset}-m{s.members}-e{s.epochs}-s{s.seed}-{digest}"
+    sched = "" if s.lr_schedule == "constant" else f"-{s.lr_schedule}"
+    tag = f"{preset}-m{s.members}-e{s.epochs}{sched}-s{s.seed}-{digest}"
     path = cache_dir / tag if cache_dir is not None else None
     want = pool_settings(preset, data, s)
     if path is not None and (path / "pool.json").exists():
@@ -121,7 +170,7 @@ def get_pool(
         preset_members(preset, s.members, s.seed),
         data.x_train,
         data.y_train,
-        config=TrainConfig(epochs=s.epochs),
+        config=TrainConfig(epochs=s.epochs, lr_schedule=s.lr_schedule),
         names=preset_names(preset, s.members),
         progress=progress,
     )
@@ -147,6 +196,8 @@ def evaluate_pool(
     checkpoint_dir: Path | None = None,
     attack=None,
     overwrite: bool = False,
+    clock: PhaseClock | None = None,
+    label: str = "",
 ) -> tuple[SARResult, np.ndarray]:
     """SAR (joint PGD greedy) and per-member ASR (the same PGD on each member alone).
 
@@ -161,6 +212,9 @@ def evaluate_pool(
     ``checkpoint_dir/process_<i>_of_<n>``) and every process gets the gathered result; sample
     ids are the rows of ``x``, so the result is the one-process result.
 
+    ``clock`` (optional) times the per-member attacks (phase ``"member attacks"``) and the
+    greedy (``"greedy rounds"``) under ``label``.
+
     Returns:
       (SAR result, per-member ASR [M]).
     """
@@ -174,35 +228,45 @@ def evaluate_pool(
     x = np.asarray(x)[rows]
     clean = pool.predict(x)  # [M, B]
     members = pool.attack_members if isinstance(pool, ShardedPool) else partial(attack_members, pool)
-    single = members(
-        make_pgd,
-        x,
-        clean,
-        jax.random.fold_in(key, 1),
-        eps=eps,
-        norm="linf",
-        steps=steps,
-        restarts=restarts,
-        rel_step=1.0 / 16,
-        sample_ids=rows,
-    )
-    result = run_sar(
-        pool,
-        x,
-        eps,
-        deltas,
-        key=jax.random.fold_in(key, 2),
-        steps=steps,
-        restarts=restarts,
-        progress=progress,
-        attack=attack,
-        checkpoint_dir=distributed.process_checkpoint_dir(checkpoint_dir),
-        member_attacks=(np.asarray(single.x_adv), np.asarray(single.queries)),
-        sample_ids=rows,
-        overwrite=overwrite,
-    )
+    clock = clock if clock is not None else PhaseClock()
+    with clock("member attacks", label):
+        single = _block(
+            members(
+                make_pgd,
+                x,
+                clean,
+                jax.random.fold_in(key, 1),
+                eps=eps,
+                norm="linf",
+                steps=steps,
+                restarts=restarts,
+                rel_step=1.0 / 16,
+                sample_ids=rows,
+            )
+        )
+    with clock("greedy rounds", label):
+        result = run_sar(
+            pool,
+            x,
+            eps,
+            deltas,
+            key=jax.random.fold_in(key, 2),
+            steps=steps,
+            restarts=restarts,
+            progress=progress,
+            attack=attack,
+            checkpoint_dir=distributed.process_checkpoint_dir(checkpoint_dir),
+            member_attacks=(np.asarray(single.x_adv), np.asarray(single.queries)),
+            sample_ids=rows,
+            overwrite=overwrite,
+        )
     result, per_sample = distributed.allgather_parts(result, {"member_success": np.asarray(single.success).T})
     return result, asr_metric(per_sample["member_success"])
+
+
+def _block(res: Any) -> Any:
+    """``res`` once its arrays are computed (so that a clock around the call measures the work)."""
+    return jax.block_until_ready(res)
 
 
 def khat_histogram(result: SARResult, j: int) -> dict[str, int]:
@@ -327,6 +391,30 @@ def print_table(records: dict[str, dict], eps: float) -> None:
     Console(width=200).print(t)
 
 
+def shared_joint_pgd(cache: dict[Any, Any], pool: Pool, *, steps: int, restarts: int) -> Any:
+    """The joint PGD of papers/000 Table 1 for ``pool``, one per pool structure in ``cache``.
+
+    Pools whose stacks have equal architectures and member counts (the low and the medium preset)
+    get the same attack, built on the first one's ``apply``: it computes from the ``params`` it is
+    called with, so the attack's compiled kernel is reused (eps, masks and keys are traced).
+    """
+    from sarjax.attacks.joint import make_joint_pgd
+
+    key = (tuple((type(st), getattr(st, "arch", None), st.size) for st in pool.stacks), steps, restarts)
+    if key not in cache:
+        cache[key] = make_joint_pgd(pool.apply, steps=steps, restarts=restarts)
+    return cache[key]
+
+
+def print_time_split(clock: PhaseClock, total: float) -> None:
+    """The closing time split: wall seconds per phase, their JAX compile seconds, and the rest."""
+    split = clock.split()
+    parts = [f"{name} {v['seconds']:.0f}s (compile {v['compile_seconds']:.0f}s)" for name, v in split.items()]
+    rest = total - sum(v["seconds"] for v in split.values())
+    load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
+    print(f"time split: {'; '.join(parts)}; other {rest:.0f}s; total {total:.0f}s (load average {load})")
+
+
 def check_samples(samples: int, data: Split) -> None:
     """Raise ValueError unless ``1 <= samples <= `` the test images available in ``data``."""
     n = len(data.x_test)
@@ -432,13 +520,18 @@ def run_demo(
         )
     print(f"data: {data.summary()}; attacking the first {s.samples} test images at eps={s.eps}")
     records, results = {}, {}
+    clock = PhaseClock()
+    attacks: dict[Any, Any] = {}  # one joint attack (one compiled kernel) per pool structure
     for preset in PRESETS:
-        pool, _ = get_pool(preset, data, s, cache, progress, retrain_on_mismatch=cache_dir is None)
-        acc = pool.accuracy(data.x_test, data.y_test)
+        with clock("train or load", preset):
+            pool, _ = get_pool(preset, data, s, cache, progress, retrain_on_mismatch=cache_dir is None)
+        with clock("test accuracy", preset):
+            acc = pool.accuracy(data.x_test, data.y_test)
         print(f"[{preset}] {pool}: mean test accuracy {acc.mean():.4f}")
+        attacked = pool.with_conv_impl(s.attack_conv_impl)
         try:
             res, member_asr = evaluate_pool(
-                pool,
+                attacked,
                 x,
                 s.eps,
                 deltas,
@@ -447,6 +540,9 @@ def run_demo(
                 key=jax.random.key(s.seed),
                 progress=progress,
                 checkpoint_dir=out / "checkpoint" / preset,
+                attack=shared_joint_pgd(attacks, attacked, steps=s.steps, restarts=s.restarts),
+                clock=clock,
+                label=preset,
             )
         except resume.FingerprintMismatch as e:  # e.g. the pool was retrained to other floats
             raise ValueError(f"{e.reason}; {OUT_HINT}") from None
@@ -468,10 +564,13 @@ def run_demo(
         },
         "pools": records,
         "seconds": time.time() - t0,
+        "time_split": {"phases": clock.split(), "per_pool": clock.rows},
+        "load_average": list(os.getloadavg()),
     }
     (out / "results.json").write_text(json.dumps(doc, indent=2))
     plot_demo(records, out)
     print_table(records, s.eps)
+    print_time_split(clock, doc["seconds"])
     print(f"wrote {out / 'results.json'} and plots in {out} ({time.time() - t0:.0f}s)")
     return doc
 

@@ -84,6 +84,10 @@ class TrainConfig:
       patience: epochs without validation improvement before a member stops (0 = never stop).
       val_fraction: share of the training split held out for validation / early stopping.
       val_seed: seed of the validation hold-out.
+      lr_schedule: ``"constant"`` (each member's ``lr`` throughout) or ``"cosine"`` (each
+        member's ``lr`` times ``(1 + cos(pi t / T)) / 2`` at step ``t`` of ``T = epochs x
+        steps per epoch``: cosine decay to zero without restarts, Loshchilov & Hutter 2017,
+        SGDR; optax.cosine_decay_schedule's shape). Early stopping does not shorten ``T``.
     """
 
     epochs: int = 10
@@ -91,6 +95,7 @@ class TrainConfig:
     patience: int = 3
     val_fraction: float = 0.1
     val_seed: int = 0
+    lr_schedule: str = "constant"
 
 
 @dataclass
@@ -103,6 +108,23 @@ class TrainHistory:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+LR_SCHEDULES = ("constant", "cosine")
+
+
+def lr_scales(schedule: str, epoch: int, steps: int, epochs: int) -> np.ndarray:
+    """[steps] float32 factors on each member's ``lr`` for the steps of ``epoch`` (0-based).
+
+    ``"constant"``: ones. ``"cosine"``: ``(1 + cos(pi t / T)) / 2`` at global step ``t = epoch x
+    steps + s`` of ``T = epochs x steps`` (1 at the first step, decaying towards 0 at the last).
+    """
+    if schedule == "constant":
+        return np.ones(steps, np.float32)
+    if schedule == "cosine":
+        t = epoch * steps + np.arange(steps)
+        return (0.5 * (1.0 + np.cos(np.pi * t / (epochs * steps)))).astype(np.float32)
+    raise ValueError(f"lr_schedule must be one of {LR_SCHEDULES}, got {schedule!r}")
 
 
 def _soft_xent(logits, target):
@@ -195,6 +217,7 @@ def _make_epoch_fn(
     tx: optax.GradientTransformation,
     dropout: bool = True,
     objective: Objective | None = None,
+    scheduled: bool = False,
 ):
     """The jitted epoch: ``lax.scan`` over steps of a member step vmapped over the stack.
 
@@ -203,13 +226,18 @@ def _make_epoch_fn(
     variant runs. ``dropout=False`` skips drawing dropout masks when every rate is 0.
     ``objective`` is the member loss (default :func:`cross_entropy`); its per-member
     hyperparameters travel in ``hp["obj"]`` (a dict of ``[K]`` arrays; absent = none).
+    ``scheduled``: each step sets the members' learning rate to ``hp["lr"]`` times that step's
+    entry of the epoch's ``scales [steps]`` (:attr:`TrainConfig.lr_schedule`); otherwise
+    ``scales`` is unused and the rate stays as initialised.
     """
     objective = cross_entropy if objective is None else objective
     # conv_impl="fused" CNNs: the deterministic pass through the fused kernel's input gradient, members
     # on their own inputs (inner attacks of adversarial objectives); gradients in the params are arch.apply's
     fast = fused_members.member_apply(arch) if arch.conv_impl == "fused" and fused_members.supports(arch) else None
 
-    def member_step(params, opt_state, xb, yb, key, hp, active, masked):
+    def member_step(params, opt_state, xb, yb, key, hp, active, masked, scale):
+        if scheduled:  # inject_hyperparams reads the rate from its state at every update
+            opt_state = opt_state._replace(hyperparams={**opt_state.hyperparams, "learning_rate": hp["lr"] * scale})
         if augment:
             ka = jax.random.split(jax.random.fold_in(key, 1), xb.shape[0])
             xb = jax.vmap(lambda k, im: random_affine(k, im, hp["aug"]))(ka, xb)
@@ -232,17 +260,20 @@ def _make_epoch_fn(
         keep = lambda new, old: jnp.where(active, new, old)
         return jax.tree.map(keep, new_params, params), jax.tree.map(keep, new_state, opt_state), loss
 
-    stack_step = jax.vmap(member_step, in_axes=(0, 0, 0, 0, 0, 0, 0, None))
+    stack_step = jax.vmap(member_step, in_axes=(0, 0, 0, 0, 0, 0, 0, None, None))
 
-    def epoch(params, opt_state, x, y, idx, keys, hp, active, masked):
-        # idx: [steps, K, bs]; keys: [steps, K]
+    def epoch(params, opt_state, x, y, idx, keys, hp, active, masked, scales=None):
+        # idx: [steps, K, bs]; keys: [steps, K]; scales: [steps] (None: ones, for unscheduled callers)
+        if scales is None:
+            scales = jnp.ones(idx.shape[0], jnp.float32)
+
         def body(carry, inp):
             p, s = carry
-            ib, kb = inp
-            p, s, loss = stack_step(p, s, x[ib], y[ib], kb, hp, active, masked)
+            ib, kb, sc = inp
+            p, s, loss = stack_step(p, s, x[ib], y[ib], kb, hp, active, masked, sc)
             return (p, s), loss
 
-        (params, opt_state), losses = jax.lax.scan(body, (params, opt_state), (idx, keys))
+        (params, opt_state), losses = jax.lax.scan(body, (params, opt_state), (idx, keys, scales))
         return params, opt_state, losses.mean(0)
 
     return jax.jit(epoch, static_argnames="masked")
@@ -308,6 +339,8 @@ def train_stack(
     """
     if not cfgs:
         raise ValueError("need at least one member config")
+    if config.lr_schedule not in LR_SCHEDULES:
+        raise ValueError(f"lr_schedule must be one of {LR_SCHEDULES}, got {config.lr_schedule!r}")
     for c in cfgs:
         c.validate()
     if objective is not None and not callable(objective):
@@ -347,6 +380,7 @@ def train_stack(
         "aug": jnp.array([c.aug_strength for c in cfgs], jnp.float32),
         "ls": jnp.array([c.label_smoothing for c in cfgs], jnp.float32),
         "dropout": jnp.array([c.dropout for c in cfgs], jnp.float32),
+        "lr": jnp.array([c.lr for c in cfgs], jnp.float32),
     }
     if obj_hp:
         hp["obj"] = obj_hp
@@ -362,8 +396,14 @@ def train_stack(
         return s
 
     opt_state = jax.vmap(init_state)(init_params, lrs, wds)
+    scheduled = config.lr_schedule != "constant"
     epoch_fn = _make_epoch_fn(
-        arch, any(c.aug_strength > 0 for c in cfgs), tx, dropout=any(c.dropout > 0 for c in cfgs), objective=objective
+        arch,
+        any(c.aug_strength > 0 for c in cfgs),
+        tx,
+        dropout=any(c.dropout > 0 for c in cfgs),
+        objective=objective,
+        scheduled=scheduled,
     )
     eval_fn = _eval_fn(arch)
     xd, yd = jnp.asarray(x), jnp.asarray(y_soft)
@@ -395,6 +435,7 @@ def train_stack(
                 hp,
                 jnp.asarray(active),
                 masked=not bool(active.all()),
+                scales=jnp.asarray(lr_scales(config.lr_schedule, ep, steps, config.epochs)),
             )
             acc = np.asarray(eval_fn(params, xv, yv))
             improved = (acc > best_acc) & active
