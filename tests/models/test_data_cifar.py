@@ -109,7 +109,7 @@ def test_pickles_that_build_other_objects_are_refused(tmp_path):
         read_batch(tmp_path / "test_batch")
 
 
-@pytest.mark.skipif(not os.environ.get("SARJAX_MODELS_FULL"), reason="trains a pool: SARJAX_MODELS_FULL=1")
+@pytest.mark.skipif(os.environ.get("SARJAX_MODELS_FULL") != "1", reason="trains a pool: SARJAX_MODELS_FULL=1")
 def test_train_pool_cli_on_cifar_files(cifar10, tmp_path):
     from sarjax.models.checkpoint import load_pool
 
