@@ -81,7 +81,23 @@ class PhaseClock:
 
 @dataclass(frozen=True)
 class DemoSettings:
-    """What one demo run does (the defaults are the paper's; ``quick()`` is the 3-minute run)."""
+    """What one demo run does (the defaults are the paper's; ``quick_settings()`` is the 3-minute run).
+
+    Attributes:
+      members: pool size M (papers/000: 20).
+      epochs: maximum training epochs (early stopping, patience 3; the paper: Adam and early
+        stopping, its Appendix A.3.1).
+      samples: test images attacked (50: the standard error of a SAR cell is then about 0.03).
+      eps: linf radius (papers/000: 0.05 on MNIST).
+      steps, restarts: joint PGD (papers/000 Table 1: 40 steps of eps/16, 3 restarts).
+      seed: seed of the pools and the attacks.
+      quick: the 3-minute run.
+      lr_schedule: :attr:`sarjax.models.train.TrainConfig.lr_schedule` of the pools (constant:
+        cosine decay over 5 epochs lost 0.8 points of accuracy against 10 constant-rate epochs).
+      attack_conv_impl: convolution formulation of the attacked copies of the CNN stacks
+        (``"fused"``: the fastest joint attack on CPU, docs/models.md; the trained and cached
+        pools keep theirs).
+    """
 
     members: int = 20
     epochs: int = 10
@@ -480,6 +496,7 @@ def run_demo(
         ``sarjax-demo``, or ``sarjax-demo-quick`` with ``quick`` (so the quick and the full run
         never collide in one directory, which the fingerprint check would refuse).
       quick: the 3-minute version (6 members, 2 epochs, 12 samples, 20 steps, 1 restart).
+        Without it: :class:`DemoSettings` (20 members, 10 epochs, 50 images, Table 1's PGD).
       cache_dir: where trained pools are cached (default ``<out>/pools``). A cached pool trained
         with other settings is retrained (default cache, the reason printed) or refused (a cache
         given here; :func:`get_pool`).
@@ -488,6 +505,12 @@ def run_demo(
       data_dir: MNIST IDX directory (default: the embedded 5,000 digits).
       overwrite: delete an earlier run's results, plots, checkpoints and fingerprint in ``out``
         first (the pool cache is kept: it is checked per pool).
+
+    The closing line is the time split (:class:`PhaseClock`): wall and JAX compile seconds of
+    training or loading the pools, their test accuracy, the per-member attacks and the greedy
+    rounds, with the load average; ``results.json`` keeps it per pool (``time_split``). The low and
+    medium pools (one architecture, 20 members) share one compiled joint attack
+    (:func:`shared_joint_pgd`).
 
     Returns:
       The results dict written to ``results.json``.
