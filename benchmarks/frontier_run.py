@@ -80,6 +80,39 @@ def summarise(report: dict) -> dict:
     )
 
 
+def aoi_vs_budget(src: Path, report: dict, budgets) -> list[dict]:
+    """Figure 2's curve at more budgets than the report's tiers: Algorithm 1 fitted on the
+    report's train models at every budget (nested), the train and held-out AOI, rebuilt from
+    the run's cached trajectories (no attack runs)."""
+    import numpy as np
+
+    from sarjax.cli_frontier import _safe, load_models
+    from sarjax.frontier import PoolEntry, TrajectoryPool, nested_allocations
+
+    entries = report["entries"]
+    pe = tuple(PoolEntry(e["name"], e["kind"], e["base"], e["rank"]) for e in entries)
+    trajs = []
+    names = set(report["models"])  # a zoo may have grown since the run: only the run's models
+    for m in [m for m in load_models(report["extra"]["models_dirs"]) if set(m.member_names) <= names]:
+        c = src / "cache" / m.tag
+        t = np.stack([np.load(c / f"{_safe(e['name'])}.npz")["trajectory"] for e in entries])  # [A, B, M, L]
+        trajs.append(np.transpose(t, (2, 0, 1, 3)))
+    pool = TrajectoryPool(np.concatenate(trajs), pe, cap=int(report["cap"]), every=int(report["every"]))
+    train, held = np.asarray(report["train"]), np.asarray(report["heldout"])
+    rows = []
+    for al in nested_allocations(pool, budgets, models=train):
+        rows.append(
+            dict(
+                budget=al.budget,
+                used=al.used,
+                train_aoi=float(pool.aoi(al.q, train)),
+                heldout_aoi=float(pool.aoi(al.q, held)) if len(held) else None,
+                entries=len(al.ensemble),
+            )
+        )
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--from", dest="src", default=None, help="summarise OUT/frontier.json of an earlier run")
@@ -89,6 +122,7 @@ def main(argv=None) -> int:
     ap.add_argument("--samples", type=int, default=1000)
     ap.add_argument("--out", default=None, help="the frontier run's output directory (with --models)")
     ap.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more `sarjax frontier` options")
+    ap.add_argument("--budgets", type=int, nargs="*", default=None, help="also the AOI vs budget curve (Figure 2)")
     ap.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "frontier_run.json"))
     args = ap.parse_args(argv)
     load0 = os.getloadavg()
@@ -125,6 +159,11 @@ def main(argv=None) -> int:
     print(
         f"by kind: { {k: round(v, 1) for k, v in out['by_kind'].items()} }; total {out['total_attack_seconds']:.0f} s"
     )
+    if args.budgets:
+        out["aoi_vs_budget"] = aoi_vs_budget(src, report, sorted(args.budgets))
+        for r in out["aoi_vs_budget"]:
+            h = "-" if r["heldout_aoi"] is None else f"{r['heldout_aoi']:.4f}"
+            print(f"budget {r['budget']:>6}: used {r['used']:>6}, train AOI {r['train_aoi']:.4f}, held-out AOI {h}")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
     print(f"load {load0} -> {out['load_after']}; wrote {args.json}")
