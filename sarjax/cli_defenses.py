@@ -1,4 +1,5 @@
-"""``sarjax train-defenses``: train the defense zoo (:mod:`sarjax.defenses.zoo`) into a directory."""
+"""``sarjax train-defenses``: train the defense zoo (:mod:`sarjax.defenses.zoo`) into a directory;
+``sarjax zoo-pool``: save trained defenses (the self-ensemble included) as one pool checkpoint."""
 
 from __future__ import annotations
 
@@ -34,6 +35,18 @@ def register(sub) -> None:
         "--no-compile-cache", action="store_true", help="do not keep XLA's compiled programs in OUT/.jax_cache"
     )
     p.set_defaults(func=cmd_train_defenses)
+
+    q = sub.add_parser(
+        "zoo-pool",
+        help="save trained defenses (self-ensemble included) as one pool checkpoint for the --pool commands",
+        description="Load defenses from a zoo trained by `sarjax train-defenses` and save them, each in its "
+        "deterministic form (the self-ensemble and the noise defense without their noise), as ONE pool "
+        "checkpoint that `sarjax sar`, `sarjax autoattack`, `sarjax frontier` ... take with --pool.",
+    )
+    q.add_argument("--zoo", required=True, help="the zoo directory (sarjax train-defenses --out DIR)")
+    q.add_argument("--out", required=True, help="the pool directory to write")
+    q.add_argument("--only", nargs="+", default=None, metavar="NAME", help="these defenses (default: all trained)")
+    q.set_defaults(func=cmd_zoo_pool)
 
 
 def cmd_train_defenses(args: argparse.Namespace) -> int:
@@ -76,4 +89,20 @@ def cmd_train_defenses(args: argparse.Namespace) -> int:
     )
     Path(args.out, "summary.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary, indent=1))
+    return 0
+
+
+def cmd_zoo_pool(args: argparse.Namespace) -> int:
+    """Run ``sarjax zoo-pool`` (prints the pool's members and which are randomized when deployed)."""
+    from sarjax.defenses import zoo
+    from sarjax.models.checkpoint import load_pool_meta
+
+    path = zoo.save_zoo_pool(args.zoo, args.out, args.only)
+    meta = load_pool_meta(path)
+    members = meta["config"]["members"]
+    print(f"wrote {path}: {len(meta['names'])} member(s)")
+    for n in meta["names"]:
+        m = members[n]
+        note = " (randomized when deployed: saved without its noise; attack it with EOT)" if m["stochastic"] else ""
+        print(f"  {n}: clean acc {m['clean_acc']}{note}")
     return 0

@@ -27,16 +27,18 @@ trains one with a jitted ``lax.scan`` epoch.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
+from sarjax.models.stack import BaseStack, register_kind, stack_trees
 from sarjax.models.zoo import conv2d, max_pool2
 
 Params = dict[str, Any]
@@ -192,15 +194,18 @@ def init(cfg: SelfEnsembleConfig, key: jax.Array) -> Params:
     return p
 
 
-def head_logits(cfg: SelfEnsembleConfig, params: Params, x: jax.Array, key: jax.Array | None = None) -> jax.Array:
+def head_logits(
+    cfg: SelfEnsembleConfig, params: Params, x: jax.Array, key: jax.Array | None = None, *, fixed: bool = False
+) -> jax.Array:
     """Every head's logits: x [B, H, H, 1] in [0, 1] -> [B, num_heads, C] (shallowest head first).
 
-    With ``key`` the stochastic views (:func:`random_views`), without it the plain stack.
+    With ``key`` the stochastic views (:func:`random_views`; with ``fixed``, :func:`fixed_views`:
+    one draw shared by the batch), without it the plain stack.
     """
     b = x.shape[0]
     z = multires_stack(x, cfg.resolutions)
     if key is not None:
-        z = random_views(key, z, cfg.jitter, cfg.noise_std)
+        z = (fixed_views if fixed else random_views)(key, z, cfg.jitter, cfg.noise_std)
     outs = []
     for i in range(len(cfg.channels)):
         z = max_pool2(jax.nn.relu(conv2d(z, params[f"conv{i}"])))
@@ -212,9 +217,12 @@ def head_logits(cfg: SelfEnsembleConfig, params: Params, x: jax.Array, key: jax.
     return jnp.stack(outs, axis=1)
 
 
-def apply(cfg: SelfEnsembleConfig, params: Params, x: jax.Array, key: jax.Array | None = None) -> jax.Array:
-    """CrossMax of the heads: x [B, H, H, 1] -> logits [B, C] (with ``key``: stochastic views)."""
-    return crossmax(head_logits(cfg, params, x, key), cfg.crossmax_k)
+def apply(
+    cfg: SelfEnsembleConfig, params: Params, x: jax.Array, key: jax.Array | None = None, *, fixed: bool = False
+) -> jax.Array:
+    """CrossMax of the heads: x [B, H, H, 1] -> logits [B, C] (with ``key``: stochastic views;
+    with ``key`` and ``fixed``: the one draw of :func:`fixed_views`)."""
+    return crossmax(head_logits(cfg, params, x, key, fixed=fixed), cfg.crossmax_k)
 
 
 def make_self_ensemble(cfg: SelfEnsembleConfig = SelfEnsembleConfig()) -> tuple[Callable, Callable]:
@@ -227,6 +235,210 @@ def make_self_ensemble(cfg: SelfEnsembleConfig = SelfEnsembleConfig()) -> tuple[
         return apply(cfg, params, x, key)
 
     return _init, _apply
+
+
+# ----------------------------------------------------------------------------- as a pool member
+
+
+@functools.cache
+def _member_apply(cfg: SelfEnsembleConfig, view_seed: int | None) -> Callable:
+    """One member's deterministic apply; cached so that every stack of (cfg, view_seed) returns
+    the SAME function object (attack kernels are cached on it)."""
+    if view_seed is None:
+
+        def member_apply(params, x):
+            return apply(cfg, params, x)
+
+    else:
+
+        def member_apply(params, x):
+            return apply(cfg, params, x, jax.random.key(view_seed), fixed=True)
+
+    return member_apply
+
+
+@functools.cache
+def _member_stochastic_apply(cfg: SelfEnsembleConfig) -> Callable:
+    def member_stochastic_apply(params, x, key):
+        return apply(cfg, params, x, key)
+
+    return member_stochastic_apply
+
+
+@register_kind
+class SelfEnsembleStack(BaseStack):
+    """``K`` self-ensembles of one :class:`SelfEnsembleConfig` as a stack (kind ``"self-ensemble"``).
+
+    The self-ensemble as a member of a :class:`~sarjax.models.pool.Pool`: every pool command,
+    attack, cover and checkpoint (:func:`~sarjax.models.checkpoint.save_pool` /
+    ``load_pool``, no builder needed: the config is in the spec) takes it.
+
+    Its :attr:`member_apply` is deterministic, as the Stack protocol asks (stochastic layers off):
+
+    - ``view_seed=None`` (the default): **noise off**, the plain multi-resolution stack with no
+      jitter and no noise (what the zoo reports as ``clean_acc_deterministic``). It is the
+      default because it is the one deterministic view that favours no particular draw, and the
+      protocol's requirements hold (a sample's logits do not depend on its batch).
+    - ``view_seed=s``: a **fixed key**, ONE draw of the jitter and noise (:func:`fixed_views`,
+      from ``jax.random.key(s)``) applied to every input alike. A fixed draw is not the defense as
+      deployed (every query draws anew), and an attack on it can exploit that one draw; it is
+      offered to reproduce "fixed-randomness" evaluations, not as the default.
+
+    The defense as deployed, for EOT (Athalye et al. 2018; ``eot=n`` of the attacks):
+    :meth:`stochastic_apply` (this stack) and :func:`pool_stochastic_apply` (a whole pool).
+
+    Args:
+      cfg: the architecture and its views.
+      params: stacked params, every leaf ``[K, ...]`` (the tree :func:`init` gives, stacked).
+      names: ``K`` member names.
+      view_seed: None (noise off) or an int (one fixed draw of views).
+
+    Raises:
+      TypeError: ``cfg`` not a :class:`SelfEnsembleConfig`, or ``view_seed`` not None / an int.
+      ValueError: params not the config's tree (naming the leaf), no shared member axis, or a
+        names count that differs.
+    """
+
+    kind: ClassVar[str] = "self-ensemble"
+    needs_builder: ClassVar[bool] = False
+
+    def __init__(self, cfg: SelfEnsembleConfig, params: Params, names: Sequence[str], *, view_seed: int | None = None):
+        if not isinstance(cfg, SelfEnsembleConfig):
+            raise TypeError(f"SelfEnsembleStack: cfg must be a SelfEnsembleConfig, got {type(cfg).__name__}")
+        if view_seed is not None and (isinstance(view_seed, bool) or not isinstance(view_seed, (int, np.integer))):
+            raise TypeError(f"view_seed must be None (noise off) or an int, got {view_seed!r}")
+        self.cfg = cfg
+        self.view_seed = None if view_seed is None else int(view_seed)
+        self.params = params
+        self.names = tuple(str(n) for n in names)
+        self._check_members()
+        want = jax.eval_shape(lambda k: init(cfg, k), jax.random.key(0))
+        w_leaves, w_def = jax.tree_util.tree_flatten_with_path(want)
+        g_leaves, g_def = jax.tree_util.tree_flatten_with_path(params)
+        if w_def != g_def:
+            raise ValueError(
+                f"SelfEnsembleStack: params must be the config's tree (keys {sorted(want)}), stacked; got the "
+                f"structure {g_def}"
+            )
+        for (path, w), (_, g) in zip(w_leaves, g_leaves):
+            if tuple(np.shape(g)[1:]) != tuple(w.shape):
+                raise ValueError(
+                    f"SelfEnsembleStack: params leaf {jax.tree_util.keystr(path)} has member shape "
+                    f"{tuple(np.shape(g)[1:])}, the config gives {tuple(w.shape)}"
+                )
+
+    @classmethod
+    def from_members(
+        cls, cfg: SelfEnsembleConfig, members: Sequence[Params], names: Sequence[str], *, view_seed: int | None = None
+    ) -> SelfEnsembleStack:
+        """Stack one-member params (each as :func:`init` gives them)."""
+        return cls(cfg, stack_trees(list(members)), names, view_seed=view_seed)
+
+    @property
+    def name(self) -> str:
+        return "self-ensemble"
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return self.cfg.input_shape
+
+    @property
+    def num_classes(self) -> int:
+        return self.cfg.num_classes
+
+    @property
+    def member_apply(self) -> Callable:
+        """The deterministic ``f(params_one, x [B, H, H, 1]) -> [B, C]`` (noise off, or the fixed draw)."""
+        return _member_apply(self.cfg, self.view_seed)
+
+    @property
+    def member_stochastic_apply(self) -> Callable:
+        """``f(params_one, x, key) -> [B, C]``: one member as deployed (fresh views per key)."""
+        return _member_stochastic_apply(self.cfg)
+
+    def stochastic_apply(self, params: Params, x: jax.Array, key: jax.Array) -> jax.Array:
+        """Every member as deployed: stacked params, x [B, H, H, 1] -> [K, B, C]; member ``k`` draws
+        its views from ``fold_in(key, k)`` (independent members)."""
+        keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(self.size))
+        return jax.vmap(self.member_stochastic_apply, in_axes=(0, None, 0))(params, x, keys)
+
+    def spec(self) -> dict:
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "input_shape": list(self.input_shape),
+            "num_classes": self.num_classes,
+            "config": self.cfg.spec(),
+            "view_seed": self.view_seed,
+        }
+
+    def with_params(self, params: Params, names: Sequence[str] | None = None) -> SelfEnsembleStack:
+        return SelfEnsembleStack(self.cfg, params, self.names if names is None else names, view_seed=self.view_seed)
+
+    def with_views(self, view_seed: int | None) -> SelfEnsembleStack:
+        """The same members with another deterministic view (None: noise off; an int: a fixed draw)."""
+        return SelfEnsembleStack(self.cfg, self.params, self.names, view_seed=view_seed)
+
+    @classmethod
+    def restore(cls, spec, leaves, paths, names, built) -> SelfEnsembleStack:
+        """Rebuild from the spec's config (``built`` is unused: no builder needed)."""
+        del paths, built
+        cfg = SelfEnsembleConfig.from_spec(spec["config"])
+        treedef = jax.tree.structure(jax.eval_shape(lambda k: init(cfg, k), jax.random.key(0)))
+        if treedef.num_leaves != len(leaves):
+            raise ValueError(f"the config gives {treedef.num_leaves} params leaves, the checkpoint {len(leaves)}")
+        return cls(cfg, jax.tree.unflatten(treedef, list(leaves)), names, view_seed=spec.get("view_seed"))
+
+
+def pool_stochastic_apply(pool) -> Callable:
+    """A pool with its self-ensembles as deployed: ``apply(params, x, key) -> [M, B, C]`` for EOT.
+
+    Stacks with a ``stochastic_apply`` (:class:`SelfEnsembleStack`) draw their views (stack ``i``
+    from ``fold_in(key, i)``); every other stack runs its deterministic ``apply``. Give it to an
+    attack with ``eot=n`` (``make_pgd(pool_stochastic_apply(pool), eot=10)(pool.params, ...)``).
+
+    Args:
+      pool: a :class:`~sarjax.models.pool.Pool`.
+
+    Returns:
+      ``apply(params, x [B, *S], key) -> [M, B, C]`` over ``pool.params``.
+
+    Raises:
+      ValueError: no stack of the pool is randomized (use ``pool.apply``).
+    """
+    stacks = tuple(pool.stacks)
+    if not any(hasattr(s, "stochastic_apply") for s in stacks):
+        raise ValueError(
+            f"no stack of {pool!r} is randomized (none has a stochastic_apply); attack pool.apply without EOT"
+        )
+
+    def stochastic(params, x, key):
+        outs = [
+            s.stochastic_apply(p, x, jax.random.fold_in(key, i)) if hasattr(s, "stochastic_apply") else s.apply(p, x)
+            for i, (s, p) in enumerate(zip(stacks, params))
+        ]
+        return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=0)
+
+    return stochastic
+
+
+def fixed_views(key: jax.Array, xs: jax.Array, jitter: int, noise_std: float) -> jax.Array:
+    """ONE draw of :func:`random_views`' shifts and noise, the same for every sample of the batch.
+
+    The deterministic "fixed key" views: a sample's output does not depend on the batch it is in
+    (unlike ``random_views(key, ...)``, whose draw for sample ``b`` depends on the batch shape).
+    xs: [B, H, W, R] -> [B, H, W, R].
+    """
+    b, h, w, r = xs.shape
+    ks, kn = jax.random.split(key)
+    if jitter > 0:
+        d = jax.random.randint(ks, (2, 1, r), -jitter, jitter + 1)
+        d = jnp.broadcast_to(d, (2, b, r))
+        per = jax.vmap(jax.vmap(lambda im, dy, dx: _shift(im, dy, dx, jitter), in_axes=(2, 0, 0), out_axes=2))
+        xs = per(xs, d[0], d[1])
+    if noise_std > 0:
+        xs = xs + noise_std * jax.random.normal(kn, (1, h, w, r), xs.dtype)
+    return jnp.clip(xs, 0.0, 1.0)
 
 
 def train_self_ensemble(
@@ -307,12 +519,15 @@ def train_self_ensemble(
 
 __all__ = [
     "SelfEnsembleConfig",
+    "SelfEnsembleStack",
     "apply",
     "crossmax",
+    "fixed_views",
     "head_logits",
     "init",
     "make_self_ensemble",
     "multires_stack",
+    "pool_stochastic_apply",
     "random_views",
     "train_self_ensemble",
 ]

@@ -8,15 +8,17 @@ PGD-AT linf radii, the two TRADES radii, and the standard CNN with the noise-tra
 is Gaussian augmentation at sigma 0 and 0.25); each defense is saved on its own, a zoo
 architecture as a pool checkpoint (:func:`sarjax.models.checkpoint.save_pool`: ``DIR/<name>/``,
 loadable by every ``--pool`` command), the self-ensemble as ``DIR/<name>/params.npz`` +
-``model.json``; ``DIR/zoo.json`` indexes them with each one's fingerprint, clean accuracy and
+``model.json`` and, in the same directory, as a pool checkpoint of its
+:class:`~sarjax.defenses.self_ensemble.SelfEnsembleStack` (noise off; zoos trained before that:
+:func:`save_zoo_pool`); ``DIR/zoo.json`` indexes them with each one's fingerprint, clean accuracy and
 training time. A rerun skips the defenses whose fingerprint (the entry, the training settings,
 the data, the teacher, the sarjax version) is unchanged and refuses the stale ones unless
 ``overwrite`` is given (as :mod:`sarjax.cover.resume` does for runs).
 
 :func:`load_zoo` restores them as :class:`ZooModel` (deterministic ``apply``, params, a one-member
-:class:`~sarjax.models.pool.Pool` for the zoo architectures, and the stochastic
-``apply(params, x, key)`` of the randomized defenses for EOT); :func:`zoo_pool` puts the
-deterministic zoo-architecture defenses into one Pool.
+:class:`~sarjax.models.pool.Pool`, and the stochastic ``apply(params, x, key)`` of the randomized
+defenses for EOT); :func:`zoo_pool` puts defenses (the self-ensemble included) into one Pool and
+:func:`save_zoo_pool` saves such a pool for the ``--pool`` commands (``sarjax zoo-pool``).
 
 Eps ramp (``ramp_epochs``): PGD-AT and TRADES at linf 0.3 from scratch on MNIST often stay at
 chance for many epochs (measured here: 11.5% clean accuracy after 2 epochs at 0.3); the radius
@@ -275,7 +277,9 @@ class ZooModel:
       apply: deterministic ``apply(params, x [B, 28, 28, 1]) -> logits [B, C]`` (the
         self-ensemble's plain views; the noise defense without its noise).
       params: one model's params.
-      pool: a one-member :class:`~sarjax.models.pool.Pool` for the zoo architectures, else None.
+      pool: a one-member :class:`~sarjax.models.pool.Pool` of the deterministic model (a zoo
+        architecture's stack, or the self-ensemble's
+        :class:`~sarjax.defenses.self_ensemble.SelfEnsembleStack` with its noise off).
       stochastic_apply: ``apply(params, x, key) -> [B, C]``, the defense as deployed, for the
         randomized ones (EOT; ``make_apgd(..., eot=n)``), else None.
       info: its ``zoo.json`` record (clean accuracy, training time, fingerprint).
@@ -684,6 +688,11 @@ def train_defenses(
             acc = _eval_acc(lambda xb, i: f_det(xb), xt, yt)
             acc_r = _eval_acc(lambda xb, i: f_rand(xb, jax.random.fold_in(jax.random.key(0), i)), xt, yt)
             save_self_ensemble(out / d.name, cfg, params, {"defense": d.spec(), "train_loss": hist})
+            save_pool(  # the same directory as a pool checkpoint (noise off), for the --pool commands
+                Pool([se.SelfEnsembleStack(cfg, jax.tree.map(lambda a: a[None], params), (d.name,))]),
+                out / d.name,
+                config={"defense": d.spec(), "fingerprint_sha256": _sha(fps[d.name]), "clean_acc": acc_r},
+            )
             head = np.asarray(f_det(xt[:N_HEAD]), np.float32).tolist()
             record(d, acc_r, dt, gnames, {"clean_acc_deterministic": acc}, head)
             continue
@@ -736,6 +745,7 @@ def load_zoo(path: str | os.PathLike, names: Sequence[str] | None = None) -> dic
     from sarjax.attacks.eot import with_input_noise
     from sarjax.defenses import self_ensemble as se
     from sarjax.models.checkpoint import load_pool
+    from sarjax.models.pool import Pool
 
     path = Path(path).absolute()
     if not (path / ZOO_INDEX).is_file():
@@ -755,14 +765,10 @@ def load_zoo(path: str | os.PathLike, names: Sequence[str] | None = None) -> dic
             d = replace(d, hp=tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in spec.get("hp", {}).items()))
         if d.arch == "self-ensemble":
             cfg, params, _ = load_self_ensemble(path / rec["dir"])
+            import jax
 
-            def det(p, x, cfg=cfg):
-                return se.apply(cfg, p, x)
-
-            def rand(p, x, key, cfg=cfg):
-                return se.apply(cfg, p, x, key)
-
-            out[n] = ZooModel(n, d, det, params, None, rand, rec)
+            stack = se.SelfEnsembleStack(cfg, jax.tree.map(lambda a: a[None], params), (n,))
+            out[n] = ZooModel(n, d, stack.member_apply, params, Pool([stack]), stack.member_stochastic_apply, rec)
             continue
         pool, _ = load_pool(path / rec["dir"])
         stack = pool.stacks[0]
@@ -776,15 +782,89 @@ def load_zoo(path: str | os.PathLike, names: Sequence[str] | None = None) -> dic
 
 
 def zoo_pool(models: dict[str, ZooModel], names: Sequence[str] | None = None):
-    """One :class:`~sarjax.models.pool.Pool` of the deterministic zoo-architecture defenses
-    (default: every such model of ``models``; members grouped into stacks by architecture)."""
+    """One :class:`~sarjax.models.pool.Pool` of zoo defenses, each in its deterministic form.
+
+    Args:
+      models: what :func:`load_zoo` returned.
+      names: the members, in order (default: every model of ``models``). The zoo architectures
+        (the Gaussian-noise CNN without its noise) and the self-ensemble (a
+        :class:`~sarjax.defenses.self_ensemble.SelfEnsembleStack`, noise off; its deployed form for
+        EOT: :func:`~sarjax.defenses.self_ensemble.pool_stochastic_apply` of the pool) all go in.
+
+    Returns:
+      The pool; members of one architecture share a stack (stacks in order of first appearance,
+      so ``pool.names`` may reorder ``names`` across stacks, as :meth:`Pool.from_members`).
+
+    Raises:
+      ValueError: a name that ``models`` lacks, or a model without a pool.
+    """
     from sarjax.models.pool import Pool
 
-    names = list(names) if names is not None else [n for n, m in models.items() if m.pool is not None]
+    names = list(names) if names is not None else list(models)
+    missing = [n for n in names if n not in models]
+    if missing:
+        raise ValueError(f"{missing} are not among the loaded models {list(models)}")
     bad = [n for n in names if models[n].pool is None]
     if bad:
-        raise ValueError(f"{bad} are not zoo architectures (no pool); use their apply / stochastic_apply")
-    return Pool.from_members([(models[n].pool.stacks[0].arch, models[n].params) for n in names], names)
+        raise ValueError(f"{bad} have no pool; use their apply / stochastic_apply")
+    groups: dict[tuple, list[str]] = {}  # members of one stack kind, architecture and params layout
+    for n in names:
+        groups.setdefault(_stack_key(models[n].pool.stacks[0]), []).append(n)
+    stacks = []
+    for run in groups.values():
+        first = models[run[0]].pool.stacks[0]
+        params = [models[n].pool.stacks[0].params for n in run]
+        stacks.append(first if len(run) == 1 else first.with_params(_stack_params(params), run))
+    return Pool(stacks)
+
+
+def _stack_key(stack) -> tuple:
+    from sarjax.models.stack import leaf_signature
+
+    return (stack.kind, json.dumps(stack.spec(), sort_keys=True), leaf_signature(stack.member(0)))
+
+
+def _stack_params(params: list):
+    import jax
+    import jax.numpy as jnp
+
+    return jax.tree.map(lambda *a: jnp.concatenate(a, axis=0), *params)
+
+
+def save_zoo_pool(zoo_dir: str | os.PathLike, out: str | os.PathLike, names: Sequence[str] | None = None) -> Path:
+    """Save zoo defenses as ONE pool checkpoint (``sarjax zoo-pool``), loadable by every ``--pool`` command.
+
+    Args:
+      zoo_dir: a directory trained by :func:`train_defenses`.
+      out: the pool directory to write (:func:`sarjax.models.checkpoint.save_pool`; it must not be
+        inside ``zoo_dir``'s defense directories).
+      names: the defenses (default: every trained one), each in its deterministic form
+        (:func:`zoo_pool`).
+
+    Returns:
+      The pool directory. Its config records, per member, the defense entry, whether the
+      deployed model is randomized (attack those with EOT) and the zoo's clean accuracy.
+
+    Raises:
+      ValueError: as :func:`load_zoo` and :func:`zoo_pool`.
+    """
+    from sarjax.models.checkpoint import save_pool
+
+    models = load_zoo(zoo_dir, names)
+    pool = zoo_pool(models, names)
+    config = {
+        "zoo": str(Path(zoo_dir).absolute()),
+        "members": {
+            n: {
+                "defense": m.defense.spec(),
+                "stochastic": m.stochastic,
+                "clean_acc": m.info.get("clean_acc"),
+                "clean_acc_deterministic": m.info.get("clean_acc_deterministic"),
+            }
+            for n, m in models.items()
+        },
+    }
+    return save_pool(pool, out, config=config)
 
 
 __all__ = [
@@ -802,6 +882,7 @@ __all__ = [
     "load_self_ensemble",
     "load_zoo",
     "save_self_ensemble",
+    "save_zoo_pool",
     "self_ensemble_config",
     "train_defenses",
     "zoo_pool",
