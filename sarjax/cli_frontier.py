@@ -190,21 +190,26 @@ class _Model:
     member_names: list[str]
 
 
-def load_models(models: list[str]) -> list[_Model]:
+def load_models(models: list[str], defenses: list[str] | None = None) -> list[_Model]:
     """``--models`` directories as pools: a pool saved by ``sarjax train-pool`` (every member a
     model), or a defense zoo written by ``sarjax train-defenses`` (a directory with
     ``zoo.json``: every trained defense a one-member model; the randomized ones are attacked
     deterministically: the noise defense without its inference noise, the self-ensemble through
-    its plain views, :func:`sarjax.defenses.zoo.load_zoo`)."""
+    its plain views, :func:`sarjax.defenses.zoo.load_zoo`).  ``defenses``: only these defenses
+    of the zoo directories (all by default; pool directories are always taken whole)."""
     from sarjax.models.checkpoint import load_pool
 
     out: list[_Model] = []
+    seen: set[str] = set()
     for i, d in enumerate(models):
         base = Path(d).name
         if (Path(d) / "zoo.json").is_file():
             from sarjax.defenses.zoo import load_zoo
 
             for name, zm in load_zoo(d).items():
+                seen.add(name)
+                if defenses is not None and name not in defenses:
+                    continue
                 pool = zm.pool if zm.pool is not None else _FnPool(zm.apply, zm.params, name)
                 out.append(_Model(name, f"zoo-{_safe(base)}-{_safe(name)}", f"{i}-{base}", pool, [name]))
             continue
@@ -214,6 +219,9 @@ def load_models(models: list[str]) -> list[_Model]:
             member_names = [f"m{j}" for j in range(pool.num_members)]
         names = [f"{base}/{n}" for n in member_names]
         out.append(_Model(base, f"{i}-{_safe(base)}", f"{i}-{base}", pool, names))
+    missing = sorted(set(defenses or ()) - seen)
+    if missing:
+        raise ValueError(f"--defenses {missing} are in none of the zoo directories (they hold: {sorted(seen)})")
     return out
 
 
@@ -317,6 +325,7 @@ def run_frontier(
     aa_attacks: list[str] | None = None,
     aa_iter: int = 100,
     aa_square: int = 5000,
+    defenses: list[str] | None = None,
 ):
     """The whole ``sarjax frontier`` run (see the module doc); returns the
     :class:`~sarjax.frontier.report.FrontierReport`.
@@ -363,7 +372,7 @@ def run_frontier(
     outp.mkdir(parents=True, exist_ok=True)
     key = jax.random.key(seed)
     names, groups, trajs, timings, ran = [], [], [], {}, []
-    loaded = load_models(models)
+    loaded = load_models(models, defenses)
     for mdl in loaded:
         pool = mdl.pool
         if tuple(pool.input_shape) != x.shape[1:]:
@@ -639,6 +648,7 @@ def cmd_frontier(args: argparse.Namespace) -> int:
         aa_attacks=[a for a in args.aa_attacks.split(",") if a] if args.aa_attacks else None,
         aa_iter=args.aa_iter,
         aa_square=args.aa_square,
+        defenses=[a for a in args.defenses.split(",") if a] if args.defenses else None,
     )
     return 0
 
@@ -671,6 +681,9 @@ def register(sub) -> None:
     )
     f.add_argument(
         "--init-eps", type=float, default=None, help="radius of the restarts' random starts (default per norm)"
+    )
+    f.add_argument(
+        "--defenses", default=None, help="comma-separated defenses of the zoo directories in --models (default all)"
     )
     f.add_argument("--batch", type=int, default=250, help="samples per attack call")
     f.add_argument("--data-dir", default=None, help="directory with MNIST IDX files (default: embedded)")

@@ -151,3 +151,17 @@ def test_frontier_cli_autoattack(pools, tmp_path, capsys):
         fc = fixed_eps_curve(a["eps"], a["accuracy"], front[i], eps_ref=2.0)
         assert fc.aoi == pytest.approx(a["aoi"])
         assert a["cost_ref"] > 0
+
+
+def test_load_models_defenses_filter_and_fn_pool(pools):
+    """``--defenses`` names must exist in a zoo directory; the one-member pool of a plain apply
+    (the self-ensemble's) evaluates it as ``[1, B, C]``."""
+    with pytest.raises(ValueError, match="in none of the zoo directories"):
+        cli_frontier.load_models(pools, defenses=["no-such-defense"])
+    m = cli_frontier.load_models(pools[:1])
+    assert len(m) == 1 and m[0].member_names == ["p0/m0", "p0/m1"] and m[0].tag == "0-p0"
+    w = np.arange(784 * 10, dtype=np.float32).reshape(784, 10) / 1e4
+    fp = cli_frontier._FnPool(lambda p, x: x.reshape(x.shape[0], -1) @ p, w, "lin")
+    x = np.random.default_rng(0).uniform(size=(3, 28, 28, 1)).astype(np.float32)
+    np.testing.assert_allclose(fp.logits(x)[0], x.reshape(3, -1) @ w, rtol=1e-5)
+    assert fp.stacks[0].params.shape == (1, 784, 10) and fp.num_members == 1
