@@ -5,16 +5,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import scaled_init, tiny_llama
+from conftest import VOCAB, build_tokenizer, scaled_init, tiny_llama
 from scipy.stats import chi2
 
 from sarjax.models.llm import generate
 from sarjax.models.llm.pool import left_pad
 
-V = 16
+V = VOCAB  # the tiny word-level tokenizers' model vocabulary: every test shares one config
 CFG = tiny_llama(V, hidden_size=16, num_heads=2, num_kv_heads=1, head_dim=8, intermediate_size=24)
 PROMPTS = [[1, 2, 3, 4, 5], [6, 7], [8, 9, 10]]
 NEW = 6
+P = 16  # one prompt length (and B = 3, M = 2) for every decoding call: kernels are shared
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +25,7 @@ def stack():
 
 
 def _prompts():
-    return left_pad(PROMPTS, 0)
+    return left_pad(PROMPTS, 0, length=P)
 
 
 def _hf_filtered_probs(logits, temperature, top_k, top_p):
@@ -81,11 +82,11 @@ def test_sample_token_frequencies_match_the_filtered_softmax():
 
 
 def test_one_step_generation_frequencies_match_the_members_softmax(stack):
-    """The whole decoding path: 3000 seeds of one prompt, 1 new token, both members; the counts
+    """The whole decoding path: 2000 seeds of one prompt, 1 new token, both members; the counts
     follow softmax(last logits / T) restricted to top-k / top-p of each member."""
     from sarjax.models.llm import decoder
 
-    n = 3000
+    n = 2000
     ids, mask = left_pad([PROMPTS[0]] * n, 0)
     t, k, p = 0.9, 6, 0.95
     out = np.asarray(
@@ -122,7 +123,7 @@ def test_same_key_same_output_rows_independent_of_the_batch(stack):
     assert not np.array_equal(a, c)
     assert not np.array_equal(a[0], a[1])  # members draw independently
     # row 2 alone, with its sample id, draws what it drew inside the batch; member ids likewise
-    i2, m2 = left_pad([PROMPTS[2]], 0, length=ids.shape[1])
+    i2, m2 = left_pad([PROMPTS[2]], 0, length=P)
     swapped = jax.tree.map(lambda x: x[::-1], stack)
     solo = generate.stack_sample_generate(
         swapped, CFG, np.repeat(i2, 3, 0), np.repeat(m2, 3, 0), NEW, key=jax.random.key(5),
@@ -156,52 +157,48 @@ TEMPLATE_B = "<s>{% for m in messages %} {{ m['content'] }}{% endfor %}{% if add
 REQUESTS = ["how to build a bomb", "tell me a tutorial on x", "please write"]
 
 
-def test_pool_generate_text_chat_template_end_tokens_and_member_order(tmp_path):
-    """Two stacks with different chat templates; each member's responses equal greedy decoding of
-    transformers' own rendering of the request, cut at the first end token of
-    generation_config.json (a list), decoded without special tokens."""
+def test_pool_generate_text_chat_template_end_tokens_and_member_order(stack, tmp_path):
+    """Two stacks with different chat templates (the module's two members, each with both
+    templates); every member's responses equal greedy decoding of transformers' own rendering of
+    the request, cut at the first end token of generation_config.json (a list), decoded without
+    special tokens."""
     import json
 
-    from conftest import VOCAB, build_tokenizer
-
-    from sarjax.models.llm import pool as P
+    from sarjax.models.llm import pool as P_
 
     tok_a, tok_b = build_tokenizer(TEMPLATE_A), build_tokenizer(TEMPLATE_B)
-    cfg_a = tiny_llama(VOCAB, hidden_size=16, num_heads=2, num_kv_heads=1, head_dim=8, intermediate_size=24)
-    cfg_b = tiny_llama(VOCAB, hidden_size=16, num_heads=2, num_kv_heads=2, head_dim=8, intermediate_size=24)
-    pa0, pa1 = (scaled_init(cfg_a, jax.random.key(s), 4.0) for s in (7, 8))
-    params_b = scaled_init(cfg_b, jax.random.key(9), 4.0)
-    fixed = 32  # every reference call has one shape per config: one compile each
+    pa = [jax.tree.map(lambda x, m=m: x[m], stack) for m in range(2)]
 
-    def reference(params, cfg, tok, req, eos):
+    def reference(params, tok, req, eos):
         ids = tok.apply_chat_template([{"role": "user", "content": req}], tokenize=True, add_generation_prompt=True)
-        i, m = left_pad([ids["input_ids"]], 0, length=fixed)
-        return np.asarray(generate.greedy_generate(params, cfg, i, m, NEW, eos_id=eos))[0].tolist()
+        i, m = left_pad([ids["input_ids"]] * 3, 0, length=P)  # the shapes of the other tests' calls
+        return np.asarray(generate.greedy_generate(params, CFG, i, m, NEW, eos_id=eos))[0].tolist()
 
     # an end-token list with a token member 0 emits at step 2 of request 0 (so the cut is tested)
-    raw0 = reference(pa0, cfg_a, tok_a, REQUESTS[0], None)
+    raw0 = reference(pa[0], tok_a, REQUESTS[0], [2])
     eos = [int(raw0[2]), 2]
+    assert eos[0] != 2
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": eos, "max_new_tokens": NEW}))
-    gen = P.load_generation_config(str(tmp_path))
+    gen = P_.load_generation_config(str(tmp_path))
     assert gen.eos_token_id == tuple(eos) and gen.max_new_tokens == NEW and gen.top_k == 50
-    members = [("a0", cfg_a, pa0, tok_a, gen), ("b", cfg_b, params_b, tok_b, gen), ("a1", cfg_a, pa1, tok_a, gen)]
-    pool = P.build_pool(members)
-    assert pool.names == ("a0", "a1", "b")
-    out = P.pool_generate_text(pool, REQUESTS, pad_to_multiple=fixed)
-    for m, (params, cfg, tok) in enumerate([(pa0, cfg_a, tok_a), (pa1, cfg_a, tok_a), (params_b, cfg_b, tok_b)]):
+    members = [("a0", CFG, pa[0], tok_a, gen), ("b0", CFG, pa[0], tok_b, gen), ("a1", CFG, pa[1], tok_a, gen)]
+    members.append(("b1", CFG, pa[1], tok_b, gen))
+    pool = P_.build_pool(members)
+    assert pool.names == ("a0", "a1", "b0", "b1")
+    out = P_.pool_generate_text(pool, REQUESTS, pad_to_multiple=P)
+    for m, (params, tok) in enumerate([(pa[0], tok_a), (pa[1], tok_a), (pa[0], tok_b), (pa[1], tok_b)]):
         for n, req in enumerate(REQUESTS):
-            toks = reference(params, cfg, tok, req, eos)
+            toks = reference(params, tok, req, eos)
             cut = next((i for i, t in enumerate(toks) if t in eos), len(toks))
             assert out[m][n] == tok.decode(toks[:cut], skip_special_tokens=True), (m, n)
     assert len(out[0][0].split()) <= 2  # request 0 of member a0 stopped at its end token
+    assert out[0] != out[2]  # the chat template matters
     # sampling through the same helper: T = 0 is greedy; a key is required
-    assert (
-        P.pool_generate_text(
-            pool, REQUESTS, do_sample=True, key=jax.random.key(0), temperature=0.0, pad_to_multiple=fixed
-        )
-        == out
+    again = P_.pool_generate_text(
+        pool, REQUESTS, do_sample=True, key=jax.random.key(0), temperature=0.0, pad_to_multiple=P
     )
+    assert again == out
     with pytest.raises(TypeError, match="needs a key"):
-        P.pool_generate_text(pool, REQUESTS, do_sample=True)
+        P_.pool_generate_text(pool, REQUESTS, do_sample=True)
     with pytest.raises(ValueError, match="chat_template"):
-        P.pool_generate_text(P.build_pool([("x", cfg_a, pa0, build_tokenizer())]), REQUESTS)
+        P_.pool_generate_text(P_.build_pool([("x", CFG, pa[0], build_tokenizer())]), REQUESTS)

@@ -84,7 +84,10 @@ def filter_logits(logits, temperature=1.0, top_k=0, top_p=1.0):
     keep = (top_k <= 0) | (zs >= kth)
     p = jax.nn.softmax(jnp.where(keep, zs, -jnp.inf))
     before = jnp.cumsum(p) - p  # probability of the more likely tokens
-    keep = keep & ((before < jnp.asarray(top_p, jnp.float32)) | (jnp.arange(v) == 0))
+    top_p = jnp.asarray(top_p, jnp.float32)
+    # top_p >= 1 is off (transformers skips the warper): float32 cumulative sums reach 1 before the
+    # tail, which would otherwise drop its least likely tokens
+    keep = keep & ((before < top_p) | (top_p >= 1.0) | (jnp.arange(v) == 0))
     return jnp.full((v,), -jnp.inf, jnp.float32).at[order].set(jnp.where(keep, zs, -jnp.inf))
 
 
