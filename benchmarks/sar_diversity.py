@@ -30,7 +30,7 @@ import jax
 import numpy as np
 
 from sarjax.data.mnist import load_mnist
-from sarjax.demo import COVERAGES, DemoSettings, evaluate_pool, get_pool, shared_joint_pgd
+from sarjax.demo import COVERAGES, DemoSettings, attack_copy, evaluate_pool, get_pool, shared_joint_pgd
 from sarjax.models.presets import PRESETS
 from sarjax.models.train import LR_SCHEDULES
 
@@ -153,7 +153,7 @@ def main() -> None:
         by_arch = {}
         for i, st in enumerate(stack for stack in pool.stacks for _ in range(stack.size)):
             by_arch.setdefault(st.arch.name, []).append(float(acc[i]))
-        pool = pool.with_conv_impl(a.conv_impl)
+        pool = attack_copy(pool, a.conv_impl)
         pools[preset] = pool
         attacks[preset] = shared_joint_pgd(shared, pool, steps=a.steps, restarts=a.restarts)
         doc["pools"][preset] = {

@@ -407,6 +407,21 @@ def print_table(records: dict[str, dict], eps: float) -> None:
     Console(width=200).print(t)
 
 
+def attack_copy(pool: Pool, conv_impl: str) -> Pool:
+    """``pool`` with its ``cnn`` stacks re-wrapped to ``conv_impl`` (same params), other stacks as they are.
+
+    Only the zoo's ``cnn`` family has a fused kernel (:func:`sarjax.models.fused_members.supports`);
+    :meth:`Pool.with_conv_impl` would turn a residual CNN's convolutions into XLA's, whose
+    gradients are slow on CPU (DESIGN.md), so those keep their own formulation.
+    """
+    from sarjax.models.pool import Stack
+
+    stacks = [
+        st.with_conv_impl(conv_impl) if isinstance(st, Stack) and st.arch.family == "cnn" else st for st in pool.stacks
+    ]
+    return Pool(stacks)
+
+
 def shared_joint_pgd(cache: dict[Any, Any], pool: Pool, *, steps: int, restarts: int) -> Any:
     """The joint PGD of papers/000 Table 1 for ``pool``, one per pool structure in ``cache``.
 
@@ -551,7 +566,7 @@ def run_demo(
         with clock("test accuracy", preset):
             acc = pool.accuracy(data.x_test, data.y_test)
         print(f"[{preset}] {pool}: mean test accuracy {acc.mean():.4f}")
-        attacked = pool.with_conv_impl(s.attack_conv_impl)
+        attacked = attack_copy(pool, s.attack_conv_impl)
         try:
             res, member_asr = evaluate_pool(
                 attacked,

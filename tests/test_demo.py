@@ -160,3 +160,19 @@ def test_high_preset_mlp_members_train_with_full_augmentation():
     others = [c for a, c in members if a.family != "mlp"]
     assert len(mlps) == 7 and {c.aug_strength for c in mlps} == {MLP_AUG_STRENGTH} == {1.0}
     assert {c.aug_strength for c in others} == {0.0, 0.5, 1.0}  # still drawn per member
+
+
+def test_attack_copy_fuses_only_the_cnn_stacks():
+    from sarjax.models import zoo
+
+    archs = [zoo.cnn((2, 2), dense=4), zoo.resnet((2,), blocks=1, dense=4), ARCH]
+    pool = Pool([Stack.from_keys(a, jax.random.split(jax.random.key(i), 2)) for i, a in enumerate(archs)])
+    got = demo.attack_copy(pool, "fused")
+    assert [(s.arch.family, s.arch.conv_impl) for s in got.stacks] == [
+        ("cnn", "fused"),
+        ("resnet", "im2col"),
+        ("mlp", "im2col"),
+    ]
+    assert got.names == pool.names
+    for a, b in zip(jax.tree.leaves(pool.params), jax.tree.leaves(got.params)):
+        assert a is b
