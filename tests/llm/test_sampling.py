@@ -82,11 +82,11 @@ def test_sample_token_frequencies_match_the_filtered_softmax():
 
 
 def test_one_step_generation_frequencies_match_the_members_softmax(stack):
-    """The whole decoding path: 2000 seeds of one prompt, 1 new token, both members; the counts
+    """The whole decoding path: 1000 seeds of one prompt, 1 new token, both members; the counts
     follow softmax(last logits / T) restricted to top-k / top-p of each member."""
     from sarjax.models.llm import decoder
 
-    n = 2000
+    n = 1000
     ids, mask = left_pad([PROMPTS[0]] * n, 0)
     t, k, p = 0.9, 6, 0.95
     out = np.asarray(
