@@ -113,6 +113,68 @@ def aoi_vs_budget(src: Path, report: dict, budgets) -> list[dict]:
     return rows
 
 
+def markdown(report: dict) -> str:
+    """The reproduction tables of papers/001 from a ``frontier.json``: Figure 2's train / held-out
+    AOI per tier, Tables 4 and 6 (per model AOI and robust accuracy at ``eps_ref``, ensemble
+    vs the fixed-eps attack scored as a curve), Table 7 (DOI per tier), Figure 5's rank changes."""
+    tiers = report["tiers"]
+    held = set(report["heldout"])
+    names = report["models"]
+    aa = report["extra"].get("autoattack")
+    out = ["| tier | used | train AOI (%) | held-out AOI (%) |", "|---|---|---|---|"]
+    for t in tiers:
+        h = "-" if t["heldout_aoi"] is None else f"{100 * t['heldout_aoi']:.2f}"
+        out.append(f"| {t['budget']} | {t['used']} | {100 * t['train_aoi']:.2f} | {h} |")
+    out.append("")
+    head = " | ".join(f"AOI {t['budget'] // 1000}k" for t in tiers)
+    acc_head = " | ".join(f"rob. acc. {t['budget'] // 1000}k" for t in tiers)
+    cols = f"| model | split | clean | eps_min | {head} |"
+    if aa:
+        cols += f" fixed-eps AOI | {acc_head} | fixed-eps rob. acc. | its queries at eps_ref |"
+    out.append(cols)
+    out.append("|" + "---|" * (cols.count("|") - 1))
+    for i, n in enumerate(names):
+        row = f"| {n} | {'held-out' if i in held else 'train'} | {100 * report['clean_accuracy'][i]:.1f} | "
+        row += f"{report['eps_min'][i]:.4f} | " + " | ".join(f"{100 * t['model_aoi'][i]:.2f}" for t in tiers) + " |"
+        if aa:
+            a = aa["models"][n]
+            ref = aa["eps_ref"]
+            k = min(range(len(a["eps"])), key=lambda j: abs(a["eps"][j] - ref))
+            accs = " | ".join(f"{100 * r['ensemble_accuracy_at_ref'][i]:.1f}" for r in aa["tiers"])
+            row += f" {100 * a['aoi']:.2f} | {accs} | {100 * a['accuracy'][k]:.1f} | {a['cost_ref']:.0f} |"
+        out.append(row)
+    if aa:
+        out.append("")
+        for r in aa["tiers"]:
+            out.append(
+                f"- tier {r['budget']}: ensemble AOI >= the fixed-eps attack's on {r['aoi_matches_or_exceeds']} of "
+                f"{len(names)} models ({r['heldout_aoi_matches_or_exceeds']} of {len(held)} held-out); robust accuracy "
+                f"at eps_ref {aa['eps_ref']} <= its on {r.get('accuracy_matches_or_exceeds', '-')} of {len(names)}"
+            )
+    out.append("")
+    out.append("| model | " + " | ".join(f"DOI {t['budget'] // 1000}k (rank)" for t in tiers) + " |")
+    out.append("|---|" + "---|" * len(tiers))
+    ranks = []
+    for t in tiers:
+        order = sorted(range(len(names)), key=lambda j: -t["doi"][j])
+        ranks.append({j: r + 1 for r, j in enumerate(order)})
+    for i, n in enumerate(names):
+        out.append(f"| {n} | " + " | ".join(f"{t['doi'][i]:.3f} ({rk[i]})" for t, rk in zip(tiers, ranks)) + " |")
+    tau = report["doi_tau"]
+    out.append("")
+    out.append(f"- DOI ranking, Kendall tau between the first and the last tier: {tau[0][-1]:.3f}")
+    rk = report.get("rank")
+    if rk:
+        taus = [v for i, row in enumerate(rk["tau"]) for j, v in enumerate(row) if j > i and v == v]
+        out.append(
+            f"- single-eps rankings ({rk['source']}) at {len(rk['eps'])} eps from {rk['eps'][0]:.3f} to "
+            f"{rk['eps'][-1]:.3f}: per-model largest rank change {dict(zip(names, rk['shift']))}; "
+            f"{sum(s >= 2 for s in rk['shift'])} models move by >= 2 ranks; smallest Kendall tau between two grid "
+            f"points {min(taus) if taus else float('nan'):.3f}"
+        )
+    return "\n".join(out)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--from", dest="src", default=None, help="summarise OUT/frontier.json of an earlier run")
@@ -123,6 +185,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="the frontier run's output directory (with --models)")
     ap.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more `sarjax frontier` options")
     ap.add_argument("--budgets", type=int, nargs="*", default=None, help="also the AOI vs budget curve (Figure 2)")
+    ap.add_argument("--markdown", action="store_true", help="also print the reproduction tables (markdown)")
     ap.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "frontier_run.json"))
     args = ap.parse_args(argv)
     load0 = os.getloadavg()
@@ -164,6 +227,8 @@ def main(argv=None) -> int:
         for r in out["aoi_vs_budget"]:
             h = "-" if r["heldout_aoi"] is None else f"{r['heldout_aoi']:.4f}"
             print(f"budget {r['budget']:>6}: used {r['used']:>6}, train AOI {r['train_aoi']:.4f}, held-out AOI {h}")
+    if args.markdown:
+        print(markdown(report))
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
     print(f"load {load0} -> {out['load_after']}; wrote {args.json}")
