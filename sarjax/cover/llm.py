@@ -639,6 +639,8 @@ def pool_llm_sar(
     overwrite: bool = False,
     progress: bool = False,
     attacker: Any = None,
+    seed_fn: Callable[[str], Sequence[str]] | None = None,
+    seed_tokens: int = 20,
 ) -> tuple[LLMSARRun, dict[str, Any]]:
     """SAR (and per-member ASR) of a pool of sarjax decoders on text requests, end to end.
 
@@ -660,6 +662,10 @@ def pool_llm_sar(
       out: directory for the checkpoint, ``llm_sar.json`` and ``llm_sar.png`` (None: nothing written).
       overwrite, progress: see :func:`run_llm_sar`.
       attacker: AutoDAN's attacker (see :func:`sarjax.attacks.text.autodan.make_autodan`).
+      seed_fn: BEAST's warm start: ``seed_fn(request) -> suffix texts`` (papers/000 uses
+        AmpleGCG; any callable); every call starts its beams from the first ``seed_tokens``
+        tokens (20, papers/000 Table 2) of the first usable candidate
+        (:func:`~sarjax.attacks.text.beast.seed_suffixes`). None: no seed.
 
     Returns:
       ``(run, report)``: the :class:`LLMSARRun` and the JSON report (also written to ``out``).
@@ -704,6 +710,15 @@ def pool_llm_sar(
             fn = make_gcg(model, vocab_size=vocab, loss=refusal_loss, tokenizer=tok, init_id=init, **st)
             batch = behavior_batch(tok, behaviors, refusal, system)
         kw = {"allowed": allowed_vocab(tok, vocab), "max_queries": mq}
+        if seed_fn is not None:
+            if attack != "beast":
+                raise ValueError(f"seed_fn is BEAST's warm start, got attack={attack!r}")
+            from sarjax.attacks.text.beast import seed_suffixes
+
+            kw["suffix_init"], kw["init_len"] = seed_suffixes(
+                seed_fn, list(behaviors), tok, st["suffix_len"], seed_tokens
+            )
+            st["seeds"] = {"tokens": int(seed_tokens), "digest": resume.array_digest(kw["suffix_init"], kw["init_len"])}
         st = {**st, "calls": calls, "max_queries": mq}
     fp = {
         "pool": pool_digest(pool),
