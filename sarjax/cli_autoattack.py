@@ -69,6 +69,7 @@ def cmd_autoattack(args: argparse.Namespace) -> int:
         fab_iter=args.fab_iter,
         square_queries=args.square_queries,
         wrap=wrap,
+        per_member=args.per_member,
     )
     seconds = time.perf_counter() - t0
     for s in res.log:
@@ -117,6 +118,12 @@ def register(sub) -> None:
     a.add_argument("--out", default="sarjax-autoattack.json", help="JSON output path")
     a.add_argument("--batch-size", type=_positive_int, default=None, help="images per compiled call (default all)")
     a.add_argument("--seed", type=int, default=0)
+    a.add_argument(
+        "--per-member",
+        action="store_true",
+        help="attack every member in its own call (members that differ in robustness, e.g. a defense zoo; "
+        "default: members of a stack vmapped over the images still robust for any of them)",
+    )
     a.add_argument(
         "--compile-cache",
         default=None,

@@ -930,7 +930,18 @@ def _fab_restart(ctx: _Ctx, k, r: int, chunk, mask, _ranked=None):
 
 
 def autoattack_pool(
-    pool, x, y, *, norm, eps: float, key, version: str = "standard", log: bool = True, wrap=None, **kw
+    pool,
+    x,
+    y,
+    *,
+    norm,
+    eps: float,
+    key,
+    version: str = "standard",
+    log: bool = True,
+    wrap=None,
+    per_member: bool = False,
+    **kw,
 ) -> AutoAttackResult:
     """:func:`autoattack` on every member of a :class:`sarjax.models.pool.Pool`, each attacked on
     its own: one call per stack (``stacked=True``, members vmapped), results concatenated in member
@@ -942,6 +953,13 @@ def autoattack_pool(
       wrap: optional ``wrap(member_apply) -> apply``: the deployed model of each stack, e.g.
         ``lambda a: with_input_noise(a, 0.3)`` for a randomized defense (``version="rand"`` needs
         a stochastic ``apply(params, x, key)``: a Pool alone is deterministic).
+      per_member: run every member on its own (one :func:`autoattack` call per member, the
+        stack's key; the compiled kernels are shared within a stack). The vmapped call packs the
+        images still robust for ANY member of the stack, so a member broken early keeps paying for
+        the robust members' later stages (Square's 5,000 queries); one call per member attacks
+        only its own robust images. Results are identical (a member's draws do not depend on the
+        other members); pick per member for pools whose members differ in robustness (a defense
+        zoo), vmapped for members alike.
       **kw: the other :func:`autoattack` keywords (``batch_size``, ``n_iter``, ...).
 
     Returns:
@@ -953,20 +971,28 @@ def autoattack_pool(
             "autoattack_pool: a Pool is deterministic; version='rand' needs wrap= giving a stochastic "
             "apply(params, x, key) (e.g. lambda a: with_input_noise(a, sigma))"
         )
+    if not isinstance(per_member, bool):
+        raise TypeError(f"per_member must be a bool, got {per_member!r}")
     outs = []
     for i, stack in enumerate(pool.stacks):
-        outs.append(
-            autoattack(
-                stack.arch.apply if wrap is None else wrap(stack.arch.apply),
-                stack.params,
-                x,
-                y,
-                norm=norm,
-                eps=eps,
-                key=jax.random.fold_in(key, i),
-                version=version, stacked=True, names=stack.names, log=log, **kw,
-            )
-        )  # fmt: skip
+        parts = [(stack.params, tuple(stack.names))]
+        if per_member and len(stack.names) > 1:
+            parts = [
+                (jax.tree.map(lambda a, j=j: a[j : j + 1], stack.params), (nm,)) for j, nm in enumerate(stack.names)
+            ]
+        for params, names in parts:
+            outs.append(
+                autoattack(
+                    stack.member_apply if wrap is None else wrap(stack.member_apply),
+                    params,
+                    x,
+                    y,
+                    norm=norm,
+                    eps=eps,
+                    key=jax.random.fold_in(key, i),
+                    version=version, stacked=True, names=names, log=log, **kw,
+                )
+            )  # fmt: skip
     if len(outs) == 1:
         return outs[0]
     logs = tuple(

@@ -188,6 +188,24 @@ def test_every_run_attacks_only_rows_still_robust(cascade, monkeypatch):
     assert live[-1] >= set(np.flatnonzero(res.robust[:, 0]).tolist())
 
 
+def test_pool_per_member_equals_vmapped(cascade):
+    from sarjax.attacks.autoattack import autoattack_pool
+    from sarjax.models.pool import Pool
+
+    params, x, y, _, _, EPS = cascade
+    p2 = {"W": params["W"] * jnp.asarray(1.0 + 0.5 * np.arange(16)[:, None] / 16, jnp.float32), "b": params["b"]}
+    pool = Pool.from_functions([(linear, params), (linear, p2)], ["a", "b"], input_shape=(4, 4, 1))
+    kw = dict(norm="linf", eps=EPS, key=jax.random.PRNGKey(0), attacks=["apgd-ce"], checks=False, **BUDGET)
+    vm = autoattack_pool(pool, x, y, **kw)
+    pm = autoattack_pool(pool, x, y, per_member=True, **kw)
+    assert pm.names == vm.names == ("a", "b")
+    assert pm.robust.tolist() == vm.robust.tolist() and 0 < vm.robust.sum() < vm.robust.size
+    assert pm.queries.tolist() == vm.queries.tolist()
+    np.testing.assert_array_equal(pm.x_adv, vm.x_adv)
+    with pytest.raises(TypeError, match="per_member"):
+        autoattack_pool(pool, x, y, per_member=1, **kw)
+
+
 def test_chunk_buckets():
     from sarjax.attacks.autoattack import _buckets
 
