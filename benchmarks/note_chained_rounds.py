@@ -138,7 +138,7 @@ def _models(args, data):
     for c in controls:
         m, z = zm[c]
         out.append((c, m.apply, m.params, m.stochastic_apply, f"the zoo's {c} ({z}), the control"))
-    if not controls:
+    if not controls and not args.stronger_only:  # --stronger-only attacks the randomized model alone
         eps = max(args.eps)
         apply, params = _train("pgd-at", data.x_train, data.y_train, eps=eps, epochs=args.epochs)
         note = f"an MLP trained here with PGD-AT linf {eps} (control; none of {args.control} is in --zoo)"
@@ -227,21 +227,50 @@ def _attack_model(name, apply, params, stoch, *, x0, y, eps, a, rounds, key, eva
 
 def _stronger(name, apply, params, stoch, *, x0, y, eps, a, key, eval_key) -> list[dict]:
     """Is the bounded attack's robust accuracy on the randomized model an artefact of a weak attack?
-    Two other bounded attacks, audited against ``x0``: PGD of 100 steps of eps/16 on the noise-off
-    model (a transfer to the deployed, randomized one: no gradient through the randomness), and
-    APGD-CE (Croce & Hein 2020) with EOT over ``--eot`` draws for ``--stronger-iter`` iterations."""
+    Other bounded attacks (``--stronger-methods``), audited against ``x0``: ``transfer``, PGD of 100
+    steps of eps/16 on the noise-off model (a transfer to the deployed, randomized one: no gradient
+    through the randomness); ``apgd``, APGD-CE (Croce & Hein 2020) with EOT over ``--eot`` draws for
+    ``--stronger-iter`` iterations; ``square``, the gradient-free Square attack (Andriushchenko et al.
+    2020, p_init 0.8) with ``--square-queries`` queries on the noise-off model (a check for gradient
+    masking: it needs no gradient).
+    Each row also has the noise-off model's accuracy at the same points (``robust_accuracy_noise_off``;
+    for the transfer attack: white-box robust accuracy of the noise-off model)."""
     from sarjax.attacks import make_apgd, make_pgd
+    from sarjax.attacks.square import make_square
 
+    attacks = {
+        "transfer": ("transfer-pgd100", lambda: make_pgd(apply, norm="linf", eps=eps, steps=100, rel_step=1 / 16)),
+        "apgd": (
+            f"apgd-ce-eot{a.eot}-{a.stronger_iter}it",
+            lambda: make_apgd(stoch, norm="linf", n_iter=a.stronger_iter, eot=a.eot),
+        ),
+        "square": (
+            f"square-noise-off-{a.square_queries}q",
+            lambda: make_square(apply, norm="linf", n_queries=a.square_queries),
+        ),
+    }
     rows = []
-    for method, atk in (
-        ("transfer-pgd100", make_pgd(apply, norm="linf", eps=eps, steps=100, rel_step=1 / 16)),
-        (f"apgd-ce-eot{a.eot}-{a.stronger_iter}it", make_apgd(stoch, norm="linf", n_iter=a.stronger_iter, eot=a.eot)),
-    ):
+    for m in a.stronger_methods.split(","):
+        method, build = attacks[m]
+        atk = build()
         t0 = time.perf_counter()
         res = atk(params, x0, y, key=jax.random.fold_in(key, 0x57), eps=eps)
         xa = np.asarray(res.x_adv)
         acc = _accuracy(apply, params, stoch, xa, y, eval_key, a.eval_draws)
-        rows.append(_row(x0, xa, eps, acc, model=name, method=method, rounds=1, seconds=time.perf_counter() - t0))
+        det = _accuracy(apply, params, None, xa, y, eval_key, 0)  # the noise-off model at the same points
+        rows.append(
+            _row(
+                x0,
+                xa,
+                eps,
+                acc,
+                model=name,
+                method=method,
+                rounds=1,
+                seconds=time.perf_counter() - t0,
+                robust_accuracy_noise_off=det,
+            )
+        )
     return rows
 
 
@@ -290,6 +319,8 @@ def main(argv=None) -> dict:
     )
     ap.add_argument("--stronger-only", action="store_true", help="only --stronger's attacks (no rounds, no controls)")
     ap.add_argument("--stronger-iter", type=int, default=20, help="APGD-CE iterations of --stronger")
+    ap.add_argument("--stronger-methods", default="transfer,apgd,square", help="--stronger's attacks (comma-separated)")
+    ap.add_argument("--square-queries", type=int, default=1000, help="Square's queries in --stronger")
     ap.add_argument("--quick", action="store_true", help="100 samples, 5 steps, 4 EOT draws, 2 epochs")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="benchmarks/results/note_chained_rounds.json")
