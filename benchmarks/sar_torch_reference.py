@@ -46,6 +46,9 @@ Usage:
   python benchmarks/sar_torch_reference.py --pool DIR --eps 0.2 --steps 10 --restarts 1 --images 8
       # what results/sar_torch_reference_eps0.2.json ran (at eps 0.05 a trained pool's samples all end
       # at SAR = 1 under a short attack, so the agreement says little)
+  python benchmarks/sar_torch_reference.py --pool /tmp/demo50/pools/high-m20-e10-s0-14557318 \
+      --images 16 --eps 0.2 --steps 10 --restarts 1 --reps 1 --no-agreement
+      # results/sar_torch_reference_eps0.2_packed.json (packed + gated run_sar vs unpacked vs torch)
 
 Results before sarjax packed its calls (2 shared cores, load 22-30, high-diversity demo pool of 20
 trained members, the first 8 images of the OLD class-sorted split, i.e. eight zeros, 10 steps, 1
@@ -63,13 +66,31 @@ aee6238 put the embedded MNIST split in a class-balanced order, on ``x_test[:8]`
 of digit 0; the separate run came after it, on labels 7 0 8 3 5 1 4 9. Rerun on today's split the
 reference reproduces the separate run exactly (11 rounds, 1 fallback, 0.075 / 0.15 / 0.2 /
 0.2875 with the numpy starts of seed 0). Zeros of this pool are harder to cover jointly: more
-rounds, and joint attacks that cover nothing (fallbacks).
+rounds, and joint attacks that cover nothing (fallbacks). Not all of it is explained: on the old
+split (the eight zeros, loaded with ``sarjax/data/mnist.py`` of aee6238^) the reference now takes
+19 rounds, as in that JSON, but 56 sample fallbacks and mean SAR 0.27 / 0.57 / 0.63 / 0.83 where
+the JSON has 25 and 0.16 / 0.32 / 0.375 / 0.69 (torch at 1 and at 2 threads alike; same pool
+files, unchanged since 01:09, same numpy starts, same torch_sar code but for device moves).
 
 Now (CHANGELOG, Unreleased) ``run_sar`` packs each call's active samples into halving batch sizes and skips
 the backward pass of stacks a call does not attack (``pack_levels``, ``gate_stacks``); the speed
 section also times ``run_sar(pack_levels=0, gate_stacks=False)`` (the old kernel) in the same
 round robin, checks both give the same k_hat and SAR, and reports each side's work
 (:func:`sarjax_work`; the reference's member-sample pairs).
+
+Results with packing and gating (results/sar_torch_reference_eps0.2_packed.json; ``--pool`` the
+same high-diversity pool, ``--images 16 --eps 0.2 --steps 10 --restarts 1 --reps 1
+--no-agreement``, today's class-balanced split, ONE round robin at load 30-38 on the 2 shared
+cores, so single timings with large noise): run_sar 86 s (0.186 images/s), the same run_sar
+unpacked and ungated 237 s (0.067 images/s: packing + gating 2.76x, identical k_hat and SAR),
+torch loop 1 thread 102 s (0.156), 2 threads 34 s (0.477; 2 threads were slower than 1 in the
+earlier run: the load moved under this one). sarjax / fastest torch = 0.39x (1.19x the 1-thread
+reference). Work: sarjax 3,300 member-sample pairs forward and 2,897 backward per step over its
+31 calls (unpacked: 9,920 and 9,920), the reference 2,141 over 32 calls. What remains: every
+member still runs forward at every step (the attack tracks every member's success), and packing
+pads to halving batch sizes. The first call compiles up to 5 batch sizes of a kernel whose stacks
+sit in ``lax.cond`` branches: 1,416 s here vs 377 s unpacked (load ~30-40). Not at the issue's
+2x target on this CPU.
 """
 
 from __future__ import annotations
