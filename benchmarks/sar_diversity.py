@@ -76,6 +76,11 @@ def main() -> None:
         help="accuracy-matched sub-pools: drop every member of this architecture family from every pool, then keep "
         "the first M' members of each pool, M' the smallest pool left (so that every pool has M' members)",
     )
+    ap.add_argument(
+        "--checkpoint",
+        default=None,
+        help="checkpoint every greedy round under DIR/<preset>/eps<e> (a rerun with the same settings resumes)",
+    )
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--restarts", type=int, default=3)
     ap.add_argument("--cache", default="sarjax-demo/pools", help="trained-pool cache (shared with sarjax demo)")
@@ -187,6 +192,7 @@ def main() -> None:
                 restarts=a.restarts,
                 key=jax.random.key(a.seed),
                 progress=False,
+                checkpoint_dir=None if a.checkpoint is None else Path(a.checkpoint) / preset / f"eps{eps:g}",
                 attack=attacks[preset],
             )
             v = res.valid
