@@ -697,6 +697,7 @@ def pool_llm_sar(
             raise ValueError(f"unknown {attack} settings {sorted(unknown)}; known: {sorted(ATTACK_DEFAULTS[attack])}")
         calls = int(st.pop("calls"))
         mq = st.pop("max_queries")
+        allowed = allowed_vocab(tok, vocab)
         if attack == "beast":
             from sarjax.attacks.text.beast import make_beast
 
@@ -706,10 +707,11 @@ def pool_llm_sar(
             from sarjax.attacks.text.gcg import make_gcg
 
             bang = tok("!", add_special_tokens=False)["input_ids"]
-            init = int(bang[0]) if len(bang) == 1 else None  # GCG starts from "!" x 20
+            # GCG starts from "!" x 20; a vocabulary without "!" starts from its first allowed id
+            init = int(bang[0]) if len(bang) == 1 and allowed[bang[0]] else None
             fn = make_gcg(model, vocab_size=vocab, loss=refusal_loss, tokenizer=tok, init_id=init, **st)
             batch = behavior_batch(tok, behaviors, refusal, system)
-        kw = {"allowed": allowed_vocab(tok, vocab), "max_queries": mq}
+        kw = {"allowed": allowed, "max_queries": mq}
         if seed_fn is not None:
             if attack != "beast":
                 raise ValueError(f"seed_fn is BEAST's warm start, got attack={attack!r}")
