@@ -86,7 +86,8 @@ def main(argv=None) -> int:
     models = {}
     for zd in args.zoo:
         avail = set(json.loads((Path(zd) / "zoo.json").read_text())["defenses"])
-        want = [k for k in (args.only or avail) if k in avail and k not in models]
+        order = args.only or [k for k in defense_names() if k in avail]  # the zoo's order (avail is a set)
+        want = [k for k in order if k in avail and k not in models]
         models.update(load_zoo(zd, [k for k in want if k in set(defense_names())]))
     det = [k for k, m in models.items() if m.pool is not None and not m.stochastic]
     rand = [k for k, m in models.items() if m.stochastic]
