@@ -2,10 +2,12 @@
 (:mod:`~sarjax.attacks.text.gcg`) and joint BEAST (:mod:`~sarjax.attacks.text.beast`) on the
 attack protocol (state machines, query counting, a required key), model-agnostic through a
 :class:`~sarjax.attacks.text.core.TextModel` and member masks; :mod:`~sarjax.attacks.text.core`
-holds the request layout, the losses, the pool adapter and the threat-model audit.
+holds the request layout, the losses, the pool adapter and the threat-model audit;
+:mod:`~sarjax.attacks.text.autodan` is the black-box AutoDAN-style rewriting.
 """
 
-from sarjax.attacks.text import beast, core, gcg
+from sarjax.attacks.text import autodan, beast, core, gcg
+from sarjax.attacks.text.autodan import make_autodan
 from sarjax.attacks.text.beast import make_beast, seed_suffixes
 from sarjax.attacks.text.core import (
     TextAttackFn,
@@ -33,12 +35,14 @@ __all__ = [
     "TextModel",
     "allowed_vocab",
     "audit_text",
+    "autodan",
     "beast",
     "core",
     "exchange_suffix",
     "gcg",
     "joint_loss",
     "llm_text_model",
+    "make_autodan",
     "make_beast",
     "make_gcg",
     "make_joint_gcg",
