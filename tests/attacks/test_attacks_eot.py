@@ -2,6 +2,8 @@
 affine models, exact query accounting, conservative success, and EOT rounds that stay in the
 ball of the ORIGINAL input."""
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -122,6 +124,10 @@ def test_eot_argument_is_validated():
         )
 
 
+@pytest.mark.skipif(
+    os.environ.get("SARJAX_ATTACKS_FULL") != "1",
+    reason="SARJAX_ATTACKS_FULL=1: ~33 s; the PGD twin test_eot_with_a_key_ignoring_apply_equals_the_deterministic_attack_and_charges_every_draw stays",
+)
 def test_eot_apgd_with_a_key_ignoring_apply_equals_the_deterministic_attack():
     """APGD and APGD-T with eot draws of a model that ignores its key: same iterates, success and
     objective as the deterministic attack, queries eot times as many plus the re-evaluation of each

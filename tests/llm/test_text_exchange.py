@@ -3,6 +3,7 @@ different vocabularies, the re-tokenization filter, proposer rotation, exact que
 planted trigger found within the budget on a tiny pool fine-tuned here."""
 
 import functools
+import os
 
 import jax
 import numpy as np
@@ -103,6 +104,10 @@ def trigger_pool():
     return build_pool(members)
 
 
+@pytest.mark.skipif(
+    os.environ.get("SARJAX_LLM_FULL") != "1",
+    reason="SARJAX_LLM_FULL=1: fine-tunes a 4-member pool, ~30 s; the text check across two tokenizers stays",
+)
 def test_joint_gcg_finds_a_planted_trigger_across_tokenizers(trigger_pool):
     pool = trigger_pool
     ta, tb = _tokenizers()
@@ -144,6 +149,9 @@ def test_joint_gcg_finds_a_planted_trigger_across_tokenizers(trigger_pool):
     assert again.proposers[1:, 2].tolist() == [-1] * (steps - 1)
 
 
+@pytest.mark.skipif(
+    os.environ.get("SARJAX_LLM_FULL") != "1", reason="SARJAX_LLM_FULL=1: uses the fine-tuned pool fixture"
+)
 def test_joint_gcg_input_errors(trigger_pool):
     fn = make_joint_gcg(num_steps=1, suffix_len=3, num_candidates=4, target=REFUSAL, slots=4)
     with pytest.raises(TypeError, match="key is required"):

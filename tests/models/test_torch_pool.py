@@ -4,6 +4,7 @@ the torch members' outcomes confirmed by PyTorch itself, and a checkpoint round 
 user's module builders in a fresh process is bit-identical."""
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -64,6 +65,10 @@ def test_pool_equals_per_member_torch_loop(torch_pool):
     assert np.abs(want[0] - want[1]).max() > 1e-2  # members differ
 
 
+@pytest.mark.skipif(
+    os.environ.get("SARJAX_TORCH_FULL") != "1",
+    reason="SARJAX_TORCH_FULL=1: joint PGD + run_sar on a torch pool, ~60 s; the joint/SAR paths stay covered by tests/attacks/test_attacks_joint.py and tests/cover",
+)
 def test_heterogeneous_pool_joint_pgd_and_sar(torch_pool):
     mods, tpool = torch_pool
     arch = zoo.cnn(channels=(2,), dense=4, input_shape=SHAPE, num_classes=CLASSES)
@@ -100,6 +105,10 @@ def test_heterogeneous_pool_joint_pgd_and_sar(torch_pool):
     assert checked > 0
 
 
+@pytest.mark.skipif(
+    os.environ.get("SARJAX_TORCH_FULL") != "1",
+    reason="SARJAX_TORCH_FULL=1: a fresh Python process, ~25 s; the in-process round trip stays in tests/models/test_stack_ckpt.py",
+)
 def test_checkpoint_round_trip_with_builders_in_a_fresh_process(torch_pool, tmp_path):
     from sarjax.models.checkpoint import CheckpointError, load_pool, save_pool
 
