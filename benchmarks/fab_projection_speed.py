@@ -37,7 +37,6 @@ import json
 import math
 import os
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -47,7 +46,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from pdpgd_prox_speed import _fixture_pool, _round_robin  # noqa: E402
+from _timing import first_calls, repeated, round_robin  # noqa: E402  (the shared round-robin loop)
+from pdpgd_prox_speed import _fixture_pool  # noqa: E402
 
 NORMS = {"linf": math.inf, "l1": 1.0, "l2": 2.0}
 
@@ -84,16 +84,7 @@ def projection_micro(batch: int, reps: int, inner: int, p: float) -> dict:
     }
     outs = {k: np.asarray(f(x, w, b)) for k, f in fs.items()}
 
-    def loop(f):
-        def run():
-            out = None
-            for _ in range(inner):
-                out = f(x, w, b)
-            return out
-
-        return run
-
-    t = _round_robin({k: loop(f) for k, f in fs.items()}, reps)
+    t = round_robin({k: repeated(f, inner, x, w, b) for k, f in fs.items()}, reps)
     return dict(
         batch=batch,
         norm=p,
@@ -120,12 +111,9 @@ def attacks_at_equal_queries(samples: int, queries: int, reps: int, p: float) ->
         "fab_t_sort": mn.make(fab_sort_spec(targeted=True), apply, norm=p, max_queries=queries),
         "fab_t": fab.make_fab(apply, norm=p, max_queries=queries, fab_t=True),
     }
-    first, results = {}, {}
-    for k, f in fns.items():
-        t = time.perf_counter()
-        results[k] = jax.block_until_ready(f.jit(params, x0, y, key=key))
-        first[k] = time.perf_counter() - t
-    t = _round_robin({k: (lambda f=f: f.jit(params, x0, y, key=key)) for k, f in fns.items()}, reps)
+    runners = {k: (lambda f=f: f.jit(params, x0, y, key=key)) for k, f in fns.items()}
+    results, first = first_calls(runners)
+    t = round_robin(runners, reps)
     spent = {k: int(np.asarray(r.queries).sum()) for k, r in results.items()}
     us = {k: 1e6 * t[k] / spent[k] for k in fns}
 

@@ -40,9 +40,7 @@ import argparse
 import json
 import math
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -50,13 +48,13 @@ import jax.numpy as jnp
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from _timing import first_calls, repeated, round_robin  # noqa: E402  (the shared round-robin loop)
 
 # ---------------------------------------------------------------------------------------------
 # the drop-in replacement
 # ---------------------------------------------------------------------------------------------
-
-
 from sarjax.attacks.pdpgd import project_l1_ball_newton  # noqa: E402  (the sort-free projection, now PDPGD's)
 
 
@@ -125,16 +123,6 @@ def _fixture_pool():
     return apply, tuple(nets)
 
 
-def _round_robin(fns: dict, reps: int) -> dict:
-    times = {k: [] for k in fns}
-    for _ in range(reps):
-        for k, f in fns.items():
-            t = time.perf_counter()
-            jax.block_until_ready(f())
-            times[k].append(time.perf_counter() - t)
-    return {k: statistics.median(v) for k, v in times.items()}
-
-
 def prox_micro(batch: int, reps: int, inner: int) -> dict:
     from sarjax.attacks import pdpgd
 
@@ -148,16 +136,7 @@ def prox_micro(batch: int, reps: int, inner: int) -> dict:
     a, b = sort_f(x, lam), newton_f(x, lam)
     steps = np.asarray(steps_f(x, lam))
 
-    def loop(f):
-        def run():
-            out = None
-            for _ in range(inner):
-                out = f(x, lam)
-            return out
-
-        return run
-
-    t = _round_robin({"sort": loop(sort_f), "newton": loop(newton_f)}, reps)
+    t = round_robin({"sort": repeated(sort_f, inner, x, lam), "newton": repeated(newton_f, inner, x, lam)}, reps)
     return dict(
         batch=batch,
         ms_per_call={k: 1e3 * v / inner for k, v in t.items()},
@@ -189,12 +168,9 @@ def attacks_at_equal_queries(samples: int, queries: int, reps: int) -> dict:
         "fab": fab.make_fab(apply, norm=math.inf, max_queries=queries),
         "fab_t": fab.make_fab(apply, norm=math.inf, max_queries=queries, fab_t=True),
     }
-    compile_s, results = {}, {}
-    for k, f in fns.items():
-        t = time.perf_counter()
-        results[k] = jax.block_until_ready(f.jit(params, x0, y, key=key))
-        compile_s[k] = time.perf_counter() - t
-    t = _round_robin({k: (lambda f=f: f.jit(params, x0, y, key=key)) for k, f in fns.items()}, reps)
+    runners = {k: (lambda f=f: f.jit(params, x0, y, key=key)) for k, f in fns.items()}
+    results, compile_s = first_calls(runners)
+    t = round_robin(runners, reps)
     spent = {k: int(np.asarray(r.queries).sum()) for k, r in results.items()}
     us_per_query = {k: 1e6 * t[k] / spent[k] for k in fns}
     a, b = np.asarray(results["pdpgd"].norm), np.asarray(results["pdpgd_newton"].norm)
@@ -266,16 +242,7 @@ def fab_profile(samples: int, reps: int, inner: int) -> dict:
     for k, f in parts.items():
         jax.block_until_ready(f(*args[k]))
 
-    def loop(f, a):
-        def run():
-            out = None
-            for _ in range(inner):
-                out = f(*a)
-            return out
-
-        return run
-
-    t = _round_robin({k: loop(f, args[k]) for k, f in parts.items()}, reps)
+    t = round_robin({k: repeated(f, inner, *args[k]) for k, f in parts.items()}, reps)
     ms = {k: 1e3 * v / inner for k, v in t.items()}
     C = 10
     return dict(

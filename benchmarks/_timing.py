@@ -1,0 +1,50 @@
+"""Timing helpers shared by the benchmarks (one copy of the round-robin loop).
+
+Every benchmark that compares formulations times them alternately in one run (one repetition of
+each per round), so that a change of machine load hits all of them alike; the medians are
+reported.  Compile first (:func:`first_calls`), then time (:func:`round_robin`).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import jax
+
+
+def repeated(f: Callable, inner: int, *args) -> Callable[[], object]:
+    """A runner that calls ``f(*args)`` ``inner`` times and returns the last output (for calls
+    too short to time one by one; divide the runner's time by ``inner``)."""
+
+    def run():
+        out = None
+        for _ in range(inner):
+            out = f(*args)
+        return out
+
+    return run
+
+
+def first_calls(fns: dict[str, Callable[[], object]]) -> tuple[dict[str, object], dict[str, float]]:
+    """Run each runner once (compiling it): ``(outputs, seconds of each first call)``."""
+    outs, secs = {}, {}
+    for k, f in fns.items():
+        t = time.perf_counter()
+        outs[k] = jax.block_until_ready(f())
+        secs[k] = time.perf_counter() - t
+    return outs, secs
+
+
+def round_robin(fns: dict[str, Callable[[], object]], reps: int) -> dict[str, float]:
+    """Median wall seconds of each runner over ``reps`` rounds, one call of each per round
+    (alternated, so the runners share the machine's load); outputs are waited for
+    (``jax.block_until_ready``)."""
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(reps):
+        for k, f in fns.items():
+            t = time.perf_counter()
+            jax.block_until_ready(f())
+            times[k].append(time.perf_counter() - t)
+    return {k: statistics.median(v) for k, v in times.items()}
