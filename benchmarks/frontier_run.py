@@ -100,7 +100,7 @@ def aoi_vs_budget(src: Path, report: dict, budgets) -> list[dict]:
     pool = TrajectoryPool(np.concatenate(trajs), pe, cap=int(report["cap"]), every=int(report["every"]))
     train, held = np.asarray(report["train"]), np.asarray(report["heldout"])
     rows = []
-    for al in nested_allocations(pool, budgets, models=train):
+    for al in nested_allocations(pool, budgets, models=train, chains=bool(report.get("chains", False))):
         rows.append(
             dict(
                 budget=al.budget,
@@ -150,6 +150,12 @@ def markdown(report: dict) -> str:
                 f"- tier {r['budget']}: ensemble AOI >= the fixed-eps attack's on {r['aoi_matches_or_exceeds']} of "
                 f"{len(names)} models ({r['heldout_aoi_matches_or_exceeds']} of {len(held)} held-out); robust accuracy "
                 f"at eps_ref {aa['eps_ref']} <= its on {r.get('accuracy_matches_or_exceeds', '-')} of {len(names)}"
+            )
+        secs = aa.get("seconds") or {}
+        if secs:
+            out.append(
+                "- AutoAttack wall time per model (its whole eps grid, as measured when it ran): "
+                + ", ".join(f"{k}: {v:.0f} s" if v is not None else f"{k}: -" for k, v in secs.items())
             )
     out.append("")
     out.append("| model | " + " | ".join(f"DOI {t['budget'] // 1000}k (rank)" for t in tiers) + " |")

@@ -318,7 +318,20 @@ def _levels(pool: TrajectoryPool, levels) -> np.ndarray:
     return lv
 
 
-def greedy_allocation(pool: TrajectoryPool, budget: int, *, levels=None, models=None, start=None) -> Allocation:
+def _chain(a: int, need: np.ndarray, upper: np.ndarray) -> tuple[list[int], int]:
+    """``(ups, base)``: the entries bounding ``a`` from above, nearest first (the targeted runs
+    ``k - 1, ..., 1`` of a targeted run ``k``), and the entry the last of them needs active (its
+    base run; -1 for none)."""
+    ups, x = [], a
+    while upper[x] >= 0:
+        x = int(upper[x])
+        ups.append(x)
+    return ups, int(need[x])
+
+
+def greedy_allocation(
+    pool: TrajectoryPool, budget: int, *, levels=None, models=None, start=None, chains: bool = False
+) -> Allocation:
     """Algorithm 1 of papers/001 (greedy ensemble construction).
 
     From ``q = start`` (default ``0``, Line 1), while some feasible update (Eq. 9) has a
@@ -327,6 +340,17 @@ def greedy_allocation(pool: TrajectoryPool, budget: int, *, levels=None, models=
     entry, then the lower level.  Gains are computed as exact per-sample decreases of the
     clipped distances, so an update that changes nothing has gain exactly 0.
 
+    The paper's update changes one entry ("it sets ``q_a = q_hat`` while leaving every other
+    entry of ``q`` unchanged", Section 3.2), so an entry behind a structural constraint of ``C``
+    is reachable only through prerequisites that bring a gain of their own: the targeted run at
+    the 3rd most likely class needs the 1st and 2nd (Section 5.1) even when only the 3rd class's
+    boundary is near.  ``chains=True`` (ours, not papers/001) widens ``N(q)`` by the least
+    feasible completion of every update that ``C`` forbids: ``(a, q_hat)`` also raises the
+    targeted runs ``k - 1, ..., 1`` of ``a`` to at least ``q_hat`` and opens a needed base run
+    that has no queries at the lowest level ``min S``; its gain per query (Eq. 10) divides the
+    AOI gain by every query the completion adds, and it must fit the budget.  Every update the
+    paper allows is its own completion, so ``chains=True`` only adds candidates.
+
     Args:
       pool: the trajectories (:class:`TrajectoryPool`).
       budget: the total budget ``Q`` (queries per sample).
@@ -334,9 +358,12 @@ def greedy_allocation(pool: TrajectoryPool, budget: int, *, levels=None, models=
       models: indices of the models to fit on (the train split; default all).
       start: an allocation to continue from (the previous tier, :func:`nested_allocations`);
         must be feasible.
+      chains: also consider the completions of updates that ``C`` forbids (default False:
+        Algorithm 1 as published).
 
     Returns:
-      The :class:`Allocation`, with its AOI on ``models`` and the list of updates.
+      The :class:`Allocation`, with its AOI on ``models`` and the list of updates (a completed
+      update appears as consecutive steps with one gain, its prerequisites first).
     """
     lv = _levels(pool, levels)
     if isinstance(budget, bool) or int(budget) != budget or budget < 0:
@@ -352,40 +379,68 @@ def greedy_allocation(pool: TrajectoryPool, budget: int, *, levels=None, models=
     if not is_feasible(pool, q, budget):
         raise ValueError(f"start allocation {q.tolist()} is infeasible for budget {budget}")
     need, upper = _prerequisites(pool.entries)
+    chain = [_chain(a, need, upper) for a in range(A)]
     # clipped ensemble distances of the live models, and per-model weights 1 / (M B den)
     dist = pool.distances(q)[idx][live]
     e_l = e[live][:, None]
     clip = np.minimum(dist, e_l)
     w = 1.0 / (len(idx) * front.shape[1] * np.where(live, den, 1.0)[live])
     steps: list[tuple[str, int, int, float]] = []
-    rec = (lv // pool.every) - 1
+    tl = traj[live]  # [M', A, B, L]
+
+    def at(a: int, qs: np.ndarray) -> np.ndarray:  # [M', B, J] entry a after qs [J] queries (> 0)
+        return tl[:, a][..., qs // pool.every - 1]
+
     while live.any():
         left = budget - int(q.sum())
         best: tuple[float, int, int] | None = None
         for a in range(A):
-            if need[a] >= 0 and q[need[a]] == 0:
-                continue
+            ups, base = chain[a]
             lim = q[upper[a]] if upper[a] >= 0 else pool.cap
-            ok = (lv > q[a]) & (lv <= lim) & (lv - q[a] <= left)
-            if not ok.any():
+            opened = base >= 0 and q[base] == 0
+            if not chains and opened:
                 continue
-            cand = np.minimum(traj[live, a][..., rec[ok]], e_l[..., None])  # [M', B, J]
-            drop = np.maximum(clip[..., None] - cand, 0.0).sum(axis=1)  # [M', J]
-            gain = (w @ drop) / (lv[ok] - q[a])
+            ok = lv > q[a]
+            if not chains:
+                ok &= lv <= lim
+            cand = lv[ok]
+            if cand.size == 0:
+                continue
+            cost = cand - q[a]
+            for u in ups:  # the targeted runs above a, raised to at least q_hat (chains only)
+                cost = cost + np.maximum(cand - q[u], 0)
+            if opened:
+                cost = cost + lv[0]
+            fit = cost <= left
+            if not fit.any():
+                continue
+            cand, cost = cand[fit], cost[fit]
+            d = at(a, cand)
+            for u in ups:
+                d = np.minimum(d, at(u, np.maximum(cand, q[u])))
+            if opened:
+                d = np.minimum(d, at(base, lv[:1])[..., [0] * cand.size])
+            d = np.minimum(d, e_l[..., None])  # [M', B, J]
+            drop = np.maximum(clip[..., None] - d, 0.0).sum(axis=1)  # [M', J]
+            gain = (w @ drop) / cost
             j = int(np.argmax(gain))
             if gain[j] > 0 and (best is None or gain[j] > best[0]):
-                best = (float(gain[j]), a, int(lv[ok][j]))
+                best = (float(gain[j]), a, int(cand[j]))
         if best is None:
             break
         g, a, new = best
-        steps.append((pool.entries[a].name, int(q[a]), new, g))
-        q[a] = new
-        clip = np.minimum(clip, np.minimum(traj[live, a][..., new // pool.every - 1], e_l))
+        ups, base = chain[a]
+        changes = [(base, int(lv[0]))] if base >= 0 and q[base] == 0 else []
+        changes += [(u, new) for u in reversed(ups) if q[u] < new] + [(a, new)]
+        for b, v in changes:
+            steps.append((pool.entries[b].name, int(q[b]), v, g))
+            q[b] = v
+            clip = np.minimum(clip, np.minimum(tl[:, b][..., v // pool.every - 1], e_l))
     return Allocation(q, pool.names, budget, pool.aoi(q, idx), steps)
 
 
 def nested_allocations(
-    pool: TrajectoryPool, tiers: Sequence[int] = DEFAULT_TIERS, *, levels=None, models=None
+    pool: TrajectoryPool, tiers: Sequence[int] = DEFAULT_TIERS, *, levels=None, models=None, chains: bool = False
 ) -> list[Allocation]:
     """Algorithm 1 at increasing budget tiers, each tier continuing from the previous one.
 
@@ -398,7 +453,7 @@ def nested_allocations(
     Args:
       pool: the trajectories.
       tiers: increasing budgets (default 4,000 / 8,000 / 12,000).
-      levels, models: as :func:`greedy_allocation`.
+      levels, models, chains: as :func:`greedy_allocation`.
     """
     ts = [int(t) for t in tiers]
     if not ts or any(b <= a for a, b in zip(ts, ts[1:])) or ts[0] < 0:
@@ -406,7 +461,7 @@ def nested_allocations(
     out: list[Allocation] = []
     q = None
     for t in ts:
-        alloc = greedy_allocation(pool, t, levels=levels, models=models, start=q)
+        alloc = greedy_allocation(pool, t, levels=levels, models=models, start=q, chains=chains)
         if out:
             alloc.steps = out[-1].steps + alloc.steps
         out.append(alloc)

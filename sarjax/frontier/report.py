@@ -104,6 +104,8 @@ class FrontierReport:
       doi_tau: ``[K][K]`` Kendall's tau between the tiers' DOI rankings (Table 7).
       rank: single-eps rank instability (or None).
       extra: anything else (e.g. AutoAttack curves, timings).
+      chains: whether Algorithm 1 also took completed updates (``greedy_allocation(chains=True)``;
+        False: as published).
     """
 
     norm: str
@@ -124,6 +126,7 @@ class FrontierReport:
     doi_tau: list[list[float]]
     rank: RankReport | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    chains: bool = False
 
     @property
     def entry_names(self) -> list[str]:
@@ -186,6 +189,7 @@ def build_report(
     seed: int = 0,
     levels=None,
     rank_eps=None,
+    chains: bool = False,
 ) -> FrontierReport:
     """The host-side analysis of papers/001 on trajectories (no attack is run).
 
@@ -199,6 +203,8 @@ def build_report(
       levels: candidate levels ``S`` (default ``{T/10, ..., T}``).
       rank_eps: eps grid of the rank-instability analysis (default: 10 evenly spaced points
         from 0 to the largest ``eps_min`` of the models, both ends excluded).
+      chains: Algorithm 1 with the completed updates of :func:`~sarjax.frontier.greedy_allocation`
+        (default False: as published).
 
     Returns:
       A :class:`FrontierReport`.
@@ -214,7 +220,7 @@ def build_report(
     e_min = np.maximum(fin.max(axis=1), 0.0)
     single = pool.single_attack_distances()
     entry_aoi = aoi_from_distances(single, front[None])
-    allocs = nested_allocations(pool, tiers, levels=lv, models=train)
+    allocs = nested_allocations(pool, tiers, levels=lv, models=train, chains=chains)
     out_tiers = []
     dois = []
     for al in allocs:
@@ -266,6 +272,7 @@ def build_report(
         tiers=out_tiers,
         doi_tau=tier_tau(np.asarray(dois)).tolist() if len(dois) >= 2 and M >= 2 else [[1.0]],
         rank=rank,
+        chains=bool(chains),
     )
 
 

@@ -11,7 +11,7 @@ import pytest
 from sarjax import cli_frontier
 from sarjax.cli import main
 from sarjax.data import mnist
-from sarjax.frontier import FrontierReport, doi, fixed_eps_curve
+from sarjax.frontier import FrontierReport, TrajectoryPool, doi, expand_pool, fixed_eps_curve, nested_allocations
 from sarjax.models.checkpoint import save_pool
 from sarjax.models.pool import Pool, Stack
 from sarjax.models.zoo import mlp
@@ -105,6 +105,16 @@ def test_frontier_cli_end_to_end(pools, tmp_path, capsys):
         if qa:
             dist = np.minimum(dist, t_all[:, a, :, qa // 10 - 1])
     np.testing.assert_allclose(rep.tiers[-1].doi, doi(dist))
+    # --chain-updates (from the cache): Algorithm 1 with completed updates, recorded in the report
+    capsys.readouterr()
+    assert not rep.chains
+    assert main(["frontier", "--models", *pools, "--out", str(out), *ARGS, "--chain-updates"]) == 0
+    assert "completed updates" in capsys.readouterr().out
+    rep3 = FrontierReport.from_json(out / "frontier.json")
+    assert rep3.chains and rep3.extra["ran"] == []
+    tp = TrajectoryPool(t_all, expand_pool(["fmn"], restarts=1, targeted=1), cap=100)
+    want = nested_allocations(tp, (100, 200), models=rep.train, chains=True)
+    assert [t.q for t in rep3.tiers] == [a.q.tolist() for a in want]
     # other settings in the same OUT are refused, naming what differs
     capsys.readouterr()
     bad = list(ARGS)
