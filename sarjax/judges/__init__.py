@@ -9,7 +9,13 @@ from sarjax.judges.harmbench import (
     encode_classifier_inputs,
     label_from_text,
 )
-from sarjax.judges.refusal import GCG_REFUSAL_PHRASES, is_refusal, refusal_judge
+from sarjax.judges.refusal import (
+    GCG_REFUSAL_PHRASES,
+    TokenRefusalJudge,
+    is_refusal,
+    refusal_judge,
+    token_refusal_judge,
+)
 
 __all__ = [
     "classifier_prompt",
@@ -22,4 +28,6 @@ __all__ = [
     "is_refusal",
     "label_from_text",
     "refusal_judge",
+    "TokenRefusalJudge",
+    "token_refusal_judge",
 ]
