@@ -25,7 +25,8 @@ def register(sub) -> None:
     p = sub.add_parser(
         "llm-sar",
         help="SAR_{1-delta} of a pool of local LLM checkpoints on HarmBench behaviors (joint BEAST / GCG / AutoDAN)",
-        description="Greedy SAR of a pool of local Hugging Face decoder checkpoints (one shared tokenizer) on "
+        description="Greedy SAR of a pool of local Hugging Face decoder checkpoints (members may use different "
+        "tokenizers with beast and gcg) on "
         "HarmBench behaviors: deterministic decoding for judgement, members that comply with the unmodified "
         "request counted as broken without an attack (reported), the cover module's greedy with the fallback, "
         "every delta from one run, resumable (fingerprint rule). Writes OUT/llm_sar.json and OUT/llm_sar.png.",
@@ -46,6 +47,24 @@ def register(sub) -> None:
     p.add_argument("--steps", type=_positive_int, default=None, help="GCG steps per round (20)")
     p.add_argument("--proposals", type=_positive_int, default=None, help="AutoDAN proposals per anchor (4)")
     p.add_argument("--attacker", default=None, metavar="DIR", help="AutoDAN attacker checkpoint (default: member 0)")
+    p.add_argument(
+        "--seed-generator",
+        default=None,
+        metavar="DIR",
+        help="BEAST's warm start: a local causal-LM checkpoint that continues each request with a suffix "
+        "(sampled; papers/000 uses AmpleGCG); default: no seed",
+    )
+    p.add_argument(
+        "--seed-tokens",
+        type=_positive_int,
+        default=20,
+        help="seed tokens kept (and sampled) per request (20, papers/000 Table 2)",
+    )
+    p.add_argument(
+        "--seed-prompt",
+        default="{request}",
+        help="the seed generator's input, {request} replaced by the request (use its training format)",
+    )
     p.add_argument("--target", default="Sure, here is", help="BEAST's target response")
     p.add_argument("--refusal", default="I'm sorry, but I cannot help with that.", help="GCG's refusal")
     p.add_argument("--max-new-tokens", type=_positive_int, default=32, help="response tokens judged (32)")
@@ -103,16 +122,29 @@ def cmd_llm_sar(args: argparse.Namespace) -> int:
         judge = harmbench_judge_fn(HarmBenchClassifier.from_pretrained(args.judge_dir))
     else:
         judge = refusal_judge_fn()
+    if args.seed_generator is not None and args.attack != "beast":
+        raise ValueError(f"--seed-generator is BEAST's warm start; --attack {args.attack} does not take it")
     pool = load_llm_pool(args.pool, args.dtype)
+    key = jax.random.key(args.seed)
+    seed_fn = None
+    if args.seed_generator is not None:
+        from sarjax.cover.llm import sampled_seed_fn
+        from sarjax.models.llm.pool import load_pool
+
+        # stream 3 of the run's key (streams 0-2 are the greedy's and the ASR's, sarjax.cover.llm)
+        seed_fn = sampled_seed_fn(
+            load_pool([args.seed_generator], dtype=args.dtype), [r.behavior for r in rows],
+            key=jax.random.fold_in(key, 3), max_new_tokens=args.seed_tokens, prompt=args.seed_prompt,
+        )  # fmt: skip
     attacker = None
     if args.attack == "autodan" and args.attacker is not None:
         attacker = load_llm_pool([args.attacker], args.dtype)
     try:
         run, report = pool_llm_sar(
-            pool, [r.behavior for r in rows], args.deltas, key=jax.random.key(args.seed), attack=args.attack,
+            pool, [r.behavior for r in rows], args.deltas, key=key, attack=args.attack,
             judge=judge, target=args.target, refusal=args.refusal, settings=st, max_new_tokens=args.max_new_tokens,
             with_asr=not args.no_asr, system=args.system, out=args.out, overwrite=args.overwrite,
-            progress=not args.no_progress, attacker=attacker,
+            progress=not args.no_progress, attacker=attacker, seed_fn=seed_fn, seed_tokens=args.seed_tokens,
         )  # fmt: skip
     except FingerprintMismatch as e:
         raise ValueError(f"{e.reason}; pass --overwrite to discard it or choose another --out") from None

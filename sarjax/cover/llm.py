@@ -30,7 +30,7 @@ import json
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -123,52 +123,136 @@ def compact_left(ids: Any, mask: Any, pad_id: int = 0, length: int | None = None
 
 
 class PoolResponder:
-    """Greedy responses of every member of a sarjax decoder pool (one shared tokenizer).
+    """Greedy responses of every member of a sarjax decoder pool, one or several tokenizers.
 
     Args:
-      pool: a :class:`~sarjax.models.llm.pool.LLMPool`; every stack must use the same
-        tokenizer (the prompts are token ids of that vocabulary).
+      pool: a :class:`~sarjax.models.llm.pool.LLMPool` (every stack with a tokenizer).
       max_new_tokens: response length judged (32 here; HarmBench generates 512 tokens for its
         classifier: raise it on real models).
-      eos_id: end token(s) (None: the tokenizer's ``eos_token_id``).
+      eos_id: end token(s) (None: each tokenizer's ``eos_token_id``); one tokenizer only.
+      requests: the ``N`` requests in row order (the behaviors); required when the stacks use
+        more than one tokenizer, ignored otherwise.
+      system, separator: how the requests were rendered around the suffix (as
+        :func:`behavior_batch`); used with several tokenizers only.
 
     Calling it with ``(ids [N, T], mask [N, T])`` (holes allowed) returns ``[M][N]`` decoded
-    responses (special tokens skipped), members in ``pool.names`` order. Prompts are compacted
-    and left-padded to ``T`` so the compiled decoder is reused.
+    responses (special tokens skipped), members in ``pool.names`` order. The prompts are token
+    ids of the FIRST stack's tokenizer (the reference). With one tokenizer they are compacted and
+    left-padded to ``T`` (one compile) and every stack decodes them.
+
+    Several tokenizers: stacks are grouped by tokenizer fingerprint. Row ``i`` must be request
+    ``i``'s reference rendering with only the suffix changed (``before | suffix | after`` of
+    :func:`behavior_batch`; a ValueError names the rows that are not). The suffix ids are decoded
+    to text with the reference tokenizer, and each other group renders request ``i`` with its own
+    tokenizer and chat template around that text (the same prompt its members scored in the
+    cross-tokenizer attacks), then decodes greedily with its own end token and decodes the
+    response with its own tokenizer. A suffix text that another tokenizer cannot reproduce
+    (``decode(encode(text)) != text``) raises a ValueError naming the row.
     """
 
-    def __init__(self, pool: Any, max_new_tokens: int = 32, eos_id: Any = None):
+    def __init__(
+        self,
+        pool: Any,
+        max_new_tokens: int = 32,
+        eos_id: Any = None,
+        *,
+        requests: Sequence[str] | None = None,
+        system: str | None = None,
+        separator: str = " ",
+    ):
         from sarjax.models.llm.pool import tokenizer_fingerprint
 
-        fps = {tokenizer_fingerprint(s.tokenizer) for s in pool.stacks}
-        if len(fps) != 1 or None in fps:
-            raise ValueError(
-                f"PoolResponder: every stack needs one shared tokenizer, got {len(fps)} distinct "
-                f"fingerprints{' (one is None)' if None in fps else ''}"
-            )
+        fps = [tokenizer_fingerprint(s.tokenizer) for s in pool.stacks]
+        if None in fps:
+            raise ValueError(f"PoolResponder: every stack needs a tokenizer, stack {fps.index(None)} has none")
         if int(max_new_tokens) < 1:
             raise ValueError(f"PoolResponder: max_new_tokens must be >= 1, got {max_new_tokens}")
+        order = list(dict.fromkeys(fps))
         self.pool = pool
-        self.tokenizer = pool.stacks[0].tokenizer
+        self.group_of = [order.index(f) for f in fps]  # stack -> tokenizer group (0: the reference)
+        self.tokenizers = [pool.stacks[fps.index(f)].tokenizer for f in order]
+        self.tokenizer = self.tokenizers[0]
         self.max_new_tokens = int(max_new_tokens)
-        self.eos_id = self.tokenizer.eos_token_id if eos_id is None else eos_id
-        pad = self.tokenizer.pad_token_id
-        self.pad_id = int(pad) if pad is not None else 0
+        self.mixed = len(order) > 1
+        if self.mixed and eos_id is not None:
+            raise ValueError("PoolResponder: eos_id is one tokenizer's; with several tokenizers leave it None")
+        self.eos_ids = [t.eos_token_id if eos_id is None else eos_id for t in self.tokenizers]
+        self.pad_ids = [int(t.pad_token_id) if t.pad_token_id is not None else 0 for t in self.tokenizers]
+        self.eos_id, self.pad_id = self.eos_ids[0], self.pad_ids[0]
+        self.blocks = None
+        if self.mixed:
+            if requests is None:
+                raise ValueError(
+                    f"PoolResponder: the pool's stacks use {len(order)} tokenizers; pass requests= (the "
+                    "behaviors in row order) so that each tokenizer renders its own prompt"
+                )
+            self.blocks = [_request_blocks(t, list(requests), system, separator) for t in self.tokenizers]
+
+    def prompts(self, ids: Any, mask: Any) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Each tokenizer group's left-padded prompts ``(ids [N, L_g], mask [N, L_g])`` (group 0:
+        the reference's, compacted to width ``T``)."""
+        from sarjax.models.llm.pool import left_pad
+        from sarjax.models.llm.prompts import _encode
+
+        ids, mask = np.asarray(ids), np.asarray(mask)
+        out = [compact_left(ids, mask, self.pad_ids[0])]
+        if not self.mixed:
+            return out
+        assert self.blocks is not None
+        n = ids.shape[0]
+        if n != len(self.blocks[0][0]):
+            raise ValueError(
+                f"PoolResponder: got {n} prompts for {len(self.blocks[0][0])} requests (rows are requests)"
+            )
+        texts, bad = [], []
+        for i in range(n):
+            real = ids[i][mask[i].astype(bool)].tolist()
+            bf, af = self.blocks[0][0][i], self.blocks[0][1][i]
+            if len(real) < len(bf) + len(af) or real[: len(bf)] != bf or real[len(real) - len(af) :] != af:
+                bad.append(i)
+                continue
+            mid = real[len(bf) : len(real) - len(af)]
+            texts.append(self.tokenizer.decode(mid, skip_special_tokens=False, clean_up_tokenization_spaces=False))
+        if bad:
+            raise ValueError(
+                f"PoolResponder: rows {bad} are not their request's reference rendering with only the suffix changed"
+            )
+        for g in range(1, len(self.tokenizers)):
+            tok, (before, after) = self.tokenizers[g], self.blocks[g]
+            rows = []
+            for i, text in enumerate(texts):
+                enc = _encode(tok, text)
+                if tok.decode(enc, skip_special_tokens=False, clean_up_tokenization_spaces=False) != text:
+                    raise ValueError(
+                        f"PoolResponder: row {i}'s suffix {text!r} does not survive tokenizer group {g} "
+                        "(its ids do not decode back to the text)"
+                    )
+                rows.append(before[i] + enc + after[i])
+            width = -(-max(map(len, rows)) // 16) * 16  # multiples of 16: similar batches share a kernel
+            out.append(left_pad(rows, self.pad_ids[g], width))
+        return out
 
     def tokens(self, ids: Any, mask: Any) -> np.ndarray:
-        """``[M, N, max_new_tokens]`` int32 greedy continuations."""
+        """``[M, N, max_new_tokens]`` int32 greedy continuations (each member in its own vocabulary)."""
         from sarjax.models.llm.generate import stack_greedy_generate
 
-        ids, mask = compact_left(ids, mask, self.pad_id)
-        outs = [
-            np.asarray(stack_greedy_generate(s.params, s.cfg, ids, mask, self.max_new_tokens, self.eos_id, self.pad_id))
-            for s in self.pool.stacks
-        ]
+        per_group = self.prompts(ids, mask)
+        outs = []
+        for s, g in zip(self.pool.stacks, self.group_of, strict=True):
+            gi, gm = per_group[g]
+            outs.append(
+                np.asarray(
+                    stack_greedy_generate(
+                        s.params, s.cfg, gi, gm, self.max_new_tokens, self.eos_ids[g], self.pad_ids[g]
+                    )
+                )
+            )
         return np.concatenate(outs, axis=0)
 
     def __call__(self, ids: Any, mask: Any) -> list[list[str]]:
         toks = self.tokens(ids, mask)
-        return [[self.tokenizer.decode(row, skip_special_tokens=True) for row in member] for member in toks]
+        tok_of = [self.tokenizers[g] for s, g in zip(self.pool.stacks, self.group_of, strict=True) for _ in s.names]
+        return [[tok.decode(row, skip_special_tokens=True) for row in member] for tok, member in zip(tok_of, toks)]
 
 
 def judge_members(respond: Respond, judge: Judge, behaviors: Sequence[str], ids: Any, mask: Any):
@@ -310,41 +394,27 @@ class LLMSARRun:
     member_broken: np.ndarray | None = None
 
 
-def member_asr(
-    attack: Callable,
-    params: Any,
-    batch: Any,
-    behaviors: Sequence[str],
-    respond: Respond,
-    judge: Judge,
-    key: Any,
-    *,
-    num_members: int,
-    clean_broken: Any,
-    calls: int = 1,
-    attack_kwargs: dict | None = None,
-    sample_ids: Any = None,
-) -> dict[str, np.ndarray]:
+def member_asr(joint: JointAttack, clean_broken: Any) -> dict[str, np.ndarray]:
     """Per-member ASR: each member attacked ALONE on each request (the individual robustness
-    ``1 - ASR`` of papers/000, Table 6), one attack call per member over all requests.
+    ``1 - ASR`` of papers/000, Table 6), one oracle call per member over all requests.
 
     A member that complies with the clean request is broken without an attack (papers/000,
     success determination) and is not attacked.
+
+    Args:
+      joint: the joint oracle of :func:`make_llm_oracles` (build it on its own key stream, as
+        :func:`run_llm_sar` does: ``fold_in(key, 2)``); member ``j`` is attacked through it with
+        the one-member mask ``[:, j]`` as round ``j``.
+      clean_broken: ``[B, M]`` bool, the members that comply with the clean requests.
 
     Returns:
       ``{"asr": [M] float64, "broken": [B, M] bool, "covered": [M, B, M] bool (the whole pool's
       judgement of member j's attacked prompt), "prompts": [M, B, T] int64 (-1 at holes; -1
       everywhere where member j was not attacked), "queries": [M, B] int64}``.
     """
-    import jax
-
-    b, m = len(behaviors), int(num_members)
     cb = np.asarray(clean_broken, bool)
+    b, m = cb.shape
     broken = cb.copy()
-    joint, _ = make_llm_oracles(
-        attack, params, batch, behaviors, respond, judge, jax.random.fold_in(key, _ASR_STREAM),
-        num_members=m, calls=calls, attack_kwargs=attack_kwargs, sample_ids=sample_ids,
-    )  # fmt: skip
     covered = np.zeros((m, b, m), bool)
     queries = np.zeros((m, b), np.int64)
     prompts = None
@@ -412,6 +482,8 @@ def run_llm_sar(
     Raises:
       TypeError: no key. ValueError: bad deltas, a mismatching checkpoint.
     """
+    import jax
+
     if key is None:
         raise TypeError("run_llm_sar: key is required (a jax.random key); sarjax never defaults it")
     if isinstance(deltas, (int, float)):
@@ -452,6 +524,22 @@ def run_llm_sar(
                 ["deltas"],
                 stored,
             )
+
+    def oracles(fn: Callable, k: Any, **kw: Any) -> tuple[JointAttack, SingleAttack]:
+        return make_llm_oracles(
+            fn,
+            params,
+            batch,
+            behaviors,
+            respond,
+            judge,
+            k,
+            num_members=m,
+            calls=calls,
+            attack_kwargs=attack_kwargs,
+            **kw,
+        )
+
     # clean judgement (deterministic decoding of the unmodified request)
     clean_path = root / "clean.json" if root is not None else None
     if clean_path is not None and clean_path.exists():
@@ -470,10 +558,8 @@ def run_llm_sar(
             with np.load(asr_path) as z:
                 single_runs = {k: z[k] for k in z.files}
         else:
-            single_runs = member_asr(
-                single_attack or attack, params, batch, behaviors, respond, judge, key, num_members=m,
-                clean_broken=clean_broken, calls=calls, attack_kwargs=attack_kwargs,
-            )  # fmt: skip
+            asr_joint, _ = oracles(single_attack or attack, jax.random.fold_in(key, _ASR_STREAM))
+            single_runs = member_asr(asr_joint, clean_broken)
             if asr_path is not None:
                 np.savez(asr_path, **single_runs)  # pyright: ignore[reportArgumentType]  (numpy's stub)
     done = root / "result" if root is not None else None
@@ -482,10 +568,7 @@ def run_llm_sar(
         if tuple(result.deltas) != deltas:
             result = resume.rederive(result, deltas)
     else:
-        joint, single = make_llm_oracles(
-            attack, params, batch, behaviors, respond, judge, key, num_members=m, calls=calls,
-            attack_kwargs=attack_kwargs, single_attack=single_attack,
-        )  # fmt: skip
+        joint, single = oracles(attack, key, single_attack=single_attack)
         if single_runs is not None:
             single = precomputed_single(single_runs)
         result = greedy_sar(
@@ -554,13 +637,33 @@ ATTACK_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
+def _request_blocks(
+    tokenizer: Any, behaviors: Sequence[str], system: str | None = None, separator: str = " "
+) -> tuple[list[list[int]], list[list[int]]]:
+    """``(before, after)`` id lists of each request around the suffix slot: the chat template
+    split at the suffix (:func:`~sarjax.models.llm.prompts.split_chat_template`); without a
+    template the request and ``separator`` before, nothing after (a base model)."""
+    from sarjax.models.llm.prompts import _encode, split_chat_template
+
+    before, after = [], []
+    for beh in behaviors:
+        if getattr(tokenizer, "chat_template", None) is not None:
+            b_txt, a_txt = split_chat_template(tokenizer, beh, system, separator)
+        else:
+            b_txt, a_txt = beh + separator, ""
+        before.append(_encode(tokenizer, b_txt))
+        after.append(_encode(tokenizer, a_txt))
+    return before, after
+
+
 def behavior_batch(
     tokenizer: Any, behaviors: Sequence[str], response: str, system: str | None = None, separator: str = " "
 ) -> Any:
     """The :class:`~sarjax.attacks.text.core.TextBatch` of requests (suffix slot after each request).
 
     Args:
-      tokenizer: the pool's tokenizer; its chat template is rendered around the suffix
+      tokenizer: the pool's tokenizer (the first stack's when the pool has several); its chat
+        template is rendered around the suffix
         (:func:`~sarjax.models.llm.prompts.split_chat_template`); without one the request is
         followed by the suffix and nothing else (a base model).
       behaviors: ``[B]`` request texts.
@@ -569,20 +672,10 @@ def behavior_batch(
       separator: text between the request and the suffix.
     """
     from sarjax.attacks.text.core import text_batch
-    from sarjax.models.llm.prompts import split_chat_template
+    from sarjax.models.llm.prompts import _encode
 
-    def enc(text: str) -> list[int]:
-        return list(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
-
-    before, after = [], []
-    for beh in behaviors:
-        if getattr(tokenizer, "chat_template", None) is not None:
-            b_txt, a_txt = split_chat_template(tokenizer, beh, system, separator)
-        else:
-            b_txt, a_txt = beh + separator, ""
-        before.append(enc(b_txt))
-        after.append(enc(a_txt))
-    tgt = enc(response)
+    before, after = _request_blocks(tokenizer, behaviors, system, separator)
+    tgt = _encode(tokenizer, response)
     if not tgt:
         raise ValueError(f"behavior_batch: the response {response!r} encodes to no tokens")
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -621,6 +714,172 @@ def pool_digest(pool: Any) -> str:
     return resume.array_digest(*parts, *leaves)
 
 
+def sampled_seed_fn(
+    generator: Any,
+    requests: Sequence[str],
+    *,
+    key: Any,
+    max_new_tokens: int = 20,
+    num_samples: int = 4,
+    prompt: str = "{request}",
+    chat_template: bool = False,
+) -> Callable[[str], list[str]]:
+    """BEAST's seed generator from a local causal LM: ``request -> suffix candidates`` by sampling.
+
+    papers/000 (Table 2) warm-starts BEAST from AmpleGCG (a Llama-2 fine-tuned to generate
+    adversarial suffixes for a request) and keeps 20 seed tokens; any checkpoint that continues a
+    request with a suffix fits here. Every request is written into ``prompt`` and the generator
+    samples ``num_samples`` continuations of ``max_new_tokens`` tokens, all requests in one
+    batched call (:func:`~sarjax.models.llm.pool.pool_generate_text`; the generator's
+    ``generation_config.json`` temperature / top-k / top-p, else transformers' defaults
+    1.0 / 50 / 1.0). Sample ``j`` of request ``i`` draws from ``fold_in(fold_in(key, i *
+    num_samples + j), 0)`` (``i``: the request's index among the distinct requests, in order): same
+    key, same seeds.
+
+    Args:
+      generator: an :class:`~sarjax.models.llm.pool.LLMPool` (its first member samples), e.g.
+        ``load_llm_pool([DIR])``.
+      requests: the requests (the behaviors).
+      key: PRNG key (required).
+      max_new_tokens: tokens sampled per candidate (20: papers/000 Table 2 keeps 20 seed tokens).
+      num_samples: candidates per request (the first usable one seeds BEAST).
+      prompt: the generator's input, ``{request}`` replaced by the request; use the format the
+        generator was trained with (see its model card).
+      chat_template: render the prompt as a user turn of the generator's chat template (default:
+        the raw text, as a suffix generator trained on plain text expects).
+
+    Returns:
+      ``seed_fn(request) -> [num_samples] str`` (a ValueError for a request it was not built for).
+
+    Raises:
+      TypeError: no key. ValueError: ``prompt`` without ``{request}``, non-positive sizes.
+    """
+    from sarjax.models.llm.pool import LLMPool, LLMStack, pool_generate_text
+
+    if key is None:
+        raise TypeError("sampled_seed_fn: key is required (a jax.random key); sarjax never defaults it")
+    if "{request}" not in prompt:
+        raise ValueError(f"sampled_seed_fn: prompt must contain '{{request}}', got {prompt!r}")
+    if int(max_new_tokens) < 1 or int(num_samples) < 1:
+        raise ValueError(f"sampled_seed_fn: need max_new_tokens, num_samples >= 1, got {max_new_tokens}, {num_samples}")
+    import jax
+
+    s = generator.stacks[0]
+    one = LLMPool((LLMStack(s.cfg, jax.tree.map(lambda a: a[:1], s.params), s.names[:1], s.tokenizer, s.generation),))
+    reqs = list(dict.fromkeys(requests))
+    k = int(num_samples)
+    texts = [prompt.replace("{request}", r) for r in reqs for _ in range(k)]
+    out = pool_generate_text(
+        one, texts, max_new_tokens=int(max_new_tokens), do_sample=True, key=key, chat_template=chat_template,
+        sample_ids=np.arange(len(texts)),
+    )[0]  # fmt: skip
+    table = {r: out[i * k : (i + 1) * k] for i, r in enumerate(reqs)}
+
+    def seed_fn(request: str) -> list[str]:
+        if request not in table:
+            raise ValueError(f"sampled_seed_fn: no seeds were sampled for the request {request!r}")
+        return list(table[request])
+
+    return seed_fn
+
+
+class _PromptResult(NamedTuple):
+    """What :func:`make_llm_oracles` reads of an attack's result."""
+
+    ids: Any
+    mask: Any
+    member_loss: Any
+    queries: Any
+
+
+class PoolTextAttack:
+    """A pool-level text attack (:class:`~sarjax.attacks.text.gcg.JointGCG`,
+    :class:`~sarjax.attacks.text.beast_cross.CrossBEAST`: ``fn(pool, requests, mask, key, **kw)``)
+    in the ``attack(params, batch, mask, key, **kw)`` form of :func:`make_llm_oracles`.
+
+    ``params`` and ``batch`` are ignored (the attack reads the pool and renders the requests with
+    each stack's tokenizer); the returned prompt is the FIRST stack's (the reference ids that
+    :class:`PoolResponder` re-renders for the other tokenizers).
+
+    Args:
+      fn: the attack.
+      pool: the :class:`~sarjax.models.llm.pool.LLMPool`.
+      requests: the ``B`` requests (every call attacks all rows; ``mask`` selects members).
+      call: keyword arguments of every call (``system``, ``suffix_init``, ``chat_template``, ...).
+    """
+
+    def __init__(self, fn: Callable, pool: Any, requests: Sequence[str], **call: Any):
+        self.fn, self.pool, self.requests, self.call = fn, pool, list(requests), call
+
+    def __call__(self, params: Any, batch: Any, mask: Any, key: Any, *, max_queries=None, sample_ids=None):
+        del params, batch
+        res = self.fn(self.pool, self.requests, mask, key, max_queries=max_queries, sample_ids=sample_ids, **self.call)
+        return _PromptResult(res.ids[0], res.mask[0], res.member_loss, res.queries)
+
+
+def _common_start_text(pool: Any, words: int, slots: int) -> str:
+    """GCG's start (``"!"`` x ``words``, Zou et al. 2023) when every stack's tokenizer reproduces it;
+    else the first allowed token of the first stack's vocabulary whose text, repeated, does."""
+    from sarjax.attacks.text.core import suffix_text_violations
+    from sarjax.attacks.text.gcg import _allowed_for
+
+    toks = [s.tokenizer for s in pool.stacks]
+    als = [_allowed_for(s.tokenizer, s.cfg.vocab_size, True) for s in pool.stacks]
+
+    def ok(text: str) -> bool:
+        return not suffix_text_violations(text, toks, als, [slots] * len(toks))[1]
+
+    if ok(text := " ".join(["!"] * words)):
+        return text
+    for i in np.flatnonzero(als[0])[:5000]:
+        piece = toks[0].decode([int(i)]).strip()
+        if piece and ok(text := " ".join([piece] * words)):
+            return text
+    raise ValueError(
+        "pool_llm_sar: no start suffix for joint GCG that every tokenizer reproduces ('!' and the first 5,000 "
+        "allowed tokens of the first stack fail)"
+    )
+
+
+def _mixed_tokenizer_parts(pool, behaviors, attack, st, target, refusal, system, seed_fn, seed_tokens):
+    """``(attack, batch, attack_kwargs, settings)`` of :func:`pool_llm_sar` for a pool whose stacks
+    use several tokenizers: joint GCG through :func:`~sarjax.attacks.text.gcg.make_joint_gcg`,
+    BEAST through :func:`~sarjax.attacks.text.beast_cross.make_cross_beast` (the first stack's
+    tokenizer proposes); the batch is the first stack's rendering (the clean prompts)."""
+    tok = pool.stacks[0].tokenizer
+    templates = {getattr(s.tokenizer, "chat_template", None) is not None for s in pool.stacks}
+    if len(templates) != 1:
+        raise ValueError("pool_llm_sar: some stacks' tokenizers have a chat template and others none")
+    call: dict[str, Any] = {"system": system, "chat_template": templates.pop()}
+    st = dict(st)
+    if attack == "gcg":
+        from sarjax.attacks.text.gcg import make_joint_gcg
+
+        fn = make_joint_gcg(target=refusal, **st)
+        fn.init_text = _common_start_text(pool, fn.suffix_len, fn.slots)
+        st["init_text"] = fn.init_text
+        response = refusal
+    else:
+        from sarjax.attacks.text.beast import seed_suffixes
+        from sarjax.attacks.text.beast_cross import make_cross_beast
+
+        fn = make_cross_beast(target=target, **st)
+        response = target
+        if seed_fn is not None:
+            ids, lens = seed_suffixes(seed_fn, list(behaviors), tok, fn.suffix_len, seed_tokens)
+            kw_dec = dict(skip_special_tokens=False, clean_up_tokenization_spaces=False)
+            texts = [
+                tok.decode(ids[b, fn.suffix_len - n :].tolist(), **kw_dec) if n else "" for b, n in enumerate(lens)
+            ]
+            # a seed that another tokenizer cannot reproduce (or that does not re-tokenize) is dropped:
+            # that request's beams start empty, and the report lists it
+            dropped = [b for b, x in enumerate(texts) if x and fn.seed_violations(pool, x)]
+            call["suffix_init"] = ["" if b in dropped else x for b, x in enumerate(texts)]
+            st["seeds"] = {"tokens": int(seed_tokens), "digest": resume.array_digest(ids, lens), "dropped": dropped}
+    batch = behavior_batch(tok, behaviors, response, system)
+    return PoolTextAttack(fn, pool, behaviors, **call), batch, {}, st
+
+
 def pool_llm_sar(
     pool: Any,
     behaviors: Sequence[str],
@@ -645,7 +904,13 @@ def pool_llm_sar(
     """SAR (and per-member ASR) of a pool of sarjax decoders on text requests, end to end.
 
     Args:
-      pool: an :class:`~sarjax.models.llm.pool.LLMPool` (one shared tokenizer).
+      pool: an :class:`~sarjax.models.llm.pool.LLMPool`. Its stacks may use different tokenizers
+        (and chat templates) for ``"beast"`` and ``"gcg"``: the suffix then passes between
+        members as TEXT (joint GCG: :func:`~sarjax.attacks.text.gcg.make_joint_gcg`, the proposer
+        rotating; BEAST: :func:`~sarjax.attacks.text.beast_cross.make_cross_beast`, the first
+        stack's tokenizer proposing), every member renders, scores and answers in its own tokens
+        (:class:`PoolResponder`), and the recorded prompts are the first stack's ids.
+        ``"autodan"`` needs one tokenizer (ValueError otherwise).
       behaviors: ``[B]`` requests (HarmBench behaviors).
       deltas: allowed uncovered shares.
       key: PRNG key (required).
@@ -665,7 +930,10 @@ def pool_llm_sar(
       seed_fn: BEAST's warm start: ``seed_fn(request) -> suffix texts`` (papers/000 uses
         AmpleGCG; any callable); every call starts its beams from the first ``seed_tokens``
         tokens (20, papers/000 Table 2) of the first usable candidate
-        (:func:`~sarjax.attacks.text.beast.seed_suffixes`). None: no seed.
+        (:func:`~sarjax.attacks.text.beast.seed_suffixes`; with several tokenizers the seed is
+        cut in the first stack's tokens, and a seed that another tokenizer cannot reproduce is
+        dropped for its request, listed in ``settings["seeds"]["dropped"]``). None: no seed.
+        :func:`sampled_seed_fn` makes one from a local checkpoint.
 
     Returns:
       ``(run, report)``: the :class:`LLMSARRun` and the JSON report (also written to ``out``).
@@ -675,19 +943,26 @@ def pool_llm_sar(
 
     if attack not in ("beast", "gcg", "autodan"):
         raise ValueError(f"attack must be 'beast', 'gcg' or 'autodan', got {attack!r}")
-    fps = {tokenizer_fingerprint(s.tokenizer) for s in pool.stacks}
-    if len(fps) != 1 or None in fps:
-        raise ValueError("pool_llm_sar: the members must share one tokenizer (cross-tokenizer pools: not yet)")
+    fps = [tokenizer_fingerprint(s.tokenizer) for s in pool.stacks]
+    if None in fps:
+        raise ValueError(f"pool_llm_sar: every stack needs a tokenizer, stack {fps.index(None)} has none")
+    mixed = len(set(fps)) > 1
+    if mixed and attack == "autodan":
+        raise ValueError(
+            f"pool_llm_sar: attack='autodan' on a pool with {len(set(fps))} tokenizers is not supported yet (the "
+            "AutoDAN evaluator renders the rewritten requests in the first stack's ids); use attack='beast' or "
+            "'gcg', or a pool with one tokenizer"
+        )
     tok = pool.stacks[0].tokenizer
     judge = judge or refusal_judge_fn()
-    cfgs = tuple(s.cfg for s in pool.stacks)
-    params = pool.stacks[0].params if len(cfgs) == 1 else tuple(s.params for s in pool.stacks)
-    model = llm_text_model(cfgs[0] if len(cfgs) == 1 else cfgs)
-    vocab = cfgs[0].vocab_size
-    respond = PoolResponder(pool, max_new_tokens=max_new_tokens)
+    respond = PoolResponder(
+        pool, max_new_tokens=max_new_tokens, requests=list(behaviors) if mixed else None, system=system
+    )
+    params: Any = None
     if attack == "autodan":
         from sarjax.attacks.text.autodan import autodan_llm_sar_parts
 
+        params = pool.stacks[0].params if len(pool.stacks) == 1 else tuple(s.params for s in pool.stacks)
         st = {**(settings or {})}
         fn, batch, kw, calls, st = autodan_llm_sar_parts(pool, behaviors, respond, judge, attacker, st, system)
     else:
@@ -697,30 +972,43 @@ def pool_llm_sar(
             raise ValueError(f"unknown {attack} settings {sorted(unknown)}; known: {sorted(ATTACK_DEFAULTS[attack])}")
         calls = int(st.pop("calls"))
         mq = st.pop("max_queries")
-        allowed = allowed_vocab(tok, vocab)
-        if attack == "beast":
-            from sarjax.attacks.text.beast import make_beast
-
-            fn = make_beast(model, vocab_size=vocab, loss=target_loss, tokenizer=tok, **st)
-            batch = behavior_batch(tok, behaviors, target, system)
-        else:
-            from sarjax.attacks.text.gcg import make_gcg
-
-            bang = tok("!", add_special_tokens=False)["input_ids"]
-            # GCG starts from "!" x 20; a vocabulary without "!" starts from its first allowed id
-            init = int(bang[0]) if len(bang) == 1 and allowed[bang[0]] else None
-            fn = make_gcg(model, vocab_size=vocab, loss=refusal_loss, tokenizer=tok, init_id=init, **st)
-            batch = behavior_batch(tok, behaviors, refusal, system)
-        kw = {"allowed": allowed, "max_queries": mq}
-        if seed_fn is not None:
-            if attack != "beast":
-                raise ValueError(f"seed_fn is BEAST's warm start, got attack={attack!r}")
-            from sarjax.attacks.text.beast import seed_suffixes
-
-            kw["suffix_init"], kw["init_len"] = seed_suffixes(
-                seed_fn, list(behaviors), tok, st["suffix_len"], seed_tokens
+        if seed_fn is not None and attack != "beast":
+            raise ValueError(f"seed_fn is BEAST's warm start, got attack={attack!r}")
+        if mixed:
+            fn, batch, kw, st = _mixed_tokenizer_parts(
+                pool, behaviors, attack, st, target, refusal, system, seed_fn, seed_tokens
             )
-            st["seeds"] = {"tokens": int(seed_tokens), "digest": resume.array_digest(kw["suffix_init"], kw["init_len"])}
+            kw["max_queries"] = mq
+        else:
+            cfgs = tuple(s.cfg for s in pool.stacks)
+            params = pool.stacks[0].params if len(cfgs) == 1 else tuple(s.params for s in pool.stacks)
+            model = llm_text_model(cfgs[0] if len(cfgs) == 1 else cfgs)
+            vocab = cfgs[0].vocab_size
+            allowed = allowed_vocab(tok, vocab)
+            if attack == "beast":
+                from sarjax.attacks.text.beast import make_beast
+
+                fn = make_beast(model, vocab_size=vocab, loss=target_loss, tokenizer=tok, **st)
+                batch = behavior_batch(tok, behaviors, target, system)
+            else:
+                from sarjax.attacks.text.gcg import make_gcg
+
+                bang = tok("!", add_special_tokens=False)["input_ids"]
+                # GCG starts from "!" x 20; a vocabulary without "!" starts from its first allowed id
+                init = int(bang[0]) if len(bang) == 1 and allowed[bang[0]] else None
+                fn = make_gcg(model, vocab_size=vocab, loss=refusal_loss, tokenizer=tok, init_id=init, **st)
+                batch = behavior_batch(tok, behaviors, refusal, system)
+            kw = {"allowed": allowed, "max_queries": mq}
+            if seed_fn is not None:
+                from sarjax.attacks.text.beast import seed_suffixes
+
+                kw["suffix_init"], kw["init_len"] = seed_suffixes(
+                    seed_fn, list(behaviors), tok, st["suffix_len"], seed_tokens
+                )
+                st["seeds"] = {
+                    "tokens": int(seed_tokens),
+                    "digest": resume.array_digest(kw["suffix_init"], kw["init_len"]),
+                }
         st = {**st, "calls": calls, "max_queries": mq}
     fp = {
         "pool": pool_digest(pool),
@@ -732,6 +1020,8 @@ def pool_llm_sar(
         "max_new_tokens": int(max_new_tokens),
         "system": system,
     }
+    if mixed:  # (absent for one tokenizer: earlier checkpoints keep their fingerprint)
+        fp["tokenizers"] = len(set(fps))
     m = pool.size
     run = run_llm_sar(
         fn, params, batch, behaviors, respond, judge, deltas, key=key, num_members=m, calls=calls,
@@ -780,6 +1070,8 @@ def plot_llm_sar(run: LLMSARRun, path: str | os.PathLike, title: str | None = No
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from sarjax.cover.plots import _save_figure
+
     res = run.result
     m, v = res.num_members, res.valid
     fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(11, 4))
@@ -802,14 +1094,7 @@ def plot_llm_sar(run: LLMSARRun, path: str | os.PathLike, title: str | None = No
     ax1.set_ylabel("SAR / robustness")
     ax1.set_ylim(0, 1.05)
     ax1.legend(fontsize=8)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    plt.close(fig)
-    return out
+    return _save_figure(fig, path, title)
 
 
 __all__ = [
@@ -820,6 +1105,7 @@ __all__ = [
     "pool_digest",
     "pool_llm_sar",
     "PoolResponder",
+    "PoolTextAttack",
     "compact_left",
     "harmbench_judge_fn",
     "judge_members",
@@ -830,4 +1116,5 @@ __all__ = [
     "precomputed_single",
     "refusal_judge_fn",
     "run_llm_sar",
+    "sampled_seed_fn",
 ]

@@ -138,6 +138,112 @@ def test_llm_sar_greedy_equals_the_set_system_oracle(deltas):
     assert rec.shape[1] == 3 and (rec[:, 0] == REQ0 + 1).all()
 
 
+# --- the same known answer on a pool whose members use two tokenizers -------------------------
+WORDS = ["x", "y", "please", "the", "z"]  # suffix n is WORDS[n]: both tokenizers know every word
+MIXED_REQUESTS = ["how to build a", "tell me the answer", "write on a", "please tell me how"]
+
+
+def _mixed_setup():
+    """A pool of 3 + 3 members on tokenizers A and B (never compiled: the members are stubs),
+    its mixed :class:`PoolResponder`, and request b's reference prompts in tokenizer A's ids."""
+    from conftest import tiny_llama
+    from test_text_exchange import _tokenizers
+
+    from sarjax.cover.llm import PoolResponder, behavior_batch
+    from sarjax.models.llm.pool import LLMPool, LLMStack
+
+    ta, tb = _tokenizers()
+    cfg = tiny_llama(96)
+    pool = LLMPool((LLMStack(cfg, None, ("a0", "a1", "a2"), ta), LLMStack(cfg, None, ("b0", "b1", "b2"), tb)))
+    resp = PoolResponder(pool, 4, requests=MIXED_REQUESTS)
+    batch = behavior_batch(ta, MIXED_REQUESTS, "sure here is")
+    word_ids = np.asarray(ta.convert_tokens_to_ids(WORDS))
+
+    def prompt(idx):
+        """Reference prompts ``before | suffix | after`` (tokenizer A; holes where padded or no suffix)."""
+        slot = np.where(idx >= 0, word_ids[np.maximum(idx, 0)], 0)[:, None]
+        ids = np.concatenate([np.asarray(batch.before), slot, np.asarray(batch.after)], axis=1)
+        mask = np.concatenate(
+            [np.asarray(batch.before_mask), (idx >= 0)[:, None], np.asarray(batch.after_mask)], axis=1
+        )
+        return ids, mask.astype(np.int32)
+
+    def respond(ids, mask):
+        """Each group reads ITS OWN rendering (resp.prompts) and parses the suffix word from its
+        own ids; member m complies iff the word is in its planted set, or it complies clean."""
+        out = [[] for _ in range(M)]
+        for g, (gi, gm) in enumerate(resp.prompts(ids, mask)):
+            tok = resp.tokenizers[g]
+            before, after = resp.blocks[g]
+            for b in range(B):
+                real = gi[b][gm[b] == 1].tolist()
+                assert real[: len(before[b])] == before[b] and real[len(real) - len(after[b]) :] == after[b]
+                word = tok.decode(real[len(before[b]) : len(real) - len(after[b])])
+                n = WORDS.index(word) if word else -1
+                for m in range(3 * g, 3 * g + 3):
+                    broke = CLEAN[b, m] or (n >= 0 and SETS[b, n, m])
+                    out[m].append("Sure, here is how to do it" if broke else "I'm sorry, I cannot help with that")
+        return out
+
+    return resp, batch, prompt, respond
+
+
+def test_llm_sar_greedy_on_a_mixed_tokenizer_pool_equals_the_set_system_oracle():
+    """The planted set system of the test above on a pool whose members use two tokenizers: the
+    stub attack returns prompts in tokenizer A's ids, the mixed PoolResponder re-renders them for
+    tokenizer B's members (other ids, another chat template), and the greedy must still equal
+    greedy_sar on the set-system oracle."""
+    resp, batch, prompt, respond = _mixed_setup()
+    ids, mask = prompt(np.array([0, 1, 2, 3]))
+    (ga, gma), (gb, gmb) = resp.prompts(ids, mask)
+    assert not np.array_equal(ga[0][gma[0] == 1], gb[0][gmb[0] == 1])  # B reads other ids ...
+    assert resp.tokenizers[1].decode(gb[0][gmb[0] == 1].tolist()).startswith("<s> how to build a x")  # ... its template
+
+    oracle = SetSystemOracle(SETS)
+
+    def attack(single):
+        def fn(params, batch_, mask_, key, **kw):
+            del params, batch_, key, kw
+            mk = np.asarray(mask_) > 0
+            c = oracle.single(np.argmax(mk, axis=1), mk.any(axis=1), 0) if single else oracle.joint(mk, 0)
+            return _Res(*prompt(c.x_adv[:, 0]), -c.objective, c.queries)
+
+        return fn
+
+    deltas = (0.0, 0.5)
+    run = run_llm_sar(
+        attack(False), None, batch, MIXED_REQUESTS, respond, refusal_judge_fn(), deltas,
+        key=jax.random.key(0), num_members=M, single_attack=attack(True),
+    )  # fmt: skip
+    ref_oracle = SetSystemOracle(SETS)
+    ref = greedy_sar(ref_oracle.joint, ref_oracle.single, CLEAN, deltas)
+    res = run.result
+    np.testing.assert_array_equal(res.clean_broken, CLEAN)
+    for f in ("sar", "k_hat", "reached", "covered", "unbreakable", "fallback", "fallback_target", "recorded"):
+        np.testing.assert_array_equal(getattr(res, f), getattr(ref, f), err_msg=f)
+    np.testing.assert_array_equal(res.queries, ref.queries)
+    assert res.fallback[:, 0].any() and res.unbreakable[1].any()
+
+
+def test_mixed_responder_input_errors():
+    from sarjax.cover.llm import PoolResponder, pool_llm_sar
+
+    resp, _, prompt, _ = _mixed_setup()
+    ids, mask = prompt(np.array([0, -1, 2, 3]))
+    bad = ids.copy()
+    bad[2, np.flatnonzero(mask[2])[0]] = resp.tokenizer.convert_tokens_to_ids("z")  # the request changed
+    with pytest.raises(ValueError, match=r"rows \[2\] are not their request's reference rendering"):
+        resp.prompts(bad, mask)
+    with pytest.raises(ValueError, match="got 2 prompts for 4 requests"):
+        resp.prompts(ids[:2], mask[:2])
+    with pytest.raises(ValueError, match="2 tokenizers; pass requests="):
+        PoolResponder(resp.pool)
+    with pytest.raises(ValueError, match="eos_id is one tokenizer's"):
+        PoolResponder(resp.pool, requests=MIXED_REQUESTS, eos_id=2)
+    with pytest.raises(ValueError, match="attack='autodan' on a pool with 2 tokenizers is not supported"):
+        pool_llm_sar(resp.pool, MIXED_REQUESTS, (0.0,), key=jax.random.key(0), attack="autodan")
+
+
 def test_calls_rerun_only_unbroken_requests_and_sum_queries():
     oracle = SetSystemOracle(SETS, queries_per_call=10)
     joint_a, _, state = _stub_attacks(oracle, fail_first=True)

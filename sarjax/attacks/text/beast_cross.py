@@ -1,0 +1,415 @@
+"""Joint BEAST across tokenizers (Sadasivan et al. 2024; the joint form of papers/000) for pools
+whose members use different tokenizers.
+
+:func:`~sarjax.attacks.text.beast.make_beast` is the compiled joint BEAST of a pool that shares
+one vocabulary. Here the members read different vocabularies, so the suffix is exchanged as TEXT
+(as papers/000 does for joint GCG) and the tokenizers run on the host:
+
+- **The proposer.** The beam lives in the id space of ONE tokenizer: the first stack's (every
+  stack with that tokenizer forms the proposer group). The choice is the pool's order, so a user
+  picks the proposer by listing its member first. Candidate tokens are drawn per beam from the
+  MIXTURE of the proposer group's next-token distributions after ``before | beam`` (the
+  arithmetic mean of the probabilities after temperature, as the shared-vocabulary BEAST does
+  for the covered members), over the group's covered members of the request; when the request
+  covers no member of the group, over all of the group's members (their distributions still
+  propose readable tokens; the scoring below decides). A distribution over another vocabulary
+  cannot be mixed in: its ids mean other strings.
+- **The exchange.** Each candidate (a beam plus one token) is decoded to text with the proposer's
+  tokenizer and kept only when the proposer's tokenizer re-encodes that text to the candidate ids
+  (GCG's re-tokenization filter, in the proposer's space) and
+  :func:`~sarjax.attacks.text.core.suffix_text_violations` passes for every stack (its ids
+  decode back to the text, lie in the stack's allowed vocabulary, fit its slots).
+- **The objective.** Every kept candidate is scored by every covered member in ITS OWN tokens
+  (``before_s | encode_s(text) | after_s | target_s``), and the joint loss is the mean of the
+  covered members' losses (by default the mean per-token target NLL). The ``k1`` kept candidates
+  of least joint loss become the beams; the best candidate ever scored is kept.
+
+A single beam (the start, or the only candidate that survived the filter) is expanded into
+``k1 x k2`` distinct tokens, as the first step of the shared-vocabulary BEAST; ``k`` beams into
+``k2`` tokens each.
+
+Queries per step and request: ``beams x |P_b|`` next-token forwards (``P_b``: the members whose
+distributions are mixed) plus ``kept x |C_b|`` scoring forwards; a
+seed costs ``|C_b|``. A request stops when its next step could pass its cap
+(``beams x |P_b| + k1 x k2 x |C_b|``). Compute runs every member of a stack; only the members whose
+outputs are used are counted. Same key, same result: request ``b`` draws from
+``fold_in(fold_in(key, sample_ids[b]), step)``.
+"""
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sarjax.attacks import queries as Q
+from sarjax.attacks.text import core as T
+from sarjax.attacks.text.gcg import JointGCG, _allowed_for, _score
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def _mixture(params, before, before_mask, beams, beam_mask, weights, temperature, *, cfg):
+    """``sum_m weights[b, m] softmax(logits_m / temperature)`` of the token after ``before | beam``.
+
+    Args:
+      params: one stack's stacked parameters ``[M_s, ...]``.
+      before, before_mask: ``[B, Pb]`` left-padded request heads.
+      beams, beam_mask: ``[B, K, Ls]`` right-aligned beams (holes where the mask is 0).
+      weights: ``[B, M_s]`` mixture weights of this stack's members.
+      temperature: scalar.
+
+    Returns:
+      ``[B, K, V_s]`` float32.
+    """
+    from sarjax.models.llm import decoder
+
+    pb, ls = before.shape[1], beams.shape[2]
+
+    def one(bf, bfm, bms, bmm, w):
+        def beam(ids_s, m_s):
+            ids = jnp.concatenate([bf, ids_s]).astype(jnp.int32)
+            mask = jnp.concatenate([bfm, m_s]).astype(jnp.int32)
+            at = jnp.where(jnp.sum(m_s) > 0, pb + ls - 1, pb - 1)  # the last real token of the user turn
+            lg = jax.vmap(lambda p: decoder.logits(p, cfg, ids, mask))(params)  # [M_s, T, V]
+            lg = jax.lax.dynamic_index_in_dim(lg, at, axis=1, keepdims=False)
+            return jnp.einsum("m,mv->v", w, jax.nn.softmax(lg.astype(jnp.float32) / temperature, axis=-1))
+
+        return jax.vmap(beam)(bms, bmm)
+
+    return jax.vmap(one)(before, before_mask, beams, beam_mask, weights)
+
+
+class CrossBEASTResult(NamedTuple):
+    """The best-so-far suffix of a :class:`CrossBEAST` call.
+
+    Attributes:
+      suffix: ``B`` suffix texts (``""``: nothing scored, the clean request).
+      suffix_ids: ``B`` id lists of the suffix in the proposer's tokenizer.
+      loss: ``[B]`` float64 joint loss of the best suffix (``inf``: nothing scored).
+      member_loss: ``[B, M]`` every member's loss on it (bookkeeping re-score, not counted).
+      queries: ``[B]`` int64 queries spent.
+      ids: one ``[B, T_s]`` int32 array per stack, the prompts ``before | suffix | after``.
+      mask: one ``[B, T_s]`` int32 array per stack.
+    """
+
+    suffix: list
+    suffix_ids: list
+    loss: Any
+    member_loss: Any
+    queries: Any
+    ids: tuple
+    mask: tuple
+
+
+class CrossBEAST:
+    """Joint BEAST on an :class:`~sarjax.models.llm.pool.LLMPool` whose members may use different
+    tokenizers (see the module docstring). Build with :func:`make_cross_beast`; call
+    ``fn(pool, instructions, mask=None, key, *, target=None, max_queries=None, system=None,
+    suffix_init=None, sample_ids=None, chat_template=True, allowed=None) -> CrossBEASTResult``.
+    """
+
+    def __init__(self, *, suffix_len, beam_width, candidates, temperature, sampler, loss, target, slots, ascii_only):
+        self.name = "cross_beast"
+        self.suffix_len = suffix_len
+        self.beam_width = beam_width
+        self.candidates = candidates
+        self.temperature = temperature
+        self.sampler = sampler
+        self.loss = loss
+        self.target = target
+        self.slots = slots
+        self.ascii_only = ascii_only
+
+    def __repr__(self) -> str:
+        return f"CrossBEAST(Ls={self.suffix_len}, k1={self.beam_width}, k2={self.candidates}, {self.sampler})"
+
+    def allowed(self, pool) -> list[np.ndarray]:
+        """The default allowed vocabulary of each stack (:func:`~sarjax.attacks.text.core.allowed_vocab`)."""
+        return [_allowed_for(st.tokenizer, st.cfg.vocab_size, self.ascii_only) for st in pool.stacks]
+
+    def seed_violations(self, pool, text: str, allowed=None) -> list[str]:
+        """Why ``text`` cannot start the beams (empty: it can): the proposer's ids must decode back to
+        it, fit ``suffix_len`` and pass :func:`~sarjax.attacks.text.core.suffix_text_violations`."""
+        toks = [st.tokenizer for st in pool.stacks]
+        als = self.allowed(pool) if allowed is None else allowed
+        ids, why = T.suffix_text_violations(text, toks, als, [max(self.slots, self.suffix_len)] * len(toks))
+        if not why and len(ids[0]) > self.suffix_len:
+            why = [f"stack 0: {len(ids[0])} tokens exceed suffix_len={self.suffix_len}"]
+        return why
+
+    def __call__(
+        self,
+        pool,
+        instructions: Sequence[str],
+        mask=None,
+        key=None,
+        *,
+        target: str | Sequence[str] | None = None,
+        max_queries=None,
+        system: str | None = None,
+        suffix_init: Sequence[str] | None = None,
+        sample_ids=None,
+        chat_template: bool = True,
+        allowed: Sequence[Any] | None = None,
+    ) -> CrossBEASTResult:
+        """Runs the attack.
+
+        Args:
+          pool: an :class:`~sarjax.models.llm.pool.LLMPool` (every stack with a tokenizer).
+          instructions: ``B`` requests.
+          mask: ``[M]`` or ``[B, M]`` 0/1, the members the objective covers (default all).
+          key: PRNG key (required).
+          target: the target response (one, or one per request); default the factory's.
+          max_queries: None, a scalar or ``[B]`` per-request cap (papers/000: 15,000 per call).
+          system: optional system message.
+          suffix_init: ``B`` seed texts (``""``: no seed), e.g. from a seed generator; each must
+            pass :meth:`seed_violations`.
+          sample_ids: ``[B]`` non-negative ints (default ``arange(B)``).
+          chat_template: False renders ``instruction + " " + suffix`` (base models).
+          allowed: optional ``[V_s]`` bool per stack (default :meth:`allowed`).
+
+        Returns:
+          :class:`CrossBEASTResult`.
+
+        Raises:
+          TypeError: ``key`` is None; a stack without a tokenizer.
+          ValueError: bad shapes; a seed that violates the threat model (naming the row and why);
+            an audit failure of the output.
+        """
+        from sarjax.models.llm.pool import tokenizer_fingerprint
+        from sarjax.models.llm.prompts import _encode
+
+        if key is None:
+            raise TypeError(f"{self.name}: key is required (a jax.random key); sarjax never defaults it")
+        stacks = tuple(pool.stacks)
+        for st in stacks:
+            if st.tokenizer is None:
+                raise TypeError(f"{self.name}: stack {st.names} has no tokenizer; the text exchange needs one")
+        instructions = list(instructions)
+        bsz, m_total = len(instructions), sum(st.size for st in stacks)
+        if bsz == 0:
+            raise ValueError(f"{self.name}: expected at least one instruction")
+        mk = np.ones((bsz, m_total)) if mask is None else np.asarray(mask, np.float64)
+        if mk.ndim == 1:
+            mk = np.broadcast_to(mk[None], (bsz, mk.shape[0]))
+        if mk.shape != (bsz, m_total):
+            raise ValueError(f"{self.name}: mask must be [M={m_total}] or [B={bsz}, M={m_total}], got {mk.shape}")
+        cov = mk > 0
+        ncov = cov.sum(1)
+        tgt = self.target if target is None else target
+        targets = [tgt] * bsz if isinstance(tgt, str) else list(tgt)
+        seeds = [""] * bsz if suffix_init is None else list(suffix_init)
+        if len(targets) != bsz or len(seeds) != bsz:
+            raise ValueError(f"{self.name}: target and suffix_init need one entry per request ({bsz})")
+        sid = np.arange(bsz) if sample_ids is None else np.asarray(sample_ids)
+        if sid.shape != (bsz,) or not np.issubdtype(sid.dtype, np.integer) or np.any(sid < 0):
+            raise ValueError(f"{self.name}: sample_ids must be [B={bsz}] non-negative ints, got {sample_ids!r}")
+        cap = np.asarray(Q.normalize_cap(max_queries, bsz)).astype(np.int64)
+        toks = [st.tokenizer for st in stacks]
+        als = self.allowed(pool) if allowed is None else [np.asarray(a, bool) for a in allowed]
+        if len(als) != len(stacks) or any(a.shape != (st.cfg.vocab_size,) for a, st in zip(als, stacks)):
+            raise ValueError(f"{self.name}: allowed must be one [V_s] bool array per stack")
+        ls, k1, k2 = self.suffix_len, self.beam_width, self.candidates
+        slots = [max(self.slots, ls)] * len(stacks)
+        # the proposer group: every stack with the first stack's tokenizer
+        fp0 = tokenizer_fingerprint(toks[0])
+        group = [s for s, t in enumerate(toks) if tokenizer_fingerprint(t) == fp0]
+        tok0, v0, al0 = toks[0], stacks[0].cfg.vocab_size, als[0]
+        offsets = np.cumsum([0] + [st.size for st in stacks])
+        in_group = np.zeros(m_total, bool)
+        for s in group:
+            in_group[offsets[s] : offsets[s + 1]] = True
+        prop = np.where((cov & in_group).any(1, keepdims=True), cov & in_group, in_group[None])  # [B, M]
+        nprop = prop.sum(1)
+        w = prop / nprop[:, None]
+        # JointGCG's rendering of each stack's requests (chat template split at the suffix, padded
+        # to multiples of 8); it reads only ``self.name``
+        batches = [JointGCG._requests(self, st, instructions, targets, system, chat_template) for st in stacks]  # pyright: ignore[reportArgumentType]
+        jb = [T.TextBatch(*(jnp.asarray(a) for a in b)) for b in batches]
+        kw_dec = dict(skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+        bad = [
+            f"row {i}: " + "; ".join(why)
+            for i, x in enumerate(seeds)
+            if x and (why := self.seed_violations(pool, x, als))
+        ]
+        if bad:
+            raise ValueError(f"{self.name}: a seed violates the threat model: " + " | ".join(bad))
+
+        def score(texts: list[list[str | None]], n: int) -> np.ndarray:
+            """texts[b][j] (None: a hole) -> member losses [B, M, n] (every member, float64)."""
+            out = []
+            for s, st in enumerate(stacks):
+                c = np.zeros((bsz, n, slots[s]), np.int32)
+                cm = np.zeros((bsz, n, slots[s]), np.int32)
+                for b in range(bsz):
+                    for j, x in enumerate(texts[b]):
+                        q = _encode(toks[s], x) if x else []
+                        if q:
+                            c[b, j, slots[s] - len(q) :] = q
+                            cm[b, j, slots[s] - len(q) :] = 1
+                kw = dict(cfg=st.cfg, loss=self.loss)
+                out.append(np.asarray(_score(st.params, jb[s], jnp.asarray(c), jnp.asarray(cm), **kw)))
+            return np.concatenate(out, axis=1).astype(np.float64)
+
+        def joint(ml: np.ndarray) -> np.ndarray:  # [B, M, n] -> [B, n]
+            return np.einsum("bm,bmn->bn", mk, ml) / np.maximum(mk.sum(1), 1.0)[:, None]
+
+        # start: one beam per request, the seed (proposer ids) or empty
+        beams = [[_encode(tok0, x) if x else []] for x in seeds]
+        best_text, best_loss = [""] * bsz, np.full(bsz, np.inf)
+        queries = np.zeros(bsz, np.int64)
+        seeded = np.array([bool(x) for x in seeds]) & (ncov > 0) & (ncov <= cap)
+        if seeded.any():
+            jl = joint(score([[x] for x in seeds], 1))[:, 0]
+            best_loss = np.where(seeded, jl, np.inf)
+            best_text = [x if seeded[b] else "" for b, x in enumerate(seeds)]
+            queries += np.where(seeded, ncov, 0)
+        base_keys = jax.vmap(lambda s: jax.random.fold_in(key, s))(jnp.asarray(sid, jnp.uint32))
+        for t in range(ls):
+            length = np.array([len(bm[0]) for bm in beams])
+            nb = np.array([len(bm) for bm in beams])
+            active = (ncov > 0) & (length < ls) & (queries + nb * nprop + k1 * k2 * ncov <= cap)
+            if not active.any():
+                break
+            bi = np.zeros((bsz, k1, ls), np.int32)
+            bmk = np.zeros((bsz, k1, ls), np.int32)
+            for b in range(bsz):
+                for j, q in enumerate(beams[b]):
+                    if q:
+                        bi[b, j, ls - len(q) :] = q
+                        bmk[b, j, ls - len(q) :] = 1
+            mix = np.zeros((bsz, k1, v0), np.float64)
+            for s in group:
+                ws = jnp.asarray(w[:, offsets[s] : offsets[s + 1]], jnp.float32)
+                p = np.asarray(
+                    _mixture(
+                        stacks[s].params,
+                        jb[s].before,
+                        jb[s].before_mask,
+                        jnp.asarray(bi),
+                        jnp.asarray(bmk),
+                        ws,
+                        jnp.float32(self.temperature),
+                        cfg=stacks[s].cfg,
+                    )  # fmt: skip
+                )
+                n = min(v0, p.shape[-1])
+                mix[..., :n] += p[..., :n]
+            with np.errstate(divide="ignore"):
+                logp = np.log(mix)
+            logp[:, :, ~al0] = -np.inf
+            logp[np.arange(k1)[None, :] >= nb[:, None]] = -np.inf  # no beam there
+            if self.sampler == "multinomial":
+                noise = jax.vmap(lambda k, t=t: jax.random.gumbel(jax.random.fold_in(k, t), (k1, v0)))(base_keys)
+                noisy = logp + np.asarray(noise, np.float64)
+            else:
+                noisy = logp
+            cand_texts: list[list[str | None]] = [[None] * (k1 * k2) for _ in range(bsz)]
+            cand_ids: list[list[list[int] | None]] = [[None] * (k1 * k2) for _ in range(bsz)]
+            memo: dict = {}
+            for b in np.flatnonzero(active):
+                if nb[b] == 1:  # the single start beam: all k1 x k2 first tokens from it (as make_beast)
+                    pairs = [(0, int(i)) for i in np.argsort(-noisy[b, 0], kind="stable")[: k1 * k2]]
+                else:
+                    top = np.argsort(-noisy[b], axis=1, kind="stable")[:, :k2]
+                    pairs = [(j, int(top[j, c])) for j in range(k1) for c in range(k2)]
+                for c, (j, tok_id) in enumerate(pairs):
+                    if not np.isfinite(logp[b, j, tok_id]):
+                        continue
+                    ids = beams[b][j] + [tok_id]
+                    text = tok0.decode(ids, **kw_dec)
+                    if text not in memo:
+                        ok = _encode(tok0, text) == ids  # the re-tokenization filter, proposer space
+                        memo[text] = ok and not T.suffix_text_violations(text, toks, als, slots)[1]
+                    if memo[text]:
+                        cand_texts[b][c], cand_ids[b][c] = text, ids
+            valid = np.array([[x is not None for x in row] for row in cand_texts])
+            jl = np.where(valid, joint(score(cand_texts, k1 * k2)), np.inf)
+            queries += np.where(active, nb * nprop + valid.sum(1) * ncov, 0)
+            for b in np.flatnonzero(active & valid.any(1)):
+                order = [int(j) for j in np.argsort(jl[b], kind="stable")[:k1] if valid[b, j]]
+                beams[b] = [q for j in order if (q := cand_ids[b][j]) is not None]
+                if jl[b, order[0]] < best_loss[b]:
+                    best_loss[b], best_text[b] = jl[b, order[0]], cand_texts[b][order[0]] or ""
+
+        member_loss = score([[x or None] for x in best_text], 1)[:, :, 0]  # bookkeeping, not counted
+        ids_out, mask_out = [], []
+        for s, st in enumerate(stacks):
+            sf = np.zeros((bsz, slots[s]), np.int32)
+            sm = np.zeros((bsz, slots[s]), np.int32)
+            for b, x in enumerate(best_text):
+                q = _encode(toks[s], x) if x else []
+                if q:
+                    sf[b, slots[s] - len(q) :], sm[b, slots[s] - len(q) :] = q, 1
+            bt = batches[s]
+            ids_out.append(np.concatenate([bt.before, sf, bt.after], axis=1))
+            mask_out.append(np.concatenate([bt.before_mask, sm, bt.after_mask], axis=1))
+            problem = T.TextProblem(bt, mk, als[s], cap, key, sid, sf, sm.sum(1))
+            res = T.TextAttackResult(sf, sm, ids_out[-1], mask_out[-1], best_loss, member_loss, queries)
+            T.audit_text(f"{self.name} (stack {s})", problem, res, st.tokenizer)
+        why = [
+            f"row {i}: " + "; ".join(r)
+            for i, x in enumerate(best_text)
+            if x and (r := self.seed_violations(pool, x, als))
+        ]
+        if why:
+            raise ValueError(f"{self.name}: output violates the threat model: " + " | ".join(why))
+        suffix_ids = [_encode(tok0, x) if x else [] for x in best_text]
+        return CrossBEASTResult(best_text, suffix_ids, best_loss, member_loss, queries, tuple(ids_out), tuple(mask_out))
+
+
+def make_cross_beast(
+    *,
+    suffix_len: int = 30,
+    beam_width: int = 10,
+    candidates: int | None = None,
+    temperature: float = 1.0,
+    sampler: str = "multinomial",
+    loss: Callable = T.target_loss,
+    target: str = "Sure, here is",
+    slots: int | None = None,
+    ascii_only: bool = True,
+) -> CrossBEAST:
+    """Joint BEAST for pools whose members may use different tokenizers (see the module docstring).
+
+    Args:
+      suffix_len: ``Ls``, suffix tokens in the proposer's tokenizer (30, papers/000 Table 2).
+      beam_width: ``k1`` (10, papers/000 Table 2).
+      candidates: ``k2`` tokens per beam (None: ``k1``, as BEAST).
+      temperature: of the mixture's members (1, papers/000 Table 2).
+      sampler: ``"multinomial"`` (Gumbel top-k without replacement, BEAST) or ``"greedy"`` (the
+        ``k2`` most likely tokens; deterministic, for tests).
+      loss: per-member loss, minimised (default :func:`~sarjax.attacks.text.core.target_loss`,
+        the mean per-token target NLL: BEAST's objective).
+      target: the target response (papers/000 does not print BEAST's target; this one is ours).
+      slots: suffix token slots of every stack (default ``2 * suffix_len``: the same text may take
+        more tokens in another vocabulary; a candidate that does not fit is filtered).
+      ascii_only: the default allowed vocabulary keeps printable-ASCII tokens only (GCG's filter).
+
+    Returns:
+      A :class:`CrossBEAST`.
+
+    Raises:
+      ValueError: a non-positive size, an unknown sampler, temperature <= 0.
+    """
+    k2 = beam_width if candidates is None else candidates
+    for n, val in (("suffix_len", suffix_len), ("beam_width", beam_width), ("candidates", k2)):
+        if int(val) < 1:
+            raise ValueError(f"make_cross_beast: {n} must be >= 1, got {val}")
+    if sampler not in ("multinomial", "greedy"):
+        raise ValueError(f"make_cross_beast: sampler must be 'multinomial' or 'greedy', got {sampler!r}")
+    if not temperature > 0:
+        raise ValueError(f"make_cross_beast: temperature must be > 0, got {temperature}")
+    sl = int(slots) if slots is not None else 2 * int(suffix_len)
+    if sl < 1:
+        raise ValueError(f"make_cross_beast: slots must be >= 1, got {slots}")
+    return CrossBEAST(
+        suffix_len=int(suffix_len), beam_width=int(beam_width), candidates=int(k2), temperature=float(temperature),
+        sampler=sampler, loss=loss, target=target, slots=sl, ascii_only=bool(ascii_only),
+    )  # fmt: skip
+
+
+__all__ = ["CrossBEAST", "CrossBEASTResult", "make_cross_beast"]
