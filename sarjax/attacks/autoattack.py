@@ -11,19 +11,22 @@ Versions (AutoAttack reference code ``autoattack/autoattack.py``, ``set_version`
 
 * ``standard``, linf / l2: APGD-CE (1 restart, 100 iterations), APGD-T (top 9 other classes,
   1 restart, 100 iterations each), FAB-T (9 targets, 1 restart, 100 iterations each), Square
-  (5,000 queries, ``p_init = 0.8``, 1 restart).
+  (5,000 queries, ``p_init = 0.8``, 1 restart, ``resc_schedule=False``: the ``p`` schedule's
+  thresholds on the raw iteration count, :func:`sarjax.attacks.square.p_schedule`).
 * ``standard``, l1 (AutoAttack's l1 version, Croce & Hein 2021, "Mind the box"): APGD-CE with 5
   restarts and 5 targets for APGD-T, both with ``use_largereps`` (each run is three chained APGD
   phases at ``3 eps, 2 eps, eps`` for ``30 / 30 / 40 %`` of the iterations, every phase projected
   into the ball of the ORIGINAL input and warm-started from the previous phase's highest-loss
-  point, ``autopgd_base.py::decr_eps_pgd``), FAB-T (9 targets). AutoAttack ends with an l1
-  Square attack; sarjax's Square (:mod:`sarjax.attacks.square`) has no l1 variant, so the stage
-  is skipped with a warning and logged as skipped (a documented gap).
+  point, ``autopgd_base.py::decr_eps_pgd``), FAB-T (9 targets), then Square (5,000 queries) in its
+  l1 variant (:mod:`sarjax.attacks.square`, AutoAttack's ``square.py`` branch ``L1``).
 * ``plus``: APGD-CE and APGD-DLR (5 restarts each), FAB (untargeted, 5 restarts), Square
   (5,000 queries), APGD-T (9 targets), FAB-T (9 targets).
 * ``rand`` (randomized defenses): APGD-CE and APGD-DLR, 1 restart, EOT over 20 draws
   (``eot_iter = 20``). ``apply`` is then the stochastic ``apply(params, x, key)`` (the convention
-  of :func:`sarjax.attacks.eot.with_input_noise`).
+  of :func:`sarjax.attacks.eot.with_input_noise`). On a pool, :func:`autoattack_pool` attacks the
+  randomized members as deployed (``stochastic={name: apply(params, x, key)}``: a self-ensemble's
+  stochastic views, a noise defense's input noise; ``sarjax autoattack --version rand`` reads them
+  from the saved pool).
 
 Every other hyperparameter is the building block's AutoAttack default (APGD: ``rho = 0.75``,
 momentum 0.75, checkpoints at ``p_j``; FAB: ``alpha_max = 0.1, eta = 1.05, beta = 0.9``; see
@@ -97,6 +100,7 @@ RESTARTS_L1 = 5  # APGD-CE restarts of the l1 version (idem)
 RESTARTS_PLUS = 5  # APGD / FAB restarts of the plus version (idem)
 SQUARE_QUERIES = 5000  # Square n_queries (set_version)
 SQUARE_P_INIT = 0.8  # Square p_init (autoattack.py: SquareAttack(p_init=.8))
+SQUARE_RESCALE = False  # Square resc_schedule (autoattack.py: SquareAttack(..., resc_schedule=False))
 EOT_RAND = 20  # the rand version's eot_iter (set_version)
 LARGEREPS = ((3.0, 0.3), (2.0, 0.3), (1.0, 0.4))  # l1 use_largereps: (eps multiple, share of n_iter)
 FAB_RAND_RADIUS = 0.5  # FAB restarts > 0 start at radius eps / 2 (fab_pt.py: ``* .5``)
@@ -526,6 +530,7 @@ class _Ctx(NamedTuple):
     fab_iter: int
     square_queries: int
     version: str
+    square_rescale: bool = SQUARE_RESCALE
 
 
 def _buckets(bs: int) -> list[int]:
@@ -609,7 +614,10 @@ def _square_run(ctx: _Ctx, chunk, mask, key):
     x0, y, sid = chunk
     b, m = mask.shape
     mem = ctx.mem
-    fn = make_square(mem.apply1, norm=norm_name(ctx.p), n_queries=ctx.square_queries, p_init=SQUARE_P_INIT, audit=False)
+    fn = make_square(
+        mem.apply1, norm=norm_name(ctx.p), n_queries=ctx.square_queries, p_init=SQUARE_P_INIT, audit=False,
+        rescale_schedule=ctx.square_rescale,
+    )  # fmt: skip
     ref = jnp.broadcast_to(jnp.asarray(y)[:, None], (b, m))
     cap = jnp.full((b,), jnp.iinfo(jnp.int32).max, jnp.int32)
     xi = jnp.broadcast_to(x0[:, None], (b, m, *x0.shape[1:]))
@@ -649,6 +657,7 @@ def autoattack(
     square_queries: int = SQUARE_QUERIES,
     attacks=None,
     box=(0.0, 1.0),
+    square_rescale_schedule: bool = SQUARE_RESCALE,
 ) -> AutoAttackResult:
     """AutoAttack on a single model or on every member of a pool, as a cascade (module docstring).
 
@@ -682,6 +691,9 @@ def autoattack(
       n_iter: APGD iterations (AutoAttack: 100).
       fab_iter: FAB iterations (AutoAttack: 100; at least 3).
       square_queries: Square queries (AutoAttack: 5,000).
+      square_rescale_schedule: rescale Square's ``p`` schedule to ``square_queries``
+        (:func:`sarjax.attacks.square.p_schedule`); AutoAttack: False (its default here),
+        torchattacks' ``AutoAttack``: True (its ``Square`` default).
       attacks: a custom list from ``ATTACKS`` (AutoAttack's ``version='custom'``); None: the
         version's list.
       box: input bounds.
@@ -706,6 +718,8 @@ def autoattack(
     for name, v in (("n_iter", n_iter), ("fab_iter", fab_iter), ("square_queries", square_queries)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
             raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+    if not isinstance(square_rescale_schedule, bool):
+        raise TypeError(f"square_rescale_schedule must be a bool, got {square_rescale_schedule!r}")
     stages = stages_of(version, p) if attacks is None else tuple(attacks)
     bad = [a for a in stages if a not in ATTACKS]
     if bad or not stages:
@@ -754,7 +768,10 @@ def autoattack(
     # repeating a row with an all-zero mask (no queries, results dropped), up to the smallest of a
     # few bucket sizes (bs, bs / 2, bs / 4, bs / 8: at most four compiled shapes per kernel).
     xp, yp, sp = x0, yh.astype(np.int32), sid_all.astype(np.int32)
-    ctx = _Ctx(mem, p, eps, eot, tuple(float(v) for v in box), n_iter, fab_iter, square_queries, version)
+    ctx = _Ctx(
+        mem, p, eps, eot, tuple(float(v) for v in box), n_iter, fab_iter, square_queries, version,
+        square_rescale_schedule,
+    )  # fmt: skip
     vkey = jax.random.fold_in(key, 0xC1EA)
     m = mem.m
     sizes = _buckets(bs)
@@ -867,8 +884,6 @@ def autoattack(
 
 def _skip_reason(name: str, ctx: _Ctx) -> str:
     c = ctx.mem.c
-    if name == "square" and ctx.p == 1.0:
-        return "sarjax's Square attack has no l1 variant (AutoAttack's l1 version ends with l1-Square)"
     if name == "apgd-dlr" and c < 3:
         return f"the DLR loss needs >= 3 classes, the model has {c}"
     if name == "apgd-t" and c < 4:
@@ -940,6 +955,7 @@ def autoattack_pool(
     version: str = "standard",
     log: bool = True,
     wrap=None,
+    stochastic: dict[str, Callable] | None = None,
     per_member: bool = False,
     **kw,
 ) -> AutoAttackResult:
@@ -953,6 +969,12 @@ def autoattack_pool(
       wrap: optional ``wrap(member_apply) -> apply``: the deployed model of each stack, e.g.
         ``lambda a: with_input_noise(a, 0.3)`` for a randomized defense (``version="rand"`` needs
         a stochastic ``apply(params, x, key)``: a Pool alone is deterministic).
+      stochastic: ``version="rand"`` only, instead of ``wrap``: ``{member name: apply(member_params,
+        x, key) -> [B, C]}``, the deployed (randomized) form of each named member, e.g. a
+        :class:`~sarjax.defenses.self_ensemble.SelfEnsembleStack`'s ``member_stochastic_apply`` or
+        ``with_input_noise(stack.member_apply, sigma)``. Only these members are attacked (each in
+        its own call, the stack's key); the others, deterministic, are left out of the result
+        (run ``version="standard"`` on them).
       per_member: run every member on its own (one :func:`autoattack` call per member, the
         stack's key; the compiled kernels are shared within a stack). The vmapped call packs the
         images still robust for ANY member of the stack, so a member broken early keeps paying for
@@ -965,25 +987,56 @@ def autoattack_pool(
     Returns:
       One :class:`AutoAttackResult` over all members (the per-stage log's robust accuracies
       and query totals concatenated / summed over the stacks).
+
+    Raises:
+      ValueError: ``version="rand"`` with neither ``wrap`` nor ``stochastic``; ``stochastic`` with
+        another version, with ``wrap``, empty, or naming a member the pool lacks.
+      TypeError: ``per_member`` not a bool, a ``stochastic`` value not callable.
     """
-    if version == "rand" and wrap is None:
+    if stochastic is not None:
+        if version != "rand":
+            raise ValueError(f"stochastic= gives randomized members: it needs version='rand', got {version!r}")
+        if wrap is not None:
+            raise ValueError("give wrap= (every stack) or stochastic= (named members), not both")
+        if not isinstance(stochastic, dict) or not stochastic:
+            raise ValueError(
+                f"stochastic must be a non-empty dict {{member name: apply(params, x, key)}}, got {stochastic!r}"
+            )
+        unknown = [n for n in stochastic if n not in pool.names]
+        if unknown:
+            raise ValueError(f"stochastic names members {unknown} that the pool lacks (members: {list(pool.names)})")
+        bad = [n for n, f in stochastic.items() if not callable(f)]
+        if bad:
+            raise TypeError(
+                f"stochastic[{bad[0]!r}] must be a callable apply(params, x, key), got {stochastic[bad[0]]!r}"
+            )
+    elif version == "rand" and wrap is None:
         raise ValueError(
             "autoattack_pool: a Pool is deterministic; version='rand' needs wrap= giving a stochastic "
-            "apply(params, x, key) (e.g. lambda a: with_input_noise(a, sigma))"
+            "apply(params, x, key) (e.g. lambda a: with_input_noise(a, sigma)) or stochastic= naming the "
+            "randomized members' applies"
         )
     if not isinstance(per_member, bool):
         raise TypeError(f"per_member must be a bool, got {per_member!r}")
     outs = []
     for i, stack in enumerate(pool.stacks):
-        parts = [(stack.params, tuple(stack.names))]
-        if per_member and len(stack.names) > 1:
+        apply = stack.member_apply if wrap is None else wrap(stack.member_apply)
+        parts = [(stack.params, tuple(stack.names), apply)]
+        if stochastic is not None:
             parts = [
-                (jax.tree.map(lambda a, j=j: a[j : j + 1], stack.params), (nm,)) for j, nm in enumerate(stack.names)
+                (jax.tree.map(lambda a, j=j: a[j : j + 1], stack.params), (nm,), stochastic[nm])
+                for j, nm in enumerate(stack.names)
+                if nm in stochastic
             ]
-        for params, names in parts:
+        elif per_member and len(stack.names) > 1:
+            parts = [
+                (jax.tree.map(lambda a, j=j: a[j : j + 1], stack.params), (nm,), apply)
+                for j, nm in enumerate(stack.names)
+            ]
+        for params, names, member_apply in parts:
             outs.append(
                 autoattack(
-                    stack.member_apply if wrap is None else wrap(stack.member_apply),
+                    member_apply,
                     params,
                     x,
                     y,

@@ -1,12 +1,17 @@
-"""Square attack (linf and l2): score-based black-box random search (Andriushchenko et al., ECCV 2020).
+"""Square attack (linf, l2, l1): score-based black-box random search (Andriushchenko et al., ECCV 2020;
+l1: Croce & Hein, ICML 2021, "Mind the box").
 
 Shared defaults (paper Sec. 3-4 and AutoAttack's configuration of its Square
-member): 5,000 queries, ``p_init = 0.8`` (AutoAttack's value for both norms),
+member): 5,000 queries, ``p_init = 0.8`` (AutoAttack's value for every norm),
 the piecewise-constant schedule of the window's area share ``p`` (halved at
-10, 50, 200, 500, 1000, 2000, 4000, 6000, 8000 of 10,000 iterations,
-rescaled to ``n_queries``), margin loss (untargeted) or cross-entropy to the
-target (targeted), a proposal accepted only if it improves the loss, and
-early stop per sample once every selected member is fooled.
+10, 50, 200, 500, 1000, 2000, 4000, 6000, 8000 iterations of 10,000; with
+``rescale_schedule=True``, the default here and the authors' ``p_selection``,
+rescaled to ``n_queries``; AutoAttack builds its Square with
+``resc_schedule=False``: the thresholds apply to the raw iteration count, so
+5,000 queries end at ``p_init / 128``), margin loss (untargeted) or
+cross-entropy to the target (targeted), a proposal accepted only if it
+improves the loss, and early stop per sample once every selected member is
+fooled.
 
 linf (paper Alg. 2): vertical-stripe initialisation ``x0 +- eps``; every
 proposal sets one ``s x s`` window (side ``round(sqrt(p * n / C))``, in
@@ -32,12 +37,31 @@ l2 (paper Alg. 3 and Sec. 4.2, the authors' ``square_attack_l2``):
   clipped to the box (clipping only moves elements towards ``x0``, so the
   point stays in the ball).
 
+l1 (AutoAttack's ``square.py``, branch ``norm == 'L1'``, the Square member of its l1 version,
+Croce & Hein 2021; read, not copied):
+
+* ``eta_1(s)``: the l2 pattern's two halves of opposite sign with weights ``1 / k^4`` in place
+  of ``1 / k^2`` (value ``sum_{k = d + 1}^{s // 2 + 1} 1 / k^4`` at Chebyshev distance ``d``),
+  each half of unit l1 norm, the window renormalised to unit l1 norm (:func:`l1_centred_pattern`);
+* initialisation: the l2 grid of ``H // 5``-sided tiles, each ``eta_1`` times a random sign per
+  channel, NOT rescaled (each tile and channel has l1 mass 1), then projected onto the l1 ball
+  of radius ``eps`` ∩ the box around ``x0`` (:func:`l1_init_perturbation`);
+* every proposal: the l2 windows and side rule; per channel, W1 becomes ``eta_1 * sign +
+  delta_W1 / ||delta_W1||_1`` rescaled to l1 mass ``C (max(eps - ||delta||_1, 0) / C +
+  ||delta_{W1 ∪ W2}||_1)`` (the reference's ``* c``: for grey images, ``C = 1``, the mass of W1 ∪ W2
+  plus the unused budget), W2 outside W1 is zeroed, and the point is projected onto the l1 ball
+  ∩ box around ``x0`` (the exact Euclidean projection, :func:`sarjax.attacks.geometry.project`;
+  the reference's ``L1_projection`` at radius ``eps (1 - 1e-6)``, the same set up to its
+  rounding margin) (:func:`l1_window_update`, :func:`l1_proposal`).
+
 Deviations (documented): window positions are uniform over every position
 that fits (the reference draws the top-left corner from ``[0, H - s)``,
-never touching the last row); the l2 ``eta`` transpose and the signs are drawn
-per sample (the reference draws one transpose per batch); the per-channel
+never touching the last row); the l2 / l1 ``eta`` transpose and the signs are drawn
+per sample (the reference draws one transpose per batch and tile); the l2 per-channel
 mass follows the authors' repository (AutoAttack's port uses the mass of all
-channels of W1 ∪ W2 in each channel before the final rescaling).
+channels of W1 ∪ W2 in each channel before the final rescaling); the windows' side
+is capped at ``min(H, W) - 1`` (the reference: ``min(H, W)``; equal for MNIST and CIFAR at
+``p_init = 0.8``: sides 25 and 29).
 
 Only forward passes are used: each iteration costs M queries per still-active
 sample (one forward of every member).  The model runs once per iteration on
@@ -70,9 +94,20 @@ _SCHEDULE_AT = (10, 50, 200, 500, 1000, 2000, 4000, 6000, 8000)
 _TINY = 1e-12
 
 
-def p_schedule(p_init: float, it, n_iters: int):
-    """Square area share at iteration ``it`` (paper's schedule, defined for 10,000 iterations)."""
-    i = jnp.floor(it / n_iters * 10000)
+def p_schedule(p_init: float, it, n_iters: int, rescale: bool = True):
+    """Square area share at iteration ``it`` (0-based): ``p_init`` halved after each of 10, 50,
+    200, 500, 1000, 2000, 4000, 6000, 8000 iterations (``10 < i <= 50``: ``p_init / 2``, ...).
+
+    Args:
+      p_init: the initial share.
+      it: iteration (traced allowed).
+      n_iters: the attack's iterations.
+      rescale: map ``it`` to ``floor(it / n_iters * 10000)`` first (the paper's schedule is
+        defined for 10,000 iterations; the authors' ``p_selection`` and torchattacks' default
+        ``resc_schedule=True``); False: the raw ``it`` (AutoAttack's ``SquareAttack(...,
+        resc_schedule=False)``).
+    """
+    i = jnp.floor(it / n_iters * 10000) if rescale else jnp.asarray(it, jnp.float32)
     k = jnp.searchsorted(jnp.asarray(_SCHEDULE_AT, jnp.float32), i, side="left")
     return p_init / (2.0**k)
 
@@ -95,9 +130,10 @@ def l2_window_side(p, n_features: int, channels: int, max_side: int):
     return jnp.minimum(s, max_side)
 
 
-def _inv_square_table(n: int) -> np.ndarray:
-    """``T[m] = sum_{k=1}^{m} 1 / k^2`` for ``m = 0..n`` (float32 ``[n + 1]``)."""
-    return np.concatenate([[0.0], np.cumsum(1.0 / np.arange(1, n + 1) ** 2)]).astype(np.float32)
+def _inv_power_table(n: int, power: int = 2) -> np.ndarray:
+    """``T[m] = sum_{k=1}^{m} 1 / k^power`` for ``m = 0..n`` (float32 ``[n + 1]``; power 2: the
+    l2 pattern, 4: the l1 pattern)."""
+    return np.concatenate([[0.0], np.cumsum(1.0 / np.arange(1, n + 1) ** power)]).astype(np.float32)
 
 
 def _halves(a, b, s, table, xp=jnp):
@@ -118,16 +154,30 @@ def _halves(a, b, s, table, xp=jnp):
 
 
 @functools.cache
-def _half_norms(max_side: int) -> np.ndarray:
-    """l2 norms of the two unnormalised halves of ``eta(s)`` for ``s = 0..max_side``
-    (float32 ``[max_side + 1, 2]``), computed once on the host."""
-    table = _inv_square_table(max_side + 1)
+def _half_norms(max_side: int, power: int = 2, order: int = 2) -> np.ndarray:
+    """l``order`` norms of the two unnormalised halves of ``eta(s)`` (weights ``1 / k^power``) for
+    ``s = 0..max_side`` (float32 ``[max_side + 1, 2]``), computed once on the host."""
+    table = _inv_power_table(max_side + 1, power)
     g = np.arange(max_side)
     out = np.zeros((max_side + 1, 2), np.float32)
     for side in range(1, max_side + 1):
         v1, v2 = _halves(g[:, None], g[None, :], side, table, xp=np)
-        out[side] = np.sqrt(np.sum(v1 * v1)), np.sqrt(np.sum(v2 * v2))
+        out[side] = np.linalg.norm(v1.ravel(), ord=order), np.linalg.norm(v2.ravel(), ord=order)
     return out
+
+
+def _pattern(a, b, s, flip, max_side: int, power: int, order: int) -> jnp.ndarray:
+    """``eta(s)`` with weights ``1 / k^power``, halves and window of unit l``order`` norm."""
+    table = jnp.asarray(_inv_power_table(max_side + 1, power))
+    norms = jnp.asarray(_half_norms(max_side, power, order))  # [max_side + 1, 2], static
+    n1, n2 = norms[s, 0], norms[s, 1]
+    # both halves are unit vectors on disjoint supports: the window's l2 norm is sqrt(2) and its
+    # l1 norm 2, or 1 when s == 1 (no first half)
+    halves = (n1 > 0).astype(jnp.float32) + (n2 > 0).astype(jnp.float32)
+    total = jnp.sqrt(halves) if order == 2 else halves
+    aa, bb = jnp.where(flip, b, a), jnp.where(flip, a, b)
+    v1, v2 = _halves(aa, bb, s, table)
+    return (v1 / jnp.maximum(n1, _TINY) - v2 / jnp.maximum(n2, _TINY)) / total
 
 
 def centred_pattern(a, b, s, flip, max_side: int) -> jnp.ndarray:
@@ -150,15 +200,45 @@ def centred_pattern(a, b, s, flip, max_side: int) -> jnp.ndarray:
     Returns:
       float32 array of the broadcast shape of ``a, b, flip``.
     """
-    table = jnp.asarray(_inv_square_table(max_side + 1))
-    norms = jnp.asarray(_half_norms(max_side))  # [max_side + 1, 2], static
-    n1, n2 = norms[s, 0], norms[s, 1]
-    # both halves are unit vectors on disjoint supports: the window norm is
-    # sqrt(2), or 1 when s == 1 (no first half)
-    total = jnp.sqrt((n1 > 0).astype(jnp.float32) + (n2 > 0).astype(jnp.float32))
-    aa, bb = jnp.where(flip, b, a), jnp.where(flip, a, b)
-    v1, v2 = _halves(aa, bb, s, table)
-    return (v1 / jnp.maximum(n1, _TINY) - v2 / jnp.maximum(n2, _TINY)) / total
+    return _pattern(a, b, s, flip, max_side, 2, 2)
+
+
+def l1_centred_pattern(a, b, s, flip, max_side: int) -> jnp.ndarray:
+    """The l1 Square attack's window pattern ``eta_1(s)`` at local coordinates (AutoAttack's
+    ``square.py``, ``eta`` / ``eta_rectangles`` with ``norm == 'L1'``).
+
+    As :func:`centred_pattern` with the concentric rectangles weighted ``1 / k^4`` (value
+    ``sum_{k=d+1}^{s//2+1} 1/k^4`` at Chebyshev distance ``d`` from a half's centre), each half
+    scaled to unit l1 norm, the window to unit l1 norm (each half then carries 1/2).
+
+    Args:
+      a, b, s, flip, max_side: as :func:`centred_pattern`.
+
+    Returns:
+      float32 array of the broadcast shape of ``a, b, flip``, unit l1 norm over the window.
+    """
+    return _pattern(a, b, s, flip, max_side, 4, 1)
+
+
+def _tiles(key, shape, pattern) -> jnp.ndarray:
+    """The Square l2 / l1 initialisation's grid: tiles of side ``max(H // 5, 1)`` from row and
+    column ``max((H - 5 * side) // 2, 0)``, each ``pattern(side)`` (random transpose) times a
+    random sign per channel; zero outside the grid. ``[H, W, C]``, unscaled."""
+    H, W, C = shape
+    side = max(H // 5, 1)
+    start = max((H - 5 * side) // 2, 0)
+    nh, nw = H // side, W // side
+    u = jax.random.uniform(key, (nh, nw, 1 + C))
+    flips = u[..., 0] < 0.5
+    signs = jnp.where(u[..., 1:] < 0.5, -1.0, 1.0)
+    i = jnp.arange(H) - start
+    j = jnp.arange(W) - start
+    ti, tj = jnp.floor_divide(i, side), jnp.floor_divide(j, side)
+    valid = ((i >= 0) & (ti < nh))[:, None] & ((j >= 0) & (tj < nw))[None, :]
+    ti, tj = jnp.clip(ti, 0, nh - 1), jnp.clip(tj, 0, nw - 1)
+    a, b = (i - ti * side)[:, None], (j - tj * side)[None, :]
+    pat = pattern(a, b, side, flips[ti[:, None], tj[None, :]], max(side, 1))
+    return jnp.where(valid, pat, 0.0)[..., None] * signs[ti[:, None], tj[None, :]]
 
 
 def l2_init_perturbation(key, shape, eps) -> jnp.ndarray:
@@ -174,22 +254,25 @@ def l2_init_perturbation(key, shape, eps) -> jnp.ndarray:
     Returns:
       ``[H, W, C]`` float32 perturbation of l2 norm ``eps`` (0 if ``eps == 0``).
     """
-    H, W, C = shape
-    side = max(H // 5, 1)
-    start = max((H - 5 * side) // 2, 0)
-    nh, nw = H // side, W // side
-    u = jax.random.uniform(key, (nh, nw, 1 + C))
-    flips = u[..., 0] < 0.5
-    signs = jnp.where(u[..., 1:] < 0.5, -1.0, 1.0)
-    i = jnp.arange(H) - start
-    j = jnp.arange(W) - start
-    ti, tj = jnp.floor_divide(i, side), jnp.floor_divide(j, side)
-    valid = ((i >= 0) & (ti < nh))[:, None] & ((j >= 0) & (tj < nw))[None, :]
-    ti, tj = jnp.clip(ti, 0, nh - 1), jnp.clip(tj, 0, nw - 1)
-    a, b = (i - ti * side)[:, None], (j - tj * side)[None, :]
-    pat = centred_pattern(a, b, side, flips[ti[:, None], tj[None, :]], max(side, 1))
-    delta = jnp.where(valid, pat, 0.0)[..., None] * signs[ti[:, None], tj[None, :]]
+    delta = _tiles(key, shape, centred_pattern)
     return delta * (eps / jnp.maximum(jnp.sqrt(jnp.sum(delta * delta)), _TINY))
+
+
+def l1_init_perturbation(key, shape) -> jnp.ndarray:
+    """The l1 initialisation's perturbation before projection (AutoAttack's ``square.py``,
+    ``norm == 'L1'``): the l2 grid of tiles, each ``eta_1(side)`` (:func:`l1_centred_pattern`,
+    random transpose) times a random sign per channel, NOT rescaled: every tile and channel
+    carries l1 mass 1. The attack starts from its projection onto the l1 ball ∩ box around
+    ``x0`` (``project(x0 + delta, x0, eps, 1)``).
+
+    Args:
+      key: PRNG key.
+      shape: ``(H, W, C)``.
+
+    Returns:
+      ``[H, W, C]`` float32 perturbation of l1 norm ``C * (number of tiles)``.
+    """
+    return _tiles(key, shape, l1_centred_pattern)
 
 
 def _uniform_int(u, n):
@@ -264,6 +347,72 @@ def l2_proposal(key, x, x0, eps, p, box=(0.0, 1.0)) -> jnp.ndarray:
     return jnp.clip(G.add_within(x0, d), box[0], box[1])
 
 
+def l1_window_update(delta, r1, c1, r2, c2, s, flip, sign, eps, max_side: int) -> jnp.ndarray:
+    """The l1 Square update for given windows and draws, one example (AutoAttack's
+    ``square.py``, ``attack_single_run`` with ``norm == 'L1'``).
+
+    Per channel, window W1 (top-left ``(r1, c1)``, side ``s``) becomes ``eta_1(s) * sign +
+    delta_W1 / ||delta_W1||_1``, rescaled to l1 mass ``C (max(eps - ||delta||_1, 0) / C +
+    ||delta_{W1 ∪ W2}||_1)`` (norms per channel except the whole image's ``||delta||_1``; the
+    factor ``C`` is the reference's); W2 (top-left ``(r2, c2)``) outside W1 is zeroed. No
+    projection here: :func:`l1_proposal` projects onto the l1 ball ∩ box.
+
+    Args:
+      delta: ``[H, W, C]`` current perturbation ``x - x0``.
+      r1, c1, r2, c2: scalar ints, window corners (``0 <= r <= H - s``).
+      s: scalar int window side.
+      flip: scalar bool, transpose ``eta_1``.
+      sign: ``[C]`` in ``{-1, 1}``.
+      eps: scalar radius.
+      max_side: static bound on ``s``.
+
+    Returns:
+      ``[H, W, C]`` the new perturbation (its l1 norm can exceed ``eps`` before the projection).
+    """
+    H, W, C = delta.shape
+    ii = jnp.arange(H)[:, None]
+    jj = jnp.arange(W)[None, :]
+    w1 = ((ii >= r1) & (ii < r1 + s) & (jj >= c1) & (jj < c1 + s))[..., None]  # [H, W, 1]
+    w2 = ((ii >= r2) & (ii < r2 + s) & (jj >= c2) & (jj < c2 + s))[..., None]
+    ad = jnp.abs(delta)
+    norm_img = jnp.sum(ad)
+    norm_w1 = jnp.sum(jnp.where(w1, ad, 0.0), axis=(0, 1))  # [C]
+    norm_union = jnp.sum(jnp.where(w1 | w2, ad, 0.0), axis=(0, 1))  # [C]
+    pat = l1_centred_pattern(ii - r1, jj - c1, s, flip, max_side)[..., None]  # [H, W, 1]
+    new = jnp.where(w1, pat * sign + delta / (norm_w1 + _TINY), 0.0)
+    new_norm = jnp.sum(jnp.abs(new), axis=(0, 1))  # [C]
+    mass = (jnp.maximum(eps - norm_img, 0.0) / C + norm_union) * C
+    new = new * (mass / jnp.maximum(new_norm, _TINY))
+    return jnp.where(w1, new, jnp.where(w2, 0.0, delta))
+
+
+def l1_proposal(key, x, x0, eps, p, box=(0.0, 1.0)) -> jnp.ndarray:
+    """One l1 Square proposal for one example: random windows (the l2 side rule,
+    :func:`l2_window_side`), transpose and signs, :func:`l1_window_update`, then the projection
+    onto ``{x' : ||x' - x0||_1 <= eps} ∩ box``.
+
+    Args:
+      key: PRNG key.
+      x: ``[H, W, C]`` current point (inside the l1 ball of ``x0`` and the box).
+      x0: ``[H, W, C]`` clean input.
+      eps: scalar radius.
+      p: scalar area share from :func:`p_schedule`.
+      box: element bounds.
+
+    Returns:
+      ``[H, W, C]`` the proposed point, ``||. - x0||_1 <= eps`` and inside the box.
+    """
+    H, W, C = x0.shape
+    max_side = max(min(H, W) - 1, 1)
+    s = l2_window_side(p, H * W * C, C, max_side)
+    u = jax.random.uniform(key, (6 + C,))
+    r1, c1, r2, c2 = (_uniform_int(u[i], n) for i, n in enumerate((H - s + 1, W - s + 1, H - s + 1, W - s + 1)))
+    flip = u[4] < 0.5
+    sign = jnp.where(u[6:] < 0.5, -1.0, 1.0)
+    d = l1_window_update(x - x0, r1, c1, r2, c2, s, flip, sign, eps, max_side)
+    return G.project(G.add_within(x0, d), x0, eps, 1.0, box)
+
+
 class SquareConfig(NamedTuple):
     apply: Callable
     n_queries: int
@@ -271,6 +420,7 @@ class SquareConfig(NamedTuple):
     targeted: bool
     box: tuple
     p: float = math.inf
+    rescale: bool = True
 
 
 def _score(targeted):
@@ -299,8 +449,8 @@ def _evaluate(cfg: SquareConfig):
 
 
 def init(cfg: SquareConfig, params, problem: Problem) -> SquareState:
-    """Clean evaluation (M queries) and the initialisation (stripes / l2 tiles, or the warm start
-    projected onto ball ∩ box; M queries): per sample ``fold_in(fold_in(key, sample_id), 0)``."""
+    """Clean evaluation (M queries) and the initialisation (linf stripes, l2 tiles, l1 tiles projected, or the
+    warm start projected onto ball ∩ box; M queries): per sample ``fold_in(fold_in(key, sample_id), 0)``."""
     x0, ref, mask, eps, cap = problem.x0, problem.ref, problem.mask, problem.eps, problem.cap
     lo, hi = cfg.box
     B, M = ref.shape
@@ -316,8 +466,10 @@ def init(cfg: SquareConfig, params, problem: Problem) -> SquareState:
         if cfg.p == math.inf:
             stripes = jnp.where(jax.random.uniform(k, (1, W, C)) < 0.5, -1.0, 1.0)
             x = jnp.clip(G.add_within(x0, eps * stripes), lo, hi)
-        else:
+        elif cfg.p == 2.0:
             x = jnp.clip(G.add_within(x0, l2_init_perturbation(k, (H, W, C), eps)), lo, hi)
+        else:  # l1: the unscaled tiles projected onto the l1 ball ∩ box (AutoAttack, norm L1)
+            x = G.project(G.add_within(x0, l1_init_perturbation(k, (H, W, C))), x0, eps, 1.0, cfg.box)
         warm = G.project(xi, x0, eps, cfg.p, cfg.box)
         return jnp.where(problem.has_init, warm, x)
 
@@ -345,7 +497,7 @@ def step(cfg: SquareConfig, s: SquareState, params) -> SquareState:
     n_sel = jnp.sum(mask > 0, axis=1).astype(jnp.int32)
 
     def propose_linf(k, x, x0, eps, it):
-        p = p_schedule(cfg.p_init, it, cfg.n_queries)
+        p = p_schedule(cfg.p_init, it, cfg.n_queries, cfg.rescale)
         side = jnp.clip(jnp.round(jnp.sqrt(p * n_feat / C)), 1, H - 1).astype(jnp.int32)
         u = jax.random.uniform(k, (2 + C,))
         rh = _uniform_int(u[0], H - side + 1)
@@ -358,9 +510,12 @@ def step(cfg: SquareConfig, s: SquareState, params) -> SquareState:
         return jnp.clip(jnp.clip(xn, x0 - eps, x0 + eps), lo, hi)
 
     def propose_l2(k, x, x0, eps, it):
-        return l2_proposal(k, x, x0, eps, p_schedule(cfg.p_init, it, cfg.n_queries), cfg.box)
+        return l2_proposal(k, x, x0, eps, p_schedule(cfg.p_init, it, cfg.n_queries, cfg.rescale), cfg.box)
 
-    propose = propose_linf if cfg.p == math.inf else propose_l2
+    def propose_l1(k, x, x0, eps, it):
+        return l1_proposal(k, x, x0, eps, p_schedule(cfg.p_init, it, cfg.n_queries, cfg.rescale), cfg.box)
+
+    propose = {math.inf: propose_linf, 2.0: propose_l2, 1.0: propose_l1}[cfg.p]
     done = s.ev.n_fooled >= n_sel
     active = ~done & (n_sel > 0) & Q.allowed(s.count, M, cap)
     kt = jax.vmap(lambda k: jax.random.fold_in(k, it + 1))(sample_keys(pr))
@@ -403,20 +558,24 @@ def make_square(
     targeted: bool = False,
     box=(0.0, 1.0),
     audit: bool = True,
+    rescale_schedule: bool = True,
 ) -> AttackFn:
-    """Square attack (linf or l2), the black-box member of the suite.
+    """Square attack (linf, l2 or l1), the black-box member of the suite.
 
     Args:
       apply: ``apply(params, x [B, H, W, C]) -> logits [M, B, C]`` (or ``[B, C]``).
-      norm: ``"linf"`` or ``"l2"`` (see the module docstring for each variant).
+      norm: ``"linf"``, ``"l2"`` or ``"l1"`` (see the module docstring for each variant).
       eps: default radius (scalar or ``[B]``).
       n_queries: iterations (one forward of every member each; 5,000 per
         AutoAttack's Square configuration).
-      p_init: initial window area share (0.8, AutoAttack's setting for linf
-        and l2; the authors' repository suggests 0.05 / 0.1 for undefended
-        ImageNet models).
+      p_init: initial window area share (0.8, AutoAttack's setting for every norm,
+        ``SquareAttack(p_init=.8)`` in ``autoattack.py``; the authors' repository suggests
+        0.05 / 0.1 for undefended ImageNet models).
       targeted: minimise cross-entropy to ``ref`` instead of the margin of ``ref``.
       box, audit: as in :func:`sarjax.attacks.pgd.make_pgd`.
+      rescale_schedule: rescale the ``p`` schedule (defined for 10,000 iterations) to
+        ``n_queries`` (True: the authors' ``p_selection`` and torchattacks' default); AutoAttack
+        runs its Square with False (:func:`p_schedule`).
 
     Returns:
       An AttackFn (as :func:`sarjax.attacks.pgd.make_pgd`):
@@ -427,19 +586,24 @@ def make_square(
       initialisation, then every iteration while the sample is active).
 
     Raises:
-      ValueError: for a norm other than linf / l2, ``n_queries < 1`` or
+      ValueError: for a norm other than linf / l2 / l1, ``n_queries < 1`` or
         ``p_init`` outside ``(0, 1]``.
+      TypeError: ``rescale_schedule`` not a bool.
     """
     p = canonical_norm(norm)
-    if p not in (math.inf, 2.0):
-        raise ValueError(f"Square attack supports norm 'linf' or 'l2', got {norm!r}")
+    if p not in (math.inf, 2.0, 1.0):
+        raise ValueError(f"Square attack supports norm 'linf', 'l2' or 'l1', got {norm!r}")
+    if not isinstance(rescale_schedule, bool):
+        raise TypeError(f"rescale_schedule must be a bool, got {rescale_schedule!r}")
     n_queries = V.check_positive_int("n_queries", n_queries)
     if not 0.0 < p_init <= 1.0:
         raise ValueError(f"p_init must be in (0, 1], got {p_init!r}")
-    cfg = SquareConfig(apply, n_queries, float(p_init), bool(targeted), tuple(float(b) for b in box), p)
+    cfg = SquareConfig(
+        apply, n_queries, float(p_init), bool(targeted), tuple(float(b) for b in box), p, rescale_schedule
+    )
     return V.public(
         square_attack(cfg),
-        name="square" if p == math.inf else "square-l2",
+        name={math.inf: "square", 2.0: "square-l2", 1.0: "square-l1"}[p],
         p=p,
         default_eps=eps,
         box=box,

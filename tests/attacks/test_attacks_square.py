@@ -205,9 +205,9 @@ def test_square_l2_query_cap_is_exact_and_warm_start_is_projected():
 
 
 def test_square_rejects_unsupported_norms_and_parameters():
-    with pytest.raises(ValueError, match="linf' or 'l2"):
-        make_square(affine_apply, norm="l1")
-    with pytest.raises(ValueError, match="linf' or 'l2"):
+    with pytest.raises(ValueError, match="'linf', 'l2' or 'l1'"):
+        make_square(affine_apply, norm="l0")
+    with pytest.raises(ValueError, match="'linf', 'l2' or 'l1'"):
         make_square(affine_apply, norm=0)
     with pytest.raises(ValueError, match="p_init"):
         make_square(affine_apply, norm="l2", p_init=0.0)
