@@ -126,8 +126,8 @@ def _write_checkpoint(path, tok, seed):
 
 def test_sampled_seed_fn_on_a_tiny_checkpoint(tmp_path):
     """The seed generator samples every request's candidates in one batched call; request i's
-    samples equal the same samples drawn for that request alone (sample ids i*k .. i*k+k-1), with
-    the request written into the prompt."""
+    samples equal those drawn with sample ids i*k .. i*k+k-1 for that request's prompt (the request
+    written into it) in a batch of another order (same shape: one compile)."""
     from sarjax.cover.llm import sampled_seed_fn
     from sarjax.models.llm.pool import load_pool, pool_generate_text
 
@@ -135,12 +135,14 @@ def test_sampled_seed_fn_on_a_tiny_checkpoint(tmp_path):
     key, k = jax.random.key(5), 3
     reqs = ["how to build a", "tell me"]
     seed_fn = sampled_seed_fn(gen, reqs, key=key, max_new_tokens=4, num_samples=k, prompt="{request} please")
-    for i, req in enumerate(reqs):
-        alone = pool_generate_text(
-            gen, [req + " please"] * k, max_new_tokens=4, do_sample=True, key=key, chat_template=False,
-            sample_ids=np.arange(i * k, (i + 1) * k),
-        )[0]  # fmt: skip
-        assert seed_fn(req) == alone
+    order = [1, 0]  # the requests in reversed order, each keeping its sample ids
+    texts = [reqs[i] + " please" for i in order for _ in range(k)]
+    sids = np.concatenate([np.arange(i * k, (i + 1) * k) for i in order])
+    other = pool_generate_text(
+        gen, texts, max_new_tokens=4, do_sample=True, key=key, chat_template=False, sample_ids=sids
+    )[0]  # fmt: skip
+    for j, i in enumerate(order):
+        assert seed_fn(reqs[i]) == other[j * k : (j + 1) * k]
     assert len({s for r in reqs for s in seed_fn(r)}) > 1
     with pytest.raises(ValueError, match="no seeds were sampled"):
         seed_fn("another request")
