@@ -8,6 +8,20 @@ The narrative page (docs/cover.md) follows.
 .. include:: ../../docs/cover.md
 """
 
+# the submodules, so that the API reference has a page for each (pdoc follows __all__)
+from sarjax.cover import (  # noqa: E402
+    distributed,
+    exact,
+    greedy,
+    llm,
+    metrics,
+    plots,
+    result,
+    resume,
+    synthetic,
+    types,
+    vision,
+)
 from sarjax.cover.exact import (
     CoverCheck,
     ExactCover,
@@ -22,6 +36,17 @@ from sarjax.cover.synthetic import SetSystemOracle
 from sarjax.cover.types import Candidates, JointAttack, SingleAttack
 
 __all__ = [
+    "distributed",
+    "exact",
+    "greedy",
+    "llm",
+    "metrics",
+    "plots",
+    "result",
+    "resume",
+    "synthetic",
+    "types",
+    "vision",
     "Candidates",
     "CoverCheck",
     "ExactCover",

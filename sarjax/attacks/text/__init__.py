@@ -3,12 +3,14 @@
 attack protocol (state machines, query counting, a required key), model-agnostic through a
 :class:`~sarjax.attacks.text.core.TextModel` and member masks; :mod:`~sarjax.attacks.text.core`
 holds the request layout, the losses, the pool adapter and the threat-model audit;
-:mod:`~sarjax.attacks.text.autodan` is the black-box AutoDAN-style rewriting.
+:mod:`~sarjax.attacks.text.autodan` is the black-box AutoDAN-style rewriting;
+:mod:`~sarjax.attacks.text.beast_cross` is joint BEAST on pools whose members use different tokenizers.
 """
 
-from sarjax.attacks.text import autodan, beast, core, gcg
-from sarjax.attacks.text.autodan import make_autodan
+from sarjax.attacks.text import autodan, beast, beast_cross, core, gcg
+from sarjax.attacks.text.autodan import make_autodan, make_autodan_jit
 from sarjax.attacks.text.beast import make_beast, seed_suffixes
+from sarjax.attacks.text.beast_cross import CrossBEAST, CrossBEASTResult, make_cross_beast
 from sarjax.attacks.text.core import (
     TextAttackFn,
     TextAttackResult,
@@ -27,6 +29,8 @@ from sarjax.attacks.text.core import (
 from sarjax.attacks.text.gcg import JointGCG, JointGCGResult, make_gcg, make_joint_gcg
 
 __all__ = [
+    "CrossBEAST",
+    "CrossBEASTResult",
     "JointGCG",
     "JointGCGResult",
     "TextAttackFn",
@@ -37,12 +41,15 @@ __all__ = [
     "audit_text",
     "autodan",
     "beast",
+    "beast_cross",
     "core",
     "exchange_suffix",
     "gcg",
     "joint_loss",
     "llm_text_model",
     "make_autodan",
+    "make_autodan_jit",
+    "make_cross_beast",
     "make_beast",
     "make_gcg",
     "make_joint_gcg",
