@@ -28,48 +28,14 @@ import sys
 import tempfile
 import time
 
+# the torchvision guard and the tiny-Llama builder are shared with llm_throughput.py (same folder)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from llm_throughput import _build_members  # noqa: E402  (also hides a broken torchvision)
 
-def _hide_broken_torchvision():
-    """A torchvision built for another torch breaks transformers' lazy imports; hide it when broken."""
-    try:
-        import torchvision  # noqa: F401
-    except Exception:
-        for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
-            del sys.modules[name]
-        sys.modules["torchvision"] = None
-
-
-_hide_broken_torchvision()
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import jax
-import numpy as np
-
-
-def _build_members(m, layers, d, heads, kv_heads, ffn, vocab, tmp):
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=d,
-        intermediate_size=ffn,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        max_position_embeddings=512,
-    )
-    models, paths = [], []
-    for i in range(m):
-        torch.manual_seed(i)
-        mdl = LlamaForCausalLM(cfg).eval()
-        for p in mdl.parameters():
-            p.requires_grad_(False)
-        path = os.path.join(tmp, f"m{i}")
-        mdl.save_pretrained(path)
-        models.append(mdl)
-        paths.append(path)
-    return models, paths
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
 
 
 def _torch_gcg(models, before, after, target, suffix0, steps, topk, nc, seed, cache=True):

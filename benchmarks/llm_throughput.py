@@ -62,6 +62,8 @@ def _build_members(m, layers, d, heads, kv_heads, ffn, vocab, tmp):
     for i in range(m):
         torch.manual_seed(i)
         mdl = LlamaForCausalLM(cfg).eval()
+        for w in mdl.parameters():  # inference and input gradients only: no parameter gradients
+            w.requires_grad_(False)
         p = os.path.join(tmp, f"m{i}")
         mdl.save_pretrained(p)
         models.append(mdl)
