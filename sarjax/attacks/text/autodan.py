@@ -660,7 +660,7 @@ class AutoDANTokenResult(NamedTuple):
     attacker_calls: Any
 
 
-def _ids(t):
+def _ids(t) -> Any:
     import jax.numpy as jnp
 
     return jnp.asarray(tuple(t), jnp.int32).reshape(-1)
@@ -1028,7 +1028,7 @@ class AutoDANTokenFn:
         if mk.ndim == 1 and mk.shape == (m,):
             mk = np.broadcast_to(mk[None], (b, m))
         if mk.shape != (b, m):
-            raise ValueError(f"{self.name}: mask must be [M={m}] or [B={b}, M={m}], got shape {np.shape(mask)}")
+            raise ValueError(f"{self.name}: mask must be [M={m}] or [B={b}, M={m}], got shape {mk.shape}")
         sid = np.arange(b) if sample_ids is None else np.asarray(sample_ids)
         if sid.shape != (b,) or not np.issubdtype(sid.dtype, np.integer) or np.any(sid < 0):
             raise ValueError(f"{self.name}: sample_ids must be [B={b}] non-negative ints, got {sample_ids!r}")
