@@ -85,13 +85,24 @@ def harmbench_judge_fn(classifier: Any, contexts: Sequence[str] | None = None) -
 
     Returns:
       ``judge(behaviors [N], generations [N]) -> [N] bool``: True where the classifier says
-      "yes" (an unparsed answer counts as not broken, as HarmBench scores it).
+      "yes" (an unparsed answer counts as not broken, as HarmBench scores it). When the classifier
+      has ``scores`` (:meth:`sarjax.judges.HarmBenchClassifier.scores`), the judge carries
+      ``judge.scores(behaviors, generations) -> (broken [N] bool, P(Yes) [N])``, the confidence
+      AutoDAN ranks by.
     """
 
     def judge(behaviors: Sequence[str], generations: Sequence[str]) -> np.ndarray:
         ctx = None if contexts is None else [contexts[i % len(contexts)] for i in range(len(behaviors))]
         return np.asarray(classifier(list(behaviors), list(generations), ctx)) == 1
 
+    if hasattr(classifier, "scores"):  # AutoDAN ranks by the classifier's own P(Yes) (judge_labels prefers it)
+
+        def scores(behaviors: Sequence[str], generations: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+            ctx = None if contexts is None else [contexts[i % len(contexts)] for i in range(len(behaviors))]
+            labels, conf = classifier.scores(list(behaviors), list(generations), ctx)
+            return np.asarray(labels) == 1, np.asarray(conf)
+
+        judge.scores = scores  # type: ignore[attr-defined]
     judge.name = "harmbench"  # type: ignore[attr-defined]
     return judge
 

@@ -334,3 +334,28 @@ def test_pool_llm_sar_with_a_seed_generator(tmp_path):
     prompts = [i["prompt"] for s in rep["samples"] for i in s["inputs"]]
     assert all(" x y " in p for p in prompts)
     assert rep["asr"] is not None and run.result.sar.shape == (2, 2)
+
+
+def test_harmbench_judge_fn_carries_the_classifiers_confidence():
+    """With a classifier that has ``scores`` (HarmBench's P(Yes)), the LLM SAR judge carries it and
+    AutoDAN's ``judge_generations`` ranks by it; labels -1 (unparsed) count as not broken."""
+    from sarjax.attacks.text.autodan import judge_generations
+    from sarjax.cover.llm import harmbench_judge_fn
+
+    class Fake:
+        def __call__(self, behaviors, generations, contexts=None):
+            return np.array([1, 0, -1])
+
+        def scores(self, behaviors, generations, contexts=None):
+            return np.array([1, 0, -1]), np.array([0.9, 0.2, 0.4])
+
+    judge = harmbench_judge_fn(Fake())
+    np.testing.assert_array_equal(judge(["b"] * 3, ["g"] * 3), [True, False, False])
+    broken, conf = judge.scores(["b"] * 3, ["g"] * 3)
+    np.testing.assert_array_equal(broken, [True, False, False])
+    np.testing.assert_allclose(conf, [0.9, 0.2, 0.4])
+    b2, c2 = judge_generations(judge, ["b"] * 3, ["g"] * 3)
+    np.testing.assert_array_equal(b2, [True, False, False])
+    np.testing.assert_allclose(c2, [0.9, 0.2, 0.4])
+    plain = harmbench_judge_fn(lambda b, g, c=None: np.array([1, 0, -1]))  # no scores: no confidence attached
+    assert not hasattr(plain, "scores")
