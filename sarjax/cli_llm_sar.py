@@ -26,7 +26,7 @@ def register(sub) -> None:
         "llm-sar",
         help="SAR_{1-delta} of a pool of local LLM checkpoints on HarmBench behaviors (joint BEAST / GCG / AutoDAN)",
         description="Greedy SAR of a pool of local Hugging Face decoder checkpoints (members may use different "
-        "tokenizers with beast and gcg) on "
+        "tokenizers, with every attack) on "
         "HarmBench behaviors: deterministic decoding for judgement, members that comply with the unmodified "
         "request counted as broken without an attack (reported), the cover module's greedy with the fallback, "
         "every delta from one run, resumable (fingerprint rule). Writes OUT/llm_sar.json and OUT/llm_sar.png.",

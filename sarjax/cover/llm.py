@@ -13,7 +13,10 @@ The adapter sees the pool through three host callables, so any model family, att
 - ``attack(params, batch, mask [B, M], key, **attack_kwargs) -> result`` with ``ids, mask [B, T]``
   (the whole attacked prompt; holes allowed), ``member_loss [B, M]`` (minimised by the attacker)
   and ``queries [B]``: a :class:`~sarjax.attacks.text.core.TextAttackFn` (joint BEAST, joint GCG)
-  or the AutoDAN-style rewriter (:mod:`sarjax.attacks.text.autodan`);
+  or the AutoDAN-style rewriter (:mod:`sarjax.attacks.text.autodan`). A result that carries
+  ``broken [B, M]`` (AutoDAN: its own judgement of every member on the recorded rewrite, each in
+  its own tokens) is taken as the coverage; other results are judged through ``respond``. A batch
+  with ``judge_clean(judge, behaviors)`` (AutoDAN's) judges the unmodified requests itself;
 - ``respond(ids [N, T], mask [N, T]) -> [M][N] str``: every member's greedy response
   (:class:`PoolResponder` for sarjax decoder pools);
 - ``judge(behaviors [N], generations [N]) -> [N] bool``: True = the response complies (broken):
@@ -273,14 +276,20 @@ def judge_members(respond: Respond, judge: Judge, behaviors: Sequence[str], ids:
       respond: see the module docstring; judge: idem.
       behaviors: ``[N]`` the request each row stands for (the judge's context).
       ids, mask: ``[N, T]`` prompts.
+
+    The judge's labels are bools, or integers broken only when 1 (HarmBench's -1, an unparsed
+    answer, is not broken; :func:`~sarjax.attacks.text.autodan.judge_labels`); another dtype or
+    length raises.
     """
+    from sarjax.attacks.text.autodan import judge_labels
+
     gens = respond(ids, mask)
     n = np.shape(ids)[0]
     cols = []
     for m, g in enumerate(gens):
         if len(g) != n:
             raise ValueError(f"respond returned {len(g)} generations for member {m}, expected {n}")
-        cols.append(np.asarray(judge(list(behaviors), list(g)), bool).reshape(n))
+        cols.append(judge_labels(judge(list(behaviors), list(g)), n))
     return np.stack(cols, axis=1), gens
 
 
@@ -355,7 +364,13 @@ def make_llm_oracles(
             call_mask = np.where(todo[:, None], mask, False)
             res = fn(params, batch, np.asarray(call_mask, np.float32), jax.random.fold_in(base, c), **kw, **ids_kw)
             pid, pm = _prompt_ids(res)
-            broken, _ = judge_members(respond, judge, behaviors, pid, pm)
+            judged = getattr(res, "broken", None)
+            if judged is not None:  # the attack judged its own output (AutoDAN: every member, own tokens)
+                broken = np.asarray(judged, bool)
+                if broken.shape != (b, m):
+                    raise ValueError(f"the attack's broken must be [B={b}, M={m}], got shape {broken.shape}")
+            else:
+                broken, _ = judge_members(respond, judge, behaviors, pid, pm)
             xs = np.where(pm.astype(bool), pid, -1).astype(np.int64)
             if x is None:
                 x = np.full_like(xs, -1)
@@ -558,8 +573,11 @@ def run_llm_sar(
         clean_broken = np.asarray(saved["broken"], bool)
         clean_gens = saved["generations"]
     else:
-        cids, cmask = _clean_prompts(batch)
-        clean_broken, clean_gens = judge_members(respond, judge, behaviors, cids, cmask)
+        if hasattr(batch, "judge_clean"):  # each member on its own rendering (AutoDAN's batch)
+            clean_broken, clean_gens = batch.judge_clean(judge, behaviors)
+        else:
+            cids, cmask = _clean_prompts(batch)
+            clean_broken, clean_gens = judge_members(respond, judge, behaviors, cids, cmask)
         if clean_path is not None:
             clean_path.write_text(json.dumps({"broken": clean_broken.tolist(), "generations": clean_gens}))
     single_runs = None
@@ -921,7 +939,10 @@ def pool_llm_sar(
         rotating; BEAST: :func:`~sarjax.attacks.text.beast_cross.make_cross_beast`, the first
         stack's tokenizer proposing), every member renders, scores and answers in its own tokens
         (:class:`PoolResponder`), and the recorded prompts are the first stack's ids.
-        ``"autodan"`` needs one tokenizer (ValueError otherwise).
+        ``"autodan"`` works on both: with several tokenizers each stack renders the rewritten
+        request in its own tokenizer and chat template (and the unmodified request for the
+        clean judgement), and a candidate's coverage is AutoDAN's own judgement of every member
+        (:func:`~sarjax.attacks.text.autodan.autodan_llm_sar_parts`).
       behaviors: ``[B]`` requests (HarmBench behaviors).
       deltas: allowed uncovered shares.
       key: PRNG key (required).
@@ -937,7 +958,9 @@ def pool_llm_sar(
       system: optional system message of the chat template.
       out: directory for the checkpoint, ``llm_sar.json`` and ``llm_sar.png`` (None: nothing written).
       overwrite, progress: see :func:`run_llm_sar`.
-      attacker: AutoDAN's attacker (see :func:`sarjax.attacks.text.autodan.make_autodan`).
+      attacker: AutoDAN's attacker: an LLM pool whose first member rewrites (None: the target
+        pool's first member; see :func:`sarjax.attacks.text.autodan.make_autodan`) or a proposer
+        ``propose(anchors, key, sample_ids) -> rewrites``.
       seed_fn: BEAST's warm start: ``seed_fn(request) -> suffix texts`` (papers/000 uses
         AmpleGCG; any callable); every call starts its beams from the first ``seed_tokens``
         tokens (20, papers/000 Table 2) of the first usable candidate
@@ -958,12 +981,6 @@ def pool_llm_sar(
     if None in fps:
         raise ValueError(f"pool_llm_sar: every stack needs a tokenizer, stack {fps.index(None)} has none")
     mixed = len(set(fps)) > 1
-    if mixed and attack == "autodan":
-        raise ValueError(
-            f"pool_llm_sar: attack='autodan' on a pool with {len(set(fps))} tokenizers is not supported yet (the "
-            "AutoDAN evaluator renders the rewritten requests in the first stack's ids); use attack='beast' or "
-            "'gcg', or a pool with one tokenizer"
-        )
     tok = pool.stacks[0].tokenizer
     judge = judge or refusal_judge_fn()
     respond = PoolResponder(
@@ -975,7 +992,9 @@ def pool_llm_sar(
 
         params = pool.stacks[0].params if len(pool.stacks) == 1 else tuple(s.params for s in pool.stacks)
         st = {**(settings or {})}
-        fn, batch, kw, calls, st = autodan_llm_sar_parts(pool, behaviors, respond, judge, attacker, st, system)
+        fn, batch, kw, calls, st = autodan_llm_sar_parts(
+            pool, behaviors, respond, judge, attacker, st, system, response_tokens=max_new_tokens
+        )
     else:
         st = {**ATTACK_DEFAULTS[attack], **(settings or {})}
         unknown = set(st) - set(ATTACK_DEFAULTS[attack]) - {"candidates", "temperature"}

@@ -118,3 +118,51 @@ def test_an_id_level_responder_needs_one_tokenizer(pools):
         PoolEvaluator(mixed, lambda ids, mask: [], _judge, 24)
     with pytest.raises(ValueError, match="one per stack"):
         PoolEvaluator(mixed, None, _judge, [24])
+
+
+def test_llm_sar_autodan_on_a_mixed_tokenizer_pool(pools, monkeypatch):
+    """``pool_llm_sar(attack="autodan")`` on a pool with two tokenizers: the clean judgement is
+    each member's answer to ITS OWN rendering of the request (equal to each tokenizer group's
+    evaluator alone), every candidate's coverage is AutoDAN's judgement of every member in its
+    own tokens (equal to the groups' evaluators alone on the rewrite), and every member the greedy
+    covered in round r is broken by a candidate of that round."""
+    from sarjax.attacks.text import autodan as ad
+    from sarjax.cover.llm import pool_llm_sar
+
+    mixed, pa, pb = pools
+    seen = []
+    call = ad.AutoDANAttack.__call__
+
+    def recording(self, *a, **kw):
+        res = call(self, *a, **kw)
+        seen.append(res)
+        return res
+
+    monkeypatch.setattr(ad.AutoDANAttack, "__call__", recording)
+
+    def propose(anchors, key, sample_ids):  # deterministic stub attacker
+        words = ["please", "sure", "now", "the answer"]
+        return [f"{a} {words[int(s) % 4]}" for a, s in zip(anchors, sample_ids)]
+
+    reqs = TEXTS[:2]
+    run, report = pool_llm_sar(
+        mixed, reqs, (0.0, 0.5), key=jax.random.key(0), attack="autodan", judge=_judge, attacker=propose,
+        settings={"proposals": 4, "anchors": 1, "num_steps": 1}, max_new_tokens=RESPONSE, with_asr=False,
+    )  # fmt: skip
+    alone = [PoolEvaluator(p, None, _judge, 24, response_tokens=RESPONSE) for p in (pa, pb)]
+    clean = np.concatenate([a(reqs, reqs)[0] for a in alone], axis=1)
+    res = run.result
+    np.testing.assert_array_equal(res.clean_broken, clean)
+    assert run.clean_generations == alone[0].responses(reqs) + alone[1].responses(reqs)
+    assert seen and report["settings"]["tokenizers"] == 2
+    for r in seen:  # each candidate judged per member in its own tokens
+        want = np.concatenate([a(r.texts, reqs)[0] for a in alone], axis=1)
+        np.testing.assert_array_equal(r.broken, want)
+    for b in range(2):
+        for j in range(mixed.size):
+            rnd = res.covered_round[b, j]
+            if rnd >= 0:
+                assert any(r.broken[b, j] for r in seen), (b, j)
+        np.testing.assert_array_equal(res.covered[b], clean[b] | res.covered[b])
+    assert (res.covered_round >= 0).any(), res.covered_round  # the round check above is not vacuous
+    assert res.num_rounds >= 1

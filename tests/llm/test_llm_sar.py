@@ -226,7 +226,7 @@ def test_llm_sar_greedy_on_a_mixed_tokenizer_pool_equals_the_set_system_oracle()
 
 
 def test_mixed_responder_input_errors():
-    from sarjax.cover.llm import PoolResponder, pool_llm_sar
+    from sarjax.cover.llm import PoolResponder
 
     resp, _, prompt, _ = _mixed_setup()
     ids, mask = prompt(np.array([0, -1, 2, 3]))
@@ -240,8 +240,6 @@ def test_mixed_responder_input_errors():
         PoolResponder(resp.pool)
     with pytest.raises(ValueError, match="eos_id is one tokenizer's"):
         PoolResponder(resp.pool, requests=MIXED_REQUESTS, eos_id=2)
-    with pytest.raises(ValueError, match="attack='autodan' on a pool with 2 tokenizers is not supported"):
-        pool_llm_sar(resp.pool, MIXED_REQUESTS, (0.0,), key=jax.random.key(0), attack="autodan")
 
 
 def test_calls_rerun_only_unbroken_requests_and_sum_queries():
@@ -359,3 +357,65 @@ def test_harmbench_judge_fn_carries_the_classifiers_confidence():
     np.testing.assert_allclose(c2, [0.9, 0.2, 0.4])
     plain = harmbench_judge_fn(lambda b, g, c=None: np.array([1, 0, -1]))  # no scores: no confidence attached
     assert not hasattr(plain, "scores")
+
+
+def test_an_attack_that_judges_itself_sets_the_coverage_and_the_clean_judgement():
+    """AutoDAN's contract with the adapter: a result carrying ``broken [B, M]`` IS the coverage,
+    and a batch with ``judge_clean`` judges the unmodified requests, so ``respond`` is never called
+    (with several tokenizers it could not read AutoDAN's rewritten prompts). On the planted set
+    system the greedy must equal greedy_sar on the oracle; a wrongly shaped ``broken`` raises."""
+
+    class JudgedBatch:
+        def __init__(self):
+            self.calls = 0
+
+        def judge_clean(self, judge, behaviors):
+            assert list(behaviors) == BEHAVIORS
+            self.calls += 1
+            return CLEAN.copy(), [["clean"] * B for _ in range(M)]
+
+    oracle = SetSystemOracle(SETS)
+
+    def attack(params, batch, mask, key, **kw):
+        del params, batch, key, kw
+        mk = np.asarray(mask) > 0
+        one = mk.sum(1) == 1  # the fallback's one-member masks
+        c = oracle.single(np.argmax(mk, axis=1), mk.any(axis=1), 0) if one[mk.any(1)].all() else oracle.joint(mk, 0)
+        res = _Res(*_prompt(c.x_adv[:, 0]), -c.objective, c.queries)
+        res.broken = c.covered | CLEAN  # every member's judgement of the picked candidate
+        return res
+
+    def respond(ids, mask):
+        raise AssertionError("respond must not be called when the attack judges itself")
+
+    batch = JudgedBatch()
+    run = run_llm_sar(
+        attack, None, batch, BEHAVIORS, respond, refusal_judge_fn(), (0.0, 0.5), key=jax.random.key(0),
+        num_members=M,
+    )  # fmt: skip
+    assert batch.calls == 1
+    ref_oracle = SetSystemOracle(SETS)
+    ref = greedy_sar(ref_oracle.joint, ref_oracle.single, CLEAN, (0.0, 0.5))
+    for f in ("sar", "k_hat", "reached", "covered", "unbreakable", "fallback", "recorded"):
+        np.testing.assert_array_equal(getattr(run.result, f), getattr(ref, f), err_msg=f)
+    assert run.result.fallback.any() and run.result.covered.any()
+
+    def bad(params, batch, mask, key, **kw):
+        res = attack(params, batch, mask, key)
+        res.broken = res.broken[:, :-1]
+        return res
+
+    joint, _ = make_llm_oracles(
+        bad, None, batch, BEHAVIORS, respond, refusal_judge_fn(), jax.random.key(0), num_members=M
+    )
+    with pytest.raises(ValueError, match=r"broken must be \[B=4, M=6\]"):
+        joint(~CLEAN, 0)
+
+
+def test_judge_members_reads_integer_labels_as_harmbench_does():
+    """Integer labels: 1 broken, 0 and -1 (HarmBench's unparsed answer) not; floats raise."""
+    ids, mask = _prompt(np.full(B, -1))
+    ints = judge_members(_respond, lambda b, g: np.array([1, 0, -1, 1]), BEHAVIORS, ids, mask)[0]
+    np.testing.assert_array_equal(ints, np.tile([[True], [False], [False], [True]], (1, M)))
+    with pytest.raises(TypeError, match="bool or integer labels"):
+        judge_members(_respond, lambda b, g: np.array([0.9, 0.1, 0.2, 0.3]), BEHAVIORS, ids, mask)

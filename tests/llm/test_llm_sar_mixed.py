@@ -165,12 +165,13 @@ def test_cli_seed_generator_needs_beast(tmp_path, capsys):
 @pytest.mark.skipif(
     not FULL,
     reason="SARJAX_LLM_FULL=1: sarjax llm-sar end to end on a mixed-tokenizer pool (beast with a seed generator, "
-    "gcg), compiles decoding and both attacks; the default tests cover the pieces: "
+    "gcg, autodan), compiles decoding and the attacks; the default tests cover the pieces: "
     "test_mixed_responder_equals_each_tokenizer_groups_responder_alone, "
+    "test_llm_sar_autodan_on_a_mixed_tokenizer_pool, "
     "test_cross_beast_joint_objective_and_exact_queries, test_sampled_seed_fn_on_a_tiny_checkpoint, "
     "test_llm_sar_greedy_on_a_mixed_tokenizer_pool_equals_the_set_system_oracle",
 )
-@pytest.mark.parametrize("attack", ["beast", "gcg"])
+@pytest.mark.parametrize("attack", ["beast", "gcg", "autodan"])
 def test_llm_sar_cli_on_a_mixed_tokenizer_pool(tmp_path, attack):
     import json
 
@@ -184,10 +185,12 @@ def test_llm_sar_cli_on_a_mixed_tokenizer_pool(tmp_path, attack):
     csv.write_text("Behavior,FunctionalCategory,SemanticCategory,Tags,ContextString,BehaviorID\n" + rows)
     out = tmp_path / "out"
     argv = ["llm-sar", "--pool", *dirs, "--behaviors", str(csv), "--attack", attack, "--out", str(out),
-            "--suffix-len", "2", "--max-queries", "60", "--calls", "1", "--max-new-tokens", "3", "--no-progress"]  # fmt: skip
-    argv += (
-        ["--beam-width", "2", "--seed-generator", gen, "--seed-tokens", "1"] if attack == "beast" else ["--steps", "2"]
-    )
+            "--max-queries", "60", "--calls", "1", "--max-new-tokens", "3", "--no-progress"]  # fmt: skip
+    argv += {
+        "beast": ["--suffix-len", "2", "--beam-width", "2", "--seed-generator", gen, "--seed-tokens", "1"],
+        "gcg": ["--suffix-len", "2", "--steps", "2"],
+        "autodan": ["--steps", "1", "--proposals", "2"],  # the first member (tokenizer A) rewrites
+    }[attack]
     assert main(argv) == 0
     rep = json.loads((out / "llm_sar.json").read_text())
     assert rep["settings"]["tokenizers"] == 2 and rep["asr"] is not None and (out / "llm_sar.png").exists()

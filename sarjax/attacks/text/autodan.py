@@ -212,16 +212,37 @@ class AutoDANAttack:
 
 
 class AutoDANBatch:
-    """Requests for :class:`AutoDANAttack` inside :func:`sarjax.cover.llm.run_llm_sar`: the texts
-    plus the unmodified prompts (``clean_prompts() -> (ids [B, T], mask [B, T])``) for the clean
-    judgement."""
+    """Requests for :class:`AutoDANAttack` inside :func:`sarjax.cover.llm.run_llm_sar`: the texts,
+    the unmodified prompts in the first stack's ids (``clean_prompts() -> (ids [B, T], mask [B, T])``)
+    and, given the attack's :class:`PoolEvaluator`, the clean judgement of every member on ITS OWN
+    rendering of each request (:meth:`judge_clean`; pools with several tokenizers need it)."""
 
-    def __init__(self, requests: Sequence[str], encode: Callable):
+    def __init__(self, requests: Sequence[str], encode: Callable, evaluator: "PoolEvaluator | None" = None):
         self.requests = list(requests)
         self._encode = encode
+        self.evaluator = evaluator
 
     def clean_prompts(self):
         return self._encode(self.requests)
+
+    def judge_clean(self, judge, behaviors: Sequence[str]):
+        """``(broken [B, M] bool, generations [M][B])``: every member's greedy response to the
+        unmodified request, rendered in its own tokenizer and chat template, judged by ``judge``
+        (integer labels broken only when 1, :func:`judge_labels`).
+
+        Raises:
+          ValueError: no evaluator was given.
+        """
+        if self.evaluator is None:
+            raise ValueError("AutoDANBatch.judge_clean needs the attack's evaluator (AutoDANBatch(..., evaluator=))")
+        gens = self.evaluator.responses(self.requests)
+        n = len(self.requests)
+        cols = []
+        for j, g in enumerate(gens):
+            if len(g) != n:
+                raise ValueError(f"AutoDANBatch: member {j} gave {len(g)} responses, expected {n}")
+            cols.append(judge_labels(judge(list(behaviors), list(g)), n))
+        return np.stack(cols, axis=1), [list(g) for g in gens]
 
     def __len__(self) -> int:
         return len(self.requests)
@@ -494,18 +515,36 @@ def make_autodan(
     return AutoDANAttack(propose, ev, pool.size, proposals=proposals, anchors=anchors, num_steps=num_steps)
 
 
-def autodan_llm_sar_parts(pool, behaviors, respond, judge, attacker, settings: dict, system=None):
+def autodan_llm_sar_parts(
+    pool, behaviors, respond, judge, attacker, settings: dict, system=None, *, response_tokens: int = 32
+):
     """``(attack, batch, attack_kwargs, calls, settings)`` for :func:`sarjax.cover.llm.run_llm_sar`
-    (used by :func:`sarjax.cover.llm.pool_llm_sar` and ``sarjax llm-sar --attack autodan``)."""
+    (used by :func:`sarjax.cover.llm.pool_llm_sar` and ``sarjax llm-sar --attack autodan``).
+
+    With one tokenizer the members answer through ``respond`` (the adapter's id-level
+    :class:`~sarjax.cover.llm.PoolResponder`); with several, ``respond`` is not used and every
+    stack renders the rewrite in its own tokenizer and chat template and decodes
+    ``response_tokens`` greedy tokens (:class:`PoolEvaluator` with ``respond=None``). Either way
+    the LLM SAR adapter takes each candidate's coverage from the attack's own judgement of its
+    best rewrite (:attr:`AutoDANResult.broken`, every member) and the clean judgement from
+    :meth:`AutoDANBatch.judge_clean`. ``attacker``: an LLM pool (its first member rewrites; None:
+    the target pool's first member) or a proposer ``propose(anchors, key, sample_ids) -> texts``.
+    """
+    from sarjax.models.llm.pool import tokenizer_fingerprint
+
     st = {"proposals": 4, "anchors": 2, "num_steps": 5, "max_queries": None, "calls": 1, **settings}
     unknown = set(st) - {"proposals", "anchors", "num_steps", "max_queries", "calls", "max_new_tokens"}
     if unknown:
         raise ValueError(f"unknown autodan settings {sorted(unknown)}")
+    mixed = len({tokenizer_fingerprint(s.tokenizer) for s in pool.stacks}) > 1
+    propose = attacker if callable(attacker) and not hasattr(attacker, "stacks") else None
     fn = make_autodan(
-        pool, respond, judge, attacker=attacker, proposals=st["proposals"], anchors=st["anchors"],
-        num_steps=st["num_steps"], max_new_tokens=st.get("max_new_tokens", 48), requests=behaviors, system=system,
+        pool, None if mixed else respond, judge, attacker=None if propose is not None else attacker,
+        propose=propose, proposals=st["proposals"], anchors=st["anchors"], num_steps=st["num_steps"],
+        max_new_tokens=st.get("max_new_tokens", 48), requests=behaviors, system=system,
+        response_tokens=response_tokens,
     )  # fmt: skip
-    batch = AutoDANBatch(behaviors, fn.evaluate.encode)
+    batch = AutoDANBatch(behaviors, fn.evaluate.encode, fn.evaluate)
     return fn, batch, {"max_queries": st["max_queries"]}, int(st["calls"]), st
 
 
