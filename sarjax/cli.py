@@ -6,6 +6,8 @@ import argparse
 import sys
 import time
 
+from sarjax.compile_cache import add_compile_cache_argument
+
 
 def _positive_int(s: str) -> int:
     v = int(s)
@@ -169,6 +171,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """SAR of the low / medium / high diversity pools on the embedded MNIST."""
     from sarjax.demo import run_demo
 
+    if args.compile_cache:
+        from sarjax.compile_cache import enable_compile_cache
+
+        enable_compile_cache(args.compile_cache)
     run_demo(
         args.out,
         quick=args.quick,
@@ -199,6 +205,10 @@ def cmd_sar(args: argparse.Namespace) -> int:
 
         auto = args.coordinator == "auto"  # TPU pod slice, Slurm, Open MPI: JAX reads the cluster's settings
         initialize(None if auto else args.coordinator, args.num_processes, args.process_id)  # before any JAX work
+    if args.compile_cache:
+        from sarjax.compile_cache import enable_compile_cache
+
+        enable_compile_cache(args.compile_cache)
     from sarjax.demo import run_sar_on_saved_pool
 
     run_sar_on_saved_pool(
@@ -242,6 +252,7 @@ def _register_demo(sub) -> None:
         action="store_true",
         help="discard an earlier run in OUT (results, plots, checkpoints; the pool cache is kept and checked)",
     )
+    add_compile_cache_argument(d)
     d.set_defaults(func=cmd_demo)
 
     s = sub.add_parser("sar", help="SAR_{1-delta} of a saved pool on MNIST or CIFAR test images (joint PGD greedy)")
@@ -291,6 +302,7 @@ def _register_demo(sub) -> None:
     )
     s.add_argument("--num-processes", type=_positive_int, default=None, help="processes in the run (--coordinator)")
     s.add_argument("--process-id", type=int, default=None, help="this process, 0 .. N-1 (--coordinator)")
+    add_compile_cache_argument(s)
     s.set_defaults(func=cmd_sar)
 
 

@@ -92,8 +92,9 @@ def cmd_autoattack(args: argparse.Namespace) -> int:
     if args.compile_cache:
         # XLA's persistent compilation cache: a rerun (another eps, version or pool of the same
         # architecture and batch shape) loads the compiled kernels instead of compiling them again
-        jax.config.update("jax_compilation_cache_dir", str(Path(args.compile_cache).absolute()))
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+        from sarjax.compile_cache import enable_compile_cache
+
+        enable_compile_cache(args.compile_cache)
 
     from sarjax.attacks.autoattack import autoattack_pool
     from sarjax.attacks.eot import with_input_noise
@@ -199,12 +200,9 @@ def register(sub) -> None:
         help="attack every member in its own call (members that differ in robustness, e.g. a defense zoo; "
         "default: members of a stack vmapped over the images still robust for any of them)",
     )
-    a.add_argument(
-        "--compile-cache",
-        default=None,
-        metavar="DIR",
-        help="XLA persistent compilation cache directory (reruns skip the compilations; default: none)",
-    )
+    from sarjax.compile_cache import add_compile_cache_argument
+
+    add_compile_cache_argument(a)
     a.add_argument(
         "--noise-sigma",
         type=_positive_float,

@@ -75,10 +75,9 @@ def cmd_train_defenses(args: argparse.Namespace) -> int:
         raise ValueError(f"--data-dir {args.data_dir!r} is not a directory")
     if not args.no_compile_cache:
         # the ramp's trainer calls compile the same program again: XLA's persistent cache under OUT reuses it
-        import jax
+        from sarjax.compile_cache import enable_compile_cache
 
-        jax.config.update("jax_compilation_cache_dir", str(Path(args.out, ".jax_cache").absolute()))
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+        enable_compile_cache(Path(args.out, ".jax_cache"))
     summary = zoo.train_defenses(
         args.out,
         only=args.only,

@@ -643,6 +643,10 @@ def format_tables(report) -> str:
 
 def cmd_frontier(args: argparse.Namespace) -> int:
     """Attack and defense frontiers of saved pools (papers/001)."""
+    if args.compile_cache:
+        from sarjax.compile_cache import enable_compile_cache
+
+        enable_compile_cache(args.compile_cache)
     run_frontier(
         args.models,
         args.norm,
@@ -721,4 +725,7 @@ def register(sub) -> None:
         help="Algorithm 1 also takes the least feasible completion of updates the structural constraints forbid "
         "(ours; default: as published, docs/frontier.md)",
     )
+    from sarjax.compile_cache import add_compile_cache_argument
+
+    add_compile_cache_argument(f)
     f.set_defaults(func=cmd_frontier)

@@ -1,0 +1,57 @@
+"""``--compile-cache DIR`` (sarjax.compile_cache): XLA's persistent compilation cache for the commands.
+
+The end-to-end test runs ``sarjax sar`` in subprocesses (JAX's cache settings are process-global):
+the first run writes compiled programs, a second run into another output directory writes none
+(every program is read back) and gives the same results as a run without the cache.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from sarjax.compile_cache import enable_compile_cache
+
+TINY = ["--samples", "3", "--steps", "2", "--restarts", "1", "--eps", "0.3", "--delta", "0"]
+
+
+def test_bad_paths_and_thresholds_raise_before_touching_jax(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(ValueError, match="exists and is not a directory"):
+        enable_compile_cache(f)
+    with pytest.raises(ValueError, match="min_compile_seconds must be >= 0"):
+        enable_compile_cache(tmp_path / "c", -1.0)
+    assert not (tmp_path / "c").exists()
+
+
+def _sar(pool, out, *extra):
+    env = {**os.environ, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PLATFORMS": "cpu"}
+    cmd = [sys.executable, "-m", "sarjax.cli", "sar", "--pool", str(pool), "--out", str(out), *TINY, *extra]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads((out / "results.json").read_text())
+
+
+def _entries(cache):
+    return sorted(p.name for p in cache.rglob("*") if p.is_file())
+
+
+def test_sar_reruns_read_the_compiled_programs_back(tmp_path):
+    from test_cli_reliability import _pool
+
+    from sarjax.models.checkpoint import save_pool
+
+    pool = save_pool(_pool(), tmp_path / "P", {"preset": "test"})
+    cache = tmp_path / "xla"
+    first = _sar(pool, tmp_path / "o1", "--compile-cache", str(cache))
+    written = _entries(cache)
+    assert written, "the first run wrote no compiled program"
+    second = _sar(pool, tmp_path / "o2", "--compile-cache", str(cache))
+    assert _entries(cache) == written  # every program was read back, none compiled anew
+    plain = _sar(pool, tmp_path / "o3")
+    keys = ("sar", "sar_se", "asr", "member_asr", "k_hat_histogram", "mean_queries_per_sample", "accuracy")
+    for r in (first, second):
+        assert {k: r[k] for k in keys} == {k: plain[k] for k in keys}
