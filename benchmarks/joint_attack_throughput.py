@@ -15,7 +15,11 @@ sign steps of eps/16, projection around x0) for
 
 and, for the MLP pools, ``xla_matmuls_only``: the same number of steps reduced to their
 matmuls (every layer's forward and input-gradient matmuls, nothing else; not an attack), an
-upper bound on what any XLA formulation of the MLP step can reach with XLA's matmuls,
+upper bound on what any XLA formulation of the MLP step can reach with XLA's matmuls, and
+``xla_matmuls_only+evals``: the same plus the matmuls of the two forward passes an attack call
+makes besides its steps (the clean evaluation at x0 and the final evaluation that reports
+success; one step's worth of matmuls per call); ``ratio_vs_matmul_floor`` in the JSON is sarjax's
+throughput over each (>= 1: at least as fast),
 
 and ``machine_sgemm_peak``: the fastest of PyTorch, JAX and NumPy on a 2048 x 2048 float32 matmul,
 timed in the same round-robin (the best repetition, not the median, so the peak is not
@@ -111,35 +115,45 @@ def shared_first_layer_apply(arch):
     return apply
 
 
-def mlp_matmul_only_steps(pool: Pool, steps: int):
+def mlp_matmul_only_steps(pool: Pool, steps: int, evals: bool = False):
     """A joint-PGD loop over an MLP pool that keeps ONLY the matmuls of each step (for reference).
 
     Per step: the forward matmuls of every layer of every member and the backward matmuls that
     carry the gradient to the input (no activations, loss, sign, projection or bookkeeping;
     x moves by a small multiple of its "gradient" so that the steps stay dependent).  Its
     throughput bounds what any XLA formulation of the step can reach with XLA's own matmuls.
+
+    ``evals=True`` (the ``xla_matmuls_only+evals`` row) adds the matmuls of the two forward
+    passes that one call of the attack makes besides its steps: every member's logits at ``x0``
+    (the clean evaluation) and at the last iterate (the final evaluation, which reports success);
+    the PyTorch baselines make neither.
     """
     (stack,) = pool.stacks
     prep = stack.prepare(stack.params)
     w1 = prep["_dense0_cat"]  # [D, M*H]
     ws = [prep[f"dense{i}"]["w"] for i in range(1, len(stack.arch.widths))] + [prep["out"]["w"]]
 
+    def forward(x):
+        b = x.shape[0]
+        h = jnp.moveaxis((x.reshape(b, -1) @ w1).reshape(b, M, -1), 1, 0)  # [M, B, H]
+        for w in ws:
+            h = jnp.einsum("mbh,mhn->mbn", h, w)
+        return h
+
     @jax.jit
     def run(x0):
         b = x0.shape[0]
 
         def body(x, _):
-            h = (x.reshape(b, -1) @ w1).reshape(b, M, -1)
-            h = jnp.moveaxis(h, 1, 0)  # [M, B, H]
-            for w in ws:
-                h = jnp.einsum("mbh,mhn->mbn", h, w)
-            g = h
+            g = forward(x)
             for w in reversed(ws):
                 g = jnp.einsum("mbn,mhn->mbh", g, w)
             gx = jnp.moveaxis(g, 0, 1).reshape(b, -1) @ w1.T
             return x + 1e-6 * gx.reshape(x.shape), None
 
-        return jax.lax.scan(body, x0, None, length=steps)[0]
+        x = x0 + 1e-6 * jnp.sum(forward(x0)) if evals else x0
+        x = jax.lax.scan(body, x, None, length=steps)[0]
+        return x + 1e-6 * jnp.sum(forward(x)) if evals else x
 
     return run
 
@@ -383,6 +397,8 @@ def main():
             if family == "mlp" and args.matmul_only:
                 mm = mlp_matmul_only_steps(base_pool, args.steps)
                 runners["xla_matmuls_only"] = lambda mm=mm: jax.block_until_ready(mm(x0))
+                mme = mlp_matmul_only_steps(base_pool, args.steps, evals=True)
+                runners["xla_matmuls_only+evals"] = lambda mm=mme: jax.block_until_ready(mm(x0))
             if family == "cnn" and "shared" in args.conv_impls:
                 sh_apply = shared_first_layer_apply(base_pool.stacks[0].arch)
                 atk = make_joint_pgd(sh_apply, eps=EPS, steps=args.steps, restarts=1)
@@ -448,6 +464,14 @@ def main():
                 "seconds_median": med,
                 "member_sample_steps_per_s": thr,
                 "ratio_vs_faster_torch": {k: thr[k] / best_torch for k in thr if k.startswith(("sarjax", "xla"))},
+                # sarjax vs the in-run matmul floors (MLP with --matmul-only): >= 1 means at least as fast
+                "ratio_vs_matmul_floor": {
+                    f"{k} / {f}": thr[k] / thr[f]
+                    for k in thr
+                    if k.startswith("sarjax")
+                    for f in thr
+                    if f.startswith("xla_")
+                },
                 "step_flops_per_member_sample": flops,
                 "step_gflops": {k: v * flops / 1e9 for k, v in thr.items()},
             }
@@ -469,6 +493,7 @@ def main():
                 + " | ".join(f"{k} {thr[k]:,.0f}/s" for k in thr)
                 + " | ratio vs faster torch: "
                 + ", ".join(f"{k} {v:.2f}x" for k, v in row["ratio_vs_faster_torch"].items())
+                + "".join(f" | {k} {v:.2f}x" for k, v in row["ratio_vs_matmul_floor"].items())
                 + f" | parity {parity:.1e} | load {os.getloadavg()[0]:.1f}",
                 flush=True,
             )

@@ -131,12 +131,33 @@ class Stack(BaseStack):
 
         An MLP stack gains ``"_dense0_cat"``: its first-layer weights ``[D, K * H]``, so that every
         member's first layer on the shared input is ONE matmul.  Attack kernels call this once per
-        call, outside their step loops (XLA does not hoist the transposes out of a loop itself).
+        call, outside their step loops (XLA does not hoist the transposes out of a loop itself);
+        the layout of the stack's own params is computed once and kept (:meth:`_dense0_cat`).
         """
         if self.arch.family == "mlp":
-            w = params["dense0"]["w"]  # [K, D, H]
-            return {**params, "_dense0_cat": jnp.moveaxis(w, 0, 1).reshape(w.shape[1], -1)}
+            return {**params, "_dense0_cat": self._dense0_cat(params)}
         return params
+
+    def _dense0_cat(self, params: PyTree) -> jax.Array:
+        """``[D, K * H]``: the first-layer weights side by side.
+
+        For this stack's own params (``params is self.params`` with ``dense0.w`` a concrete
+        ``jax.Array``, which is immutable) the layout is computed once and kept on the stack
+        (keyed by that array: new params, new layout): an attack's audited entry prepares on the
+        host (:func:`sarjax.attacks.core.protocol.prepare_outside`), so repeated calls on one
+        pool skip the transpose (16 MB at M = 20, 784-256; docs/attacks.md).  Traced or other
+        params are laid out here on every call, as before.
+        """
+        w = params["dense0"]["w"]  # [K, D, H]
+        own = params is self.params and not isinstance(w, jax.core.Tracer) and isinstance(w, jax.Array)
+        if own:
+            hit = self.__dict__.get("_layout_cache")
+            if hit is not None and hit[0] is w:
+                return hit[1]
+            cat = _jit_cat_layout(w)
+            object.__setattr__(self, "_layout_cache", (w, cat))  # frozen dataclass: a private cache
+            return cat
+        return _cat_layout(w)
 
     def apply_prepared(self, prepared: PyTree, x: jax.Array) -> jax.Array:
         """:meth:`apply` on the output of :meth:`prepare`."""
@@ -145,6 +166,14 @@ class Stack(BaseStack):
         if self.arch.conv_impl == "fused" and fused.supports(self.arch) and jax.default_backend() == "cpu":
             return fused.cnn_pool_apply(self.arch, prepared, x)
         return jax.vmap(self.arch.apply, in_axes=(0, None))(prepared, x)
+
+
+def _cat_layout(w: jax.Array) -> jax.Array:
+    """``[K, D, H] -> [D, K * H]`` (member k's weights in columns ``k*H:(k+1)*H``)."""
+    return jnp.moveaxis(w, 0, 1).reshape(w.shape[1], -1)
+
+
+_jit_cat_layout = jax.jit(_cat_layout)
 
 
 def _mlp_shared_apply(arch: Arch, p: PyTree, x: jax.Array) -> jax.Array:

@@ -4,8 +4,9 @@
 :class:`AttackFn` and the minimum-norm :class:`~sarjax.attacks.minnorm.MinNormAttackFn`):
 
 * ``fn(params, x0, ref, mask=None, key=..., **call)``: :meth:`Entry.problem` (validate on
-  the host) -> :func:`~sarjax.attacks.core.protocol.run_jit` -> audit every returned point
-  against the ORIGINAL ``x0``;
+  the host) -> :func:`~sarjax.attacks.core.protocol.prepare_outside` (a pool's weight layouts,
+  kept by the pool) -> :func:`~sarjax.attacks.core.protocol.run_jit` -> audit every returned
+  point against the ORIGINAL ``x0``;
 * ``fn.jit(...)``, same arguments: the problem built with ``jnp`` operations only and
   :func:`~sarjax.attacks.core.protocol.run`, nothing on the host (for ``jax.jit`` train steps);
 * ``fn.attack``: the state machine itself (``init`` / ``step`` / ``result``).
@@ -22,7 +23,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from sarjax.attacks.core.protocol import Attack, Problem, make_problem, run, run_jit
+from sarjax.attacks.core.protocol import Attack, Problem, make_problem, prepare_outside, run, run_jit
 
 
 def _require_key(name: str, key) -> None:
@@ -67,7 +68,8 @@ class Entry:
     def __call__(self, params, x0, ref, mask=None, key=None, **call):
         """The audited public entry: validate -> the compiled state machine -> audit."""
         problem = self.problem(params, x0, ref, mask, key, **call)
-        result = run_jit(self._attack_for(params, problem), params, problem)
+        attack, prepared = prepare_outside(self._attack_for(params, problem), params)
+        result = run_jit(attack, prepared, problem)
         self._audit_result(params, problem, result)
         return result
 

@@ -29,10 +29,12 @@ hyperparameter in a hashable ``cfg`` (a NamedTuple), so two factories with equal
 hyperparameters build equal attacks and share one compiled kernel.
 """
 
+import inspect
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
+import jax.core
 import jax.numpy as jnp
 
 from sarjax.attacks import queries as Q
@@ -111,6 +113,24 @@ run_jit = jax.jit(run, static_argnums=0)
 """``run`` compiled once per attack (equal attacks share the compiled kernel)."""
 
 
+def prepare_outside(attack: Attack, params) -> tuple[Attack, Any]:
+    """``(attack', params')`` with ``run(attack', params', p) == run(attack, params, p)``, the
+    ``prepare`` hook applied here, once, outside the compiled kernel.
+
+    For the audited entries (concrete ``params``): a pool's weight layouts are then computed by
+    the pool, which keeps them for its own params (:meth:`sarjax.models.pool.Stack.prepare`),
+    instead of inside every call's kernel.  Applied only when the prepared ``cfg.apply`` is a
+    bound method (hashed by its owner, so ``attack'`` keys the same compiled kernel on every
+    call); otherwise, for traced params, or with no hook, ``(attack, params)`` is returned as is.
+    """
+    if attack.prepare is None or any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(params)):
+        return attack, params
+    cfg, prepared = attack.prepare(attack.cfg, params)
+    if cfg is attack.cfg or not inspect.ismethod(getattr(cfg, "apply", None)):
+        return attack, params
+    return attack._replace(cfg=cfg, prepare=None), prepared
+
+
 def member_count(apply: Callable, params, x0) -> int:
     """``M``: members ``apply`` returns on ``x0`` (1 for ``[B, C]`` logits), by tracing only."""
     shape = jax.eval_shape(apply, params, x0).shape
@@ -161,4 +181,4 @@ def sample_keys(problem: Problem) -> jax.Array:
     return jax.vmap(lambda s: jax.random.fold_in(problem.key, s))(problem.sample_ids.astype(jnp.uint32))
 
 
-__all__ = ["Attack", "Problem", "make_problem", "member_count", "run", "run_jit", "sample_keys"]
+__all__ = ["Attack", "Problem", "make_problem", "member_count", "prepare_outside", "run", "run_jit", "sample_keys"]
