@@ -8,9 +8,10 @@ by every member, the move to the best candidate. The PyTorch side does exactly t
 loop over the members (``torch.autograd.grad`` through ``inputs_embeds = one_hot @ E``, then one
 batched forward of the candidates per member, logits only where the target is predicted).
 
-Both sides read the request's ``before`` block from a per-member KV cache when scoring candidates
-(sarjax's ``make_gcg``; nanoGCG's prefix cache); PyTorch is also timed on full prompts. Both
-sides are timed alternately in one run (PyTorch at every ``--threads`` count and both prompt
+Both sides run the request's ``before`` block once per member and call and read it from a KV
+cache in the gradient pass and when scoring candidates (sarjax's ``make_gcg``; nanoGCG's prefix
+cache), and neither feeds the last target token (no scored position reads it); PyTorch is also
+timed on full prompts. Both sides are timed alternately in one run (PyTorch at every ``--threads`` count and both prompt
 variants in the same rotation; the ratio is taken against the fastest PyTorch variant). Before timing, the two sides' per-member losses
 of the same candidates are compared. The load average is recorded: the machine may be shared.
 
@@ -40,8 +41,10 @@ import numpy as np  # noqa: E402
 
 def _torch_gcg(models, before, after, target, suffix0, steps, topk, nc, seed, cache=True):
     """GCG with the joint refusal loss, a Python loop over members (the reference). ``cache``: the
-    candidates read the ``before`` block from its KV cache (computed once per member and step, as
-    sarjax's ``make_gcg`` and nanoGCG's prefix cache do); False: full prompts."""
+    ``before`` block is run once per member and call and both the gradient pass and the
+    candidates read it from its KV cache (as sarjax's ``make_gcg`` and nanoGCG's prefix cache do);
+    False: full prompts. Either way the last target token is not fed (no scored position reads
+    it; sarjax's candidate scoring does the same)."""
     import copy
 
     import torch
@@ -52,21 +55,24 @@ def _torch_gcg(models, before, after, target, suffix0, steps, topk, nc, seed, ca
     v = models[0].config.vocab_size
     ls, tt = suffix0.shape[0], target.shape[0]
     embeds = [mdl.get_input_embeddings().weight for mdl in models]
+    tin = target[:-1]  # the target tokens that are inputs of a scored position
+    if cache:
+        with torch.no_grad():  # no_grad (not inference_mode): the gradient pass reads these tensors
+            prefix = [mdl(before[None], use_cache=True).past_key_values for mdl in models]
 
     def losses(cands):  # [N, Ls] -> joint refusal loss [N]
         n = cands.shape[0]
-        rest = torch.cat([cands, after.expand(n, -1), target.expand(n, -1)], 1)
+        rest = torch.cat([cands, after.expand(n, -1), tin.expand(n, -1)], 1)
         seq = torch.cat([before.expand(n, -1), rest], 1)
         total = torch.zeros(n)
         with torch.inference_mode():
-            for mdl in models:
+            for i, mdl in enumerate(models):
                 if cache:
-                    kv = mdl(before[None], use_cache=True).past_key_values
-                    kv = copy.deepcopy(kv)
+                    kv = copy.deepcopy(prefix[i])
                     kv.batch_repeat_interleave(n)
-                    lg = mdl(rest, past_key_values=kv, logits_to_keep=tt + 1).logits[:, :-1].float()
+                    lg = mdl(rest, past_key_values=kv, logits_to_keep=tt).logits.float()
                 else:
-                    lg = mdl(seq, logits_to_keep=tt + 1).logits[:, :-1].float()
+                    lg = mdl(seq, logits_to_keep=tt).logits.float()
                 nll = F.cross_entropy(lg.reshape(-1, v), target.repeat(n), reduction="none").reshape(n, tt)
                 total -= nll.mean(1)  # refusal loss: minus the mean NLL
         return total / m
@@ -75,10 +81,15 @@ def _torch_gcg(models, before, after, target, suffix0, steps, topk, nc, seed, ca
     best = float(losses(suffix[None])[0])
     for _ in range(steps):
         grad = torch.zeros(ls, v)
-        for mdl, e in zip(models, embeds):
+        for i, (mdl, e) in enumerate(zip(models, embeds)):
             oh = F.one_hot(suffix, v).float().requires_grad_(True)
-            x = torch.cat([e[before], oh @ e, e[after], e[target]])[None]
-            lg = mdl(inputs_embeds=x, logits_to_keep=tt + 1).logits[0, :-1].float()
+            if cache:
+                x = torch.cat([oh @ e, e[after], e[tin]])[None]
+                kw = dict(past_key_values=copy.deepcopy(prefix[i]))
+            else:
+                x = torch.cat([e[before], oh @ e, e[after], e[tin]])[None]
+                kw = {}
+            lg = mdl(inputs_embeds=x, logits_to_keep=tt, **kw).logits[0].float()
             loss = -F.cross_entropy(lg, target)
             (g,) = torch.autograd.grad(loss, oh)
             grad += g / m

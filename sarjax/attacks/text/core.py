@@ -88,6 +88,11 @@ class TextModel(NamedTuple):
       nll_cached: optional ``nll_cached(params, cache, ids [T], mask [T], target, target_mask) ->
         [M, Tt]``: :attr:`nll` of ``prefix | ids`` with the prefix read from ``cache`` (equal to
         :attr:`nll` on the concatenation up to float rounding).
+      nll_one_hot_cached: optional, :attr:`nll_cached` with ``ids`` given as ``one_hot [T, V]``
+        float32 (differentiable; GCG's token gradient without re-running the prefix).
+      nll_cached_many: optional, :attr:`nll_cached` of ``N`` prompts at once: ``(params, cache,
+        ids [N, T], mask [N, T], target, target_mask) -> [M, N, Tt]`` (None: ``nll_cached`` is
+        vmapped over the prompts).
     """
 
     nll: Callable
@@ -95,6 +100,8 @@ class TextModel(NamedTuple):
     logits: Callable
     prefill: Callable | None = None
     nll_cached: Callable | None = None
+    nll_one_hot_cached: Callable | None = None
+    nll_cached_many: Callable | None = None
 
 
 class TextAttackResult(NamedTuple):
@@ -218,7 +225,132 @@ def llm_text_model(cfgs) -> TextModel:
         ]
         return jnp.concatenate(out, axis=0)
 
-    return TextModel(nll, nll_one_hot, logits, prefill, nll_cached)
+    def nll_one_hot_cached(params, cache, one_hot, mask, target, target_mask):
+        ps = (params,) if single else params
+
+        def f(p, kv, c):
+            x = one_hot.astype(p["embed"].dtype) @ p["embed"]
+            return scoring.target_nll_from_embeds(p, c, x, mask, target, target_mask, (kv,))
+
+        out = [jax.vmap(lambda p, kv, c=c: f(p, kv, c))(p, kv) for p, kv, c in zip(ps, cache, cs, strict=True)]
+        return jnp.concatenate(out, axis=0)
+
+    def nll_cached_many(params, cache, ids, mask, target, target_mask):
+        ps = (params,) if single else params
+        out = []
+        for p, kv, c in zip(ps, cache, cs, strict=True):
+            if _batched_llama_ok(c):
+                cos, sin = _rope_halves(c, kv.mask[0], mask, target_mask)
+                f = functools.partial(_llama_nll_many, cfg=c, cos=cos, sin=sin)
+                out.append(jax.vmap(lambda p, kv, f=f: f(p, kv, ids, mask, target, target_mask))(p, kv))
+            else:
+                one = lambda p, kv, i, m, c=c: scoring.target_nll(p, c, i, m, target, target_mask, (kv,))  # noqa: E731
+                out.append(jax.vmap(lambda p, kv, one=one: jax.vmap(lambda i, m: one(p, kv, i, m))(ids, mask))(p, kv))
+        return jnp.concatenate(out, axis=0)
+
+    return TextModel(nll, nll_one_hot, logits, prefill, nll_cached, nll_one_hot_cached, nll_cached_many)
+
+
+# ---------------------------------------------------------------------------------------------
+# candidate scoring from a prefix cache, written for N prompts at once (llama family)
+#
+# The decoder is written for one sequence (``decoder.hidden_states``); vmapping it over N
+# candidates makes XLA transpose every attention operand between the token-major layout of the
+# projections and the head-major layout of batched attention, and evaluates the rotary tables
+# once per member and candidate. This is the same computation laid out for N prompts of one
+# member: token-major throughout (attention per key/value head, no transposes), the rotary
+# tables computed once per call, the two key blocks (own tokens, cached prefix) soft-maxed
+# together without concatenation, and the last target token not run (no scored position reads
+# it). It uses the decoder's own pieces (norms, rotary tables, activations), so it follows
+# them; tests/llm/test_text_attacks.py checks it against ``nll_cached`` per prompt.
+
+
+def _batched_llama_ok(cfg) -> bool:
+    return cfg.family != "gpt2" and cfg.head_dim % 2 == 0 and cfg.num_heads % cfg.num_kv_heads == 0
+
+
+def _rope_halves(cfg, prefix_mask, mask, target_mask):
+    """``cos, sin [N, T + Tt - 1, D/2]`` of the prompts' positions after a prefix (the decoder's
+    tables repeat their first half, ``decoder._rope_tables``)."""
+    from sarjax.models.llm import decoder
+
+    n, t = mask.shape
+    tt = target_mask.shape[0]
+    fm = jnp.concatenate([mask.astype(jnp.int32), jnp.broadcast_to(target_mask[:-1].astype(jnp.int32), (n, tt - 1))], 1)
+    offset = jnp.sum(prefix_mask.astype(jnp.int32))
+    pos = jax.vmap(lambda m: decoder.positions_from_mask(m, offset))(fm)  # [N, T']
+    cos, sin = decoder._rope_tables(cfg, jnp.arange(prefix_mask.shape[0] + t + tt - 1))
+    h = cfg.head_dim // 2
+    return cos[:, :h][pos], sin[:, :h][pos]
+
+
+def _llama_nll_many(p, kv, ids, mask, target, target_mask, *, cfg, cos, sin):
+    """Target NLL ``[N, Tt]`` of N prompts ``ids [N, T]`` after ONE member's prefix cache ``kv``
+    (a :class:`~sarjax.models.llm.decoder.KVBlock`: k, v ``[L, S, Hkv, D]``, mask, pos ``[S]``)."""
+    from sarjax.models.llm import decoder
+
+    n, t = ids.shape
+    tt = target.shape[0]
+    nh, nkv, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    g = nh // nkv
+    tp = t + tt - 1  # the last target token is no input of a scored position
+    toks = jnp.concatenate([ids, jnp.broadcast_to(target[:-1], (n, tt - 1))], 1).astype(jnp.int32)
+    fm = jnp.concatenate([mask.astype(jnp.int32), jnp.broadcast_to(target_mask[:-1].astype(jnp.int32), (n, tt - 1))], 1)
+    x = jnp.take(p["embed"], toks, axis=0)  # [N, T', d]
+    self_ok = jnp.tril(jnp.ones((tp, tp), bool))[None] & fm.astype(bool)[:, None, :]  # [N, T', T']
+    pre_ok = jnp.broadcast_to(kv.mask.astype(bool)[None, None, :], (n, tp, kv.mask.shape[0]))
+    if cfg.sliding_window is not None:
+        offset = jnp.sum(kv.mask.astype(jnp.int32))
+        pos = jax.vmap(lambda m: decoder.positions_from_mask(m, offset))(fm)
+        self_ok = self_ok & ((pos[:, :, None] - pos[:, None, :]) < cfg.sliding_window)
+        pre_ok = pre_ok & ((pos[:, :, None] - kv.pos[None, None, :]) < cfg.sliding_window)
+    self_ok, pre_ok = self_ok[:, :, None, :], pre_ok[:, :, None, :]  # [N, T', 1, S]
+    c, s = cos[:, :, None, :], sin[:, :, None, :]
+    scale = 1.0 / np.sqrt(hd)
+
+    def rope(z):  # [N, T', h, D]: decoder._rope with its repeated halves
+        zf = z.astype(jnp.float32)
+        a, b = zf[..., : hd // 2], zf[..., hd // 2 :]
+        return jnp.concatenate([a * c - b * s, b * c + a * s], axis=-1).astype(z.dtype)
+
+    def lin(h, w, b=None):
+        y = h @ w
+        return y if b is None else y + b
+
+    def layer(x, xs):
+        lw, pk, pv = xs
+        h = decoder._rms_norm(x, lw["attn_norm"], cfg.norm_eps)
+        q = lin(h, lw["wq"], lw.get("bq")).reshape(n, tp, nh, hd)
+        k = lin(h, lw["wk"], lw.get("bk")).reshape(n, tp, nkv, hd)
+        v = lin(h, lw["wv"], lw.get("bv")).reshape(n, tp, nkv, hd)
+        if cfg.qk_norm:
+            q, k = decoder._rms_norm(q, lw["q_norm"], cfg.norm_eps), decoder._rms_norm(k, lw["k_norm"], cfg.norm_eps)
+        q, k = rope(q), rope(k)
+        heads = []
+        for j in range(nkv):  # per key/value head: token-major operands, no transposes
+            qj = q[:, :, j * g : (j + 1) * g].astype(jnp.float32) * scale  # [N, T', g, D]
+            s1 = jnp.einsum("ntgd,nsd->ntgs", qj, k[:, :, j].astype(jnp.float32))
+            s2 = jnp.einsum("ntgd,sd->ntgs", qj, pk[:, j].astype(jnp.float32))
+            s1 = jnp.where(self_ok, s1, decoder._NEG)
+            s2 = jnp.where(pre_ok, s2, decoder._NEG)
+            mx = jnp.maximum(jnp.max(s1, -1, keepdims=True), jnp.max(s2, -1, keepdims=True))
+            e1, e2 = jnp.exp(s1 - mx), jnp.exp(s2 - mx)
+            den = jnp.sum(e1, -1, keepdims=True) + jnp.sum(e2, -1, keepdims=True)
+            o = jnp.einsum("ntgs,nsd->ntgd", e1, v[:, :, j].astype(jnp.float32))
+            o = o + jnp.einsum("ntgs,sd->ntgd", e2, pv[:, j].astype(jnp.float32))
+            heads.append(o / den)
+        a = jnp.concatenate(heads, axis=2).reshape(n, tp, nh * hd).astype(x.dtype)
+        x = x + lin(a, lw["wo"], lw.get("bo"))
+        h = decoder._rms_norm(x, lw["mlp_norm"], cfg.norm_eps)
+        m = decoder._act(cfg, lin(h, lw["w_gate"], lw.get("b_gate"))) * lin(h, lw["w_up"], lw.get("b_up"))
+        return x + lin(m, lw["w_down"], lw.get("b_down")), None
+
+    x, _ = jax.lax.scan(layer, x, (p["layers"], kv.k, kv.v))
+    h = decoder._rms_norm(x[:, t - 1 :], p["final_norm"], cfg.norm_eps)
+    lg = decoder.lm_head(p, cfg, h)  # [N, Tt, V]
+    tgt = jnp.broadcast_to(target, (n, tt))
+    nll = jax.nn.logsumexp(lg, axis=-1) - jnp.take_along_axis(lg, tgt[..., None], axis=-1)[..., 0]
+    return nll * target_mask.astype(nll.dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -260,19 +392,41 @@ def member_losses(model: TextModel, loss_fn: Callable, params, r: TextBatch, suf
     return jax.vmap(one, out_axes=1)(suffixes, smasks)
 
 
-def member_losses_cached(model: TextModel, loss_fn: Callable, params, r: TextBatch, suffixes, smasks):
+def has_prefix_cache(model: TextModel) -> bool:
+    """Whether ``model`` scores from a KV cache of the ``before`` block (``prefill`` and ``nll_cached``)."""
+    return model.prefill is not None and model.nll_cached is not None
+
+
+def prefix_cache(model: TextModel, params, r: TextBatch):
+    """Every member's KV cache of request ``r``'s ``before`` block (``model.prefill``), or None
+    when the model has no cache."""
+    prefill = model.prefill
+    return prefill(params, r.before, r.before_mask) if prefill is not None and has_prefix_cache(model) else None
+
+
+def member_losses_cached(model: TextModel, loss_fn: Callable, params, r: TextBatch, suffixes, smasks, cache=None):
     """:func:`member_losses` with the request's ``before`` block run once per member and read from
     a KV cache by every candidate (``model.prefill`` / ``model.nll_cached``); falls back to
     :func:`member_losses` when the model has no cache. Equal up to float rounding.
+
+    Args:
+      cache: optional, :func:`prefix_cache` of ``r`` computed by the caller (e.g. once per attack
+        call); None: computed here.
 
     Returns:
       ``[M, N]`` float32.
     """
     nll_cached = model.nll_cached
-    if model.prefill is None or nll_cached is None:
+    if not has_prefix_cache(model) or nll_cached is None:
         return member_losses(model, loss_fn, params, r, suffixes, smasks)
     smasks = jnp.broadcast_to(smasks, suffixes.shape)
-    cache = model.prefill(params, r.before, r.before_mask)
+    if cache is None:
+        cache = prefix_cache(model, params, r)
+    if model.nll_cached_many is not None:
+        n = suffixes.shape[0]
+        ids = jnp.concatenate([suffixes, jnp.broadcast_to(r.after, (n,) + r.after.shape)], 1).astype(jnp.int32)
+        mask = jnp.concatenate([smasks, jnp.broadcast_to(r.after_mask, (n,) + r.after.shape)], 1).astype(jnp.int32)
+        return loss_fn(model.nll_cached_many(params, cache, ids, mask, r.target, r.target_mask), r.target_mask)
 
     def one(s, sm):
         ids = jnp.concatenate([s, r.after]).astype(jnp.int32)
@@ -282,12 +436,29 @@ def member_losses_cached(model: TextModel, loss_fn: Callable, params, r: TextBat
     return jax.vmap(one, out_axes=1)(suffixes, smasks)
 
 
+_MEMBER_COUNTS: dict = {}
+
+
 def member_count(model: TextModel, params, batch: TextBatch) -> int:
-    """``M``: the members ``model`` returns (read by tracing only)."""
+    """``M``: the members ``model`` returns (read by tracing only; remembered per model and
+    parameter shapes, so repeated calls do not trace again)."""
+    leaves, tree = jax.tree.flatten(params)
+    try:
+        key = (model, tree, tuple((np.shape(x), str(getattr(x, "dtype", type(x)))) for x in leaves))
+        hash(key)
+    except TypeError:  # an unhashable model: trace every time
+        key = None
+    if key is not None and key in _MEMBER_COUNTS:
+        return _MEMBER_COUNTS[key]
     r = row(batch, 0)
     t = r.before.shape[0] + 1 + r.after.shape[0]
     ids = jnp.zeros((t,), jnp.int32)
-    return int(jax.eval_shape(lambda p: model.logits(p, ids, jnp.ones((t,), jnp.int32)), params).shape[0])
+    m = int(jax.eval_shape(lambda p: model.logits(p, ids, jnp.ones((t,), jnp.int32)), params).shape[0])
+    if key is not None:
+        if len(_MEMBER_COUNTS) > 256:
+            _MEMBER_COUNTS.clear()
+        _MEMBER_COUNTS[key] = m
+    return m
 
 
 def sample_keys(problem: TextProblem):

@@ -11,11 +11,13 @@ One step, per request (all requests of a batch in one ``vmap``):
    vocabulary only;
 3. ``num_candidates`` candidates, each the current suffix with ONE position (uniform) replaced by
    one of that position's top-k ids (uniform), as in GCG's ``sample_control``;
-4. every candidate scored on every member in one batched call, the request's ``before`` block
-   (template head + request) run once per member and read from a KV cache
-   (:func:`~sarjax.attacks.text.core.member_losses_cached`; nanoGCG's prefix cache); the suffix
-   moves to the best candidate (GCG moves even when it is worse than the current one); the
-   best-so-far is kept.
+4. every candidate scored on every member in one batched call; the suffix moves to the best
+   candidate (GCG moves even when it is worse than the current one); the best-so-far is kept.
+
+The request's ``before`` block (template head + request) does not change during a call: it is run
+once per member and call (:func:`~sarjax.attacks.text.core.prefix_cache`, kept in the state;
+nanoGCG's prefix cache), and both the gradient pass and the candidates read it from that KV cache
+(equal to running full prompts up to float rounding; models without a cache run full prompts).
 
 The loss is a function argument: the default :func:`~sarjax.attacks.text.core.refusal_loss`
 MAXIMISES the mean NLL of a fixed refusal (papers/000, joint GCG); pass
@@ -76,6 +78,9 @@ class GCGState(NamedTuple):
       step: scalar int32 (the step counter; draws use ``fold_in(sample key, step)``).
       keys: ``[B]`` per-request keys.
       problem: the :class:`~sarjax.attacks.text.core.TextProblem`.
+      prefix: every member's KV cache of each request's ``before`` block (leading ``[B]``;
+        :func:`~sarjax.attacks.text.core.prefix_cache`), computed once per call; None when the
+        model has no cache.
     """
 
     suffix: Any
@@ -85,6 +90,7 @@ class GCGState(NamedTuple):
     step: Any
     keys: Any
     problem: Any
+    prefix: Any = None
 
 
 def _init(cfg: GCGConfig, params, problem: T.TextProblem) -> GCGState:
@@ -100,7 +106,8 @@ def _init(cfg: GCGConfig, params, problem: T.TextProblem) -> GCGState:
     q = Q.charge(jnp.zeros_like(nm), nm, ok)
     loss = jnp.where(ok, loss, jnp.inf)
     s0 = problem.suffix_init
-    return GCGState(s0, s0, loss, q, jnp.int32(0), T.sample_keys(problem), problem)
+    prefix = jax.vmap(lambda r: T.prefix_cache(cfg.model, params, r))(problem.batch)
+    return GCGState(s0, s0, loss, q, jnp.int32(0), T.sample_keys(problem), problem, prefix)
 
 
 def _step(cfg: GCGConfig, state: GCGState, params) -> GCGState:
@@ -111,19 +118,32 @@ def _step(cfg: GCGConfig, state: GCGState, params) -> GCGState:
     full = jnp.ones((ls,), jnp.int32)
     pb = p.batch.before.shape[1]
 
-    def one(r, mk, key, suffix, best_s, best_l, count, cap):
+    model = cfg.model
+    nll_oh_cached = model.nll_one_hot_cached
+    cached = state.prefix is not None and nll_oh_cached is not None
+
+    def one(r, mk, key, suffix, best_s, best_l, count, cap, cache):
         nm = jnp.sum(mk > 0).astype(jnp.int32)
         cost = (1 + nc) * nm
         active = Q.allowed(count, cost, cap) & (nm > 0) & jnp.isfinite(best_l)
-        ids, pm = T.assemble(r, suffix, full)
+        if cached:  # the gradient reads the before block from its cache: suffix | after | target
+            ids = jnp.concatenate([suffix, r.after]).astype(jnp.int32)
+            pm = jnp.concatenate([full, r.after_mask]).astype(jnp.int32)
+            start = 0
+        else:
+            ids, pm = T.assemble(r, suffix, full)
+            start = pb
         oh = jax.nn.one_hot(ids, v, dtype=jnp.float32)
 
         def f(oh_s):
-            x = jax.lax.dynamic_update_slice_in_dim(oh, oh_s, pb, axis=0)
-            nll = cfg.model.nll_one_hot(params, x, pm, r.target, r.target_mask)
+            x = jax.lax.dynamic_update_slice_in_dim(oh, oh_s, start, axis=0)
+            if cached and nll_oh_cached is not None:
+                nll = nll_oh_cached(params, cache, x, pm, r.target, r.target_mask)
+            else:
+                nll = model.nll_one_hot(params, x, pm, r.target, r.target_mask)
             return T.joint_loss(cfg.loss(nll, r.target_mask), mk)
 
-        g = jax.grad(f)(jax.lax.dynamic_slice_in_dim(oh, pb, ls, axis=0))  # [Ls, V]
+        g = jax.grad(f)(jax.lax.dynamic_slice_in_dim(oh, start, ls, axis=0))  # [Ls, V]
         score = jnp.where(p.allowed[None], -g, -jnp.inf)
         top = jax.lax.top_k(score, k)[1]  # [Ls, k]
         kp, kt = jax.random.split(jax.random.fold_in(key, state.step))
@@ -131,8 +151,7 @@ def _step(cfg: GCGConfig, state: GCGState, params) -> GCGState:
         which = jax.random.randint(kt, (nc,), 0, k)
         tok = top[pos, which]
         cands = jnp.broadcast_to(suffix, (nc, ls)).at[jnp.arange(nc), pos].set(tok)
-        # the request's ``before`` block is run once per member and cached for the candidates
-        jl = T.joint_loss(T.member_losses_cached(cfg.model, cfg.loss, params, r, cands, full), mk)
+        jl = T.joint_loss(T.member_losses_cached(model, cfg.loss, params, r, cands, full, cache), mk)
         jl = jnp.where(p.allowed[tok], jl, jnp.inf)  # fewer than k allowed ids: never pick a banned one
         i = jnp.argmin(jl)
         move = active & jnp.isfinite(jl[i])
@@ -146,8 +165,9 @@ def _step(cfg: GCGConfig, state: GCGState, params) -> GCGState:
         )
 
     s, bs, bl, q = jax.vmap(one)(
-        p.batch, p.mask, state.keys, state.suffix, state.best_suffix, state.best_loss, state.queries, p.cap
-    )
+        p.batch, p.mask, state.keys, state.suffix, state.best_suffix, state.best_loss, state.queries, p.cap,
+        state.prefix,
+    )  # fmt: skip
     return state._replace(suffix=s, best_suffix=bs, best_loss=bl, queries=q, step=state.step + 1)
 
 
