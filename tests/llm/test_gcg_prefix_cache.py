@@ -54,6 +54,9 @@ def test_batched_cached_scoring_equals_full_prompts(name):
         got = np.asarray(cached(model, target_loss, params, r, sufs, sm))
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
         assert np.ptp(want) > 1e-2  # the candidates differ: the comparison can fail
+        for n in (1, 3):  # one chunk; two uneven chunks
+            part = np.asarray(cached(model, target_loss, params, r, sufs[:n], sm[:n]))
+            np.testing.assert_allclose(part, want[:, :n], rtol=1e-5, atol=1e-5)
         # the per-token NLLs too (the padded target token gets 0)
         ids = np.concatenate([sufs, np.broadcast_to(r.after, (4, r.after.shape[0]))], 1)
         msk = np.concatenate([sm, np.broadcast_to(r.after_mask, (4, r.after.shape[0]))], 1)
