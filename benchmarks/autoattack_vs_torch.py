@@ -21,7 +21,18 @@ reference's AutoAttack: False); the targets (9), restarts (1), Square's 5,000 qu
 (``--iters``, default 10: the same work) and with torchattacks' rescaled Square schedule
 (``square_rescale_schedule=True``; sarjax's AutoAttack default is the reference's False);
 ``--reference`` adds a sarjax run at the reference's 100 iterations and Square schedule (robust
-accuracy only, for the record). ``--repeats 0``: the compiling sarjax call is its only round and
+accuracy only, for the record).  ``--apgd-alone`` compares APGD-CE and APGD-T run alone: the reference, torchattacks and sarjax
+with either l2 projection, and sarjax started from the reference's own random points.
+``--arbiter`` also runs AutoAttack's own APGD-CE and then APGD-T
+(the reference code, pip ``pyautoattack``, ``autopgd_base.py``) at ``--iters`` on the same torch
+twin and images: the robust accuracy after each of the two stages, to tell whose APGD differs
+from the reference when sarjax and torchattacks disagree (robust accuracy only, not timed).
+
+l2: sarjax's APGD uses the reference's l2 rule (rescale onto the ball, then clip to the box;
+``make_apgd(projection="reference")``, the default); before, it projected exactly onto the
+ball ∩ box, a stronger attack, and disagreed with both peers (docs/autoattack.md).  torchattacks
+3.5.1's ``APGDT`` takes the l2 gradient step with ``step_size[0]`` (``apgdt.py``, the L2 branch):
+every row moves with the first row's step size, not its own. ``--repeats 0``: the compiling sarjax call is its only round and
 torchattacks runs once (sarjax's wall time then includes compilation).
 
     python benchmarks/autoattack_vs_torch.py --quick     # 32 images, a minute or two
@@ -84,6 +95,100 @@ def _model(a, data):
     return arch, jax.tree.map(lambda v: v[0], stack.params), what
 
 
+def _arbiter(a, tm, xt, yt) -> dict:
+    """AutoAttack's reference APGD-CE, then APGD-T on the points it leaves robust (pyautoattack,
+    ``autopgd_base.py``, ``--iters`` iterations, seed ``--seed``): robust accuracy after each."""
+    import torch
+    from pyautoattack.autopgd_base import APGDAttack, APGDAttack_targeted
+
+    tnorm = {"linf": "Linf", "l2": "L2"}[a.norm]
+    with torch.no_grad():
+        robust = (tm(xt).argmax(1) == yt).numpy()
+    out = {}
+    for name, cls in (("apgd-ce", APGDAttack), ("apgd-t", APGDAttack_targeted)):
+        idx = np.flatnonzero(robust)
+        if len(idx):
+            atk = cls(tm, n_iter=a.iters, norm=tnorm, eps=a.eps, seed=a.seed, device="cpu")
+            adv = atk.perturb(xt[idx], yt[idx])
+            with torch.no_grad():
+                robust[idx] = (tm(adv).argmax(1) == yt[idx]).numpy()
+        out[name] = float(robust.mean())
+    out["robust"] = np.flatnonzero(robust).tolist()
+    return out
+
+
+def _apgd_alone(a, arch, params, tm, x, y, xt, yt) -> dict:
+    """APGD-CE and APGD-T alone (``--iters``, the correctly classified images): how many images each
+    implementation leaves robust. The reference (pyautoattack) at seeds ``--seed`` .. ``--seed + 2``;
+    torchattacks; sarjax with each l2 ``projection`` at keys ``--seed``, ``--seed + 1``; sarjax's
+    APGD-CE from the reference's own random start (``x_init``), compared per image; and
+    torchattacks' ``APGDT`` with its ``step_size[0]`` (l2 branch) replaced by ``step_size``."""
+    import inspect
+    import types
+
+    import torch
+    import torchattacks
+    import torchattacks.attacks.apgdt as ta_apgdt
+    from pyautoattack.autopgd_base import APGDAttack, APGDAttack_targeted
+
+    from sarjax.attacks.apgd import make_apgd, make_apgd_t
+
+    tnorm = {"linf": "Linf", "l2": "L2"}[a.norm]
+    with torch.no_grad():
+        idx = np.flatnonzero((tm(xt).argmax(1) == yt).numpy())
+    xs, ys = xt[idx], yt[idx]
+
+    def robust(adv):
+        with torch.no_grad():
+            return (tm(adv).argmax(1) == ys).numpy()
+
+    out = {"images": len(idx)}
+    seeds = [a.seed + k for k in range(3)]
+    ref_ce = {sd: robust(APGDAttack(tm, n_iter=a.iters, norm=tnorm, eps=a.eps, seed=sd, device="cpu").perturb(xs, ys)) for sd in seeds}
+    out["reference apgd-ce"] = [int(ref_ce[sd].sum()) for sd in seeds]
+    out["reference apgd-t"] = [
+        int(robust(APGDAttack_targeted(tm, n_iter=a.iters, norm=tnorm, eps=a.eps, seed=sd, device="cpu").perturb(xs, ys)).sum())
+        for sd in seeds
+    ]
+    out["torchattacks apgd-ce"] = int(robust(torchattacks.APGD(tm, norm=tnorm, eps=a.eps, steps=a.iters, seed=a.seed)(xs, ys)).sum())
+    out["torchattacks apgd-t"] = int(
+        robust(torchattacks.APGDT(tm, norm=tnorm, eps=a.eps, steps=a.iters, seed=a.seed, n_classes=10)(xs, ys)).sum()
+    )
+    src = inspect.getsource(ta_apgdt)
+    if "step_size[0] * grad" in src:  # torchattacks 3.5.1: every row steps with row 0's step size
+        fixed = types.ModuleType("apgdt_step_size_fixed")
+        fixed.__package__ = ta_apgdt.__package__
+        exec(compile(src.replace("step_size[0] * grad", "step_size * grad"), "apgdt_step_size_fixed", "exec"), fixed.__dict__)
+        out["torchattacks apgd-t, step_size[0] -> step_size"] = int(
+            robust(fixed.APGDT(tm, norm=tnorm, eps=a.eps, steps=a.iters, seed=a.seed, n_classes=10)(xs, ys)).sum()
+        )
+    x0j, yj = jnp.asarray(x[idx]), jnp.asarray(y[idx])
+    for proj in ("reference", "exact"):
+        for name, make in (("apgd-ce", make_apgd), ("apgd-t", make_apgd_t)):
+            fn = make(arch.apply, norm=a.norm, eps=a.eps, n_iter=a.iters, projection=proj)
+            out[f"sarjax {name} projection={proj}"] = [
+                int((~np.asarray(fn(params, x0j, yj, key=jax.random.PRNGKey(k)).best_success).reshape(-1)).sum())
+                for k in (a.seed, a.seed + 1)
+            ]
+    # the reference's start for these rows: its first draw after torch.manual_seed(seed)
+    torch.manual_seed(a.seed)
+    t = torch.randn(xs.shape)
+    if a.norm == "l2":
+        start = xs + a.eps * t / (t.flatten(1).norm(dim=1).view(-1, 1, 1, 1) + 1e-12)
+    else:
+        t = 2 * torch.rand(xs.shape) - 1
+        start = xs + a.eps * t / t.flatten(1).abs().amax(1).view(-1, 1, 1, 1)
+    start = jnp.asarray(start.clamp(0, 1).numpy().transpose(0, 2, 3, 1))
+    for proj in ("reference", "exact"):
+        fn = make_apgd(arch.apply, norm=a.norm, eps=a.eps, n_iter=a.iters, projection=proj)
+        r = ~np.asarray(fn(params, x0j, yj, key=jax.random.PRNGKey(a.seed), x_init=start).best_success).reshape(-1)
+        out[f"sarjax apgd-ce projection={proj} from the reference's start"] = int(r.sum())
+        out[f"  projection={proj}: images robust for only one of it and the reference (seed {a.seed})"] = int(
+            (r != ref_ce[a.seed]).sum()
+        )
+    return out
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--samples", type=int, default=200)
@@ -112,10 +217,23 @@ def main(argv=None) -> dict:
     ap.add_argument("--train-eps", type=float, default=0.1)
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--reference", action="store_true", help="also run sarjax at the reference's 100 iterations")
+    ap.add_argument(
+        "--arbiter", action="store_true", help="also run the reference's (pyautoattack) APGD-CE and APGD-T at --iters"
+    )
+    ap.add_argument(
+        "--apgd-alone",
+        action="store_true",
+        help="also APGD-CE / APGD-T alone: reference (pyautoattack), torchattacks and sarjax (both l2 projections)",
+    )
     ap.add_argument("--quick", action="store_true", help="32 images, 1 repeat, 500 Square queries, 1 epoch, batch 16")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="benchmarks/results/autoattack_vs_torch.json")
+    from sarjax.compile_cache import add_compile_cache_argument, enable_compile_cache
+
+    add_compile_cache_argument(ap)  # a warm cache makes the first sarjax call load, not compile
     a = ap.parse_args(argv)
+    if a.compile_cache:
+        enable_compile_cache(a.compile_cache)
     if a.quick:
         a.samples, a.repeats, a.square_queries, a.epochs, a.batch_size = 32, 1, 500, 1, 16
     import torch
@@ -238,6 +356,24 @@ def main(argv=None) -> dict:
     only_s = np.flatnonzero(res.robust[:, 0] & ~run_torch.robust).tolist()
     only_t = np.flatnonzero(~res.robust[:, 0] & run_torch.robust).tolist()
     print(f"robust for sarjax only: {only_s}; robust for torchattacks only: {only_t} (last round)")
+    arbiter = None
+    if a.arbiter:
+        arbiter = _arbiter(a, tm, xt, yt)
+        print(
+            f"reference (pyautoattack) at {a.iters} iterations: after APGD-CE {100 * arbiter['apgd-ce']:.1f}%, "
+            f"after APGD-T {100 * arbiter['apgd-t']:.1f}% (sarjax: "
+            + ", ".join(f"{s.name} {100 * s.robust_accuracy[0]:.1f}%" for s in res.log[:2])
+            + "; torchattacks: "
+            + ", ".join(f"{n} {100 * r:.1f}%" for n, _, r in run_torch.stages[:2])
+            + ")"
+        )
+    alone = None
+    if a.apgd_alone:
+        alone = _apgd_alone(a, arch, params, tm, x, y, xt, yt)
+        print(f"APGD alone, {a.iters} iterations, images left robust of {alone['images']}:")
+        for k, v in alone.items():
+            if k != "images":
+                print(f"  {k}: {v}")
     ref = None
     if a.reference:
         t0 = time.perf_counter()
@@ -267,6 +403,8 @@ def main(argv=None) -> dict:
         ],
         sarjax_queries_per_image=float(res.queries.mean()),
         reference_100_iterations=ref,
+        arbiter_pyautoattack=arbiter,
+        apgd_alone=alone,
         defaults_note=(
             "torchattacks.AutoAttack builds APGD/APGD-T/FAB with steps=10 (reference: 100) and Square with "
             "resc_schedule=True (reference: False); both run here at --iters and sarjax's Square with the rescaled "
