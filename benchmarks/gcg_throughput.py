@@ -105,6 +105,31 @@ def _torch_gcg(models, before, after, target, suffix0, steps, topk, nc, seed, ca
     return suffix, best
 
 
+def _scoring_matmuls(params, n_rows, n_target_rows):
+    """The candidate scoring's matrix products alone, at its shapes: per layer q, k, v, o, gate, up
+    and down over ``n_rows`` token rows per member, and the LM head over ``n_target_rows``; a
+    floor for the scoring on this machine (XLA's own matmul speed, nothing else)."""
+    import jax.numpy as jnp
+
+    lay = params["layers"]
+    m, d = params["embed"].shape[0], params["embed"].shape[-1]
+    x0 = jnp.ones((m, n_rows, d), jnp.float32) * 0.01
+
+    def run(lay, head):
+        x, acc = x0, 0.0
+        for i in range(lay["wq"].shape[1]):
+            w = {k: a[:, i] for k, a in lay.items()}
+            mm = lambda a, b: jnp.einsum("mrd,mdf->mrf", a, b)  # noqa: E731
+            q, k, v = mm(x, w["wq"]), mm(x, w["wk"]), mm(x, w["wv"])
+            x = x + mm(q, w["wo"])
+            x = x + mm(mm(x, w["w_gate"]) * mm(x, w["w_up"]), w["w_down"])
+            acc = acc + k.sum() + v.sum()
+        return acc + jnp.einsum("mrd,mdv->mrv", x[:, :n_target_rows], head).sum()
+
+    f = jax.jit(run)
+    return lambda: f(lay, params["lm_head"]).block_until_ready()
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--members", type=int, default=4)
@@ -177,6 +202,16 @@ def main(argv=None):
     def torch_call(cache):
         return _torch_gcg(models, *tb[:3], tb[3], a.steps, a.topk, a.candidates, 0, cache)[1]
 
+    # where sarjax's step goes: the candidate scoring alone, and its matmuls alone (the floor)
+    jb = T.TextBatch(*(jax.numpy.asarray(x) for x in batch))
+    score = jax.jit(
+        lambda p, c: T.member_losses_cached(model, T.refusal_loss, p, T.row(jb, 0), c, np.ones(a.suffix_len))
+    )
+    score_call = lambda: score(params, cands).block_until_ready()  # noqa: E731
+    tp = a.suffix_len + a.after_len + a.target_len - 1  # the scored rows per candidate (last target token not run)
+    gemm_call = _scoring_matmuls(params, a.candidates * tp, a.candidates * a.target_len)
+    score_call(), gemm_call()
+
     variants = [(th, c) for th in a.threads for c in (True, False)]
     vname = lambda v: f"{v[0]}thr_{'prefix_cache' if v[1] else 'full_prompt'}"  # noqa: E731
 
@@ -185,15 +220,24 @@ def main(argv=None):
     compile_s = time.perf_counter() - t0
     torch_best = {c: torch_call(c) for c in (True, False)}
     t_jax, t_torch = [], {vname(v): [] for v in variants}
+    c_jax, c_torch = [], {vname(v): [] for v in variants}  # process CPU seconds (all threads)
+    t_score, t_gemm = [], []
     for _ in range(a.reps):  # alternate the contenders
         for v in variants:
             torch.set_num_threads(v[0])
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             torch_call(v[1])
             t_torch[vname(v)].append((time.perf_counter() - t) / a.steps)
-        t = time.perf_counter()
+            c_torch[vname(v)].append((time.process_time() - c) / a.steps)
+        t, c = time.perf_counter(), time.process_time()
         jax_call()
         t_jax.append((time.perf_counter() - t) / a.steps)
+        c_jax.append((time.process_time() - c) / a.steps)
+        for fn_, out in ((score_call, t_score), (gemm_call, t_gemm)):
+            t = time.perf_counter()
+            for _ in range(a.steps):
+                fn_()
+            out.append((time.perf_counter() - t) / a.steps)
     med = lambda x: float(np.median(x))  # noqa: E731
     best_th = min(t_torch, key=lambda k: med(t_torch[k]))
     ratio = med(t_torch[best_th]) / med(t_jax)
@@ -220,14 +264,28 @@ def main(argv=None):
         "torch_variant_fastest": best_th,
         "speedup_jax_vs_fastest_torch": ratio,
         "target_speedup": 2.0,
+        "cpu_seconds_per_step": {"jax": med(c_jax), **{f"torch_{k}": med(x) for k, x in c_torch.items()}},
+        "jax_breakdown_seconds": {
+            "candidate_scoring": med(t_score),
+            "candidate_scoring_matmuls_only": med(t_gemm),
+            "rest_of_step": med(t_jax) - med(t_score),
+        },
         "raw_seconds_per_step": {"jax": t_jax, "torch": t_torch},
         "note": "seconds per step include the start-suffix scoring (1 forward per member) spread over "
-        "the steps of a call, and, for sarjax, the host validation and audit of the entry",
+        "the steps of a call, and, for sarjax, the host validation and audit of the entry; "
+        "cpu_seconds_per_step counts every thread of the process (cpu = wall: one core busy); "
+        "jax_breakdown_seconds: the candidate scoring alone (jitted member_losses_cached on the "
+        "candidates) and its matrix products alone at the same shapes (XLA's matmul floor)",
     }
     print(
         f"joint GCG step (M={a.members}, {a.candidates} candidates, top-{a.topk}, T={a.before_len}+{a.suffix_len}"
         f"+{a.after_len}+{a.target_len}): torch loop ({best_th}, the fastest variant) {med(t_torch[best_th]) * 1e3:.1f} ms | "
         f"sarjax {med(t_jax) * 1e3:.1f} ms -> {ratio:.2f}x (target 2x)"
+    )
+    print(
+        f"sarjax step: candidate scoring {med(t_score) * 1e3:.1f} ms (its matmuls alone {med(t_gemm) * 1e3:.1f} ms), "
+        f"the rest {(med(t_jax) - med(t_score)) * 1e3:.1f} ms; cpu/wall per step: sarjax "
+        f"{med(c_jax) / med(t_jax):.2f}, torch {best_th} {med(c_torch[best_th]) / med(t_torch[best_th]):.2f}"
     )
     print(f"load average start {load_start}, end {os.getloadavg()} (2 cores: a quiet machine reads < 2)")
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
