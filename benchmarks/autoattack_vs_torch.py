@@ -144,13 +144,22 @@ def _apgd_alone(a, arch, params, tm, x, y, xt, yt) -> dict:
 
     out = {"images": len(idx)}
     seeds = [a.seed + k for k in range(3)]
-    ref_ce = {sd: robust(APGDAttack(tm, n_iter=a.iters, norm=tnorm, eps=a.eps, seed=sd, device="cpu").perturb(xs, ys)) for sd in seeds}
+    ref_ce = {
+        sd: robust(APGDAttack(tm, n_iter=a.iters, norm=tnorm, eps=a.eps, seed=sd, device="cpu").perturb(xs, ys))
+        for sd in seeds
+    }
     out["reference apgd-ce"] = [int(ref_ce[sd].sum()) for sd in seeds]
     out["reference apgd-t"] = [
-        int(robust(APGDAttack_targeted(tm, n_iter=a.iters, norm=tnorm, eps=a.eps, seed=sd, device="cpu").perturb(xs, ys)).sum())
+        int(
+            robust(
+                APGDAttack_targeted(tm, n_iter=a.iters, norm=tnorm, eps=a.eps, seed=sd, device="cpu").perturb(xs, ys)
+            ).sum()
+        )
         for sd in seeds
     ]
-    out["torchattacks apgd-ce"] = int(robust(torchattacks.APGD(tm, norm=tnorm, eps=a.eps, steps=a.iters, seed=a.seed)(xs, ys)).sum())
+    out["torchattacks apgd-ce"] = int(
+        robust(torchattacks.APGD(tm, norm=tnorm, eps=a.eps, steps=a.iters, seed=a.seed)(xs, ys)).sum()
+    )
     out["torchattacks apgd-t"] = int(
         robust(torchattacks.APGDT(tm, norm=tnorm, eps=a.eps, steps=a.iters, seed=a.seed, n_classes=10)(xs, ys)).sum()
     )
@@ -158,7 +167,10 @@ def _apgd_alone(a, arch, params, tm, x, y, xt, yt) -> dict:
     if "step_size[0] * grad" in src:  # torchattacks 3.5.1: every row steps with row 0's step size
         fixed = types.ModuleType("apgdt_step_size_fixed")
         fixed.__package__ = ta_apgdt.__package__
-        exec(compile(src.replace("step_size[0] * grad", "step_size * grad"), "apgdt_step_size_fixed", "exec"), fixed.__dict__)
+        exec(
+            compile(src.replace("step_size[0] * grad", "step_size * grad"), "apgdt_step_size_fixed", "exec"),
+            fixed.__dict__,
+        )
         out["torchattacks apgd-t, step_size[0] -> step_size"] = int(
             robust(fixed.APGDT(tm, norm=tnorm, eps=a.eps, steps=a.iters, seed=a.seed, n_classes=10)(xs, ys)).sum()
         )

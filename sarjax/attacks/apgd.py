@@ -598,7 +598,20 @@ def make_apgd_t(
     n_iter = V.check_positive_int("n_iter", n_iter)
     restarts = V.check_positive_int("restarts", restarts)
     cfg = _config(
-        apply, p, n_iter, restarts, "dlr-targeted", n_targets, False, rho, momentum, step0, box, l1_topk, eot, projection
+        apply,
+        p,
+        n_iter,
+        restarts,
+        "dlr-targeted",
+        n_targets,
+        False,
+        rho,
+        momentum,
+        step0,
+        box,
+        l1_topk,
+        eot,
+        projection,
     )
     return _public(cfg, "apgd-t", eps, audit, "labels")
 

@@ -573,8 +573,9 @@ def run_llm_sar(
         clean_broken = np.asarray(saved["broken"], bool)
         clean_gens = saved["generations"]
     else:
-        if hasattr(batch, "judge_clean"):  # each member on its own rendering (AutoDAN's batch)
-            clean_broken, clean_gens = batch.judge_clean(judge, behaviors)
+        judge_clean = getattr(batch, "judge_clean", None)
+        if judge_clean is not None:  # each member on its own rendering (AutoDAN's batch)
+            clean_broken, clean_gens = judge_clean(judge, behaviors)
         else:
             cids, cmask = _clean_prompts(batch)
             clean_broken, clean_gens = judge_members(respond, judge, behaviors, cids, cmask)
