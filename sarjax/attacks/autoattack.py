@@ -37,9 +37,9 @@ if ``m`` classifies it correctly; each attack run (a restart, a target, an l1 ph
 sees the ``[B, M]`` mask of the (sample, member) pairs still robust and attacks only those
 (per-member masks: a sample broken for member 0 is still attacked for member 1 in the same call);
 a pair broken by a run is removed from the mask before the next run. Before every run the
-samples still robust for some member are packed into chunks of ``batch_size`` rows, the last one
-padded to the smallest of the bucket sizes ``batch_size / 2^j``, ``j < 4`` (at most four compiled
-shapes per attack; a sample's random streams come from its sample id, so its chunk does not
+samples still robust for some member are packed into chunks of ``batch_size`` rows and the rest
+into chunks of the bucket sizes ``batch_size / 2^j``, ``j < 4``, the cover with the fewest padded
+rows (plus 16 rows per chunk; the last chunk padded; at most four compiled shapes per attack; a sample's random streams come from its sample id, so its chunk does not
 change its result): fully broken samples cost no compute in any later run. Restarts and targets are cascades
 too, as in AutoAttack's ``perturb``: a point broken by target 1 is not attacked at target 2.
 
@@ -540,6 +540,20 @@ def _buckets(bs: int) -> list[int]:
     return sorted({max(lo, -(-bs // 2**j)) for j in range(N_BUCKETS)})
 
 
+CHUNK_CALL_ROWS = 16  # a chunk's fixed cost, in padded rows, when the tail is split (sarjax)
+
+
+def _tail_plan(n: int, sizes: list[int]) -> list[int]:
+    """Chunk sizes (from ``sizes``, ascending) for the last ``n <= max(sizes)`` rows of a run:
+    the cover with the fewest padded rows plus ``CHUNK_CALL_ROWS`` per chunk. 74 rows with
+    buckets (32, 63, 125, 250) run as 63 + 32 (95 rows) rather than one chunk of 125: a Square
+    stage scans every row of a chunk for 5,000 iterations, so padding costs as much as a row."""
+    best: dict[int, tuple[int, tuple[int, ...]]] = {0: (0, ())}
+    for r in range(1, n + 1):
+        best[r] = min((best[max(r - s, 0)][0] + s + CHUNK_CALL_ROWS, best[max(r - s, 0)][1] + (s,)) for s in sizes)
+    return sorted(best[n][1], reverse=True)
+
+
 def _largereps(n_iter: int) -> list[tuple[float, int]]:
     iters = [math.ceil(s * n_iter) for _, s in LARGEREPS[:-1]]
     iters.append(n_iter - sum(iters))
@@ -777,9 +791,12 @@ def autoattack(
     sizes = _buckets(bs)
 
     def chunks_of(rows):
-        for c0 in range(0, len(rows), bs):
-            idx = rows[c0 : c0 + bs]
-            size = next(v for v in sizes if v >= len(idx))
+        full = len(rows) - len(rows) % bs
+        plan = [bs] * (full // bs) + (_tail_plan(len(rows) - full, sizes) if len(rows) > full else [])
+        c0 = 0
+        for size in plan:
+            idx = rows[c0 : c0 + size]
+            c0 += len(idx)
             pad_idx = np.concatenate([idx, np.repeat(idx[:1], size - len(idx))])
             valid = np.arange(size) < len(idx)
             yield idx, pad_idx, valid, (jnp.asarray(xp[pad_idx]), yp[pad_idx], jnp.asarray(sp[pad_idx]))

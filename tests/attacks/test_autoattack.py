@@ -215,6 +215,26 @@ def test_chunk_buckets():
     assert _buckets(40) == [32, 40]
 
 
+def test_tail_plan_is_the_cheapest_cover():
+    """The rows left after the full chunks run in bucket-sized chunks whose padded rows plus a
+    fixed cost per chunk are minimal: checked against brute force over every multiset."""
+    import itertools
+
+    from sarjax.attacks.autoattack import CHUNK_CALL_ROWS, _buckets, _tail_plan
+
+    assert _tail_plan(74, _buckets(250)) == [63, 32]  # not one chunk of 125
+    assert _tail_plan(100, _buckets(250)) == [125]
+    for bs in (250, 100, 40):
+        sizes = _buckets(bs)
+        covers = [c for k in range(1, 7) for c in itertools.combinations_with_replacement(sizes, k)]
+        for n in range(1, bs + 1):
+            plan = _tail_plan(n, sizes)
+            assert sum(plan) >= n and all(s in sizes for s in plan)
+            cost = sum(plan) + CHUNK_CALL_ROWS * len(plan)
+            best = min(sum(c) + CHUNK_CALL_ROWS * len(c) for c in covers if sum(c) >= n)
+            assert cost == best, (bs, n, plan)
+
+
 @pytest.mark.skipif(not FULL, reason="set SARJAX_AUTOATTACK_FULL=1")
 def test_known_answer_affine_l2():
     params, x, y, d = affine_problem("l2", seed=1)
