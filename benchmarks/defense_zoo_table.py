@@ -151,6 +151,9 @@ def main(argv=None) -> int:
             )
             write(False)
         print(f"[{label}] deterministic defenses done in {time.perf_counter() - t_all:.0f} s", flush=True)
+        # drop this radius's compiled kernels: one process running all four radii on the 12 defenses
+        # ran out of LLVM section memory (vm.max_map_count 65,530) in the l1 radius on 2026-12-02
+        jax.clear_caches()
     for pi, (norm, eps) in enumerate(points):
         label = f"{norm} {eps:g}"
         for j, k in enumerate(rand):
@@ -183,6 +186,7 @@ def main(argv=None) -> int:
             )
             write(False)
         print(f"[{label}] randomized defenses done in {time.perf_counter() - t_all:.0f} s", flush=True)
+        jax.clear_caches()
 
     out = write(True)
     print(_markdown([out]))
