@@ -21,19 +21,21 @@ reference's AutoAttack: False); the targets (9), restarts (1), Square's 5,000 qu
 (``--iters``, default 10: the same work) and with torchattacks' rescaled Square schedule
 (``square_rescale_schedule=True``; sarjax's AutoAttack default is the reference's False);
 ``--reference`` adds a sarjax run at the reference's 100 iterations and Square schedule (robust
-accuracy only, for the record).  ``--apgd-alone`` compares APGD-CE and APGD-T run alone: the reference, torchattacks and sarjax
-with either l2 projection, and sarjax started from the reference's own random points.
-``--arbiter`` also runs AutoAttack's own APGD-CE and then APGD-T
+accuracy only, for the record). ``--apgd-alone`` compares APGD-CE and APGD-T run alone: the
+reference, torchattacks and sarjax with either l2 projection, and sarjax started from the
+reference's own random points. ``--arbiter`` also runs AutoAttack's own APGD-CE and then APGD-T
 (the reference code, pip ``pyautoattack``, ``autopgd_base.py``) at ``--iters`` on the same torch
 twin and images: the robust accuracy after each of the two stages, to tell whose APGD differs
 from the reference when sarjax and torchattacks disagree (robust accuracy only, not timed).
 
 l2: sarjax's APGD uses the reference's l2 rule (rescale onto the ball, then clip to the box;
 ``make_apgd(projection="reference")``, the default); before, it projected exactly onto the
-ball ∩ box, a stronger attack, and disagreed with both peers (docs/autoattack.md).  torchattacks
+ball ∩ box, a stronger attack, and disagreed with both peers (docs/autoattack.md). torchattacks
 3.5.1's ``APGDT`` takes the l2 gradient step with ``step_size[0]`` (``apgdt.py``, the L2 branch):
-every row moves with the first row's step size, not its own. ``--repeats 0``: the compiling sarjax call is its only round and
-torchattacks runs once (sarjax's wall time then includes compilation).
+every row moves with the first row's step size, not its own.
+
+``--repeats 0``: the compiling sarjax call is its only round and torchattacks runs once (sarjax's
+wall time then includes compilation).
 
     python benchmarks/autoattack_vs_torch.py --quick     # 32 images, a minute or two
     python benchmarks/autoattack_vs_torch.py --zoo /work/zoo/mnist --defense pgd-at-linf-0.3 --eps 0.3
@@ -95,23 +97,27 @@ def _model(a, data):
     return arch, jax.tree.map(lambda v: v[0], stack.params), what
 
 
+def _correct(tm, x, y) -> np.ndarray:
+    """``[n]`` bool: the torch twin classifies ``x`` as ``y``."""
+    import torch
+
+    with torch.no_grad():
+        return (tm(x).argmax(1) == y).numpy()
+
+
 def _arbiter(a, tm, xt, yt) -> dict:
     """AutoAttack's reference APGD-CE, then APGD-T on the points it leaves robust (pyautoattack,
     ``autopgd_base.py``, ``--iters`` iterations, seed ``--seed``): robust accuracy after each."""
-    import torch
     from pyautoattack.autopgd_base import APGDAttack, APGDAttack_targeted
 
     tnorm = {"linf": "Linf", "l2": "L2"}[a.norm]
-    with torch.no_grad():
-        robust = (tm(xt).argmax(1) == yt).numpy()
+    robust = _correct(tm, xt, yt)
     out = {}
     for name, cls in (("apgd-ce", APGDAttack), ("apgd-t", APGDAttack_targeted)):
         idx = np.flatnonzero(robust)
         if len(idx):
             atk = cls(tm, n_iter=a.iters, norm=tnorm, eps=a.eps, seed=a.seed, device="cpu")
-            adv = atk.perturb(xt[idx], yt[idx])
-            with torch.no_grad():
-                robust[idx] = (tm(adv).argmax(1) == yt[idx]).numpy()
+            robust[idx] = _correct(tm, atk.perturb(xt[idx], yt[idx]), yt[idx])
         out[name] = float(robust.mean())
     out["robust"] = np.flatnonzero(robust).tolist()
     return out
@@ -134,13 +140,11 @@ def _apgd_alone(a, arch, params, tm, x, y, xt, yt) -> dict:
     from sarjax.attacks.apgd import make_apgd, make_apgd_t
 
     tnorm = {"linf": "Linf", "l2": "L2"}[a.norm]
-    with torch.no_grad():
-        idx = np.flatnonzero((tm(xt).argmax(1) == yt).numpy())
+    idx = np.flatnonzero(_correct(tm, xt, yt))
     xs, ys = xt[idx], yt[idx]
 
     def robust(adv):
-        with torch.no_grad():
-            return (tm(adv).argmax(1) == ys).numpy()
+        return _correct(tm, adv, ys)
 
     out = {"images": len(idx)}
     seeds = [a.seed + k for k in range(3)]
@@ -184,10 +188,10 @@ def _apgd_alone(a, arch, params, tm, x, y, xt, yt) -> dict:
             ]
     # the reference's start for these rows: its first draw after torch.manual_seed(seed)
     torch.manual_seed(a.seed)
-    t = torch.randn(xs.shape)
     if a.norm == "l2":
+        t = torch.randn(xs.shape)
         start = xs + a.eps * t / (t.flatten(1).norm(dim=1).view(-1, 1, 1, 1) + 1e-12)
-    else:
+    else:  # the reference's first draw is torch.rand (a randn before it would shift the stream)
         t = 2 * torch.rand(xs.shape) - 1
         start = xs + a.eps * t / t.flatten(1).abs().amax(1).view(-1, 1, 1, 1)
     start = jnp.asarray(start.clamp(0, 1).numpy().transpose(0, 2, 3, 1))
