@@ -106,20 +106,23 @@ def _torch_gcg(models, before, after, target, suffix0, steps, topk, nc, seed, ca
 
 
 def _scoring_matmuls(params, n_rows, n_target_rows):
-    """The candidate scoring's matrix products alone, at its shapes: per layer q, k, v, o, gate, up
-    and down over ``n_rows`` token rows per member, and the LM head over ``n_target_rows``; a
-    floor for the scoring on this machine (XLA's own matmul speed, nothing else)."""
+    """The candidate scoring's weight matrix products alone, at its shapes: per layer q, k, v, o,
+    gate, up and down over ``n_rows`` token rows per member, and the LM head over
+    ``n_target_rows``; a floor for the scoring on this machine (XLA's own matmul speed, nothing
+    else). The attention's score and value products are left out, so the floor is if anything low."""
     import jax.numpy as jnp
 
     lay = params["layers"]
     m, d = params["embed"].shape[0], params["embed"].shape[-1]
     x0 = jnp.ones((m, n_rows, d), jnp.float32) * 0.01
 
+    def mm(a, b):
+        return jnp.einsum("mrd,mdf->mrf", a, b)
+
     def run(lay, head):
         x, acc = x0, 0.0
         for i in range(lay["wq"].shape[1]):
             w = {k: a[:, i] for k, a in lay.items()}
-            mm = lambda a, b: jnp.einsum("mrd,mdf->mrf", a, b)  # noqa: E731
             q, k, v = mm(x, w["wq"]), mm(x, w["wk"]), mm(x, w["wv"])
             x = x + mm(q, w["wo"])
             x = x + mm(mm(x, w["w_gate"]) * mm(x, w["w_up"]), w["w_down"])

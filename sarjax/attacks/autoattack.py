@@ -38,9 +38,10 @@ sees the ``[B, M]`` mask of the (sample, member) pairs still robust and attacks 
 (per-member masks: a sample broken for member 0 is still attacked for member 1 in the same call);
 a pair broken by a run is removed from the mask before the next run. Before every run the
 samples still robust for some member are packed into chunks of ``batch_size`` rows and the rest
-into chunks of the bucket sizes ``batch_size / 2^j``, ``j < 4``, the cover with the fewest padded
-rows (plus 16 rows per chunk; the last chunk padded; at most four compiled shapes per attack; a sample's random streams come from its sample id, so its chunk does not
-change its result): fully broken samples cost no compute in any later run. Restarts and targets are cascades
+into chunks of the bucket sizes ``batch_size / 2^j``, ``j < 4``: the cover with the fewest padded
+rows plus 16 rows per chunk, the last chunk padded (at most four compiled shapes per attack; a
+sample's random streams come from its sample id, so its chunk does not change its result): fully
+broken samples cost no compute in any later run. Restarts and targets are cascades
 too, as in AutoAttack's ``perturb``: a point broken by target 1 is not attacked at target 2.
 
 Success of a run is decided by a verification forward pass of each member at the run's returned
@@ -548,9 +549,9 @@ def _tail_plan(n: int, sizes: list[int]) -> list[int]:
     the cover with the fewest padded rows plus ``CHUNK_CALL_ROWS`` per chunk. 74 rows with
     buckets (32, 63, 125, 250) run as 63 + 32 (95 rows) rather than one chunk of 125: a Square
     stage scans every row of a chunk for 5,000 iterations, so padding costs as much as a row."""
-    best: dict[int, tuple[int, tuple[int, ...]]] = {0: (0, ())}
+    best: dict[int, tuple[int, tuple[int, ...]]] = {0: (0, ())}  # rows -> (cost, chunk sizes)
     for r in range(1, n + 1):
-        best[r] = min((best[max(r - s, 0)][0] + s + CHUNK_CALL_ROWS, best[max(r - s, 0)][1] + (s,)) for s in sizes)
+        best[r] = min((c + s + CHUNK_CALL_ROWS, plan + (s,)) for s in sizes for c, plan in [best[max(r - s, 0)]])
     return sorted(best[n][1], reverse=True)
 
 
