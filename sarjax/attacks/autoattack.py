@@ -39,8 +39,10 @@ sees the ``[B, M]`` mask of the (sample, member) pairs still robust and attacks 
 a pair broken by a run is removed from the mask before the next run. Before every run the
 samples still robust for some member are packed into chunks of ``batch_size`` rows and the rest
 into chunks of the bucket sizes ``batch_size / 2^j``, ``j < 4``: the cover with the fewest padded
-rows plus 16 rows per chunk, the last chunk padded (at most four compiled shapes per attack; a
-sample's random streams come from its sample id, so its chunk does not change its result): fully
+rows plus 16 rows per chunk, the last chunk padded (at most four compiled shapes per attack;
+Square's last chunk is one chunk of its rows rounded up to a multiple of 8, since each of its
+5,000 iterations scans every padded row; a sample's random streams come from its sample id, so
+its chunk does not change its result): fully
 broken samples cost no compute in any later run. Restarts and targets are cascades
 too, as in AutoAttack's ``perturb``: a point broken by target 1 is not attacked at target 2.
 
@@ -111,6 +113,7 @@ SQUARE_GAIN = 0.002  # checks.py check_square_sr: alpha = .002
 BATCH = 250  # rows per compiled call (autoattack.py run_standard_evaluation: bs=250)
 N_BUCKETS = 4  # chunk sizes bs, bs / 2, bs / 4, bs / 8 (sarjax: padding vs compiled shapes)
 MIN_BUCKET = 32  # no chunk size below 32 rows unless bs is smaller (sarjax)
+SQUARE_GRANULE = 8  # Square's last chunk: its rows rounded up to a multiple of 8, one shape (sarjax)
 
 
 class AutoAttackWarning(UserWarning):
@@ -555,6 +558,15 @@ def _tail_plan(n: int, sizes: list[int]) -> list[int]:
     return sorted(best[n][1], reverse=True)
 
 
+def _square_tail(n: int, bs: int) -> list[int]:
+    """Square's chunk for the last ``n <= bs`` rows: one chunk of ``n`` rounded up to a multiple of
+    ``SQUARE_GRANULE`` (at most ``bs``). Square scans every row of a chunk at every one of its
+    thousands of iterations, so each padded row costs as much as a real one (74 rows: 80, not
+    63 + 32 = 95), while the chunk's fixed cost is a few rows; Square runs once per cascade, so
+    the shape compiles once per call, as the two bucket shapes of :func:`_tail_plan` would."""
+    return [min(bs, -(-n // SQUARE_GRANULE) * SQUARE_GRANULE)]
+
+
 def _largereps(n_iter: int) -> list[tuple[float, int]]:
     iters = [math.ceil(s * n_iter) for _, s in LARGEREPS[:-1]]
     iters.append(n_iter - sum(iters))
@@ -781,7 +793,8 @@ def autoattack(
     # member are packed into chunks of bs rows (compaction: a sample's draws depend on its sample id
     # only, so the rows a chunk holds do not change its result); the last chunk is padded, by
     # repeating a row with an all-zero mask (no queries, results dropped), up to the smallest of a
-    # few bucket sizes (bs, bs / 2, bs / 4, bs / 8: at most four compiled shapes per kernel).
+    # few bucket sizes (bs, bs / 2, bs / 4, bs / 8: at most four compiled shapes per kernel);
+    # Square's last chunk is its rows rounded up to a multiple of SQUARE_GRANULE (_square_tail).
     xp, yp, sp = x0, yh.astype(np.int32), sid_all.astype(np.int32)
     ctx = _Ctx(
         mem, p, eps, eot, tuple(float(v) for v in box), n_iter, fab_iter, square_queries, version,
@@ -791,9 +804,9 @@ def autoattack(
     m = mem.m
     sizes = _buckets(bs)
 
-    def chunks_of(rows):
+    def chunks_of(rows, tail=lambda n: _tail_plan(n, sizes)):
         full = len(rows) - len(rows) % bs
-        plan = [bs] * (full // bs) + (_tail_plan(len(rows) - full, sizes) if len(rows) > full else [])
+        plan = [bs] * (full // bs) + (tail(len(rows) - full) if len(rows) > full else [])
         c0 = 0
         for size in plan:
             idx = rows[c0 : c0 + size]
@@ -842,7 +855,8 @@ def autoattack(
             rows = np.flatnonzero(robust.any(axis=1))
             if not rows.size:  # nothing left to attack: no kernel call
                 break
-            for idx, pad_idx, valid, chunk in chunks_of(rows):
+            tail = (lambda n: _square_tail(n, bs)) if name == "square" else (lambda n: _tail_plan(n, sizes))
+            for idx, pad_idx, valid, chunk in chunks_of(rows, tail):
                 n = len(idx)
                 mk = robust[pad_idx] & valid[:, None]
                 xc, qc = run_one(chunk, mk.astype(np.float32), None if ranked is None else ranked[pad_idx])

@@ -235,6 +235,33 @@ def test_tail_plan_is_the_cheapest_cover():
             assert cost == best, (bs, n, plan)
 
 
+def test_square_tail_is_one_granular_chunk(cascade, monkeypatch):
+    """Square's last chunk holds its rows rounded up to a multiple of 8 (74 -> 80, not 63 + 32),
+    and the padding leaves every row's result as in an unpadded run."""
+    import sarjax.attacks.autoattack as aa
+
+    assert aa._square_tail(74, 250) == [80]
+    assert aa._square_tail(1, 250) == [8] and aa._square_tail(249, 250) == [250]
+    assert aa._square_tail(5, 6) == [6]  # never above the batch size
+    params, x, y, _, _, EPS = cascade
+    kw = dict(norm="linf", eps=EPS, key=jax.random.PRNGKey(0), attacks=["square"], checks=False, **BUDGET)
+    whole = autoattack(linear, params, x, y, **kw)
+    seen = []
+    real = aa._square_run
+
+    def spy(ctx, chunk, mask, key):
+        seen.append(mask.shape[0])
+        return real(ctx, chunk, mask, key)
+
+    monkeypatch.setattr(aa, "_square_run", spy)
+    # 20 samples in chunks of 12: one full chunk, then the 8 left in one chunk of 8 (buckets: 12)
+    x20, y20, sid = np.concatenate([x, x[:4]]), np.concatenate([y, y[:4]]), np.r_[np.arange(16), np.arange(4)]
+    parts = autoattack(linear, params, x20, y20, batch_size=12, sample_ids=sid, **kw)
+    assert seen == [12, 8]
+    assert parts.robust[:, 0].tolist() == np.r_[whole.robust[:, 0], whole.robust[:4, 0]].tolist()
+    assert parts.queries[:, 0].tolist() == np.r_[whole.queries[:, 0], whole.queries[:4, 0]].tolist()
+
+
 @pytest.mark.skipif(not FULL, reason="set SARJAX_AUTOATTACK_FULL=1")
 def test_known_answer_affine_l2():
     params, x, y, d = affine_problem("l2", seed=1)
