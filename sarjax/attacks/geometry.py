@@ -6,8 +6,9 @@ count as one vector) with a scalar ``eps``; ``jax.vmap`` them for batches.
 
 Projections return the Euclidean-nearest point of
 ``{x' : ||x' - x0||_p <= eps} ∩ [lo, hi]^d`` (``x0`` is assumed to lie in the
-box).  linf is closed form; l0 keeps the ``floor(eps)`` best coordinates (one
-stable sort).  l2 and l1 solve the scalar KKT equation exactly by piecewise
+box).  linf is closed form; l0 keeps the ``floor(eps)`` best coordinates (the
+k-th best gain by a 31-step bisection on its float32 bit pattern, ties to the lower
+index; ``_project_l0_sort``, one stable sort, is the same rule).  l2 and l1 solve the scalar KKT equation exactly by piecewise
 Newton (one fused O(d) pass per step, 2-9 steps measured on 784-dim inputs;
 the iteration ends on the exact root of the piecewise quadratic / linear
 norm function), then rescale so the result never leaves the ball.  Exact
@@ -143,6 +144,12 @@ def project(x: jnp.ndarray, x0: jnp.ndarray, eps, p, box=(0.0, 1.0)) -> jnp.ndar
     if p == 1.0:
         return _project_l1_newton(x, x0, eps, box)
     return _project_l0(x, x0, eps, box)
+
+
+def _l0_gain(x, x0, box):
+    """``[d]`` squared distance saved by moving coordinate i from ``x0`` to ``clip(x)``, and ``clip(x)``."""
+    xc = _clip_box(x, box)
+    return jnp.ravel((x - x0) ** 2 - (x - xc) ** 2), xc
 
 
 def _feasible_end(d, eps, p):
@@ -354,14 +361,37 @@ def _project_l1_newton(x, x0, eps, box):
 
 
 def _project_l0(x, x0, eps, box):
-    # Keep the k coordinates whose move to clip(x) saves the most squared distance;
-    # revert the others to x0.  Gain_i = (x_i - x0_i)^2 - (x_i - clip(x_i))^2 >= 0.
-    # One stable sort by (-gain, index) gives the k-th kept pair (g*, i*); keep
-    # exactly those before it in that order: ties go to the lower index.
-    xc = _clip_box(x, box)
-    gain = jnp.ravel((x - x0) ** 2 - (x - xc) ** 2)
+    # Keep the k coordinates whose move to clip(x) saves the most squared distance, ties to the
+    # lower index (the rule of _project_l0_sort); revert the others to x0. Gain_i >= 0, so its
+    # float32 bit pattern is monotone in its value: the k-th largest gain g* is the largest bit
+    # pattern t with #{bits >= t} >= k, found by 31 halvings of [0, 2^31) (exact, no sort; XLA's
+    # CPU sort of 784 elements costs more than these passes). Keep every gain > g* and the first
+    # k - #{gain > g*} of those equal to g* in index order.
+    gain, xc = _l0_gain(x, x0, box)
+    gain = jnp.where(gain > 0, gain, 0.0)  # +0.0 for rounding below zero (never kept)
     n = gain.shape[0]
-    k = jnp.floor(eps + 1e-6).astype(jnp.int32)  # tolerate eps = 2.9999999
+    k = jnp.clip(jnp.floor(eps + 1e-6).astype(jnp.int32), 0, n)  # tolerate eps = 2.9999999
+    bits = jax.lax.bitcast_convert_type(gain.astype(jnp.float32), jnp.int32)
+
+    def body(_, c):
+        lo, hi = c  # #{bits >= lo} >= k, #{bits >= hi} < k (or hi = max + 1)
+        mid = lo + (hi - lo) // 2
+        ok = jnp.sum(bits >= mid) >= k
+        return jnp.where(ok, mid, lo), jnp.where(ok, hi, mid)
+
+    g, _ = jax.lax.fori_loop(0, 31, body, (jnp.asarray(0, jnp.int32), jnp.max(bits) + 1))
+    above = bits > g
+    tied = bits == g
+    keep = above | (tied & (jnp.cumsum(tied) <= k - jnp.sum(above)))
+    keep = keep & (k > 0) & (gain > 0)
+    return jnp.where(keep.reshape(x.shape), xc, x0)
+
+
+def _project_l0_sort(x, x0, eps, box):
+    """:func:`_project_l0` by one stable sort by ``(-gain, index)`` (the independent check)."""
+    gain, xc = _l0_gain(x, x0, box)
+    n = gain.shape[0]
+    k = jnp.floor(eps + 1e-6).astype(jnp.int32)
     idx = jnp.arange(n, dtype=jnp.int32)
     key_s, idx_s = jax.lax.sort((-gain, idx), num_keys=1, is_stable=True)
     j = jnp.clip(k - 1, 0, n - 1)

@@ -309,17 +309,31 @@ def test_projection_passes_the_audit(p):
     assert rep.ok, rep.describe()
 
 
-def test_l0_single_sort_matches_double_argsort_with_ties():
-    rng = np.random.default_rng(7)
-    B, d = 40, 12
-    x0 = rng.uniform(0, 1, (B, d)).astype(np.float32)  # reshaped to [B, 3, 4, 1] below
+_batched_l0_sort = jax.jit(
+    jax.vmap(lambda x, x0, e, box: G._project_l0_sort(x, x0, e, box), in_axes=(0, 0, 0, None)), static_argnums=3
+)
+
+
+@pytest.mark.parametrize("solver", ["project", "sort"])
+@pytest.mark.parametrize("d", [12, 784])
+def test_l0_projection_matches_double_argsort_with_ties(solver, d):
+    # geometry.project (bisection on the gains' bit patterns) and the one-sort solver keep
+    # exactly the coordinates of the double-argsort reference, ties to the lower index
+    rng = np.random.default_rng(7 + d)
+    B = 40
+    x0 = rng.uniform(0, 1, (B, d)).astype(np.float32)  # reshaped to images below
     step = rng.choice([-0.5, 0.0, 0.25, 0.5, 1.5], (B, d)).astype(np.float32)  # many equal gains
     x0[:, :3] = 0.25
     x = x0 + step
     k = rng.integers(0, d + 3, B).astype(np.float32)  # k = 0 ... > d
     k[0], k[1] = 2.9999999, 3.5  # floored with the 1e-6 tolerance
-    args = (jnp.asarray(x).reshape(B, 3, 4, 1), jnp.asarray(x0).reshape(B, 3, 4, 1), jnp.asarray(k), 0, (0.0, 1.0))
-    got, want = np.asarray(_batched(*args)).reshape(B, d), np.asarray(_batched_ref(*args)).reshape(B, d)
+    shape = (B, 3, 4, 1) if d == 12 else (B, 28, 28, 1)
+    args = (jnp.asarray(x).reshape(shape), jnp.asarray(x0).reshape(shape), jnp.asarray(k), 0, (0.0, 1.0))
+    want = np.asarray(_batched_ref(*args)).reshape(B, d)
+    if solver == "project":
+        got = np.asarray(_batched(*args)).reshape(B, d)
+    else:
+        got = np.asarray(_batched_l0_sort(args[0], args[1], args[2], (0.0, 1.0))).reshape(B, d)
     np.testing.assert_array_equal(got, want)
     changed = (got != x0).sum(axis=1)
     assert (changed <= np.floor(k + 1e-6)).all()
