@@ -7,11 +7,24 @@ reported.  Compile first (:func:`first_calls`), then time (:func:`round_robin`).
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 from collections.abc import Callable
 
 import jax
+
+
+def add_torch_threads_argument(ap: argparse.ArgumentParser, what: str) -> None:
+    """``--threads N [N ...]``: the torch intra-op thread counts ``what`` is timed at (default 1
+    and 2); the benchmarks quote their ratio against the fastest of them."""
+    ap.add_argument(
+        "--threads",
+        type=int,
+        nargs="+",
+        default=[1, 2],
+        help=f"torch intra-op thread counts {what} runs at, alternated with sarjax (the baseline is the fastest)",
+    )
 
 
 def repeated(f: Callable, inner: int, *args) -> Callable[[], object]:

@@ -61,6 +61,7 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _timing import add_torch_threads_argument  # noqa: E402
 from train_throughput import load_jax_params, torch_module  # noqa: E402  (the torch twins)
 
 
@@ -229,13 +230,7 @@ def main(argv=None) -> dict:
         default=250,
         help="sarjax rows per compiled call (AutoAttack's bs; still-robust rows are packed)",
     )
-    ap.add_argument(
-        "--threads",
-        type=int,
-        nargs="+",
-        default=[1, 2],
-        help="torch intra-op thread counts, each a contender alternated with sarjax (the ratio is against the fastest)",
-    )
+    add_torch_threads_argument(ap, "torchattacks")
     ap.add_argument("--pool", default=None, help="a saved pool: attack its first member (a CNN or MLP)")
     ap.add_argument("--pgd-at", action="store_true", help="train the CNN with PGD-AT (else standard)")
     ap.add_argument("--train-eps", type=float, default=0.1)

@@ -43,6 +43,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import jax
 import numpy as np
+from _timing import add_torch_threads_argument  # the shared --threads option (benchmarks/ is on sys.path)
 
 
 def _build_members(m, layers, d, heads, kv_heads, ffn, vocab, tmp):
@@ -93,13 +94,7 @@ def main(argv=None):
     ap.add_argument("--gen-batch", type=int, default=8)
     ap.add_argument("--gen-tokens", type=int, default=32)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument(
-        "--threads",
-        type=int,
-        nargs="+",
-        default=[1, 2],
-        help="torch intra-op thread counts to time (the baseline is the fastest; default 1 2)",
-    )
+    add_torch_threads_argument(ap, "transformers")
     ap.add_argument("--out", default="benchmarks/results/llm_throughput.json")
     a = ap.parse_args(argv)
 

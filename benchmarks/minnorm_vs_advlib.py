@@ -38,6 +38,7 @@ import types
 from pathlib import Path
 
 import numpy as np
+from _timing import add_torch_threads_argument  # the shared --threads option (benchmarks/ is on sys.path)
 
 
 def _import_advlib():
@@ -327,13 +328,7 @@ def main():
     ap.add_argument("--affine", action="store_true", help="also compare on the affine known-answer instances")
     ap.add_argument("--skip-mnist", action="store_true")
     ap.add_argument("--attacks", default="", help="comma-separated subset, e.g. pdpgd,fab (default: all)")
-    ap.add_argument(
-        "--threads",
-        type=int,
-        nargs="+",
-        default=[1, 2],
-        help="torch thread counts adv-lib runs at, alternated with sarjax (the speedup is against the faster)",
-    )
+    add_torch_threads_argument(ap, "adv-lib")
     args = ap.parse_args()
     defaults = (
         dict(n=16, queries=200, epochs=2, train_samples=10000) if args.quick else dict(n=64, queries=1000, epochs=4)
