@@ -804,9 +804,11 @@ def autoattack(
     m = mem.m
     sizes = _buckets(bs)
 
-    def chunks_of(rows, tail=lambda n: _tail_plan(n, sizes)):
+    def chunks_of(rows, square=False):
         full = len(rows) - len(rows) % bs
-        plan = [bs] * (full // bs) + (tail(len(rows) - full) if len(rows) > full else [])
+        n_tail = len(rows) - full
+        tail = (_square_tail(n_tail, bs) if square else _tail_plan(n_tail, sizes)) if n_tail else []
+        plan = [bs] * (full // bs) + tail
         c0 = 0
         for size in plan:
             idx = rows[c0 : c0 + size]
@@ -855,8 +857,7 @@ def autoattack(
             rows = np.flatnonzero(robust.any(axis=1))
             if not rows.size:  # nothing left to attack: no kernel call
                 break
-            tail = (lambda n: _square_tail(n, bs)) if name == "square" else (lambda n: _tail_plan(n, sizes))
-            for idx, pad_idx, valid, chunk in chunks_of(rows, tail):
+            for idx, pad_idx, valid, chunk in chunks_of(rows, square=name == "square"):
                 n = len(idx)
                 mk = robust[pad_idx] & valid[:, None]
                 xc, qc = run_one(chunk, mk.astype(np.float32), None if ranked is None else ranked[pad_idx])
