@@ -441,16 +441,14 @@ def sarjax_fixed_start_attack(pool: Pool, key, eps: float, steps: int, starts, n
     return attack
 
 
-def sarjax_work(res, stacks: list[slice], sizes: tuple[int, ...], members: bool = False) -> dict:
+def sarjax_work(res, stacks: list[slice], sizes: tuple[int, ...]) -> dict:
     """The member x sample pairs sarjax's attack calls ran per step, read off a ``run_sar`` result.
 
     Per call (the joint attack of each round, the fallback where some sample needs it): the batch
     (the smallest of ``sizes``, :func:`sarjax.cover.vision.pack_sizes`, holding the call's samples)
     times the members run forward (every member: each step tracks every member's success) and
     the members whose stack runs its backward pass (:class:`sarjax.cover.vision.StackGate`: the
-    stacks holding a member some sample of the call attacks). ``members=True``
-    (:class:`sarjax.cover.vision.MemberGate`): the forward and backward passes of the members some
-    sample of the call attacks, plus one forward of every member at the returned point.
+    stacks holding a member some sample of the call attacks).
     """
     r_n, b, m = res.new_covered.shape
     unc = ~res.clean_broken & res.valid[:, None]
@@ -464,10 +462,6 @@ def sarjax_work(res, stacks: list[slice], sizes: tuple[int, ...], members: bool 
         bucket = next(z for z in sizes if z >= n)
         used = rows_sel.any(0)
         calls += 1
-        if members:
-            fwd += bucket * int(used.sum())
-            bwd += bucket * int(used.sum())
-            return
         fwd += bucket * m
         bwd += bucket * sum(sl.stop - sl.start for sl in stacks if used[sl].any())
 
@@ -671,12 +665,6 @@ def main(argv=None) -> dict:
         action="store_false",
         help="do not also time run_sar with pack_levels=0, gate_stacks=False (every member on every sample)",
     )
-    ap.add_argument(
-        "--no-sarjax-members",
-        dest="sarjax_members",
-        action="store_false",
-        help="do not also time run_sar with gate_members=True (only the attacked members each step)",
-    )
     ap.add_argument("--no-agreement", action="store_true")
     ap.add_argument("--no-speed", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
@@ -793,8 +781,6 @@ def main(argv=None) -> dict:
         contenders = {"sarjax": run_jax}
         if args.sarjax_unpacked:  # the old kernel: every member on every sample in every call
             contenders["sarjax_unpacked"] = lambda: run_jax(pack_levels=0, gate_stacks=False)
-        if args.sarjax_members:  # member-level pruning (MemberGate)
-            contenders["sarjax_members"] = lambda: run_jax(gate_members=True)
         for impl in args.torch_impls:
             tp_i = TorchPool(modules, groups, impl)
             for th in args.threads if device.type == "cpu" else [0]:
@@ -829,10 +815,6 @@ def main(argv=None) -> dict:
                         k_j = k_hat
                         speed["sarjax_rounds"] = int(res.num_rounds)
                         speed["sarjax_work"] = sarjax_work(res, list(pool.member_slices), sizes)
-                    elif name == "sarjax_members":
-                        speed["sarjax_members_rounds"] = int(res.num_rounds)
-                        speed["sarjax_members_work"] = sarjax_work(res, list(pool.member_slices), sizes, members=True)
-                        speed["sarjax_members_k_hat_equal_share"] = float(np.mean(np.all(k_hat == k_j, axis=-1)))
                     elif name == "sarjax_unpacked":
                         k_hat_of = k_hat
                         speed["sarjax_unpacked_work"] = sarjax_work(res, [slice(0, m)], (b,))
@@ -849,9 +831,6 @@ def main(argv=None) -> dict:
                 images_per_s_median=ips,
                 baseline=torch_best,
                 ratio_sarjax_vs_baseline=(ips["sarjax"] / ips[torch_best]) if torch_best else None,
-                ratio_sarjax_members_vs_baseline=(ips["sarjax_members"] / ips[torch_best])
-                if torch_best and "sarjax_members" in ips
-                else None,
                 ratios_vs_sarjax={k: ips["sarjax"] / v for k, v in ips.items()},
             )
             if k_hat_of is not None:  # packing and stack gating change no result

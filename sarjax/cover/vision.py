@@ -113,137 +113,6 @@ class StackGate:
         return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=0)
 
 
-class MemberGate:
-    """A pool's ``apply`` that runs only the members a call attacks (member-level pruning).
-
-    ``gate.params(mask)`` returns ``(pool.params, orders, inverses, counts)``: per stack, a
-    permutation of its members that puts the ``counts[i]`` members some row of ``mask`` (``[n, M]``)
-    selects first, and its inverse. :meth:`prepare_apply` permutes each stack's params once per
-    call; :meth:`apply_prepared` runs, per stack, the branch of a ``lax.switch`` over the member
-    count ``k = 0 .. K`` that evaluates the first ``k`` (selected) members and returns zero
-    logits for the rest, then puts the members back in pool order. So a call's every step (the
-    forward and the backward) costs the selected members only, as in a PyTorch loop over the
-    uncovered members, with one compiled program for every mask (the count is data, the branch
-    shapes are static).
-
-    The logits of the members a call does NOT select are zeros, so the attack's ``success`` and
-    ``member_loss`` for them are meaningless: :func:`run_sar` re-scores every member at the
-    returned point (:meth:`rescore`, one forward of the whole pool), which is what the greedy
-    reads. The selected members' logits and the loss weighted by the mask are those of
-    ``pool.apply`` up to float rounding (their matmuls run on fewer members), so a run agrees
-    with the stack-gated one up to the trajectories that rounding flips (tests).
-
-    Args:
-        pool: a :class:`sarjax.models.pool.Pool`.
-    """
-
-    _instances: Any = None  # weakref.WeakKeyDictionary: pool -> its gate
-
-    def __init__(self, pool: Any):
-        self.pool = pool
-        self.slices = tuple(pool.member_slices)
-        self._rescore: dict = {}
-
-    @classmethod
-    def of(cls, pool: Any) -> MemberGate:
-        """The gate of ``pool`` (one per pool object, so that kernels built on it are reused)."""
-        import weakref
-
-        if cls._instances is None:
-            cls._instances = weakref.WeakKeyDictionary()
-        gate = cls._instances.get(pool)
-        if gate is None:
-            gate = cls._instances[pool] = cls(pool)
-        return gate
-
-    def selection(self, mask: np.ndarray) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...], np.ndarray]:
-        """``(orders, inverses, counts)`` for a call whose rows select ``mask`` (``[n, M]``)."""
-        sel = np.asarray(mask).astype(bool).any(axis=0)
-        orders, inverses, counts = [], [], []
-        for sl in self.slices:
-            local = sel[sl]
-            order = np.argsort(~local, kind="stable").astype(np.int32)  # selected first, in order
-            orders.append(order)
-            inverses.append(np.argsort(order).astype(np.int32))
-            counts.append(int(local.sum()))
-        return tuple(orders), tuple(inverses), np.asarray(counts, np.int32)
-
-    def params(self, mask: np.ndarray) -> tuple[Any, ...]:
-        """The params of :meth:`apply` for a call whose rows select ``mask`` (``[n, M]``)."""
-        orders, inverses, counts = self.selection(mask)
-        return (
-            self.pool.params,
-            tuple(jnp.asarray(o) for o in orders),
-            tuple(jnp.asarray(v) for v in inverses),
-            jnp.asarray(counts),
-        )
-
-    def apply(self, params: Any, x: jax.Array) -> jax.Array:
-        """``[M, B, C]`` logits, zeros for the members not selected; ``params`` from :meth:`params`."""
-        fn, prepared = self.prepare_apply(params)
-        return fn(prepared, x)
-
-    def prepare_apply(self, params: Any) -> tuple[Callable, Any]:
-        """``(fn, prepared)`` with ``fn(prepared, x) == self.apply(params, x)``: each stack's params
-        permuted (selected members first) and laid out (:meth:`Stack.prepare`), once per call."""
-        p, orders, inverses, counts = params
-        prepared = tuple(
-            stack.prepare(jax.tree.map(lambda a, o=o: jnp.take(a, o, axis=0), q))
-            for stack, q, o in zip(self.pool.stacks, p, orders)
-        )
-        return self.apply_prepared, (prepared, inverses, counts)
-
-    @staticmethod
-    def _first(prepared: Any, k: int, k_all: int) -> Any:
-        """The first ``k`` members of a stack's prepared params (an MLP's ``_dense0_cat`` is
-        ``[D, K * H]``: its first ``k * H`` columns)."""
-        out = {}
-        for name, leaf in prepared.items():
-            if name == "_dense0_cat":
-                out[name] = leaf[:, : leaf.shape[1] // k_all * k]
-            else:
-                out[name] = jax.tree.map(lambda a: a[:k], leaf)
-        return out
-
-    def apply_prepared(self, prepared: Any, x: jax.Array) -> jax.Array:
-        """:meth:`apply` on the output of :meth:`prepare_apply`."""
-        prep, inverses, counts = prepared
-        outs = []
-        for i, (stack, q, inv) in enumerate(zip(self.pool.stacks, prep, inverses)):
-            k_all = len(stack.names)
-            c = stack.num_classes
-
-            def branch(z, k, stack=stack, q=q, k_all=k_all, c=c):
-                zero = jnp.zeros((k_all - k, z.shape[0], c), jnp.float32)
-                if k == 0:  # no member of this stack selected: no forward, no backward
-                    return zero
-                out = stack.apply_prepared(self._first(q, k, k_all), z).astype(jnp.float32)
-                return out if k == k_all else jnp.concatenate([out, zero], axis=0)
-
-            branches = [lambda z, k=k, branch=branch: branch(z, k) for k in range(k_all + 1)]
-            out = jax.lax.switch(counts[i], branches, x)
-            outs.append(jnp.take(out, inv, axis=0))
-        return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=0)
-
-    def rescore(self, x: np.ndarray, ref: np.ndarray, loss: str = "ce") -> tuple[np.ndarray, np.ndarray]:
-        """``(success [n, M] bool, member_loss [n, M])`` of EVERY member at ``x`` (``[n, *S]``),
-        scored as the attack scores them (:func:`sarjax.attacks.core.evaluate.scorer`, untargeted)."""
-        fn = self._rescore.get(loss)
-        if fn is None:
-            from sarjax.attacks.core.evaluate import make_batch_evaluate, scorer
-
-            evaluate = make_batch_evaluate(self.pool.apply, scorer(loss, False))
-
-            def score(params, x, ref):
-                mask = jnp.ones(ref.shape, jnp.float32)
-                _, ev = evaluate(params, x, ref, mask, jnp.zeros_like(ref))
-                return ev.success, ev.losses
-
-            fn = self._rescore[loss] = jax.jit(score)
-        succ, losses = fn(self.pool.params, jnp.asarray(x), jnp.asarray(ref, jnp.int32))
-        return np.asarray(succ, bool), np.asarray(losses, np.float64)
-
-
 def make_attack_oracles(
     attack: Callable,
     params: Any,
@@ -256,7 +125,6 @@ def make_attack_oracles(
     sample_ids: Any = None,
     pack_levels: int = 0,
     call_params: Callable[[np.ndarray], Any] | None = None,
-    rescore: Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None,
 ) -> tuple[JointAttack, SingleAttack]:
     """Joint and single-member oracles from a mask-driven attack.
 
@@ -296,9 +164,6 @@ def make_attack_oracles(
             the attacked rows are those of the unpacked call.
         call_params: optional ``call_params(mask [n, M] bool) -> params`` for
             each call (e.g. :meth:`StackGate.params`); default ``params``.
-        rescore: optional ``rescore(x [n, *S], ref [n, M]) -> (success [n, M], member_loss
-            [n, M])`` of every member at the point each row returns, replacing the attack's
-            own (:meth:`MemberGate.rescore`: the attack saw only the selected members).
 
     Returns:
         ``(joint, single)`` callables for :func:`sarjax.cover.greedy_sar`.
@@ -321,18 +186,14 @@ def make_attack_oracles(
     id_host = None if sample_ids is None else np.asarray(sample_ids)
     eps_host = None if eps is None or np.ndim(eps) == 0 else np.asarray(eps)
 
-    def _candidates(res: Any, ref_rows: np.ndarray) -> Candidates:
-        x = np.asarray(res.best_x if use_best else res.x_adv)
-        if rescore is not None:  # the attack scored only the members it attacked
-            covered, loss = rescore(x, ref_rows)
-        else:
-            covered = res.best_success if use_best else res.success
-            loss = res.member_loss
+    def _candidates(res: Any) -> Candidates:
+        x = res.best_x if use_best else res.x_adv
+        covered = res.best_success if use_best else res.success
         return Candidates(
-            x,
+            np.asarray(x),
             np.asarray(covered, dtype=bool),
             np.asarray(res.queries).astype(np.int64),
-            np.asarray(loss, dtype=np.float64),
+            np.asarray(res.member_loss, dtype=np.float64),
         )
 
     def _call(mask: np.ndarray, k: jax.Array) -> Candidates:
@@ -342,7 +203,7 @@ def make_attack_oracles(
         size = next((z for z in sizes if z >= n), b)
         if size == b:  # the whole batch (the unpacked call)
             ids = {} if id_host is None else {"sample_ids": id_host}
-            return _candidates(attack(cp, x0, ref, jnp.asarray(mask, jnp.float32), k, eps=eps, **ids), ref_host)
+            return _candidates(attack(cp, x0, ref, jnp.asarray(mask, jnp.float32), k, eps=eps, **ids))
         x_out = x0_host.copy()
         covered = np.zeros((b, m), bool)
         queries = np.zeros(b, np.int64)
@@ -363,8 +224,7 @@ def make_attack_oracles(
                 k,
                 eps=e,
                 sample_ids=id_host[idx],
-            ),
-            ref_host[idx],
+            )
         )
         x_out[rows] = res.x_adv[:n]
         covered[rows] = res.covered[:n]
@@ -500,7 +360,6 @@ def run_sar(
     overwrite: bool = False,
     pack_levels: int = PACK_LEVELS,
     gate_stacks: bool = True,
-    gate_members: bool = False,
 ) -> SARResult:
     """SAR_{1-delta} of a vision pool on a batch of images with joint linf PGD.
 
@@ -577,14 +436,6 @@ def run_sar(
             aimed at one member differentiates one architecture, not the pool).
             The results are unchanged. Ignored for a custom ``attack`` or a
             ``ShardedPool``.
-        gate_members: with the default attack on a :class:`~sarjax.models.pool.Pool`, every
-            step runs the forward and backward passes of only the members some row of the call
-            attacks (:class:`MemberGate`, which subsumes ``gate_stacks``), and every member is
-            re-scored once at the returned point. Equal to the stack-gated run up to float
-            rounding in the selected members' matmuls (which can flip a PGD sign step, so a
-            sample's trajectory and, rarely, its k_hat can differ); it compiles a branch per
-            member count of each stack (a longer first call). Default False. Ignored for a
-            custom ``attack`` or a ``ShardedPool``.
 
     Returns:
         SARResult over all ``B`` samples (round logs padded across chunks).
@@ -653,13 +504,11 @@ def run_sar(
         )
     if isinstance(pack_levels, bool) or not isinstance(pack_levels, (int, np.integer)) or pack_levels < 0:
         raise ValueError(f"pack_levels must be an int >= 0, got {pack_levels!r}")
-    gate: StackGate | MemberGate | None = None
+    gate = None
     if attack is None:
         from sarjax.attacks.joint import make_joint_pgd
 
-        if gate_members and sharded is None and hasattr(base, "stacks"):
-            gate = MemberGate.of(pool)
-        elif gate_stacks and sharded is None and len(getattr(base, "stacks", ())) > 1:
+        if gate_stacks and sharded is None and len(getattr(base, "stacks", ())) > 1:
             gate = StackGate.of(pool)
         apply = pool.apply if gate is None else gate.apply
         attack = make_joint_pgd(apply, eps=float(eps), steps=steps, step_size=step_size, restarts=restarts)
@@ -693,8 +542,6 @@ def run_sar(
             "store_inputs": bool(store_inputs),
             "member_attacks": member_attacks is not None,
         }
-        if isinstance(gate, MemberGate):  # equal to the other runs up to rounding only
-            fingerprint["gate_members"] = True
         _open_checkpoint(root, fingerprint, overwrite, -(-b // chunk_size))
     parts = []
     for i, start in enumerate(range(0, b, chunk_size)):
@@ -723,7 +570,6 @@ def run_sar(
                 sample_ids=ids[idx],
                 pack_levels=int(pack_levels),
                 call_params=None if gate is None else gate.params,
-                rescore=gate.rescore if isinstance(gate, MemberGate) else None,
             )
             if member_attacks is not None:
                 single = precomputed_single(

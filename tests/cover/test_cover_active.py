@@ -1,4 +1,4 @@
-"""The SAR oracles attack only what is needed: packed active samples, gated stacks, gated members.
+"""The SAR oracles attack only what is needed: packed active samples, gated stacks.
 
 Known answers: a packed / gated run equals the unpacked, ungated run of the same key (every
 sample's stream comes from its id), and a switched-off stack contributes no input gradient.
@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 
 from sarjax.attacks.joint import make_joint_pgd
-from sarjax.cover.resume import FingerprintMismatch
-from sarjax.cover.vision import MemberGate, StackGate, make_attack_oracles, pack_sizes, run_sar
+from sarjax.cover.vision import StackGate, make_attack_oracles, pack_sizes, run_sar
 from sarjax.models.pool import Pool, Stack
 from sarjax.models.zoo import mlp
 
@@ -125,54 +124,3 @@ def test_stack_gate_keeps_logits_and_switches_off_a_stacks_gradient():
     np.testing.assert_allclose(g_off, g_stack0, rtol=1e-5, atol=1e-6)
     assert np.abs(np.asarray(g_off - g_pool)).max() > 1e-3
     np.testing.assert_array_equal(gate.switches(np.array([[0, 0, 0, 1, 0], [0, 0, 0, 0, 0]], bool)), [False, True])
-
-
-def test_member_gate_runs_only_the_selected_members():
-    gate = MemberGate.of(POOL)
-    assert MemberGate.of(POOL) is gate
-    x = jnp.asarray(X[:3])
-    # members 0 and 2 of stack 0 (3 members), none of stack 1 (2 members)
-    mask = np.array([[1, 0, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 0, 0, 0]], bool)
-    orders, inverses, counts = gate.selection(mask)
-    np.testing.assert_array_equal(counts, [2, 0])
-    np.testing.assert_array_equal(orders[0], [0, 2, 1])
-    np.testing.assert_array_equal(orders[0][inverses[0]], [0, 1, 2])
-    params = gate.params(mask)
-    z, z_pool = np.asarray(gate.apply(params, x)), np.asarray(POOL.apply(POOL.params, x))
-    sel = mask.any(0)
-    np.testing.assert_allclose(z[sel], z_pool[sel], rtol=1e-5, atol=1e-6)  # in pool order
-    assert not z[~sel].any()  # the others are never run: zero logits
-    # the input gradient of a loss on the selected members is the pool's
-    w = jnp.asarray(sel, jnp.float32)
-
-    def loss(apply, p):
-        return lambda u: jnp.sum(w[:, None, None] * jax.nn.log_softmax(apply(p, u)))
-
-    g_gate = jax.grad(loss(gate.apply, params))(x)
-    g_pool = jax.grad(loss(POOL.apply, POOL.params))(x)
-    np.testing.assert_allclose(g_gate, g_pool, rtol=1e-5, atol=1e-6)
-    assert np.abs(np.asarray(g_pool)).max() > 1e-3
-    # every member selected: the pool itself
-    full = gate.params(np.ones((1, 5), bool))
-    np.testing.assert_allclose(gate.apply(full, x), z_pool, rtol=1e-5, atol=1e-6)
-    # rescore: every member's success and loss, as the attack scores them
-    ref = POOL.predict(X[:3]).T.astype(np.int32)
-    ref[0, 1] = (ref[0, 1] + 1) % 3  # one member off its reference
-    succ, member_loss = gate.rescore(X[:3], ref)
-    np.testing.assert_array_equal(succ, z_pool.argmax(-1).T != ref)
-    lsm = np.asarray(jax.nn.log_softmax(jnp.asarray(z_pool), axis=-1))
-    want = -np.take_along_axis(lsm, ref.T[:, :, None], axis=-1)[..., 0].T
-    np.testing.assert_allclose(member_loss, want, rtol=1e-5, atol=1e-6)
-
-
-def test_member_gated_run_matches_the_stack_gated_run(runs, tmp_path):
-    _, new = runs
-    gated = run_sar(POOL, X, gate_members=True, **SAR_ARGS)
-    assert gated.num_rounds == new.num_rounds
-    for name in ("k_hat", "sar", "reached", "covered", "covered_round", "unbreakable", *_ROUND_LOGS):
-        np.testing.assert_array_equal(getattr(gated, name), getattr(new, name), err_msg=name)
-    np.testing.assert_allclose(gated.inputs, new.inputs, atol=1e-6)
-    # equal up to rounding only: a checkpoint of one does not resume the other
-    run_sar(POOL, X[:2], **{**SAR_ARGS, "sample_ids": [0, 1]}, checkpoint_dir=tmp_path)
-    with pytest.raises(FingerprintMismatch, match="gate_members"):
-        run_sar(POOL, X[:2], **{**SAR_ARGS, "sample_ids": [0, 1]}, checkpoint_dir=tmp_path, gate_members=True)
