@@ -4,7 +4,8 @@ Each step evaluates the difference of logits and its gradient at the iterate
 (2 queries), keeps the best adversarial point, then adapts the radius
 ``eps``: shrink it (towards the best norm) when the iterate is adversarial,
 grow it when not; before the first success it jumps to the first-order
-boundary estimate ``||delta|| + |margin| / ||grad||_q``.  The iterate moves
+boundary estimate ``||delta|| + |margin| / ||grad||_q``, enlarged by a factor
+``1 + 1e-4`` (see :data:`BOUNDARY_OVERSHOOT`).  The iterate moves
 along the l2-normalised gradient and is projected (exactly) onto the
 ``eps`` ball of ``x0`` intersected with the box.  For l0 the radius is an
 integer count of changed elements.
@@ -19,6 +20,20 @@ import jax.numpy as jnp
 from sarjax.attacks import geometry
 from sarjax.attacks import losses as L
 from sarjax.attacks import minnorm as mn
+
+BOUNDARY_OVERSHOOT = 1e-4
+"""Relative overshoot of the first-order boundary estimate before the first success.
+
+The reference (adv-lib's ``fmn``) jumps to exactly ``||delta|| + |margin| / ||grad||_q``
+and scales onto the sphere, so on a (locally) linear member it lands on the decision
+boundary and float rounding decides whether the point counts as adversarial.  sarjax's
+projection rounds strictly inside the ball (bound-true), which biases that tie towards
+"not adversarial": on an exactly affine member FMN then sat a rounding step inside the
+boundary for its whole budget and returned ``inf``.  Aiming ``1e-4`` beyond the estimate
+breaks the tie; after the first success the radius follows the reference's ``gamma``
+updates, which end within ``gamma_final = 0.001`` of the boundary, so the final norm is
+unaffected beyond that resolution.
+"""
 
 
 def _alphas(ctx):
@@ -53,7 +68,11 @@ def _step(ctx, state, i):
         eps = jnp.maximum(jnp.where(adv, shrink, grow), 0.0)
     else:
         dist = jnp.abs(m) / jnp.maximum(geometry.dual_norm(g, p), 1e-12)
-        eps = jnp.where(adv, jnp.minimum(eps * (1.0 - gamma), bn), jnp.where(found, eps * (1.0 + gamma), n + dist))
+        eps = jnp.where(
+            adv,
+            jnp.minimum(eps * (1.0 - gamma), bn),
+            jnp.where(found, eps * (1.0 + gamma), (n + dist) * (1.0 + BOUNDARY_OVERSHOOT)),
+        )
     eps = jnp.minimum(eps, worst)
     gn = jnp.maximum(jnp.sqrt(jnp.sum(g * g)), 1e-12)
     x = x + alpha * g / gn  # ascend the goal margin

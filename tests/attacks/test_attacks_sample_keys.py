@@ -2,8 +2,10 @@
 
 Per-sample keys are ``fold_in(key, sample_id)`` (they were ``split(key, B)[position]``): the same
 8 samples as one batch, as 3 padded chunks, in reversed order, or sharded over 8 fake devices
-give bit-identical ``x_adv`` / ``success`` / ``queries`` per sample, and ``run_sar`` gives the
-same per-sample result for any ``chunk_size`` or sample subset.
+give the same ``success`` / ``queries`` per sample exactly and the same ``x_adv`` / ``best_x`` to
+float32 rounding (a few ulps: XLA's CPU matmuls may round by batch size on some processors, seen on
+the CI machine at 6e-8; another sample's random stream moves a point by O(eps), 1e5 times more), and
+``run_sar`` gives the same per-sample result for any ``chunk_size`` or sample subset.
 """
 
 import importlib.util
@@ -76,12 +78,17 @@ def test_chunked_and_reversed_batches_give_identical_per_sample_results(name):
     reversed_ = _call(atk, rev, rev)
     chunked = _chunks(atk)
     for k in whole:
-        np.testing.assert_array_equal(reversed_[k][::-1], whole[k], err_msg=f"{name} reversed {k}")
-        np.testing.assert_array_equal(chunked[k], whole[k], err_msg=f"{name} chunked {k}")
-    assert not np.array_equal(whole["x_adv"], X)  # the attack moved: the test can tell
+        same = np.testing.assert_array_equal if k in ("success", "queries") else _same_point
+        same(reversed_[k][::-1], whole[k], err_msg=f"{name} reversed {k}")
+        same(chunked[k], whole[k], err_msg=f"{name} chunked {k}")
+    assert np.abs(whole["x_adv"] - X).max() > 1e-2  # the attack moved: the test can tell
     # without the ids a chunk's samples draw positions 0..2 of every chunk: other draws
     by_position = _chunks(atk, ids_default=True)
-    assert not np.array_equal(by_position["x_adv"][3:], whole["x_adv"][3:]), name
+    assert np.abs(by_position["x_adv"][3:] - whole["x_adv"][3:]).max() > 1e-2, name
+
+
+def _same_point(a, b, err_msg=""):
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-6, err_msg=err_msg)
 
 
 @pytest.mark.skipif(

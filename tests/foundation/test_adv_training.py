@@ -174,7 +174,7 @@ def test_pgd_at_perturbation_is_pgd_and_trades_kl_ascends(mnist):
 def test_fused_members_apply_matches_xla_values_and_gradients():
     """models.fused_members.member_apply: vmapped over stacked members with per-member inputs (and
     alone) it gives arch.apply's ("xla") logits and input gradients to
-    float32 rounding, its params gradients exactly, also as the inner attack of an outer params
+    float32 rounding, its params gradients to 1e-6 relative, also as the inner attack of an outer params
     gradient (the PGD-AT pattern)."""
     import dataclasses
 
@@ -200,8 +200,8 @@ def test_fused_members_apply_matches_xla_values_and_gradients():
     for a, c in zip(
         jax.tree.leaves(jax.jit(jax.vmap(jax.grad(loss(f))))(p, x)),
         jax.tree.leaves(jax.vmap(jax.grad(loss(xla.apply)))(p, x)),
-    ):
-        np.testing.assert_array_equal(a, c)
+    ):  # bit-identical on some processors; 1 ulp apart (4.8e-7 of 3.5) on the CI machine's
+        np.testing.assert_allclose(a, c, rtol=1e-6, atol=1e-7)
 
     def adv(apply):
         def obj(q, z):

@@ -113,19 +113,24 @@ def test_pool_layout_matches_single_member_and_known_optimum():
     # the stacked path (member apply vmapped over stacked params) gives the same result
     st = fmn.make_fmn(_stacked, norm=2, max_queries=200, stacked=True)(params, x0, y, key=jax.random.key(0))
     np.testing.assert_allclose(np.asarray(st.norm), np.asarray(res.norm), rtol=1e-5)
-    m = 1
-    pm = jax.tree.map(lambda a: a[m], params)
-    one = fmn.make_fmn(_stacked, norm=2, max_queries=200)(pm, x0, y, key=jax.random.key(0))
-    np.testing.assert_allclose(np.asarray(res.norm[:, m]), np.asarray(one.norm[:, 0]), rtol=1e-4)
-    # each member's norm is within 1.05x of that member's exact optimum where y is its prediction
-    pred = np.asarray(jnp.argmax(_member(x0, pm), -1))
-    Wm, bm = np.asarray(pm["W"]), np.asarray(pm["b"])
-    for i in range(B):
-        if pred[i] == y[i]:
-            opt = affine_min_norm(Wm, bm, x0[i], y[i], 2)[0]
-            assert np.asarray(res.norm[i, m]) <= 1.05 * opt + 1e-6
-        else:
-            assert np.asarray(res.norm[i, m]) == 0.0  # already misclassified: x0 itself
+    # each member alone gives its column; its norm is within 1.05x of that member's exact
+    # optimum where y is its prediction (member 0 on every sample: y is its prediction), and
+    # never below it (a norm below the optimum would be a bound or audit bug)
+    attacked = 0
+    for m in range(M):
+        pm = jax.tree.map(lambda a: a[m], params)
+        one = fmn.make_fmn(_stacked, norm=2, max_queries=200)(pm, x0, y, key=jax.random.key(0))
+        np.testing.assert_allclose(np.asarray(res.norm[:, m]), np.asarray(one.norm[:, 0]), rtol=1e-4)
+        pred = np.asarray(jnp.argmax(_member(x0, pm), -1))
+        Wm, bm = np.asarray(pm["W"]), np.asarray(pm["b"])
+        for i in range(B):
+            if pred[i] == y[i]:
+                opt = affine_min_norm(Wm, bm, x0[i], y[i], 2)[0]
+                assert opt * (1 - 1e-5) <= float(res.norm[i, m]) <= 1.05 * opt + 1e-6, (i, m, opt)
+                attacked += 1
+            else:
+                assert float(res.norm[i, m]) == 0.0  # already misclassified: x0 itself
+    assert attacked >= B  # member 0 on every sample at least: the optimum check is not vacuous
 
 
 def test_mask_and_per_member_refs():
