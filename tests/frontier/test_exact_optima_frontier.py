@@ -28,12 +28,14 @@ NORMS = ("linf", "l1")
 # Measured (scripts/exact_optima_frontier.py, key 0): the worst ratio of each tier over the 48
 # (net, sample) pairs, asserted with a small margin; the 12k bound is the issue's goal.
 WORST = {
-    ("linf", 4000): 1.01,  # 1.0046
-    ("linf", 8000): 1.01,  # 1.0046
+    # linf 4k / 8k were 1.0046 before FMN's boundary overshoot (docs/exact_optima.md): the better
+    # FMN base run sends Algorithm 1's greedy down another path (AOI 0.99977, was 0.99999)
+    ("linf", 4000): 1.03,  # 1.0234
+    ("linf", 8000): 1.03,  # 1.0234
     ("linf", 12000): 1.02,  # 1.0006
-    ("l1", 4000): 1.04,  # 1.0331
-    ("l1", 8000): 1.04,  # 1.0331
-    ("l1", 12000): 1.04,  # 1.0331: one sample of 48 (the pool's frontier reaches 1.0053 there)
+    ("l1", 4000): 1.04,  # 1.0328
+    ("l1", 8000): 1.04,  # 1.0328
+    ("l1", 12000): 1.04,  # 1.0328: one sample of 48 (the pool's frontier reaches 1.0053 there)
 }
 GOAL_MET = {"linf": True, "l1": False}  # as published (chains=False): the 12k tier within 1.02x on all 48 (measured)
 CHAIN_WORST_12K = {"linf": 1.001, "l1": 1.01}  # measured with chains=True: 1.00059, 1.00529 (the l1 frontier: 1.0053)
