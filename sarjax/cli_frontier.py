@@ -342,6 +342,7 @@ def run_frontier(
     import numpy as np
 
     from sarjax.attacks.minnorm import top_k_targets
+    from sarjax.compile_cache import release_compiled_near_map_limit
     from sarjax.cover import resume
     from sarjax.data.mnist import load_mnist
     from sarjax.frontier import PoolEntry, TrajectoryPool, build_report
@@ -429,6 +430,7 @@ def run_frontier(
                     tmp.replace(f)
                     timings[f"{tag}:{e.name}"] = dt
                     ran.append(f"{tag}:{e.name}")
+                    release_compiled_near_map_limit(log=bar.console.print if progress else None)
                 per_entry.append(traj)  # [B, M, L]
                 bar.advance(task)
             arr = np.stack(per_entry)  # [A, B, M, L]
@@ -486,6 +488,7 @@ def _run_autoattack(loaded, tp, x, y, *, norm, key, cfg, out: Path, progress: bo
     import numpy as np
 
     from sarjax.attacks.autoattack import autoattack_pool
+    from sarjax.compile_cache import release_compiled_near_map_limit
     from sarjax.frontier import eps_grid
     from sarjax.progress import progress_bar
 
@@ -524,6 +527,7 @@ def _run_autoattack(loaded, tp, x, y, *, norm, key, cfg, out: Path, progress: bo
                     )
                     rob.append(np.asarray(r.robust))
                     qs.append(np.asarray(r.queries))
+                    release_compiled_near_map_limit(log=bar.console.print if progress else None)
                 robust, queries = np.stack(rob), np.stack(qs)  # [E, B, M]
                 secs[mdl.tag] = time.time() - t0
                 tmp = f.with_suffix(".tmp.npz")

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from sarjax.compile_cache import enable_compile_cache
+from sarjax.compile_cache import enable_compile_cache, memory_maps, release_compiled_near_map_limit
 
 TINY = ["--samples", "3", "--steps", "2", "--restarts", "1", "--eps", "0.3", "--delta", "0"]
 
@@ -55,3 +55,44 @@ def test_sar_reruns_read_the_compiled_programs_back(tmp_path):
     keys = ("sar", "sar_se", "asr", "member_asr", "k_hat_histogram", "mean_queries_per_sample", "accuracy")
     for r in (first, second):
         assert {k: r[k] for k in keys} == {k: plain[k] for k in keys}
+
+
+# -- the memory-map guard (release_compiled_near_map_limit) ---------------------------------------
+
+needs_proc = pytest.mark.skipif(memory_maps() is None, reason="no /proc/self/maps (not Linux)")
+
+
+@needs_proc
+def test_memory_maps_counts_this_process():
+    used, limit = memory_maps()
+    with open("/proc/sys/vm/max_map_count") as f:
+        assert limit == int(f.read())
+    with open("/proc/self/maps") as f:
+        lines = sum(1 for _ in f)
+    assert used > 0 and abs(used - lines) <= 16  # the same count, up to mappings made in between
+
+
+@needs_proc
+def test_release_compiled_drops_the_programs_only_beyond_the_fraction():
+    import jax
+    import jax.numpy as jnp
+
+    def make(k):
+        return jax.jit(lambda x: jnp.sum(jnp.tanh(x @ x.T + k)))
+
+    base = memory_maps()[0]
+    fns = [make(float(k)) for k in range(40)]  # kept alive, as sarjax keeps its kernels
+    want = [float(f(jnp.ones((4, 4)))) for f in fns]
+    used, limit = memory_maps()
+    assert used - base >= 40  # every live executable holds mappings of its own (about 6 measured)
+    lines = []
+    assert not release_compiled_near_map_limit(min(1.0, 2 * used / limit), log=lines.append)
+    assert lines == [] and all(f._cache_size() == 1 for f in fns)
+    assert release_compiled_near_map_limit(used / 2 / limit, log=lines.append)
+    assert len(lines) == 1 and "vm.max_map_count" in lines[0] and f"{used:,}"[:2] in lines[0]
+    assert all(f._cache_size() == 0 for f in fns)
+    assert memory_maps()[0] <= base + (used - base) // 2  # their mappings are gone
+    assert [float(f(jnp.ones((4, 4)))) for f in fns] == want  # and they recompile to the same answers
+    for bad in (0.0, -0.5, 1.5):
+        with pytest.raises(ValueError, match="fraction must be in"):
+            release_compiled_near_map_limit(bad)

@@ -126,6 +126,34 @@ def test_frontier_cli_end_to_end(pools, tmp_path, capsys):
     assert fp["cap"] == 100
 
 
+def test_frontier_results_unchanged_when_the_map_guard_drops_the_programs(pools, tmp_path, monkeypatch, capsys):
+    """Near vm.max_map_count a run drops JAX's compiled programs between entries
+    (compile_cache.release_compiled_near_map_limit); forced after every entry here, the cached
+    trajectories equal those of a run without a drop, bit for bit."""
+    from sarjax import compile_cache
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    args = ["--models", *pools, *ARGS, "--restarts", "0"]  # 2 pools x 2 entries (fmn, fmn/t1)
+    assert main(["frontier", "--out", str(a), *args]) == 0
+    real, drops = compile_cache.release_compiled_near_map_limit, []
+
+    def spy(*args, **kw):
+        drops.append(real(*args, **kw))
+        return drops[-1]
+
+    monkeypatch.setattr(compile_cache, "memory_maps", lambda: (3, 4))  # 3 of 4 mappings in use: beyond half
+    monkeypatch.setattr(compile_cache, "release_compiled_near_map_limit", spy)
+    capsys.readouterr()
+    assert main(["frontier", "--out", str(b), *args]) == 0
+    assert drops == [True] * 4  # after each entry run
+    assert capsys.readouterr().err.count("dropped JAX's compiled programs") == 4
+    for d in ("0-p0", "1-p1"):
+        for n in ("fmn", "fmn_t1"):
+            za, zb = np.load(a / "cache" / d / f"{n}.npz"), np.load(b / "cache" / d / f"{n}.npz")
+            for k in ("norm", "trajectory", "queries"):
+                np.testing.assert_array_equal(za[k], zb[k])
+
+
 def test_frontier_cli_rejects_bad_arguments(pools, tmp_path, capsys):
     assert main(["frontier", "--models", pools[0], "--norm", "l2", "--out", str(tmp_path), "--cap", "25"]) == 2
     assert "multiple of 10" in capsys.readouterr().err
