@@ -89,7 +89,7 @@ def test_release_compiled_drops_the_programs_only_beyond_the_fraction():
     assert not release_compiled_near_map_limit(min(1.0, 2 * used / limit), log=lines.append)
     assert lines == [] and all(f._cache_size() == 1 for f in fns)
     assert release_compiled_near_map_limit(used / 2 / limit, log=lines.append)
-    assert len(lines) == 1 and "vm.max_map_count" in lines[0] and f"{used:,}"[:2] in lines[0]
+    assert len(lines) == 1 and f"memory mappings of vm.max_map_count {limit:,} in use" in lines[0]
     assert all(f._cache_size() == 0 for f in fns)
     assert memory_maps()[0] <= base + (used - base) // 2  # their mappings are gone
     assert [float(f(jnp.ones((4, 4)))) for f in fns] == want  # and they recompile to the same answers
