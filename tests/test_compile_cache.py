@@ -72,27 +72,37 @@ def test_memory_maps_counts_this_process():
     assert used > 0 and abs(used - lines) <= 16  # the same count, up to mappings made in between
 
 
+_GUARD_CHECK = """
+import jax, jax.numpy as jnp
+from sarjax.compile_cache import memory_maps, release_compiled_near_map_limit
+
+def make(k):
+    return jax.jit(lambda x: jnp.sum(jnp.tanh(x @ x.T + k)))
+
+base = memory_maps()[0]
+fns = [make(float(k)) for k in range(40)]  # kept alive, as sarjax keeps its kernels
+want = [float(f(jnp.ones((4, 4)))) for f in fns]
+used, limit = memory_maps()
+assert used - base >= 40, (base, used)  # every live executable holds mappings of its own (about 6 measured)
+lines = []
+assert not release_compiled_near_map_limit(min(1.0, 2 * used / limit), log=lines.append)
+assert lines == [] and all(f._cache_size() == 1 for f in fns)
+assert release_compiled_near_map_limit(used / 2 / limit, log=lines.append)
+assert len(lines) == 1 and f"memory mappings of vm.max_map_count {limit:,} in use" in lines[0], lines
+assert all(f._cache_size() == 0 for f in fns)
+after = memory_maps()[0]
+assert after <= base + (used - base) // 2, (base, used, after)  # their mappings are gone
+assert [float(f(jnp.ones((4, 4)))) for f in fns] == want  # and they recompile to the same answers
+print("ok", base, used, after)
+"""
+
+
 @needs_proc
 def test_release_compiled_drops_the_programs_only_beyond_the_fraction():
-    import jax
-    import jax.numpy as jnp
-
-    def make(k):
-        return jax.jit(lambda x: jnp.sum(jnp.tanh(x @ x.T + k)))
-
-    base = memory_maps()[0]
-    fns = [make(float(k)) for k in range(40)]  # kept alive, as sarjax keeps its kernels
-    want = [float(f(jnp.ones((4, 4)))) for f in fns]
-    used, limit = memory_maps()
-    assert used - base >= 40  # every live executable holds mappings of its own (about 6 measured)
-    lines = []
-    assert not release_compiled_near_map_limit(min(1.0, 2 * used / limit), log=lines.append)
-    assert lines == [] and all(f._cache_size() == 1 for f in fns)
-    assert release_compiled_near_map_limit(used / 2 / limit, log=lines.append)
-    assert len(lines) == 1 and f"memory mappings of vm.max_map_count {limit:,} in use" in lines[0]
-    assert all(f._cache_size() == 0 for f in fns)
-    assert memory_maps()[0] <= base + (used - base) // 2  # their mappings are gone
-    assert [float(f(jnp.ones((4, 4)))) for f in fns] == want  # and they recompile to the same answers
+    # in a fresh process: jax.clear_caches() in a test worker would make its later tests recompile
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    r = subprocess.run([sys.executable, "-c", _GUARD_CHECK], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.startswith("ok"), r.stderr[-3000:]
     for bad in (0.0, -0.5, 1.5):
         with pytest.raises(ValueError, match="fraction must be in"):
             release_compiled_near_map_limit(bad)

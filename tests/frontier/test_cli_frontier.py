@@ -126,6 +126,10 @@ def test_frontier_cli_end_to_end(pools, tmp_path, capsys):
     assert fp["cap"] == 100
 
 
+@pytest.mark.skipif(
+    os.environ.get("SARJAX_FRONTIER_FULL") != "1",
+    reason="set SARJAX_FRONTIER_FULL=1 (two frontier runs, the second recompiling after every entry)",
+)
 def test_frontier_results_unchanged_when_the_map_guard_drops_the_programs(pools, tmp_path, monkeypatch, capsys):
     """Near vm.max_map_count a run drops JAX's compiled programs between entries
     (compile_cache.release_compiled_near_map_limit); forced after every entry here, the cached
