@@ -109,10 +109,14 @@ def project_rescale_clip(x, x0, eps, box=(0.0, 1.0)):
 
 def random_on_sphere(key, x0, eps, box=(0.0, 1.0)):
     """AutoAttack's l2 random start for one example: ``x0 + eps * v / ||v||`` (``v`` standard
-    Gaussian), clipped to the box (``autopgd_base.py``, ``attack_single_run``, norm ``'L2'``)."""
+    Gaussian), clipped to the box (``autopgd_base.py``, ``attack_single_run``, norm ``'L2'``).
+
+    The radius is ``eps * (1 - 2**-22)``, a few ulps inside the sphere, as the projections land:
+    a point put exactly on the sphere measured up to 1 ulp above ``eps`` when XLA rounded the
+    in-kernel norm otherwise than numpy (seen at XLA's lowest optimisation level)."""
     v = jax.random.normal(jax.random.split(key)[0], x0.shape, x0.dtype)
     v = v / jnp.maximum(jnp.sqrt(jnp.sum(v * v)), G._TINY)
-    return project_rescale_clip(x0 + eps * v, x0, eps, box)
+    return project_rescale_clip(x0 + eps * (1.0 - G._SHRINK) * v, x0, eps, box)
 
 
 def l1_sparsity_update(sp_best, sp_last, eta, eta0, n_features):

@@ -47,6 +47,7 @@ import numpy as np
 from jax import lax
 
 from sarjax.models.stack import BaseStack, check_member_output, register_kind
+from sarjax.models.zoo import window_max
 
 PyTree = Any
 _INT64_MAX = 9223372036854775807
@@ -223,7 +224,7 @@ def _max_pool(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False)
         x = x[(Ellipsis, *(slice(0, o * ki) for o, ki in zip(outs, k)))]
         shape = x.shape[: x.ndim - n] + tuple(v for o, ki in zip(outs, k) for v in (o, ki))
         axes = tuple(x.ndim - n + 2 * i + 1 for i in range(n))
-        return jnp.max(x.reshape(shape), axis=axes)
+        return window_max(x.reshape(shape), axes)  # gradient to one element per window, as torch's
     return lax.reduce_window(x, -jnp.inf, lax.max, lead + k, lead + s, pads, window_dilation=lead + d)
 
 
