@@ -77,13 +77,17 @@ def phase_taps(x: jax.Array, k: int) -> jax.Array:
     return jnp.stack(phases)
 
 
-def _max4(v):
-    return jnp.maximum(jnp.maximum(v[0], v[1]), jnp.maximum(v[2], v[3]))
+def _max4_first(v):
+    """(maximum, index 0-3 of the first maximal) of the four ``v``, by a tournament of pairs.
 
-
-def _first_max(v, m):
-    """Index (0-3) of the first of the four ``v`` equal to their maximum ``m``."""
-    return jnp.where(v[0] == m, 0, jnp.where(v[1] == m, 1, jnp.where(v[2] == m, 2, 3)))
+    The index comes from comparisons between the ``v`` themselves, never from an equality with a
+    maximum computed elsewhere: if XLA computed that maximum from the ``v`` again with other
+    rounding, no phase would equal it and the gradient would go to a fallback phase silently (the
+    failure that ``zoo.window_max`` fixes for ``jnp.max``, where it was a NaN). Strict comparisons
+    keep the first of tied phases, as PyTorch's max-pool does."""
+    m01, m23 = jnp.maximum(v[0], v[1]), jnp.maximum(v[2], v[3])
+    i01, i23 = jnp.where(v[1] > v[0], 1, 0), jnp.where(v[3] > v[2], 3, 2)
+    return jnp.maximum(m01, m23), jnp.where(m23 > m01, i23, i01)
 
 
 def _pool(zs: list, act, relu: bool):
@@ -94,11 +98,10 @@ def _pool(zs: list, act, relu: bool):
     derivative at the winning phase (None for relu).
     """
     if relu:
-        m = _max4(zs)
-        return jax.nn.relu(m), jnp.where(m > 0, _first_max(zs, m), -1).astype(jnp.int8), None
+        m, first = _max4_first(zs)
+        return jax.nn.relu(m), jnp.where(m > 0, first, -1).astype(jnp.int8), None
     acts = [act(z) for z in zs]
-    y = _max4(acts)
-    idx = _first_max(acts, y)
+    y, idx = _max4_first(acts)
     zsel = jnp.where(idx == 0, zs[0], jnp.where(idx == 1, zs[1], jnp.where(idx == 2, zs[2], zs[3])))
     dact = jax.jvp(act, (zsel,), (jnp.ones_like(zsel),))[1]
     return y, idx.astype(jnp.int8), dact

@@ -120,12 +120,7 @@ def _first_layer(arch: Arch, p0, x):
     c0 = w.shape[-1]
     z = _lax_conv(_space_to_depth(x), _phase_kernel(w), _phase_padding(w.shape[0]))  # [B, h, w, 4 C0]
     z = z.reshape(*z.shape[:3], 4, c0) + b
-    if arch.act == "relu":
-        zs = [z[..., p, :] for p in range(4)]
-        m = F._max4(zs)
-        idx = F._first_max(zs, m)  # the first maximal phase
-        return jax.nn.relu(m), jnp.where(m > 0, idx, -1).astype(jnp.int8), None
-    return F._pool([z[..., p, :] for p in range(4)], F._act(arch), False)
+    return F._pool([z[..., p, :] for p in range(4)], F._act(arch), arch.act == "relu")
 
 
 def _first_layer_input_grad(arch: Arch, w0, dh1, idx0, dact0):

@@ -74,6 +74,28 @@ def test_fused_logits_and_input_gradient_equal_xla(case):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-11, rtol=1e-9)
 
 
+def test_exact_ties_route_to_the_first_maximal_phase_in_both_formulations():
+    """A blank block makes every pooling window inside it an exact tie (each phase sees only zeros
+    and the bias); gelu passes a non-zero derivative there. Both formulations send the cotangent to
+    the first maximal phase (fused: ``_max4_first``; xla: ``zoo.window_max``), so the input
+    gradients agree at the ties too (before 2026-12-04 xla shared it between the four phases)."""
+    case = CASES[1]  # gelu, kernel 2, one conv layer
+    with jax.enable_x64(True):
+        pools = _pools(*case, dtype=jnp.float64)
+        x = _x(case[3], dtype=np.float64)
+        x[:, :5, :5] = 0.0
+        x = jnp.asarray(x)
+        ref = jnp.zeros((3, 4), jnp.int32)
+        want = np.asarray(jax.jit(jax.grad(_loss(pools["xla"], ref)))(x))
+        got = np.asarray(jax.jit(jax.grad(_loss(pools["fused"], ref)))(x))
+        assert np.abs(want[:, :4, :4]).max() > 1e-3  # the tied windows pass a gradient
+        np.testing.assert_allclose(got, want, atol=1e-11, rtol=1e-9)
+    taps = [jnp.asarray(v, jnp.float32) for v in ([1.0, 5.0], [3.0, 5.0], [3.0, 5.0], [2.0, 5.0])]
+    m, first = fused._max4_first(taps)  # phases 1 and 2 tie at 3; all four tie at 5
+    np.testing.assert_array_equal(np.asarray(m), [3.0, 5.0])
+    np.testing.assert_array_equal(np.asarray(first), [1, 0])
+
+
 def test_fused_params_gradient_and_vmap():
     pools = _pools(*CASES[0])
     x = _x(CASES[0][3])
