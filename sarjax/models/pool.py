@@ -386,7 +386,9 @@ class Pool:
         Args:
           modules: ``torch.nn.Module`` instances taking ``[B, C, H, W]`` float32 and returning ``[B, C]``.
           names: member names (default ``<class>/i``).
-          input_shape: one input as sarjax passes it, ``(H, W, C)`` (NHWC, transposed to NCHW inside).
+          input_shape: one input as sarjax passes it, ``(H, W, C)`` (NHWC, transposed to NCHW inside;
+            PyTorch's ``(C, H, W)`` is refused with the ``(H, W, C)`` meant). Modules that run a
+            custom ``torch.autograd.Function`` are refused (ValueError naming it).
           channels_last: see :func:`sarjax.models.torch_convert.convert` (default: True for 3-axis shapes).
           verify: compare every member's converted logits with PyTorch's on two random inputs.
         """

@@ -24,6 +24,8 @@ Semantics:
   3-dimensional ``input_shape`` ``(H, W, C)``) the apply transposes to NCHW at its input.
 * in-model normalisation (mean/std buffers or constants, as RobustBench models have) is part of
   the graph and of the params, so it is honoured and stacks like any weight.
+* custom ``torch.autograd.Function`` classes are refused (their forward is inlined into the exported
+  graph, so the converted model would differentiate it instead of running their backward).
 * limits: eval mode only (dropout is the identity, batch norm uses running statistics; a graph
   that updates buffers is refused), no data-dependent Python control flow (``torch.export``
   traces one path), float32 (float64 / half params are cast to float32, integer buffers to
@@ -32,9 +34,11 @@ Semantics:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import operator
+import sys
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -758,6 +762,63 @@ def _signature(ep, inputs: list[tuple[str, str | None]], state: dict[str, Any], 
     return h.hexdigest()
 
 
+_FAITHFUL_FUNCTIONS = frozenset({"torch.utils.checkpoint.CheckpointFunction"})
+"""Custom ``torch.autograd.Function`` classes whose backward is the gradient of their forward (so
+converting the forward is exact); every other Function is refused by :func:`convert`."""
+
+
+def _calling_module(paths: dict[int, str]) -> tuple[str, str] | None:
+    """(path, class name) of the innermost submodule of the converted module on the call stack."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        if owner is not None and id(owner) in paths:
+            return paths[id(owner)], type(owner).__name__
+        frame = frame.f_back
+    return None
+
+
+@contextlib.contextmanager
+def _record_autograd_functions(module, calls: list):
+    """Record ``(Function class, calling module)`` for every ``torch.autograd.Function.apply`` run
+    inside the block.
+
+    ``torch.export`` inlines a custom Function's forward into the graph and keeps no trace of the
+    Function (no higher-order op, no node metadata naming it), so the converter would differentiate
+    the forward where PyTorch runs the Function's backward.  The export runs the module's Python
+    (non-strict), so wrapping ``Function.apply`` for its duration sees every call.
+    """
+    import torch
+
+    base = torch.autograd.Function
+    original = base.__dict__["apply"]  # the classmethod object
+    paths = {id(m): p for p, m in module.named_modules()}
+
+    def apply(cls, *args, **kwargs):
+        calls.append((cls, _calling_module(paths)))
+        return original.__func__(cls, *args, **kwargs)
+
+    base.apply = classmethod(apply)
+    try:
+        yield calls
+    finally:
+        base.apply = original
+
+
+def _refuse_autograd_functions(calls: list) -> None:
+    for cls, where in calls:
+        qualname = f"{cls.__module__}.{cls.__qualname__}"
+        if qualname in _FAITHFUL_FUNCTIONS:
+            continue
+        place = "" if where is None else f" called in module {where[0] or '<root>'!r} ({where[1]})"
+        raise ValueError(
+            f"the module uses the custom torch.autograd.Function {qualname}{place}: sarjax converts "
+            "its forward and would differentiate that, not its backward, so input gradients would "
+            "differ from PyTorch's; replace it by plain tensor ops (its forward, if the backward is "
+            "the forward's gradient) before converting"
+        )
+
+
 def _export(module, input_shape: tuple[int, ...], channels_last: bool):
     import torch
 
@@ -765,14 +826,50 @@ def _export(module, input_shape: tuple[int, ...], channels_last: bool):
     example = torch.zeros((1, *example_shape), dtype=torch.float32)
     was_training = module.training
     module.eval()
+    calls: list = []
     try:
         with torch.no_grad(), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)  # torch 2.13 internals
-            ep = torch.export.export(module, (example,))
+            try:
+                with _record_autograd_functions(module, calls):
+                    ep = torch.export.export(module, (example,), strict=False)
+            except Exception as e:
+                hint = _nhwc_hint(module, input_shape, channels_last)
+                if hint is not None:
+                    raise ValueError(hint) from e
+                raise
+            _refuse_autograd_functions(calls)
             ep = ep.run_decompositions(_decomposition_table())
     finally:
         module.train(was_training)
     return ep
+
+
+def _nhwc_hint(module, input_shape: tuple[int, ...], channels_last: bool) -> str | None:
+    """The message for an ``input_shape`` written as PyTorch's (C, H, W) when the export failed:
+    None unless the module fails on the shape read as (H, W, C) and runs on it read as (C, H, W)."""
+    import torch
+
+    if not channels_last or len(input_shape) != 3:
+        return None
+    guess = (*input_shape[1:], input_shape[0])
+    if guess == input_shape:
+        return None
+
+    def runs(nchw: tuple[int, ...]) -> bool:
+        try:
+            with torch.no_grad():
+                module(torch.zeros((1, *nchw), dtype=torch.float32))
+        except Exception:
+            return False
+        return True
+
+    if runs((input_shape[-1], *input_shape[:-1])) or not runs(input_shape):
+        return None  # the export failed for another reason, or the shape is wrong in both orders
+    return (
+        f"input_shape is one example in sarjax's NHWC order (H, W, C), got {input_shape} (the "
+        f"module runs on it as NCHW (C, H, W)): did you mean {guess}?"
+    )
 
 
 def _decomposition_table():
@@ -821,8 +918,10 @@ def convert(
       NotImplementedError: an op (or an op's mode, e.g. training-mode batch norm) the converter
         does not interpret, naming the op, the graph node, the module path and the source line.
       TypeError: ``module`` is not a ``torch.nn.Module``.
-      ValueError: a bad ``input_shape``, an output that is not one ``[B, C]`` tensor, or a failed
-        verification.
+      ValueError: a bad ``input_shape`` (one written as PyTorch's ``(C, H, W)`` is named, with
+        the ``(H, W, C)`` meant), a module that runs a custom ``torch.autograd.Function``
+        (named, with the calling module's path: its backward would be ignored), an output that
+        is not one ``[B, C]`` tensor, or a failed verification.
     """
     import torch
     from torch.export.graph_signature import InputKind, OutputKind
