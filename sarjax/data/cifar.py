@@ -15,9 +15,11 @@ https://www.cs.toronto.edu/~kriz/cifar.html:
 Images come back NHWC float32 in [0, 1] (``[N, 32, 32, 3]``), labels int32, as a
 :class:`CifarSplit` (a :class:`sarjax.data.mnist.Split` with the class names).  The pickles are
 read with an unpickler that only builds numpy arrays, lists, dicts and strings (a pickle can run
-code; these files never need to).  Every problem raises ``ValueError`` naming the file: missing,
-truncated or not a CIFAR batch, images that are not ``[N, 3072]`` uint8, labels out of range or
-not one per image.
+code; these files never need to), from pickles of any protocol (the official files are protocol 2;
+protocol 5 stores arrays as in-band buffers).  ``data_dir`` may start with ``~``.  Every problem
+raises ``ValueError`` naming the file: missing, truncated or not a CIFAR batch, a batch with no
+images, images that are not ``[N, 3072]`` uint8, labels that are not integers (``1.7`` is refused,
+not read as 1), out of range, or not one per image (a 1-D list; ``[N, 1]`` is refused).
 """
 
 from __future__ import annotations
@@ -58,8 +60,20 @@ _ALLOWED = {
     ("numpy._core.multiarray", "scalar"),
     ("numpy", "ndarray"),
     ("numpy", "dtype"),
+    ("numpy.core.numeric", "_frombuffer"),  # protocol 5: an array from its in-band buffer
+    ("numpy._core.numeric", "_frombuffer"),
     ("_codecs", "encode"),
 }
+
+
+def _bytes(*args):
+    """``bytes()``, as python-2 pickles of empty arrays call it, for bytes-like arguments only."""
+    if any(not isinstance(a, bytes | bytearray | str) for a in args) or len(args) > 2:
+        raise ValueError(f"refuses to build bytes from {[type(a).__name__ for a in args]}")
+    return bytes(*args)
+
+
+_BYTES = {("__builtin__", "bytes"), ("builtins", "bytes")}
 
 
 class _ArrayUnpickler(pickle.Unpickler):
@@ -68,6 +82,8 @@ class _ArrayUnpickler(pickle.Unpickler):
         self._path = path
 
     def find_class(self, module, name):
+        if (module, name) in _BYTES:
+            return _bytes
         if (module, name) not in _ALLOWED:
             raise ValueError(
                 f"{self._path}: refuses to unpickle {module}.{name} (a CIFAR batch holds only arrays, lists and "
@@ -103,20 +119,44 @@ def read_batch(path: str | os.PathLike) -> dict:
     return {k.decode() if isinstance(k, bytes) else str(k): v for k, v in obj.items()}
 
 
+def _integer_labels(path: Path, labels, label_key: str) -> np.ndarray:
+    """``labels`` as a 1-D int64 array; raises ValueError (naming the file) for anything else:
+    a label that is not an integer (1.7 is not read as 1), or labels that are not one per image."""
+    try:
+        y = np.asarray(labels)
+    except (TypeError, ValueError) as e:  # ragged nested lists
+        raise ValueError(f"{path}: {label_key!r} must be a list of ints ({type(e).__name__}: {e})") from e
+    if y.ndim != 1:
+        raise ValueError(f"{path}: {label_key!r} must be one label per image (1-D), got shape {list(y.shape)}")
+    if y.dtype.kind in "iu":
+        return y.astype(np.int64)
+    if y.dtype.kind != "f":
+        raise ValueError(f"{path}: {label_key!r} must be integers, got {y.dtype} values")
+    bad = np.flatnonzero(~np.isfinite(y) | (y != np.round(y)))
+    if bad.size:
+        raise ValueError(
+            f"{path}: {label_key!r} must be integers, found {float(y[bad[0]])} at index {int(bad[0])} "
+            f"({bad.size} non-integer)"
+        )
+    return y.astype(np.int64)
+
+
 def _images_labels(path: Path, label_key: str, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
     d = read_batch(path)
     data, labels = _key(d, "data"), _key(d, label_key)
     if data is None or labels is None:
         raise ValueError(f"{path}: expected keys 'data' and {label_key!r}, found {sorted(d)}")
     data = np.asarray(data)
+    if data.size == 0:
+        raise ValueError(
+            f"{path}: holds no images ('data' has shape {list(data.shape)}); a CIFAR batch holds "
+            f"[N, {_PIXELS}] uint8 images with N >= 1"
+        )
     if data.ndim != 2 or data.shape[1] != _PIXELS:
         raise ValueError(f"{path}: 'data' must be [N, {_PIXELS}] (32x32 RGB images), got shape {list(data.shape)}")
     if data.dtype != np.uint8:
         raise ValueError(f"{path}: 'data' must be uint8 pixel values, got {data.dtype}")
-    try:
-        y = np.asarray(labels, np.int64).reshape(-1)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"{path}: {label_key!r} must be a list of ints ({e})") from e
+    y = _integer_labels(path, labels, label_key)
     if len(y) != len(data):
         raise ValueError(f"{path}: {len(data)} images but {len(y)} {label_key!r}")
     if y.size and (y.min() < 0 or y.max() >= num_classes):
@@ -139,7 +179,7 @@ def _names(path: Path, key: str) -> tuple[str, ...]:
 
 
 def _resolve(data_dir: str | os.PathLike, kind: str) -> Path:
-    d = Path(data_dir)
+    d = Path(data_dir).expanduser()
     if not d.is_dir():
         raise ValueError(f"data directory {d} does not exist or is not a directory")
     sub = d / _SUBDIRS[kind]
@@ -202,7 +242,7 @@ def load_cifar100(data_dir: str | os.PathLike, *, labels: str = "fine") -> Cifar
 def cifar_kind(data_dir: str | os.PathLike) -> str | None:
     """``"cifar10"`` or ``"cifar100"`` when ``data_dir`` (or its standard subdirectory) holds that
     data set's files (``test_batch`` / ``test``), else None (e.g. an MNIST IDX directory)."""
-    d = Path(data_dir)
+    d = Path(data_dir).expanduser()
     if not d.is_dir():
         return None
     for kind, marker in (("cifar10", "test_batch"), ("cifar100", "test")):
@@ -222,7 +262,7 @@ def load_cifar(data_dir: str | os.PathLike, *, labels: str = "fine") -> CifarSpl
         return load_cifar10(data_dir)
     if kind == "cifar100":
         return load_cifar100(data_dir, labels=labels)
-    d = Path(data_dir)
+    d = Path(data_dir).expanduser()
     found = sorted(p.name for p in d.iterdir()) if d.is_dir() else "no such directory"
     raise ValueError(
         f"{d} holds neither CIFAR-10 ({list(CIFAR10_FILES)}) nor CIFAR-100 ({list(CIFAR100_FILES)}) batches "

@@ -143,3 +143,61 @@ def test_sar_reads_cifar_batches_from_data_dir(cifar10, tmp_path):
         demo.run_sar_on_saved_pool(
             str(tmp_path / "p"), 0.05, 0.2, samples=2, out=str(tmp_path / "o"), data_dir=str(root)
         )
+
+
+@pytest.mark.parametrize(
+    "labels, message",
+    [
+        ([1.7, 2.0, 3.0], r"test_batch: 'labels' must be integers, found 1\.7 at index 0"),
+        ([0, 1, 2.5], r"test_batch: 'labels' must be integers, found 2\.5 at index 2"),
+        ([[0], [1], [2]], r"test_batch: 'labels' must be one label per image \(1-D\), got shape \[3, 1\]"),
+        (np.zeros((3, 1), np.int64), r"'labels' must be one label per image \(1-D\), got shape \[3, 1\]"),
+        (["a", "b", "c"], r"'labels' must be integers, got <U1 values"),
+    ],
+)
+def test_non_integer_or_multidimensional_labels_are_refused(cifar10, labels, message):
+    """Labels 1.7 used to be read as 1, and [N, 1] labels were flattened silently."""
+    _, d, batches = cifar10
+    _write(d / "test_batch", {**batches["test_batch"], b"labels": labels})
+    with pytest.raises(ValueError, match=message) as e:
+        load_cifar10(d)
+    assert "\n" not in str(e.value)
+
+
+def test_integer_valued_float_labels_load(cifar10):
+    _, d, batches = cifar10
+    _write(d / "test_batch", {**batches["test_batch"], b"labels": np.array([3.0, 0.0, 9.0])})
+    np.testing.assert_array_equal(load_cifar10(d).y_test, [3, 0, 9])
+
+
+@pytest.mark.parametrize("protocol", [2, 4, 5])
+def test_every_pickle_protocol_loads(cifar10, protocol):
+    """Protocol 5 stores numpy arrays through numpy's ``_frombuffer``: it was refused as 'not a CIFAR batch'."""
+    _, d, batches = cifar10
+    for name, b in batches.items():
+        with open(d / name, "wb") as f:
+            pickle.dump(b, f, protocol=protocol)
+    s = load_cifar10(d)
+    assert s.x_train.shape == (10, 32, 32, 3)
+    np.testing.assert_array_equal(s.y_test, batches["test_batch"][b"labels"])
+    raw = batches["test_batch"][b"data"][2]
+    assert s.x_test[2, 4, 5, 1] == np.float32(raw[1024 + 4 * 32 + 5]) / np.float32(255.0)
+
+
+@pytest.mark.parametrize("data", [np.zeros((0, 3072), np.uint8), [], np.zeros((0,), np.uint8)])
+def test_an_empty_batch_is_named_as_empty(cifar10, data):
+    _, d, batches = cifar10
+    _write(d / "test_batch", {b"data": data, b"labels": []})
+    with pytest.raises(ValueError, match=r"test_batch: holds no images \('data' has shape \[0") as e:
+        load_cifar10(d)
+    assert "\n" not in str(e.value)
+
+
+def test_data_dir_expands_the_home_directory(cifar10, monkeypatch):
+    """The docs' own example, ``load_cifar10("~/data/cifar-10-batches-py")``."""
+    root, _, _ = cifar10
+    monkeypatch.setenv("HOME", str(root))
+    for load in (load_cifar10, load_cifar):
+        assert load("~/cifar-10-batches-py").x_test.shape == (3, 32, 32, 3)
+        assert load("~").x_test.shape == (3, 32, 32, 3)
+    assert cifar_kind("~") == "cifar10"
