@@ -715,7 +715,7 @@ def behavior_batch(
 def load_llm_pool(dirs: Sequence[str | os.PathLike], dtype: str = "float32") -> Any:
     """An :class:`~sarjax.models.llm.pool.LLMPool` from local Hugging Face checkpoint folders
     (``config.json``, safetensors, tokenizer files); members are named by folder name."""
-    from sarjax.models.llm.loader import load_model
+    from sarjax.models.llm.loader import check_tokenizer_vocab, load_model
     from sarjax.models.llm.pool import build_pool
     from sarjax.models.llm.prompts import load_tokenizer
 
@@ -723,7 +723,9 @@ def load_llm_pool(dirs: Sequence[str | os.PathLike], dtype: str = "float32") -> 
     for d in dirs:
         path = str(Path(d).resolve())
         cfg, params = load_model(path, dtype)
-        members.append((Path(path).name, cfg, params, load_tokenizer(path)))
+        tok = load_tokenizer(path)
+        check_tokenizer_vocab(tok, cfg, Path(path).name, path)
+        members.append((Path(path).name, cfg, params, tok))
     names = [m[0] for m in members]
     if len(set(names)) != len(names):
         raise ValueError(f"pool folders must have distinct names, got {names}")

@@ -217,6 +217,60 @@ def _check_shapes(cfg: DecoderConfig, tree) -> None:
             raise ValueError(f"parameter {name}: expected shape {tuple(w.shape)}, got {tuple(flat_t[p].shape)}")
 
 
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "tekken.json",
+)
+"""Files that hold a tokenizer's vocabulary in a Hugging Face folder (one of them is required;
+``vocab.json`` goes with ``merges.txt``). ``tokenizer_config.json`` alone holds none."""
+
+
+def check_tokenizer_files(path: str | os.PathLike) -> None:
+    """Raises ValueError naming ``path`` and the files expected when the folder holds no
+    tokenizer vocabulary (:data:`TOKENIZER_FILES`, or a ``*.tiktoken`` file).
+
+    Without one, transformers fails with a message that names neither (Llama: "Couldn't
+    instantiate the backend tokenizer"), or builds a one-token tokenizer silently (GPT-2).
+    """
+    path = os.fspath(path)
+    found = sorted(os.listdir(path))
+    if any(f in TOKENIZER_FILES or f.endswith(".tiktoken") for f in found):
+        return
+    expected = ", ".join(TOKENIZER_FILES[:-1]).replace("vocab.json", "vocab.json (with merges.txt)")
+    raise ValueError(
+        f"no tokenizer in checkpoint folder {path}: expected {expected} or {TOKENIZER_FILES[-1]} "
+        f"(save the tokenizer with tokenizer.save_pretrained(folder)); found {found}"
+    )
+
+
+def tokenizer_size(tokenizer) -> int:
+    """Ids a tokenizer can produce: ``max(len(tokenizer), largest id + 1)`` (added tokens included)."""
+    ids = tokenizer.get_vocab().values()
+    return max(len(tokenizer), max(ids, default=-1) + 1)
+
+
+def check_tokenizer_vocab(tokenizer, cfg: DecoderConfig, member: str, path: str | None = None) -> None:
+    """Raises ValueError naming ``member`` (and ``path``) and both sizes when the tokenizer has more
+    tokens than the model's vocabulary (``cfg.vocab_size`` embedding rows): its larger ids would
+    index past the embedding (clamped silently by a gather). Smaller tokenizers are fine (padded
+    embeddings are common)."""
+    if tokenizer is None:
+        return
+    n = tokenizer_size(tokenizer)
+    if n > cfg.vocab_size:
+        where = f"member {member!r}" + (f" ({path})" if path is not None else "")
+        raise ValueError(
+            f"{where}: its tokenizer has {n} tokens but the model's vocabulary has vocab_size "
+            f"{cfg.vocab_size} (config.json): ids >= {cfg.vocab_size} have no embedding row; "
+            "use the tokenizer the checkpoint was trained with"
+        )
+
+
 def load_model(path: str, dtype: str | Any = "float32") -> tuple[DecoderConfig, dict[str, Any]]:
     """``(load_config(path), load_params(path, dtype=dtype))``."""
     cfg = load_config(path)

@@ -225,11 +225,13 @@ def load_pool(paths: Sequence[str], names: Sequence[str] | None = None, dtype: s
       stack).
 
     Raises:
-      ValueError: ``names`` of another length than ``paths``, or duplicate names.
+      ValueError: ``names`` of another length than ``paths``, duplicate names, a folder without
+        tokenizer files (named, with the files expected), or a tokenizer with more tokens than the
+        model's vocabulary (naming the member and both sizes).
     """
     import os
 
-    from sarjax.models.llm.loader import load_model
+    from sarjax.models.llm.loader import check_tokenizer_vocab, load_model
     from sarjax.models.llm.prompts import load_tokenizer
 
     paths = list(paths)
@@ -239,7 +241,9 @@ def load_pool(paths: Sequence[str], names: Sequence[str] | None = None, dtype: s
     members = []
     for name, p in zip(names, paths, strict=True):
         cfg, params = load_model(p, dtype)
-        members.append((name, cfg, params, load_tokenizer(p), load_generation_config(p)))
+        tok = load_tokenizer(p)
+        check_tokenizer_vocab(tok, cfg, name, p)
+        members.append((name, cfg, params, tok, load_generation_config(p)))
     return build_pool(members)
 
 

@@ -20,9 +20,18 @@ PLACEHOLDER = "\u2063SARJAX_SUFFIX\u2063"
 
 
 def load_tokenizer(path: str, **kwargs):
-    """``AutoTokenizer.from_pretrained(path, local_files_only=True)``: never downloads."""
+    """``AutoTokenizer.from_pretrained(path, local_files_only=True)``: never downloads.
+
+    A local folder without tokenizer files raises ValueError naming it and the files expected
+    (:func:`sarjax.models.llm.loader.check_tokenizer_files`)."""
+    import os
+
     from transformers import AutoTokenizer
 
+    from sarjax.models.llm.loader import check_tokenizer_files
+
+    if os.path.isdir(path):
+        check_tokenizer_files(path)
     return AutoTokenizer.from_pretrained(path, local_files_only=True, **kwargs)
 
 
