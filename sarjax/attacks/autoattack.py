@@ -374,6 +374,9 @@ def sanity_checks(
       at ``x`` is all zero or not finite for some correctly classified point: gradient attacks cannot progress
       (quantisation, saturated softmax): use BPDA or rely on the black-box Square stage, and
       check the standard version's Square warning.
+    * no gradient: JAX cannot differentiate the loss at all (a ``jax.pure_callback`` or
+      ``io_callback`` without a ``custom_vjp``, a reverse-mode ``while_loop``): the error is named
+      instead of raised; the gradient stages will fail, Square alone can run.
     * classes (``check_n_classes``): fewer classes than DLR (3), targeted DLR (4) or the targets
       (``9 + 1``) need.
 
@@ -460,7 +463,13 @@ def sanity_checks(
             "unstable and can hide the gradient)"
         )
     c = z.shape[-1]
-    gz, gnan = _zero_gradients(apply, params, x, y, ks, c)
+    gz, gnan, gerr = _zero_gradients(apply, params, x, y, ks, c)
+    if gerr is not None:
+        msgs.append(
+            f"JAX cannot differentiate the model's {'DLR' if c >= 3 else 'CE'} loss with respect to its input "
+            f"({gerr}): the gradient stages (APGD, FAB) will fail on it; give a host call a differentiation "
+            "rule (jax.custom_vjp / custom_jvp) or run the black-box stage alone (attacks=['square'])"
+        )
     if gz or gnan:
         msgs.append(
             f"{gz} point(s) with an all-zero and {gnan} with a non-finite input gradient of the "
@@ -503,11 +512,15 @@ def _zero_gradients(apply, params, x, y, ks, c):
         f = dlr if c >= 3 else cross_entropy
         return jnp.sum(jax.vmap(lambda zb, yb: f(zb, jnp.full((zb.shape[0],), yb)))(z, yj))
 
-    g = np.asarray(jax.grad(loss)(x)).reshape(x.shape[0], -1)
+    try:
+        g = np.asarray(jax.grad(loss)(x)).reshape(x.shape[0], -1)
+    except Exception as e:  # a diagnostic: report why (e.g. "Pure callbacks do not support JVP"), do not crash
+        first = (str(e).strip().splitlines() or [""])[0]
+        return 0, 0, f"{type(e).__name__}: {first}"
     z = np.asarray(apply(params, x, *ks)).reshape(-1, x.shape[0], c)
     right = np.all(np.argmax(z, -1) == np.asarray(y)[None], axis=0)  # AutoAttack checks the points it attacks
     finite = np.isfinite(g).all(axis=1)
-    return int(np.sum(right & finite & (np.abs(g).sum(axis=1) == 0))), int(np.sum(right & ~finite))
+    return int(np.sum(right & finite & (np.abs(g).sum(axis=1) == 0))), int(np.sum(right & ~finite)), None
 
 
 # -- the cascade --------------------------------------------------------------------------------
