@@ -103,6 +103,11 @@ def cmd_autoattack(args: argparse.Namespace) -> int:
 
     if args.noise_sigma is not None and args.version != "rand":
         raise ValueError("--noise-sigma makes the pool randomized: it needs --version rand")
+    data = load_mnist(args.data_dir)
+    n = len(data.x_test)
+    if not 1 <= args.samples <= n:  # before any model work (the pool, its kernels)
+        raise ValueError(f"samples must be in [1, {n}] (the test images in {data.source}), got {args.samples}")
+    n = args.samples
     pool, config = load_pool(args.pool)
     stochastic, randomized = None, {}
     if args.version == "rand" and args.noise_sigma is None:
@@ -114,8 +119,6 @@ def cmd_autoattack(args: argparse.Namespace) -> int:
                 "Gaussian input noise at inference (EOT), or run --version standard"
             )
         stochastic = {n: f for n, (f, _) in randomized.items()}
-    data = load_mnist(args.data_dir)
-    n = min(args.samples, len(data.x_test))
     if tuple(pool.input_shape) != tuple(data.x_test.shape[1:]):
         raise ValueError(f"the pool takes inputs {pool.input_shape}, the data has {data.x_test.shape[1:]}")
     idx = np.sort(np.random.default_rng(0).permutation(len(data.x_test))[:n])  # the embedded split is class-sorted
@@ -188,11 +191,17 @@ def register(sub) -> None:
         "--samples",
         type=_positive_int,
         default=1000,
-        help="test images (default 1000, the embedded test split; a fixed random subset when fewer)",
+        help="test images, at most the test split (default 1000, the embedded test split; a fixed random "
+        "subset when fewer)",
     )
     a.add_argument("--data-dir", default=None, help="directory with MNIST IDX files (default: the embedded digits)")
     a.add_argument("--out", default="sarjax-autoattack.json", help="JSON output path")
-    a.add_argument("--batch-size", type=_positive_int, default=None, help="images per compiled call (default all)")
+    a.add_argument(
+        "--batch-size",
+        type=_positive_int,
+        default=None,
+        help="images per compiled call (default min(N, 250), AutoAttack's batch size; N = --samples)",
+    )
     a.add_argument("--seed", type=int, default=0)
     a.add_argument(
         "--per-member",

@@ -219,3 +219,37 @@ def test_version_flag_prints_the_installed_version(capsys):
         main(["--version"])
     assert e.value.code == 0
     assert capsys.readouterr().out.strip() == f"sarjax {version('sarjax')}"
+
+
+# -- autoattack -------------------------------------------------------------------------------
+
+
+def test_autoattack_rejects_more_samples_than_exist_before_loading_the_pool(data, tmp_path, capsys, monkeypatch):
+    """The README promises a one-line error; the old code ran the 1,000 images there are."""
+    import sarjax.data.mnist as mnist
+    import sarjax.models.checkpoint as checkpoint
+
+    monkeypatch.setattr(mnist, "load_mnist", lambda data_dir=None: data)
+
+    def no_pool(*a, **k):
+        raise AssertionError("the pool was loaded before --samples was checked")
+
+    monkeypatch.setattr(checkpoint, "load_pool", no_pool)
+    out = tmp_path / "aa.json"
+    argv = ["autoattack", "--pool", str(tmp_path / "P"), "--norm", "linf", "--eps", "0.3", "--out", str(out)]
+    assert main([*argv, "--samples", str(len(data.x_test) + 4000)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"sarjax autoattack: error: samples must be in [1, {len(data.x_test)}] (the test images in "
+        f"{data.source}), got {len(data.x_test) + 4000}"
+    )
+    assert not out.exists()
+
+
+def test_autoattack_batch_size_help_states_the_default(capsys):
+    from sarjax.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["autoattack", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "default min(N, 250)" in text and "default all" not in text
