@@ -109,19 +109,20 @@ def main(argv=None):
         os.path.join(HB, "harmbench_behaviors_text_test.csv"), os.path.join(HB, "harmbench_behaviors_text_val.csv")
     )
     batch = behavior_batch(tok, corpus.eval_harmful[:1], "Sure, here is")
+    texts = T.slot_texts(tok, corpus.eval_harmful[:1])  # the audited call re-tokenizes the sent prompt
     allowed = T.allowed_vocab(tok, v)
     fn = make_beast(model, vocab_size=v, suffix_len=a.suffix_len, beam_width=a.beam_width, tokenizer=tok)
 
     # 1. whole calls
     t = time.perf_counter()
-    r = fn(params, batch, None, jax.random.key(0), max_queries=a.max_queries, allowed=allowed)
+    r = fn(params, batch, None, key=jax.random.key(0), max_queries=a.max_queries, allowed=allowed, texts=texts)
     first = time.perf_counter() - t
     calls = []
     for i in range(a.reps):
         t = time.perf_counter()
-        r = fn(params, batch, None, jax.random.key(i + 1), max_queries=a.max_queries, allowed=allowed)
+        r = fn(params, batch, None, key=jax.random.key(i + 1), max_queries=a.max_queries, allowed=allowed, texts=texts)
         calls.append(time.perf_counter() - t)
-    q = int(np.asarray(r.queries)[0])
+    q = int(np.asarray(r.queries)[0].sum())  # [B, M]: every member's queries on request 0
     res["beast_call"] = {
         "members": m,
         "max_queries": a.max_queries,

@@ -199,7 +199,7 @@ def main(argv=None):
     print(f"max |member loss (jax) - (torch)| over {a.candidates} candidates x {a.members} members = {err:.2e}")
 
     def jax_call():
-        r = fn(params, batch, None, jax.random.key(0), suffix_init=suffix0)
+        r = fn(params, batch, None, key=jax.random.key(0), suffix_init=suffix0)
         return float(np.asarray(r.loss)[0])
 
     def torch_call(cache):

@@ -10,13 +10,17 @@ fallback when the joint attack breaks nothing new, one run for every delta.
 
 The adapter sees the pool through three host callables, so any model family, attack and judge fit:
 
-- ``attack(params, batch, mask [B, M], key, **attack_kwargs) -> result`` with ``ids, mask [B, T]``
-  (the whole attacked prompt; holes allowed), ``member_loss [B, M]`` (minimised by the attacker)
-  and ``queries [B]``: a :class:`~sarjax.attacks.text.core.TextAttackFn` (joint BEAST, joint GCG)
-  or the AutoDAN-style rewriter (:mod:`sarjax.attacks.text.autodan`). A result that carries
-  ``broken [B, M]`` (AutoDAN: its own judgement of every member on the recorded rewrite, each in
-  its own tokens) is taken as the coverage; other results are judged through ``respond``. A batch
-  with ``judge_clean(judge, behaviors)`` (AutoDAN's) judges the unmodified requests itself;
+- ``attack(params, batch, None, *, key, mask [B, M], **attack_kwargs) -> result`` (every sarjax
+  text attack's call shape) with ``sent, sent_mask [B, T]`` (the whole attacked prompt as it is
+  sent, holes allowed; a tuple per stack: the first stack's is read), ``member_loss [B, M]``
+  (minimised by the attacker), ``queries [B, M]`` and ``success [B, M]``: a
+  :class:`~sarjax.attacks.text.core.TextAttackFn` (joint BEAST, joint GCG), a pool attack
+  (:class:`~sarjax.attacks.text.gcg.JointGCG`, :class:`~sarjax.attacks.text.beast_cross.CrossBEAST`:
+  ``params`` the pool, ``batch`` the request strings) or the AutoDAN-style rewriter
+  (:mod:`sarjax.attacks.text.autodan`). With ``self_judged`` the result's ``success`` is the
+  coverage (AutoDAN: the SAR judge's verdict on every member, each in its own tokens); otherwise
+  every candidate is judged through ``respond``. A batch with ``judge_clean(judge, behaviors)``
+  (AutoDAN's) judges the unmodified requests itself;
 - ``respond(ids [N, T], mask [N, T]) -> [M][N] str``: every member's greedy response
   (:class:`PoolResponder` for sarjax decoder pools);
 - ``judge(behaviors [N], generations [N]) -> [N] bool``: True = the response complies (broken):
@@ -33,7 +37,7 @@ import json
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -155,13 +159,15 @@ class PoolResponder:
     left-padded to ``T`` (one compile) and every stack decodes them.
 
     Several tokenizers: stacks are grouped by tokenizer fingerprint. Row ``i`` must be request
-    ``i``'s reference rendering with only the suffix changed (``before | suffix | after`` of
-    :func:`behavior_batch`; a ValueError names the rows that are not). The suffix ids are decoded
-    to text with the reference tokenizer, and each other group renders request ``i`` with its own
-    tokenizer and chat template around that text (the same prompt its members scored in the
-    cross-tokenizer attacks), then decodes greedily with its own end token and decodes the
-    response with its own tokenizer. A suffix text that another tokenizer cannot reproduce
-    (``decode(encode(text)) != text``) raises a ValueError naming the row.
+    ``i``'s reference prompt with only the suffix changed, or the unmodified request
+    (:func:`clean_prompt_ids`); a ValueError names the rows that are not. The row is decoded to
+    text with the reference tokenizer and its suffix text read between the rendered text around
+    the suffix slot (:func:`~sarjax.attacks.text.core.slot_texts`); each other group renders
+    request ``i`` with its own tokenizer and chat template around that text and tokenizes the
+    whole text at once (the prompt its members read as sent), then decodes greedily with its own
+    end token and decodes the response with its own tokenizer. A suffix text that another
+    tokenizer cannot reproduce (``decode(encode(text)) != text``) raises a ValueError naming the
+    row.
     """
 
     def __init__(
@@ -194,13 +200,24 @@ class PoolResponder:
         self.pad_ids = [int(t.pad_token_id) if t.pad_token_id is not None else 0 for t in self.tokenizers]
         self.eos_id, self.pad_id = self.eos_ids[0], self.pad_ids[0]
         self.blocks = None
+        self.texts: list = []
+        self.clean: list = []
         if self.mixed:
             if requests is None:
                 raise ValueError(
                     f"PoolResponder: the pool's stacks use {len(order)} tokenizers; pass requests= (the "
                     "behaviors in row order) so that each tokenizer renders its own prompt"
                 )
-            self.blocks = [_request_blocks(t, list(requests), system, separator) for t in self.tokenizers]
+            from sarjax.attacks.text.core import slot_texts
+            from sarjax.models.llm.prompts import _encode
+
+            reqs = list(requests)
+            self.blocks = [_request_blocks(t, reqs, system, separator) for t in self.tokenizers]
+            self.texts = [slot_texts(t, reqs, system=system, separator=separator) for t in self.tokenizers]
+            self.clean = []
+            for t in self.tokenizers:
+                bt, at = slot_texts(t, reqs, system=system, separator="")
+                self.clean.append([_encode(t, b + a) for b, a in zip(bt, at, strict=True)])
 
     def prompts(self, ids: Any, mask: Any) -> list[tuple[np.ndarray, np.ndarray]]:
         """Each tokenizer group's left-padded prompts ``(ids [N, L_g], mask [N, L_g])`` (group 0:
@@ -214,34 +231,39 @@ class PoolResponder:
             return out
         assert self.blocks is not None
         n = ids.shape[0]
-        if n != len(self.blocks[0][0]):
-            raise ValueError(
-                f"PoolResponder: got {n} prompts for {len(self.blocks[0][0])} requests (rows are requests)"
-            )
-        texts, bad = [], []
+        if n != len(self.clean[0]):
+            raise ValueError(f"PoolResponder: got {n} prompts for {len(self.clean[0])} requests (rows are requests)")
+        dec = dict(skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        texts: list[str | None] = []
+        bad = []
         for i in range(n):
             real = ids[i][mask[i].astype(bool)].tolist()
-            bf, af = self.blocks[0][0][i], self.blocks[0][1][i]
-            if len(real) < len(bf) + len(af) or real[: len(bf)] != bf or real[len(real) - len(af) :] != af:
+            if real == self.clean[0][i]:  # the unmodified request
+                texts.append(None)
+                continue
+            text = self.tokenizer.decode(real, **dec)
+            bt, at = self.texts[0][0][i], self.texts[0][1][i]
+            if len(text) < len(bt) + len(at) or not text.startswith(bt) or not text.endswith(at):
                 bad.append(i)
                 continue
-            mid = real[len(bf) : len(real) - len(af)]
-            texts.append(self.tokenizer.decode(mid, skip_special_tokens=False, clean_up_tokenization_spaces=False))
+            texts.append(text[len(bt) : len(text) - len(at)] or None)
         if bad:
             raise ValueError(
                 f"PoolResponder: rows {bad} are not their request's reference rendering with only the suffix changed"
             )
         for g in range(1, len(self.tokenizers)):
-            tok, (before, after) = self.tokenizers[g], self.blocks[g]
+            tok, (before, after) = self.tokenizers[g], self.texts[g]
             rows = []
             for i, text in enumerate(texts):
-                enc = _encode(tok, text)
-                if tok.decode(enc, skip_special_tokens=False, clean_up_tokenization_spaces=False) != text:
+                if text is None:
+                    rows.append(self.clean[g][i])
+                    continue
+                if tok.decode(_encode(tok, text), **dec) != text:
                     raise ValueError(
                         f"PoolResponder: row {i}'s suffix {text!r} does not survive tokenizer group {g} "
                         "(its ids do not decode back to the text)"
                     )
-                rows.append(before[i] + enc + after[i])
+                rows.append(_encode(tok, before[i] + text + after[i]))  # the whole text, as it is sent
             width = -(-max(map(len, rows)) // 16) * 16  # multiples of 16: similar batches share a kernel
             out.append(left_pad(rows, self.pad_ids[g], width))
         return out
@@ -298,7 +320,12 @@ def judge_members(respond: Respond, judge: Judge, behaviors: Sequence[str], ids:
 
 
 def _prompt_ids(res: Any) -> tuple[np.ndarray, np.ndarray]:
-    return np.asarray(res.ids), np.asarray(res.mask)
+    """The recorded prompt of an attack's result: ``sent`` / ``sent_mask`` (the first stack's when
+    the result holds one per stack)."""
+    ids, mask = res.sent, res.sent_mask
+    if isinstance(ids, (tuple, list)):
+        ids, mask = ids[0], mask[0]
+    return np.asarray(ids), np.asarray(mask)
 
 
 def make_llm_oracles(
@@ -316,12 +343,15 @@ def make_llm_oracles(
     sample_ids: Any = None,
     single_attack: Callable | None = None,
     log: dict | None = None,
+    self_judged: bool = False,
 ) -> tuple[JointAttack, SingleAttack]:
     """Joint and single-member oracles for :func:`sarjax.cover.greedy_sar` from a text attack.
 
     Args:
-      attack: ``attack(params, batch, mask [B, M], key, **attack_kwargs)`` -> a result with
-        ``ids``, ``mask`` ``[B, T]``, ``member_loss [B, M]`` (minimised) and ``queries [B]``.
+      attack: ``attack(params, batch, None, *, key, mask [B, M], **attack_kwargs)`` -> a result
+        with ``sent``, ``sent_mask`` ``[B, T]`` (or one per stack: the first is recorded),
+        ``member_loss [B, M]`` (minimised), ``queries [B, M]`` and, with ``self_judged``,
+        ``success [B, M]``.
       params: passed through to ``attack`` untouched.
       batch: the requests (e.g. a :class:`~sarjax.attacks.text.core.TextBatch`), ``B`` rows.
       behaviors: ``[B]`` request texts (the judge's context).
@@ -336,11 +366,18 @@ def make_llm_oracles(
       sample_ids: ``[B]`` ids folded into the attack's per-request keys (default ``arange(B)``).
       single_attack: the fallback's attack (default ``attack`` with a one-member mask).
       log: optional dict; ``log["calls"]`` collects ``(oracle, round, call, rows attacked)``.
+      self_judged: the result's ``success`` is the coverage (the attack judged every member with
+        the SAR's judge: AutoDAN); False: every candidate's prompt is judged through ``respond``.
 
     Returns:
-      ``(joint, single)``. ``x_adv`` of a candidate is its prompt ``[B, T]`` with -1 at holes;
-      ``objective`` is minus the attack's ``member_loss`` (the fallback then targets the member
-      the joint attack came closest to breaking).
+      ``(joint, single)``. ``x_adv`` of a candidate is its prompt ``[B, W]`` with -1 at holes
+      (real tokens right-aligned in the width ``W`` of the first result); ``objective`` is minus
+      the attack's ``member_loss`` (the fallback then targets the member the joint attack came
+      closest to breaking).
+
+    Raises:
+      ValueError: a result whose ``success`` / ``queries`` are not ``[B, M]``, or whose prompt
+        holds more tokens than the recorded width (naming the row).
     """
     import jax
 
@@ -350,6 +387,17 @@ def make_llm_oracles(
     b, m = len(behaviors), int(num_members)
     ids_kw = {} if sample_ids is None else {"sample_ids": np.asarray(sample_ids)}
     single_fn = attack if single_attack is None else single_attack
+
+    width: dict[str, int] = {}
+
+    def recorded(pid: np.ndarray, pm: np.ndarray) -> np.ndarray:
+        """The prompts right-aligned in the run's fixed width, -1 at holes."""
+        w = width.setdefault("w", pid.shape[1])
+        ids, om = compact_left(pid, pm, 0, length=max(w, int(np.asarray(pm).astype(bool).sum(1).max(initial=0))))
+        if ids.shape[1] > w:
+            rows = np.flatnonzero(om.sum(1) > w).tolist()
+            raise ValueError(f"rows {rows}: the attack's prompt holds more tokens than the recorded width {w}")
+        return np.where(om.astype(bool), ids, -1).astype(np.int64)
 
     def run(fn: Callable, stream: int, mask: np.ndarray, r: int) -> Candidates:
         base = jax.random.fold_in(jax.random.fold_in(key, stream), r)
@@ -362,23 +410,25 @@ def make_llm_oracles(
             if not todo.any():
                 break
             call_mask = np.where(todo[:, None], mask, False)
-            res = fn(params, batch, np.asarray(call_mask, np.float32), jax.random.fold_in(base, c), **kw, **ids_kw)
+            res = fn(params, batch, None, key=jax.random.fold_in(base, c), mask=call_mask, **kw, **ids_kw)
             pid, pm = _prompt_ids(res)
-            judged = getattr(res, "broken", None)
-            if judged is not None:  # the attack judged its own output (AutoDAN: every member, own tokens)
-                broken = np.asarray(judged, bool)
+            if self_judged:  # the attack judged its own output (AutoDAN: every member, own tokens)
+                broken = np.asarray(res.success, bool)
                 if broken.shape != (b, m):
-                    raise ValueError(f"the attack's broken must be [B={b}, M={m}], got shape {broken.shape}")
+                    raise ValueError(f"the attack's success must be [B={b}, M={m}], got shape {broken.shape}")
             else:
                 broken, _ = judge_members(respond, judge, behaviors, pid, pm)
-            xs = np.where(pm.astype(bool), pid, -1).astype(np.int64)
+            q = np.asarray(res.queries)
+            if q.shape != (b, m):
+                raise ValueError(f"the attack's queries must be [B={b}, M={m}], got shape {q.shape}")
+            xs = recorded(pid, pm)
             if x is None:
                 x = np.full_like(xs, -1)
             rows = todo
             x[rows] = xs[rows]
             covered[rows] = broken[rows]
             objective[rows] = -np.asarray(res.member_loss, np.float64)[rows]
-            queries += np.where(rows, np.asarray(res.queries).astype(np.int64), 0)
+            queries += np.where(rows, q.astype(np.int64).sum(1), 0)
             if log is not None:
                 log.setdefault("calls", []).append((["joint", "single"][stream], int(r), c, int(rows.sum())))
             todo = todo & ~(broken & mask).any(axis=1)
@@ -481,12 +531,17 @@ def run_llm_sar(
     fingerprint: dict | None = None,
     overwrite: bool = False,
     progress: bool = False,
+    self_judged: bool = False,
+    clean_prompts: tuple[Any, Any] | None = None,
 ) -> LLMSARRun:
     """SAR_{1-delta} of an LLM pool on a batch of requests (papers/000, LLM half).
 
     Args:
-      attack, params, batch, behaviors, respond, judge, calls, attack_kwargs, single_attack: see
-        :func:`make_llm_oracles`.
+      attack, params, batch, behaviors, respond, judge, calls, attack_kwargs, single_attack,
+        self_judged: see :func:`make_llm_oracles`.
+      clean_prompts: ``(ids [B, T], mask [B, T])`` of the unmodified requests as they are sent
+        (:func:`clean_prompt_ids`); None: ``batch.clean_prompts()`` when the batch has it, else
+        the batch's ``before | after`` blocks.
       deltas: allowed uncovered shares, each in ``[0, 1)``; one run serves all of them.
       key: PRNG key (required).
       num_members: ``M``.
@@ -563,6 +618,7 @@ def run_llm_sar(
             num_members=m,
             calls=calls,
             attack_kwargs=attack_kwargs,
+            self_judged=self_judged,
             **kw,
         )
 
@@ -577,7 +633,7 @@ def run_llm_sar(
         if judge_clean is not None:  # each member on its own rendering (AutoDAN's batch)
             clean_broken, clean_gens = judge_clean(judge, behaviors)
         else:
-            cids, cmask = _clean_prompts(batch)
+            cids, cmask = _clean_prompts(batch) if clean_prompts is None else clean_prompts
             clean_broken, clean_gens = judge_members(respond, judge, behaviors, cids, cmask)
         if clean_path is not None:
             clean_path.write_text(json.dumps({"broken": clean_broken.tolist(), "generations": clean_gens}))
@@ -670,20 +726,29 @@ ATTACK_DEFAULTS: dict[str, dict[str, Any]] = {
 def _request_blocks(
     tokenizer: Any, behaviors: Sequence[str], system: str | None = None, separator: str = " "
 ) -> tuple[list[list[int]], list[list[int]]]:
-    """``(before, after)`` id lists of each request around the suffix slot: the chat template
-    split at the suffix (:func:`~sarjax.models.llm.prompts.split_chat_template`); without a
-    template the request and ``separator`` before, nothing after (a base model)."""
-    from sarjax.models.llm.prompts import _encode, split_chat_template
+    """``(before, after)`` id lists of each request around the suffix slot: the texts of
+    :func:`~sarjax.attacks.text.core.slot_texts` (the chat template split at the suffix; without a
+    template the request and ``separator`` before, nothing after: a base model), each tokenized."""
+    from sarjax.attacks.text.core import slot_texts
+    from sarjax.models.llm.prompts import _encode
 
-    before, after = [], []
-    for beh in behaviors:
-        if getattr(tokenizer, "chat_template", None) is not None:
-            b_txt, a_txt = split_chat_template(tokenizer, beh, system, separator)
-        else:
-            b_txt, a_txt = beh + separator, ""
-        before.append(_encode(tokenizer, b_txt))
-        after.append(_encode(tokenizer, a_txt))
-    return before, after
+    bt, at = slot_texts(tokenizer, behaviors, system=system, separator=separator)
+    return [_encode(tokenizer, x) for x in bt], [_encode(tokenizer, x) for x in at]
+
+
+def clean_prompt_ids(
+    tokenizer: Any, behaviors: Sequence[str], system: str | None = None, *, chat_template: bool | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(ids [B, T], mask [B, T])`` int32, left-padded: each unmodified request as it is sent (the
+    chat template rendered around the request alone, the whole text tokenized at once; without a
+    template the request itself). The clean judgement of :func:`run_llm_sar` reads these."""
+    from sarjax.attacks.text.core import slot_texts
+    from sarjax.models.llm.pool import left_pad
+    from sarjax.models.llm.prompts import _encode
+
+    bt, at = slot_texts(tokenizer, behaviors, system=system, separator="", chat_template=chat_template)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    return left_pad([_encode(tokenizer, b + a) for b, a in zip(bt, at, strict=True)], int(pad))
 
 
 def behavior_batch(
@@ -815,40 +880,6 @@ def sampled_seed_fn(
     return seed_fn
 
 
-class _PromptResult(NamedTuple):
-    """What :func:`make_llm_oracles` reads of an attack's result."""
-
-    ids: Any
-    mask: Any
-    member_loss: Any
-    queries: Any
-
-
-class PoolTextAttack:
-    """A pool-level text attack (:class:`~sarjax.attacks.text.gcg.JointGCG`,
-    :class:`~sarjax.attacks.text.beast_cross.CrossBEAST`: ``fn(pool, requests, mask, key, **kw)``)
-    in the ``attack(params, batch, mask, key, **kw)`` form of :func:`make_llm_oracles`.
-
-    ``params`` and ``batch`` are ignored (the attack reads the pool and renders the requests with
-    each stack's tokenizer); the returned prompt is the FIRST stack's (the reference ids that
-    :class:`PoolResponder` re-renders for the other tokenizers).
-
-    Args:
-      fn: the attack.
-      pool: the :class:`~sarjax.models.llm.pool.LLMPool`.
-      requests: the ``B`` requests (every call attacks all rows; ``mask`` selects members).
-      call: keyword arguments of every call (``system``, ``suffix_init``, ``chat_template``, ...).
-    """
-
-    def __init__(self, fn: Callable, pool: Any, requests: Sequence[str], **call: Any):
-        self.fn, self.pool, self.requests, self.call = fn, pool, list(requests), call
-
-    def __call__(self, params: Any, batch: Any, mask: Any, key: Any, *, max_queries=None, sample_ids=None):
-        del params, batch
-        res = self.fn(self.pool, self.requests, mask, key, max_queries=max_queries, sample_ids=sample_ids, **self.call)
-        return _PromptResult(res.ids[0], res.mask[0], res.member_loss, res.queries)
-
-
 def _common_start_text(pool: Any, words: int, slots: int) -> str:
     """GCG's start (``"!"`` x ``words``, Zou et al. 2023) when every stack's tokenizer reproduces it;
     else the first allowed token of the first stack's vocabulary whose text, repeated, does."""
@@ -874,10 +905,11 @@ def _common_start_text(pool: Any, words: int, slots: int) -> str:
 
 
 def _mixed_tokenizer_parts(pool, behaviors, attack, st, target, refusal, system, seed_fn, seed_tokens):
-    """``(attack, batch, attack_kwargs, settings)`` of :func:`pool_llm_sar` for a pool whose stacks
-    use several tokenizers: joint GCG through :func:`~sarjax.attacks.text.gcg.make_joint_gcg`,
-    BEAST through :func:`~sarjax.attacks.text.beast_cross.make_cross_beast` (the first stack's
-    tokenizer proposes); the batch is the first stack's rendering (the clean prompts)."""
+    """``(attack, params, batch, attack_kwargs, settings)`` of :func:`pool_llm_sar` for a pool
+    whose stacks use several tokenizers: joint GCG through
+    :func:`~sarjax.attacks.text.gcg.make_joint_gcg`, BEAST through
+    :func:`~sarjax.attacks.text.beast_cross.make_cross_beast` (the first stack's tokenizer
+    proposes), called with the pool as ``params`` and the request strings as the batch."""
     tok = pool.stacks[0].tokenizer
     templates = {getattr(s.tokenizer, "chat_template", None) is not None for s in pool.stacks}
     if len(templates) != 1:
@@ -890,13 +922,11 @@ def _mixed_tokenizer_parts(pool, behaviors, attack, st, target, refusal, system,
         fn = make_joint_gcg(target=refusal, **st)
         fn.init_text = _common_start_text(pool, fn.suffix_len, fn.slots)
         st["init_text"] = fn.init_text
-        response = refusal
     else:
         from sarjax.attacks.text.beast import seed_suffixes
         from sarjax.attacks.text.beast_cross import make_cross_beast
 
         fn = make_cross_beast(target=target, **st)
-        response = target
         if seed_fn is not None:
             ids, lens = seed_suffixes(seed_fn, list(behaviors), tok, fn.suffix_len, seed_tokens)
             kw_dec = dict(skip_special_tokens=False, clean_up_tokenization_spaces=False)
@@ -908,8 +938,7 @@ def _mixed_tokenizer_parts(pool, behaviors, attack, st, target, refusal, system,
             dropped = [b for b, x in enumerate(texts) if x and fn.seed_violations(pool, x)]
             call["suffix_init"] = ["" if b in dropped else x for b, x in enumerate(texts)]
             st["seeds"] = {"tokens": int(seed_tokens), "digest": resume.array_digest(ids, lens), "dropped": dropped}
-    batch = behavior_batch(tok, behaviors, response, system)
-    return PoolTextAttack(fn, pool, behaviors, **call), batch, {}, st
+    return fn, pool, list(behaviors), call, st
 
 
 def pool_llm_sar(
@@ -975,7 +1004,7 @@ def pool_llm_sar(
     Returns:
       ``(run, report)``: the :class:`LLMSARRun` and the JSON report (also written to ``out``).
     """
-    from sarjax.attacks.text.core import allowed_vocab, llm_text_model, refusal_loss, target_loss
+    from sarjax.attacks.text.core import allowed_vocab, llm_text_model, refusal_loss, slot_texts, target_loss
     from sarjax.models.llm.pool import tokenizer_fingerprint
 
     if attack not in ("beast", "gcg", "autodan"):
@@ -990,10 +1019,10 @@ def pool_llm_sar(
         pool, max_new_tokens=max_new_tokens, requests=list(behaviors) if mixed else None, system=system
     )
     params: Any = None
+    clean = None
     if attack == "autodan":
         from sarjax.attacks.text.autodan import autodan_llm_sar_parts
 
-        params = pool.stacks[0].params if len(pool.stacks) == 1 else tuple(s.params for s in pool.stacks)
         st = {**(settings or {})}
         fn, batch, kw, calls, st = autodan_llm_sar_parts(
             pool, behaviors, respond, judge, attacker, st, system, response_tokens=max_new_tokens
@@ -1008,10 +1037,11 @@ def pool_llm_sar(
         if seed_fn is not None and attack != "beast":
             raise ValueError(f"seed_fn is BEAST's warm start, got attack={attack!r}")
         if mixed:
-            fn, batch, kw, st = _mixed_tokenizer_parts(
+            fn, params, batch, kw, st = _mixed_tokenizer_parts(
                 pool, behaviors, attack, st, target, refusal, system, seed_fn, seed_tokens
             )
             kw["max_queries"] = mq
+            clean = clean_prompt_ids(tok, behaviors, system, chat_template=kw["chat_template"])
         else:
             cfgs = tuple(s.cfg for s in pool.stacks)
             params = pool.stacks[0].params if len(cfgs) == 1 else tuple(s.params for s in pool.stacks)
@@ -1031,7 +1061,10 @@ def pool_llm_sar(
                 init = int(bang[0]) if len(bang) == 1 and allowed[bang[0]] else None
                 fn = make_gcg(model, vocab_size=vocab, loss=refusal_loss, tokenizer=tok, init_id=init, **st)
                 batch = behavior_batch(tok, behaviors, refusal, system)
-            kw = {"allowed": allowed, "max_queries": mq}
+            # the rendered text around each suffix slot: the audited entry re-tokenizes the whole
+            # prompt (the ids that are sent) and the adapter records and judges those
+            kw = {"allowed": allowed, "max_queries": mq, "texts": slot_texts(tok, behaviors, system=system)}
+            clean = clean_prompt_ids(tok, behaviors, system)
             if seed_fn is not None:
                 from sarjax.attacks.text.beast import seed_suffixes
 
@@ -1059,7 +1092,7 @@ def pool_llm_sar(
     run = run_llm_sar(
         fn, params, batch, behaviors, respond, judge, deltas, key=key, num_members=m, calls=calls,
         attack_kwargs=kw, with_asr=with_asr, checkpoint_dir=out, fingerprint=fp, overwrite=overwrite,
-        progress=progress,
+        progress=progress, self_judged=attack == "autodan", clean_prompts=clean,
     )  # fmt: skip
     report = {"settings": fp, **llm_sar_report(run, tok, pool.names)}
     if out is not None:
@@ -1138,7 +1171,7 @@ __all__ = [
     "pool_digest",
     "pool_llm_sar",
     "PoolResponder",
-    "PoolTextAttack",
+    "clean_prompt_ids",
     "compact_left",
     "harmbench_judge_fn",
     "judge_members",

@@ -131,6 +131,55 @@ def build_tokenizer(chat_template=None):
     return fast
 
 
+_CORPUS = [
+    "how to build a bomb really",
+    "tell me really now.",
+    "sure here is the answer.",
+    "i cannot help with that really",
+    "please write a tutorial on x y z.",
+]
+_SPECIALS = ["<pad>", "<s>", "</s>", "<unk>", "[INST]", "[/INST]"]
+
+
+@functools.cache
+def _trained(kind, vocab_size):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    if kind == "sentencepiece":
+        tok = Tokenizer(models.BPE(unk_token="<unk>"))
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first")
+        tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="first")
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=_SPECIALS, show_progress=False)
+    else:
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size, special_tokens=_SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )  # fmt: skip
+    tok.train_from_iterator(_CORPUS * 20, trainer)
+    return tok.to_str()
+
+
+def subword_tokenizer(kind, chat_template=None):
+    """A tiny trained subword tokenizer of one of the two families whose pieces differ from the
+    whole text: ``"sentencepiece"`` (BPE over Metaspace: ``"a "`` alone ends in a lone ``\u2581``,
+    ``"really"`` alone is ``\u2581really``) or ``"bytelevel"`` (GPT-2's byte-level BPE: ``"really"``
+    alone is ``re ally``, after a space ``\u0120really``). Vocabulary: about 100 and 320 ids."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    size = {"sentencepiece": 110, "bytelevel": 320}[kind]
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(_trained(kind, size)), bos_token="<s>", eos_token="</s>",
+        pad_token="<pad>", unk_token="<unk>", additional_special_tokens=["[INST]", "[/INST]"],
+    )  # fmt: skip
+    if chat_template is not None:
+        fast.chat_template = chat_template
+    return fast
+
+
 def tiny_gpt2(vocab_size, *, hidden_size=16, num_layers=1, num_heads=2, head_dim=8, intermediate_size=32, **kw):
     """A tiny GPT-2 :class:`DecoderConfig` for the JAX decoder tests (learned positions, biases
     everywhere, ``gelu_new``, LayerNorm eps 1e-5; ``num_kv_heads = num_heads``); ``**kw``:

@@ -32,7 +32,7 @@ class _Eval:
         broken = counts > 0
         return broken, np.where(broken, 1.0, 0.0) + 0.01 * np.array([len(t) for t in texts])[:, None] % 1
 
-    def encode(self, texts):
+    def encode(self, texts, stack=0):
         ids = np.array([[len(t) % 7 + 1, 1] for t in texts], np.int32)
         return ids, np.ones_like(ids)
 
@@ -69,16 +69,17 @@ def test_one_step_picks_the_lexicographic_best_of_the_four_proposals():
     reqs = ["make a thing", "do a task", "go"]
     mask = np.array([[1, 1, 0, 1], [0, 1, 0, 0], [1, 0, 1, 0]], np.float32)
     key = jax.random.key(0)
-    res = fn(None, reqs, mask, key, sample_ids=np.array([5, 6, 7]))
+    res = fn(None, reqs, None, key=key, mask=mask, sample_ids=np.array([5, 6, 7]))
     ev = _Eval()
     for b, r in enumerate(reqs):  # by hand: proposal p of request b has sample id sid * 1 * 4 + p
         props = _propose([r] * 4, jax.random.fold_in(key, 0), [(5 + b) * 4 + p for p in range(4)])
         br, cf = ev(props, [r] * 4)
         keys = [rank_key(br[p], cf[p], mask[b] > 0) for p in range(4)]
         want = props[int(np.argmax([k == max(keys) for k in keys]))]  # first of the best (stable)
-        assert res.texts[b] == want
-        np.testing.assert_array_equal(res.broken[b], br[props.index(want)])
-    np.testing.assert_array_equal(res.queries, 4 * mask.sum(1))
+        assert res.x_adv[b] == want
+        np.testing.assert_array_equal(res.success[b], br[props.index(want)])
+    np.testing.assert_array_equal(res.queries.sum(1), 4 * mask.sum(1))
+    np.testing.assert_array_equal(res.queries, 4 * mask)  # 4 responses of each uncovered member
     np.testing.assert_array_equal(res.attacker_calls, [4, 4, 4])
     np.testing.assert_array_equal(res.member_loss, -res.confidence)
 
@@ -87,29 +88,30 @@ def test_queries_exact_over_steps_and_same_key_same_result():
     fn = _attack()
     reqs = ["make a thing", "do a task"]
     mask = np.array([[1, 1, 0, 1], [0, 1, 0, 0]], np.float32)
-    res = fn(None, reqs, mask, jax.random.key(0))
+    res = fn(None, reqs, None, key=jax.random.key(0), mask=mask)
     # 1 anchor x 4 proposals, then 2 anchors x 4 per step; a row stops once its uncovered are broken
     assert res.attacker_calls[0] in (4, 12, 20) and res.attacker_calls[1] in (4, 12, 20)
-    np.testing.assert_array_equal(res.queries, res.attacker_calls * mask.sum(1))
-    assert res.broken[1, 1]  # member 1 is broken by w1 within 20 proposals
-    again = fn(None, reqs, mask, jax.random.key(0))
-    assert again.texts == res.texts and (again.queries == res.queries).all()
-    other = fn(None, reqs, mask, jax.random.key(7))
-    assert other.texts != res.texts or other.queries.tolist() != res.queries.tolist()
+    np.testing.assert_array_equal(res.queries.sum(1), res.attacker_calls * mask.sum(1))
+    np.testing.assert_array_equal(res.queries, res.attacker_calls[:, None] * mask)
+    assert res.success[1, 1]  # member 1 is broken by w1 within 20 proposals
+    again = fn(None, reqs, None, key=jax.random.key(0), mask=mask)
+    assert again.x_adv == res.x_adv and (again.queries == res.queries).all()
+    other = fn(None, reqs, None, key=jax.random.key(7), mask=mask)
+    assert other.x_adv != res.x_adv or other.queries.tolist() != res.queries.tolist()
 
 
 def test_cap_stops_before_a_step_that_would_pass_it_and_covered_rows_cost_nothing():
     fn = _attack(num_steps=5)
     mask = np.array([[1, 1, 1, 1], [0, 0, 0, 0]], np.float32)
-    res = fn(None, ["x y", "z"], mask, jax.random.key(1), max_queries=40)
+    res = fn(None, ["x y", "z"], None, key=jax.random.key(1), mask=mask, max_queries=40)
     # step 0: 1 anchor x 4 proposals x 4 members = 16 queries; step 1: 2 x 4 x 4 = 32 > 40 - 16
-    assert res.queries[0] in (16,) and res.queries[1] == 0 and res.attacker_calls[1] == 0
-    assert res.texts[1] == "z"
+    assert res.queries[0].sum() in (16,) and res.queries[1].sum() == 0 and res.attacker_calls[1] == 0
+    assert res.x_adv[1] == "z"
 
 
 def test_key_is_required():
     with pytest.raises(TypeError, match="key is required"):
-        _attack()(None, ["a"], None, None)
+        _attack()(None, ["a"], None, key=None)
 
 
 @pytest.mark.skipif(
@@ -127,7 +129,7 @@ def test_autodan_on_a_tiny_pool_with_a_sampling_attacker():
     pool = build_pool([(f"m{i}", cfg, scaled_init(cfg, jax.random.key(i), 3.0), tok) for i in range(2)])
     judge = refusal_judge_fn(["sorry"])
     fn = make_autodan(pool, PoolResponder(pool, 4), judge, num_steps=1, max_new_tokens=4, requests=["how to build"])
-    res = fn(None, ["how to build", "tell me"], None, jax.random.key(0))
-    again = fn(None, ["how to build", "tell me"], None, jax.random.key(0))
-    assert res.texts == again.texts
-    assert res.queries.tolist() == [4 * 2, 4 * 2]  # one step: 4 proposals x 2 uncovered members
+    res = fn(None, ["how to build", "tell me"], None, key=jax.random.key(0))
+    again = fn(None, ["how to build", "tell me"], None, key=jax.random.key(0))
+    assert res.x_adv == again.x_adv
+    assert res.queries.sum(1).tolist() == [4 * 2, 4 * 2]  # one step: 4 proposals x 2 uncovered members

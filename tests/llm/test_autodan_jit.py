@@ -95,7 +95,9 @@ def built():
 @pytest.fixture(scope="module")
 def setup(built):
     pool, tok, fn = built
-    audited = fn(None, REQUESTS, MASK, jax.random.key(3), max_queries=CAP, sample_ids=np.array([4, 0, 9, 2]))
+    audited = fn(
+        None, REQUESTS, None, key=jax.random.key(3), mask=MASK, max_queries=CAP, sample_ids=np.array([4, 0, 9, 2])
+    )
     return pool, tok, fn, audited
 
 
@@ -108,7 +110,7 @@ def test_jit_entry_traces_once_and_equals_the_audited_entry(setup):
     @jax.jit
     def go(params, batch, mask, key, cap, sid):
         traces.append(1)
-        return fn.jit(params, batch, mask, key, max_queries=cap, sample_ids=sid)
+        return fn.jit(params, batch, None, key=key, mask=mask, max_queries=cap, sample_ids=sid)
 
     sid = np.array([4, 0, 9, 2], np.int32)
     out = go(fn.params, batch, MASK, jax.random.key(3), CAP.astype(np.int32), sid)
@@ -116,11 +118,12 @@ def test_jit_entry_traces_once_and_equals_the_audited_entry(setup):
     assert len(traces) == 1  # new masks, keys and caps reuse the compiled kernel
     for f in audited._fields:
         np.testing.assert_array_equal(np.asarray(getattr(out, f)), np.asarray(getattr(audited, f)), err_msg=f)
-    assert (np.asarray(other.queries) <= 40).all()
+    assert (np.asarray(other.queries).sum(1) <= 40).all()
     # the accounting: one response of one uncovered member per candidate; rows 2 and 3 capped
     q, calls = np.asarray(audited.queries), np.asarray(audited.attacker_calls)
-    np.testing.assert_array_equal(q, calls * MASK.sum(1))
-    assert q[2] == 12 and q[3] == 0 and calls[3] == 0
+    np.testing.assert_array_equal(q.sum(1), calls * MASK.sum(1))
+    np.testing.assert_array_equal(q, calls[:, None] * MASK)  # per uncovered member
+    assert q[2].sum() == 12 and q[3].sum() == 0 and calls[3] == 0
     assert fn.texts(audited)[3] == REQUESTS[3]  # nothing ran: the request itself, judged as bookkeeping
 
 
@@ -135,34 +138,38 @@ def test_jit_entry_equals_the_host_loop_on_text(setup):
         pool, None, _WordJudge(), len(c.target_head) + c.slot + len(c.target_tail), response_tokens=RESPONSE
     )
     host = AutoDANAttack(propose, ev, pool.size, proposals=4, anchors=2, num_steps=STEPS)
-    res = host(None, REQUESTS, MASK, jax.random.key(3), max_queries=CAP, sample_ids=np.array([4, 0, 9, 2]))
-    assert fn.texts(audited) == res.texts
+    res = host(
+        None, REQUESTS, None, key=jax.random.key(3), mask=MASK, max_queries=CAP, sample_ids=np.array([4, 0, 9, 2])
+    )
+    assert fn.texts(audited) == res.x_adv
     np.testing.assert_array_equal(np.asarray(audited.queries), res.queries)
     np.testing.assert_array_equal(np.asarray(audited.attacker_calls), res.attacker_calls)
-    np.testing.assert_array_equal(np.asarray(audited.broken), res.broken)
+    np.testing.assert_array_equal(np.asarray(audited.success), res.success)
     np.testing.assert_allclose(np.asarray(audited.confidence), res.confidence, atol=1e-6)
-    np.testing.assert_array_equal(np.asarray(audited.ids), res.ids)  # the same prompt ids, template included
+    np.testing.assert_array_equal(np.asarray(audited.ids), res.sent[0])  # the same prompt ids, template included
+    np.testing.assert_array_equal(np.asarray(audited.sent), res.sent[0])
+    assert not np.asarray(audited.retokenized).any()  # a word-level tokenizer: the pieces are the whole
     # the search did something: some rewrite differs from its request, not every member is broken
-    assert any(t != r for t, r in zip(res.texts, REQUESTS)) and not res.broken.all()
+    assert any(t != r for t, r in zip(res.x_adv, REQUESTS)) and not res.success.all()
 
 
 @FULL
 def test_audit_names_a_changed_template_and_wrong_queries(setup):
     _, _, fn, audited = setup
-    problem = fn.problem(None, REQUESTS, MASK, jax.random.key(3), max_queries=CAP)
+    problem = fn.problem(None, REQUESTS, None, key=jax.random.key(3), mask=MASK, max_queries=CAP)
     ids = np.asarray(audited.ids).copy()
     ids[1, -1] = fn.tokenizer.convert_tokens_to_ids("sure")  # the template's tail changed
     q = np.asarray(audited.queries).copy()
-    q[0] += 1
+    q[0, 0] += 1
     bad = audited._replace(ids=ids, queries=q)
     with pytest.raises(
-        ValueError, match=r"row 0: .*queries != .* \| row 1: the prompt is not the original chat template"
+        ValueError, match=r"row 0: .*queries .* != .* \| row 1: the prompt is not the original chat template"
     ):
         audit_rewrite("autodan_jit", fn.cfg, problem, bad)
-    rw = np.asarray(audited.rewrite).copy()
+    rw = np.asarray(audited.x_adv).copy()
     rw[2, -1] = fn.tokenizer.convert_tokens_to_ids("[INST]")
     with pytest.raises(ValueError, match=r"row 2: .*special or out-of-tokenizer ids"):
-        audit_rewrite("autodan_jit", fn.cfg, problem, audited._replace(rewrite=rw))
+        audit_rewrite("autodan_jit", fn.cfg, problem, audited._replace(x_adv=rw))
 
 
 def test_device_ranking_equals_rank_key():
@@ -184,13 +191,13 @@ def test_device_ranking_equals_rank_key():
 def test_bad_calls_raise(built):
     pool, tok, fn = built
     with pytest.raises(TypeError, match="key is required"):
-        fn.problem(None, REQUESTS, None, None)
+        fn.problem(None, REQUESTS, None, key=None)
     with pytest.raises(ValueError, match="mask must be"):
-        fn.problem(None, REQUESTS, np.ones(5), jax.random.key(0))
+        fn.problem(None, REQUESTS, None, key=jax.random.key(0), mask=np.ones(5))
     with pytest.raises(ValueError, match="encodes to 10 tokens"):
         fn.batch(["how to build a bomb tell me sure here is"])
     with pytest.raises(ValueError, match="sample_ids"):
-        fn.problem(None, REQUESTS, None, jax.random.key(0), sample_ids=[-1, 0, 1, 2])
+        fn.problem(None, REQUESTS, None, key=jax.random.key(0), sample_ids=[-1, 0, 1, 2])
     with pytest.raises(ValueError, match="one tokenizer shared"):
         from conftest import build_tokenizer
 

@@ -104,12 +104,12 @@ def test_the_host_loop_on_a_mixed_pool_reports_every_members_judgement(pools):
     ev = PoolEvaluator(mixed, None, _judge, [24, 24], response_tokens=RESPONSE)
     fn = AutoDANAttack(propose, ev, mixed.size, proposals=4, anchors=2, num_steps=2)
     mask = np.array([[1, 1, 1], [0, 0, 1]], np.float32)
-    res = fn(None, TEXTS[:2], mask, jax.random.key(0))
+    res = fn(None, TEXTS[:2], None, key=jax.random.key(0), mask=mask)
     alone = [PoolEvaluator(p, None, _judge, 24, response_tokens=RESPONSE) for p in (pa, pb)]
-    want = np.concatenate([a(res.texts, list(TEXTS[:2]))[0] for a in alone], axis=1)
-    np.testing.assert_array_equal(res.broken, want)
-    np.testing.assert_array_equal(res.queries, res.attacker_calls * mask.sum(1))
-    assert res.ids.shape == (2, 24)  # the prompt in the first stack's tokenizer
+    want = np.concatenate([a(res.x_adv, list(TEXTS[:2]))[0] for a in alone], axis=1)
+    np.testing.assert_array_equal(res.success, want)
+    np.testing.assert_array_equal(res.queries.sum(1), res.attacker_calls * mask.sum(1))
+    assert res.sent[0].shape == (2, 24) and res.sent[1].shape == (2, 24)  # each stack's prompt
 
 
 def test_an_id_level_responder_needs_one_tokenizer(pools):
@@ -156,13 +156,13 @@ def test_llm_sar_autodan_on_a_mixed_tokenizer_pool(pools, monkeypatch):
     assert run.clean_generations == alone[0].responses(reqs) + alone[1].responses(reqs)
     assert seen and report["settings"]["tokenizers"] == 2
     for r in seen:  # each candidate judged per member in its own tokens
-        want = np.concatenate([a(r.texts, reqs)[0] for a in alone], axis=1)
-        np.testing.assert_array_equal(r.broken, want)
+        want = np.concatenate([a(r.x_adv, reqs)[0] for a in alone], axis=1)
+        np.testing.assert_array_equal(r.success, want)
     for b in range(2):
         for j in range(mixed.size):
             rnd = res.covered_round[b, j]
             if rnd >= 0:
-                assert any(r.broken[b, j] for r in seen), (b, j)
+                assert any(r.success[b, j] for r in seen), (b, j)
         np.testing.assert_array_equal(res.covered[b], clean[b] | res.covered[b])
     assert (res.covered_round >= 0).any(), res.covered_round  # the round check above is not vacuous
     assert res.num_rounds >= 1

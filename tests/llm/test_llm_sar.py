@@ -46,8 +46,13 @@ SETS, CLEAN = _sets()
 
 
 class _Res:
+    """What the adapter reads of a text attack's result: the sent prompt, ``member_loss [B, M]`` and
+    ``queries [B, M]`` (a request's queries are put on member 0 here; the adapter sums them)."""
+
     def __init__(self, ids, mask, member_loss, queries):
-        self.ids, self.mask, self.member_loss, self.queries = ids, mask, member_loss, queries
+        self.sent, self.sent_mask, self.member_loss = ids, mask, member_loss
+        self.queries = np.zeros(np.shape(member_loss), np.int64)
+        self.queries[:, 0] = queries
 
 
 def _batch():
@@ -68,8 +73,8 @@ def _prompt(idx):
 def _stub_attacks(oracle, fail_first=False):
     state = {"calls": 0}
 
-    def joint(params, batch, mask, key, **kw):
-        del params, batch, key, kw
+    def joint(params, batch, ref, *, key, mask, **kw):
+        del params, batch, ref, key, kw
         state["calls"] += 1
         c = oracle.joint(np.asarray(mask) > 0, 0)
         idx = c.x_adv[:, 0]
@@ -77,8 +82,8 @@ def _stub_attacks(oracle, fail_first=False):
             idx = np.full_like(idx, -1)
         return _Res(*_prompt(idx), -c.objective, c.queries)
 
-    def single(params, batch, mask, key, **kw):
-        del params, batch, key, kw
+    def single(params, batch, ref, *, key, mask, **kw):
+        del params, batch, ref, key, kw
         mk = np.asarray(mask) > 0
         c = oracle.single(np.argmax(mk, axis=1), mk.any(axis=1), 0)
         return _Res(*_prompt(c.x_adv[:, 0]), -c.objective, c.queries)
@@ -202,8 +207,9 @@ def test_llm_sar_greedy_on_a_mixed_tokenizer_pool_equals_the_set_system_oracle()
     oracle = SetSystemOracle(SETS)
 
     def attack(single):
-        def fn(params, batch_, mask_, key, **kw):
-            del params, batch_, key, kw
+        def fn(params, batch_, ref, *, key, mask, **kw):
+            del params, batch_, ref, key, kw
+            mask_ = mask
             mk = np.asarray(mask_) > 0
             c = oracle.single(np.argmax(mk, axis=1), mk.any(axis=1), 0) if single else oracle.joint(mk, 0)
             return _Res(*prompt(c.x_adv[:, 0]), -c.objective, c.queries)
@@ -360,10 +366,11 @@ def test_harmbench_judge_fn_carries_the_classifiers_confidence():
 
 
 def test_an_attack_that_judges_itself_sets_the_coverage_and_the_clean_judgement():
-    """AutoDAN's contract with the adapter: a result carrying ``broken [B, M]`` IS the coverage,
-    and a batch with ``judge_clean`` judges the unmodified requests, so ``respond`` is never called
-    (with several tokenizers it could not read AutoDAN's rewritten prompts). On the planted set
-    system the greedy must equal greedy_sar on the oracle; a wrongly shaped ``broken`` raises."""
+    """AutoDAN's contract with the adapter: with ``self_judged`` the result's ``success [B, M]``
+    IS the coverage, and a batch with ``judge_clean`` judges the unmodified requests, so ``respond``
+    is never called (with several tokenizers it could not read AutoDAN's rewritten prompts). On the
+    planted set system the greedy must equal greedy_sar on the oracle; a wrongly shaped
+    ``success`` raises."""
 
     class JudgedBatch:
         def __init__(self):
@@ -376,13 +383,13 @@ def test_an_attack_that_judges_itself_sets_the_coverage_and_the_clean_judgement(
 
     oracle = SetSystemOracle(SETS)
 
-    def attack(params, batch, mask, key, **kw):
-        del params, batch, key, kw
+    def attack(params, batch, ref, *, key, mask, **kw):
+        del params, batch, ref, key, kw
         mk = np.asarray(mask) > 0
         one = mk.sum(1) == 1  # the fallback's one-member masks
         c = oracle.single(np.argmax(mk, axis=1), mk.any(axis=1), 0) if one[mk.any(1)].all() else oracle.joint(mk, 0)
         res = _Res(*_prompt(c.x_adv[:, 0]), -c.objective, c.queries)
-        res.broken = c.covered | CLEAN  # every member's judgement of the picked candidate
+        res.success = c.covered | CLEAN  # every member's judgement of the picked candidate
         return res
 
     def respond(ids, mask):
@@ -391,7 +398,7 @@ def test_an_attack_that_judges_itself_sets_the_coverage_and_the_clean_judgement(
     batch = JudgedBatch()
     run = run_llm_sar(
         attack, None, batch, BEHAVIORS, respond, refusal_judge_fn(), (0.0, 0.5), key=jax.random.key(0),
-        num_members=M,
+        num_members=M, self_judged=True,
     )  # fmt: skip
     assert batch.calls == 1
     ref_oracle = SetSystemOracle(SETS)
@@ -400,15 +407,26 @@ def test_an_attack_that_judges_itself_sets_the_coverage_and_the_clean_judgement(
         np.testing.assert_array_equal(getattr(run.result, f), getattr(ref, f), err_msg=f)
     assert run.result.fallback.any() and run.result.covered.any()
 
-    def bad(params, batch, mask, key, **kw):
-        res = attack(params, batch, mask, key)
-        res.broken = res.broken[:, :-1]
+    def bad(params, batch, ref, *, key, mask, **kw):
+        res = attack(params, batch, ref, key=key, mask=mask)
+        res.success = res.success[:, :-1]
         return res
 
     joint, _ = make_llm_oracles(
-        bad, None, batch, BEHAVIORS, respond, refusal_judge_fn(), jax.random.key(0), num_members=M
+        bad, None, batch, BEHAVIORS, respond, refusal_judge_fn(), jax.random.key(0), num_members=M, self_judged=True
     )
-    with pytest.raises(ValueError, match=r"broken must be \[B=4, M=6\]"):
+    with pytest.raises(ValueError, match=r"success must be \[B=4, M=6\]"):
+        joint(~CLEAN, 0)
+
+    def flat(params, batch, ref, *, key, mask, **kw):
+        res = attack(params, batch, ref, key=key, mask=mask)
+        res.queries = res.queries.sum(1)  # [B]: every text attack reports [B, M]
+        return res
+
+    joint, _ = make_llm_oracles(
+        flat, None, batch, BEHAVIORS, respond, refusal_judge_fn(), jax.random.key(0), num_members=M, self_judged=True
+    )
+    with pytest.raises(ValueError, match=r"queries must be \[B=4, M=6\]"):
         joint(~CLEAN, 0)
 
 

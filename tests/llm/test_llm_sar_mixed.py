@@ -74,8 +74,9 @@ def test_cross_beast_joint_objective_and_exact_queries():
     """(a) each member's loss on the returned suffix equals that member's target NLL computed
     alone with ITS OWN tokenizer and template, and the joint loss is their mean over the covered
     members; (b) queries follow the closed form (every candidate passes the filter here)."""
+    from sarjax.attacks.text import core as T
     from sarjax.attacks.text.beast_cross import make_cross_beast
-    from sarjax.models.llm import scoring
+    from sarjax.models.llm import decoder, scoring
     from sarjax.models.llm.pool import unstack_params
     from sarjax.models.llm.prompts import _encode
 
@@ -87,35 +88,60 @@ def test_cross_beast_joint_objective_and_exact_queries():
     fn = make_cross_beast(suffix_len=ls, beam_width=k1, candidates=k2, sampler="greedy", target=TARGET, slots=4)
     # row 0 covers a0 and b0 (proposer mixture: a0); row 1 covers b0 only (mixture: a0, a1, g0)
     mask = np.array([[1, 0, 1, 0], [0, 0, 1, 0], [1, 1, 1, 1]], np.float32)
-    r = fn(pool, REQUESTS, mask, jax.random.key(0), allowed=al)
+    r = fn(pool, REQUESTS, None, key=jax.random.key(0), mask=mask, allowed=al)
     ncov, nprop = mask.sum(1), np.array([1, 3, 3])
     # step 1 expands the single empty beam (1 forward per mixed member), step 2 the k1 beams
-    np.testing.assert_array_equal(r.queries, (1 + k1) * nprop + ls * k1 * k2 * ncov)
+    np.testing.assert_array_equal(r.queries.sum(1), (1 + k1) * nprop + ls * k1 * k2 * ncov)
+    # per member: the next-token forwards of the mixed members (P_b), the scoring of the covered ones
+    group = np.array([1, 1, 0, 1], bool)  # tokenizer A's members: a0, a1 | g0
+    cov = mask > 0
+    prop = np.where((cov & group).any(1, keepdims=True), cov & group, group[None])
+    np.testing.assert_array_equal(r.queries, (1 + k1) * prop + ls * k1 * k2 * cov)
     stacks = {"a0": (0, 0, ta), "a1": (0, 1, ta), "b0": (1, 0, tb), "g0": (2, 0, ta)}
     for b, req in enumerate(REQUESTS):
-        assert 1 <= len(r.suffix_ids[b]) <= ls and all(w in words for w in r.suffix[b].split())
+        assert 1 <= len(r.suffix_ids[b]) <= ls and all(w in words for w in r.x_adv[b].split())
         by_hand = []
         for s, m, tok in stacks.values():
             st = pool.stacks[s]
             (before,), (after,) = _request_blocks(tok, [req])
-            ids = np.asarray(before + _encode(tok, r.suffix[b]) + after, np.int32)
+            ids = np.asarray(before + _encode(tok, r.x_adv[b]) + after, np.int32)
             tgt = np.asarray(_encode(tok, TARGET), np.int32)
             nll = scoring.target_nll(unstack_params(st.params, m), st.cfg, ids, np.ones_like(ids), tgt)
             by_hand.append(float(np.mean(np.asarray(nll))))
         np.testing.assert_allclose(r.member_loss[b], by_hand, rtol=2e-5, err_msg=f"row {b}")
+        # success: each member's greedy token reproduces every target token (teacher forcing) on
+        # the prompt that is sent: the whole text tokenized by its own tokenizer
+        for j, (s, m, tok) in enumerate(stacks.values()):
+            st = pool.stacks[s]
+            (bt,), (at,) = T.slot_texts(tok, [req])
+            sent = _encode(tok, bt + r.x_adv[b] + at)
+            assert r.sent[s][b][r.sent_mask[s][b] == 1].tolist() == sent
+            tgt = _encode(tok, TARGET)
+            lg = decoder.logits(unstack_params(st.params, m), st.cfg, np.asarray(sent + tgt[:-1], np.int32))
+            assert r.success[b, j] == (np.argmax(np.asarray(lg)[len(sent) - 1 :], -1).tolist() == tgt), (b, j)
         np.testing.assert_allclose(r.loss[b], np.sum(mask[b] * by_hand) / ncov[b], rtol=2e-5)
         # each stack's prompt carries the same text in its own ids
         for s, st in enumerate(pool.stacks):
             real = r.ids[s][b][r.mask[s][b] == 1].tolist()
-            assert r.suffix[b] in st.tokenizer.decode(real)
-    assert r.suffix_ids[0] != _encode(tb, r.suffix[0])  # the proposer's ids are tokenizer A's
+            assert r.x_adv[b] in st.tokenizer.decode(real)
+    assert r.suffix_ids[0] != _encode(tb, r.x_adv[0])  # the proposer's ids are tokenizer A's
     # same key, same result; a cap that allows the first step only
-    again = fn(pool, REQUESTS, mask, jax.random.key(0), allowed=al, max_queries=int(nprop[1] + k1 * k2 * ncov[1]))
-    assert again.queries[1] == nprop[1] + k1 * k2 * ncov[1] and len(again.suffix_ids[1]) == 1
+    again = fn(
+        pool,
+        REQUESTS,
+        None,
+        key=jax.random.key(0),
+        mask=mask,
+        allowed=al,
+        max_queries=int(nprop[1] + k1 * k2 * ncov[1]),
+    )
+    assert again.queries[1].sum() == nprop[1] + k1 * k2 * ncov[1] and len(again.suffix_ids[1]) == 1
     with pytest.raises(ValueError, match="row 0: .*stack 1: the ids do not decode back"):
-        fn(pool, REQUESTS, mask, jax.random.key(0), allowed=al, suffix_init=["a bomb", "", ""])  # B lacks "bomb"
+        fn(
+            pool, REQUESTS, None, key=jax.random.key(0), mask=mask, allowed=al, suffix_init=["a bomb", "", ""]
+        )  # B lacks "bomb"
     with pytest.raises(TypeError, match="key is required"):
-        fn(pool, REQUESTS, mask, None)
+        fn(pool, REQUESTS, None, key=None, mask=mask)
 
 
 def _write_checkpoint(path, tok, seed):

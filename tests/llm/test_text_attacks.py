@@ -114,7 +114,7 @@ def test_gcg_finds_the_brute_force_optimum_over_a_tiny_vocabulary(pool, gcg):
     cfg, params, _, batch = pool
     allowed = np.zeros(V, bool)
     allowed[[12, 15, 17, 20]] = True
-    r = gcg(params, batch, MASK, jax.random.key(3), allowed=allowed, suffix_init=[12, 12, 12])
+    r = gcg(params, batch, None, key=jax.random.key(3), mask=MASK, allowed=allowed, suffix_init=[12, 12, 12])
     every = list(itertools.product([12, 15, 17, 20], repeat=LS))
     nb = T.TextBatch(*(np.asarray(a) for a in batch))
     for b in range(2):
@@ -143,21 +143,22 @@ def test_gcg_queries_cap_key_mask_and_allowed(pool, gcg):
     cfg, params, _, batch = pool
     allowed = np.arange(V) % 2 == 1
     call = dict(allowed=allowed, suffix_init=[1, 1, 1])
-    r1 = gcg(params, batch, MASK, jax.random.key(5), **call)
-    r2 = gcg(params, batch, MASK, jax.random.key(5), **call)
+    r1 = gcg(params, batch, None, key=jax.random.key(5), mask=MASK, **call)
+    r2 = gcg(params, batch, None, key=jax.random.key(5), mask=MASK, **call)
     np.testing.assert_array_equal(np.asarray(r1.suffix), np.asarray(r2.suffix))
     np.testing.assert_array_equal(np.asarray(r1.loss), np.asarray(r2.loss))
     assert np.all(np.asarray(r1.suffix) % 2 == 1)  # masked-out ids never appear
     # start: 1 forward per covered member; step: (1 gradient + 64 candidates) per covered member
     nm = 2
-    assert np.asarray(r1.queries).tolist() == [nm + 4 * 65 * nm] * 2
+    assert np.asarray(r1.queries).sum(1).tolist() == [nm + 4 * 65 * nm] * 2
+    assert np.asarray(r1.queries).tolist() == [[1 + 4 * 65, 0, 1 + 4 * 65]] * 2  # per covered member
     # a traced per-request cap: row 0 can afford 2 steps, row 1 none
-    rc = gcg(params, batch, MASK, jax.random.key(5), max_queries=[nm + 2 * 65 * nm + 5, nm + 3], **call)
-    assert np.asarray(rc.queries).tolist() == [nm + 2 * 65 * nm, nm]
+    rc = gcg(params, batch, None, key=jax.random.key(5), mask=MASK, max_queries=[nm + 2 * 65 * nm + 5, nm + 3], **call)
+    assert np.asarray(rc.queries).sum(1).tolist() == [nm + 2 * 65 * nm, nm]
     np.testing.assert_array_equal(np.asarray(rc.suffix[1]), [1, 1, 1])
     # the uncovered member does not influence the search (its weights changed -> same suffix)
     p2 = jax.tree.map(lambda x: x.at[1].multiply(-1.0), params)
-    r3 = gcg(p2, batch, MASK, jax.random.key(5), **call)
+    r3 = gcg(p2, batch, None, key=jax.random.key(5), mask=MASK, **call)
     np.testing.assert_array_equal(np.asarray(r1.suffix), np.asarray(r3.suffix))
     np.testing.assert_allclose(np.asarray(r1.loss), np.asarray(r3.loss), rtol=1e-6)
 
@@ -176,7 +177,7 @@ def test_beast_beam_width_one_greedy_equals_hand_trace(pool):
     fn = make_beast(model, vocab_size=V, suffix_len=LS, beam_width=1, candidates=3, sampler="greedy")
     allowed = np.ones(V, bool)
     allowed[[0, 5, 9]] = False
-    r = fn(params, batch, MASK, jax.random.key(0), allowed=allowed)
+    r = fn(params, batch, None, key=jax.random.key(0), mask=MASK, allowed=allowed)
     for b in range(2):
         suffix, best, best_s = [], np.inf, None
         for _ in range(LS):
@@ -189,9 +190,9 @@ def test_beast_beam_width_one_greedy_equals_hand_trace(pool):
         n = int(np.asarray(r.suffix_mask[b]).sum())
         assert np.asarray(r.suffix[b])[LS - n :].tolist() == best_s
         np.testing.assert_allclose(float(r.loss[b]), best, rtol=1e-5, atol=1e-5)
-    assert np.asarray(r.queries).tolist() == [LS * (1 + 3) * 2] * 2
+    assert np.asarray(r.queries).sum(1).tolist() == [LS * (1 + 3) * 2] * 2
     # the jit-safe entry inside a user's jax.jit (traced mask, key, cap, allowed) gives the same result
-    traced = jax.jit(lambda p, m, k, cap, al: fn.jit(p, batch, m, k, max_queries=cap, allowed=al))
+    traced = jax.jit(lambda p, m, k, cap, al: fn.jit(p, batch, None, key=k, mask=m, max_queries=cap, allowed=al))
     rj = traced(params, MASK, jax.random.key(0), 10**6, allowed)
     for name, a, b in zip(r._fields, r, rj, strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, err_msg=name)
@@ -200,37 +201,41 @@ def test_beast_beam_width_one_greedy_equals_hand_trace(pool):
 def test_beast_queries_cap_key_allowed_and_seed(pool, beast):
     cfg, params, _, batch = pool
     allowed = np.arange(V) % 3 != 0
-    r1 = beast(params, batch, MASK, jax.random.key(7), allowed=allowed)
-    r2 = beast(params, batch, MASK, jax.random.key(7), allowed=allowed)
-    np.testing.assert_array_equal(np.asarray(r1.ids), np.asarray(r2.ids))
+    r1 = beast(params, batch, None, key=jax.random.key(7), mask=MASK, allowed=allowed)
+    r2 = beast(params, batch, None, key=jax.random.key(7), mask=MASK, allowed=allowed)
+    np.testing.assert_array_equal(np.asarray(r1.x_adv), np.asarray(r2.x_adv))
     real = np.asarray(r1.suffix)[np.asarray(r1.suffix_mask) == 1]
     assert real.size and np.all(real % 3 != 0)
     per_step = (2 + 2 * 3) * 2
-    assert np.asarray(r1.queries).tolist() == [LS * per_step] * 2
+    assert np.asarray(r1.queries).sum(1).tolist() == [LS * per_step] * 2
     # the returned loss is the joint loss of the returned suffix, recomputed by hand
     for b in range(2):
         n = int(np.asarray(r1.suffix_mask[b]).sum())
         want = _joint_by_hand(cfg, params, b, np.asarray(r1.suffix[b])[LS - n :].tolist())[0]
         np.testing.assert_allclose(float(r1.loss[b]), want, rtol=1e-5, atol=1e-5)
-    others = [beast(params, batch, MASK, jax.random.key(k), allowed=allowed) for k in (8, 9)]
-    assert any(not np.array_equal(np.asarray(o.ids), np.asarray(r1.ids)) for o in others)
+    others = [beast(params, batch, None, key=jax.random.key(k), mask=MASK, allowed=allowed) for k in (8, 9)]
+    assert any(not np.array_equal(np.asarray(o.x_adv), np.asarray(r1.x_adv)) for o in others)
     # a traced cap stops after one step for row 1
-    rc = beast(params, batch, MASK, jax.random.key(7), allowed=allowed, max_queries=[10**6, per_step + 1])
-    assert np.asarray(rc.queries).tolist() == [LS * per_step, per_step]
+    rc = beast(
+        params, batch, None, key=jax.random.key(7), mask=MASK, allowed=allowed, max_queries=[10**6, per_step + 1]
+    )
+    assert np.asarray(rc.queries).sum(1).tolist() == [LS * per_step, per_step]
     assert int(np.asarray(rc.suffix_mask[1]).sum()) == 1
     # one allowed id: the first layer has 1 valid candidate for k1 = 2 beams; the invalid beam's
     # children must never be kept (the audit would raise on a banned id)
-    one = beast(params, batch, MASK, jax.random.key(7), allowed=np.arange(V) == 13)
+    one = beast(params, batch, None, key=jax.random.key(7), mask=MASK, allowed=np.arange(V) == 13)
     assert np.all(np.asarray(one.suffix)[np.asarray(one.suffix_mask) == 1] == 13)
     # the same state machine behind an entry that audits re-tokenization with the tiny word-level
     # tokenizer (ids 6..23 are words: every suffix of them re-tokenizes); no new compile
     fn_tok = make_beast(pool[2], vocab_size=V, suffix_len=LS, beam_width=2, candidates=3, tokenizer=build_tokenizer())
     assert fn_tok.attack == beast.attack
-    rt = fn_tok(params, batch, MASK, jax.random.key(7), allowed=allowed & (np.arange(V) >= 6))
+    rt = fn_tok(params, batch, None, key=jax.random.key(7), mask=MASK, allowed=allowed & (np.arange(V) >= 6))
     assert np.all(np.asarray(rt.suffix)[np.asarray(rt.suffix_mask) == 1] >= 6)
     # a seed of one token: scored once, then 2 steps append to it
-    rs = beast(params, batch, MASK, jax.random.key(7), allowed=allowed, suffix_init=[0, 0, 4], init_len=1)
-    assert np.asarray(rs.queries).tolist() == [2 + 2 * per_step] * 2
+    rs = beast(
+        params, batch, None, key=jax.random.key(7), mask=MASK, allowed=allowed, suffix_init=[0, 0, 4], init_len=1
+    )
+    assert np.asarray(rs.queries).sum(1).tolist() == [2 + 2 * per_step] * 2
     for b in range(2):
         n = int(np.asarray(rs.suffix_mask[b]).sum())
         assert np.asarray(rs.suffix[b])[LS - n] == 4
@@ -257,12 +262,14 @@ class _MergingTokenizer:
 
 def test_audit_names_offending_rows(pool, gcg):
     cfg, params, _, batch = pool
-    prob = gcg.problem(params, batch, MASK, jax.random.key(0), suffix_init=[[1, 0, 20], [1, 0, 1]])
+    prob = gcg.problem(params, batch, None, key=jax.random.key(0), mask=MASK, suffix_init=[[1, 0, 20], [1, 0, 1]])
     ids = np.concatenate([np.asarray(batch.before), np.asarray(prob.suffix_init), np.asarray(batch.after)], axis=1)
     mask = np.concatenate([batch.before_mask, np.ones((2, LS), np.int32), batch.after_mask], axis=1)
+    q = np.zeros((2, 3), np.int32)
     good = T.TextAttackResult(
-        np.asarray(prob.suffix_init), np.ones((2, LS), np.int32), ids, mask, np.zeros(2), np.zeros((2, 3)), np.zeros(2)
-    )
+        ids, np.zeros((2, 3), bool), q, mask, np.asarray(prob.suffix_init), np.ones((2, LS), np.int32), np.zeros(2),
+        np.zeros((2, 3)), ids, mask, np.zeros(2, bool),
+    )  # fmt: skip
     audit_text("gcg", prob, good)  # no tokenizer: passes
     with pytest.raises(ValueError, match=r"row 1: the suffix ids do not re-tokenize") as e:
         audit_text("gcg", prob, good, _MergingTokenizer())  # row 1 = [1, 0, 1] -> "bab" -> [1, 20]
@@ -270,26 +277,43 @@ def test_audit_names_offending_rows(pool, gcg):
     bad = ids.copy()
     bad[0, 0] = 13  # the request itself changed
     with pytest.raises(ValueError, match=r"row 0: the part before the suffix changed"):
-        audit_text("gcg", prob, good._replace(ids=bad))
+        audit_text("gcg", prob, good._replace(x_adv=bad))
     prob2 = prob._replace(allowed=np.arange(V) != 20)
     with pytest.raises(ValueError, match=r"row 0: suffix ids outside the allowed vocabulary: \[20\]"):
         audit_text("gcg", prob2, good)
+    # queries charged to an uncovered member (member 1 of MASK), or above the cap
+    with pytest.raises(ValueError, match=r"row 1: queries \[0, 3, 0\] are negative, charged to uncovered members"):
+        audit_text("gcg", prob, good._replace(queries=q + np.array([[0, 0, 0], [0, 3, 0]])))
+    capped = prob._replace(cap=np.array([5, 10**6]))
+    with pytest.raises(ValueError, match=r"row 0: .*above the cap 5"):
+        audit_text("gcg", capped, good._replace(queries=q + np.array([[3, 0, 3], [0, 0, 0]])))
 
 
 def test_input_errors(pool, gcg):
     cfg, params, model, batch = pool
     with pytest.raises(TypeError, match="key is required"):
-        gcg(params, batch, MASK, None)
+        gcg(params, batch, None, key=None, mask=MASK)
     with pytest.raises(ValueError, match="allowed vocabulary"):
-        gcg.problem(params, batch, MASK, jax.random.key(0), allowed=np.arange(V) > 2, suffix_init=[1, 4, 4])
+        gcg.problem(
+            params, batch, None, key=jax.random.key(0), mask=MASK, allowed=np.arange(V) > 2, suffix_init=[1, 4, 4]
+        )
+    for bad_mask in (np.array([1.0, -1.0, 1.0]), np.array([1.0, np.nan, 1.0]), np.array([2.0, 0.0, 1.0])):
+        with pytest.raises(ValueError, match="mask must be bool or 0/1"):  # no flipped or NaN objective
+            gcg.problem(params, batch, None, key=jax.random.key(0), mask=bad_mask)
+    with pytest.raises(TypeError, match="ref must be None"):
+        gcg.problem(params, batch, batch.target, key=jax.random.key(0))
+    with pytest.raises(TypeError, match="texts needs the factory's tokenizer"):
+        gcg(params, batch, None, key=jax.random.key(0), texts=(["a", "b"], ["c", "d"]))
+    with pytest.raises(TypeError, match="texts is read by the audited entry only"):
+        gcg.jit(params, batch, None, key=jax.random.key(0), texts=(["a", "b"], ["c", "d"]))
     with pytest.raises(ValueError, match=r"mask must be \[M=3\]"):
-        gcg.problem(params, batch, np.ones(2), jax.random.key(0))
+        gcg.problem(params, batch, None, key=jax.random.key(0), mask=np.ones(2))
     with pytest.raises(ValueError, match="target rows \\[1\\] are empty"):
         text_batch([[1], [2]], [[], []], [[3], []])
     with pytest.raises(ValueError, match="exceeds the vocabulary"):
         make_beast(model, vocab_size=V, beam_width=5, candidates=5)
     with pytest.raises(ValueError, match="outside \\[0, 24\\)"):
-        gcg.problem(params, text_batch([[1, 99]], [[2]], [[3]]), MASK, jax.random.key(0))
+        gcg.problem(params, text_batch([[1, 99]], [[2]], [[3]]), None, key=jax.random.key(0), mask=MASK)
 
 
 class _LettersTokenizer(_MergingTokenizer):

@@ -120,10 +120,10 @@ def test_joint_gcg_finds_a_planted_trigger_across_tokenizers(trigger_pool):
     fn = make_joint_gcg(num_steps=steps, suffix_len=3, topk=len(words), num_candidates=nc, target=REFUSAL, slots=4)
     mask = np.array([[1, 1, 1, 1], [1, 0, 1, 0], [0, 1, 0, 1]], np.float32)
     call = dict(allowed=al, suffix_init="x x x")
-    r = fn(pool, REQUESTS, mask, jax.random.key(0), **call)
-    start = fn(pool, REQUESTS, mask, jax.random.key(0), max_queries=4, **call)  # scores the start only
+    r = fn(pool, REQUESTS, None, key=jax.random.key(0), mask=mask, **call)
+    start = fn(pool, REQUESTS, None, key=jax.random.key(0), mask=mask, max_queries=4, **call)  # scores the start only
     for b in range(3):
-        assert TRIGGER in r.suffix[b].split(), r.suffix
+        assert TRIGGER in r.x_adv[b].split(), r.x_adv
         cov = np.flatnonzero(mask[b])
         # every covered member's mean refusal NLL rose from ~1e-3 (refuses) to > 1 (the first
         # token, "sorry", became unlikely: it complies; later refusal tokens are teacher-forced)
@@ -137,15 +137,17 @@ def test_joint_gcg_finds_a_planted_trigger_across_tokenizers(trigger_pool):
         for s, tok in enumerate((ta, tb)):
             sm = r.mask[s][b]
             suffix_ids = r.ids[s][b][sm == 1]
-            assert r.suffix[b] in tok.decode(suffix_ids.tolist())
+            assert r.x_adv[b] in tok.decode(suffix_ids.tolist())
     ncov = mask.sum(1).astype(int)
-    np.testing.assert_array_equal(r.queries, ncov + steps * (1 + nc * ncov))
-    np.testing.assert_array_equal(start.queries, [4, 2, 2])
+    np.testing.assert_array_equal(r.queries.sum(1), ncov + steps * (1 + nc * ncov))
+    np.testing.assert_array_equal(start.queries.sum(1), [4, 2, 2])
     np.testing.assert_allclose(r.loss, (r.member_loss * mask).sum(1) / mask.sum(1), rtol=1e-6)
     # same key, same result; a per-request cap stops request 2 after one step
-    again = fn(pool, REQUESTS, mask, jax.random.key(0), max_queries=[10**6, 10**6, 2 + 1 + nc * 2], **call)
-    assert again.suffix[:2] == r.suffix[:2]
-    assert again.queries.tolist() == r.queries[:2].tolist() + [2 + 1 + nc * 2]
+    again = fn(
+        pool, REQUESTS, None, key=jax.random.key(0), mask=mask, max_queries=[10**6, 10**6, 2 + 1 + nc * 2], **call
+    )
+    assert again.x_adv[:2] == r.x_adv[:2]
+    assert again.queries.sum(1).tolist() == r.queries[:2].sum(1).tolist() + [2 + 1 + nc * 2]
     assert again.proposers[1:, 2].tolist() == [-1] * (steps - 1)
 
 
@@ -155,11 +157,11 @@ def test_joint_gcg_finds_a_planted_trigger_across_tokenizers(trigger_pool):
 def test_joint_gcg_input_errors(trigger_pool):
     fn = make_joint_gcg(num_steps=1, suffix_len=3, num_candidates=4, target=REFUSAL, slots=4)
     with pytest.raises(TypeError, match="key is required"):
-        fn(trigger_pool, REQUESTS, None, None)
+        fn(trigger_pool, REQUESTS, None, key=None)
     with pytest.raises(ValueError, match=r"mask must be \[M=4\]"):
-        fn(trigger_pool, REQUESTS, np.ones(2), jax.random.key(0))
+        fn(trigger_pool, REQUESTS, None, key=jax.random.key(0), mask=np.ones(2))
     # "bomb" is not in stack B's vocabulary: the start suffix cannot be exchanged
     with pytest.raises(ValueError, match=r"row 0: stack 1: the ids do not decode back"):
-        fn(trigger_pool, REQUESTS[:1], None, jax.random.key(0), suffix_init="a bomb")
+        fn(trigger_pool, REQUESTS[:1], None, key=jax.random.key(0), suffix_init="a bomb")
     with pytest.raises(ValueError, match="num_candidates must be >= 1"):
         make_joint_gcg(num_candidates=0)

@@ -55,6 +55,7 @@ class BEASTConfig(NamedTuple):
       candidates: ``k2`` tokens drawn per beam (10: BEAST uses ``k1 = k2``).
       temperature: of the next-token distribution (1, papers/000 Table 2).
       sampler: ``"multinomial"`` (BEAST) or ``"greedy"`` (deterministic top-``k2``).
+      criterion: the success criterion (:attr:`~sarjax.attacks.text.core.TextAttackResult.success`).
     """
 
     model: T.TextModel
@@ -64,6 +65,7 @@ class BEASTConfig(NamedTuple):
     candidates: int
     temperature: float
     sampler: str
+    criterion: str = "target"
 
 
 class BEASTState(NamedTuple):
@@ -186,8 +188,9 @@ def _step(cfg: BEASTConfig, state: BEASTState, params) -> BEASTState:
 
 def _result(cfg: BEASTConfig, state: BEASTState, params) -> T.TextAttackResult:
     return T.finish(
-        cfg.model, cfg.loss, params, state.problem, state.best_suffix, state.best_len, state.best_loss, state.queries
-    )
+        cfg.model, cfg.loss, cfg.criterion, params, state.problem, state.best_suffix, state.best_len, state.best_loss,
+        state.queries,
+    )  # fmt: skip
 
 
 def make_beast(
@@ -201,6 +204,7 @@ def make_beast(
     sampler: str = "multinomial",
     loss: Callable = T.target_loss,
     tokenizer=None,
+    criterion: str | None = None,
 ) -> T.TextAttackFn:
     """Joint BEAST on a pool.
 
@@ -216,14 +220,22 @@ def make_beast(
       sampler: ``"multinomial"`` or ``"greedy"``.
       loss: per-member loss, minimised (default
         :func:`~sarjax.attacks.text.core.target_loss`, the mean per-token target NLL).
-      tokenizer: optional; the audited entry then checks that the suffix re-tokenizes.
+      tokenizer: optional; the audited entry then checks that the suffix re-tokenizes and
+        re-tokenizes the whole prompt as text (:attr:`~sarjax.attacks.text.core.TextAttackResult.sent`).
+      criterion: ``"target"`` (a member is broken when its greedy response starts with the
+        target) or ``"refusal"``; None: ``"refusal"`` for
+        :func:`~sarjax.attacks.text.core.refusal_loss`, else ``"target"``.
 
     Returns:
-      A :class:`~sarjax.attacks.text.core.TextAttackFn`; a call's ``suffix_init [B, Ls]`` +
-      ``init_len`` is a seed suffix (right-aligned) every beam starts from.
+      A :class:`~sarjax.attacks.text.core.TextAttackFn`: ``fn(params, batch, ref, *, key,
+      mask=None, max_queries=None, sample_ids=None, allowed=None, suffix_init=None, init_len=None,
+      texts=None) -> TextAttackResult`` (``ref`` None: the batch carries the target ids) and
+      ``fn.jit(...)``; a call's ``suffix_init [B, Ls]`` + ``init_len`` is a seed suffix
+      (right-aligned) every beam starts from.
 
     Raises:
-      ValueError: non-positive sizes, ``k1 * k2 > V``, an unknown sampler, temperature <= 0.
+      ValueError: non-positive sizes, ``k1 * k2 > V``, an unknown sampler, temperature <= 0, an
+        unknown criterion.
     """
     k2 = beam_width if candidates is None else candidates
     for n, val in (
@@ -242,7 +254,8 @@ def make_beast(
         raise ValueError(f"make_beast: sampler must be 'multinomial' or 'greedy', got {sampler!r}")
     if not temperature > 0:
         raise ValueError(f"make_beast: temperature must be > 0, got {temperature}")
-    cfg = BEASTConfig(model, loss, int(suffix_len), int(beam_width), int(k2), float(temperature), sampler)
+    crit = T.check_criterion("make_beast", criterion, loss)
+    cfg = BEASTConfig(model, loss, int(suffix_len), int(beam_width), int(k2), float(temperature), sampler, crit)
     attack = Attack(_init, _step, _result, int(suffix_len), cfg)
     return T.TextAttackFn(
         attack,
@@ -252,6 +265,7 @@ def make_beast(
         suffix_len=int(suffix_len),
         tokenizer=tokenizer,
         grows=True,
+        criterion=crit,
     )
 
 

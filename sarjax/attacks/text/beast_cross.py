@@ -44,9 +44,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sarjax.attacks import queries as Q
+from sarjax.attacks.core.entry import Entry
 from sarjax.attacks.text import core as T
-from sarjax.attacks.text.gcg import JointGCG, _allowed_for, _score
+from sarjax.attacks.text.gcg import _allowed_for, _score, pool_call, pool_requests, sent_prompts
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
@@ -82,36 +82,56 @@ def _mixture(params, before, before_mask, beams, beam_mask, weights, temperature
 
 
 class CrossBEASTResult(NamedTuple):
-    """The best-so-far suffix of a :class:`CrossBEAST` call.
+    """The best-so-far suffix of a :class:`CrossBEAST` call (member axis ``[B, M]``, members in
+    ``pool.names`` order).
 
     Attributes:
-      suffix: ``B`` suffix texts (``""``: nothing scored, the clean request).
+      x_adv: ``B`` suffix texts (``""``: nothing scored, the clean request).
+      success: ``[B, M]`` bool, member ``m`` broken on request ``b`` by the attack's criterion
+        (``criterion`` of the factory: ``"target"``, its greedy response under teacher forcing
+        starts with the target), judged on the ids that are SENT (:attr:`sent`).
+      queries: ``[B, M]`` int64 queries spent on member ``m`` (its next-token forwards when its
+        distribution is mixed, its forwards on the seed and every kept candidate).
       suffix_ids: ``B`` id lists of the suffix in the proposer's tokenizer.
       loss: ``[B]`` float64 joint loss of the best suffix (``inf``: nothing scored).
-      member_loss: ``[B, M]`` every member's loss on it (bookkeeping re-score, not counted).
-      queries: ``[B]`` int64 queries spent.
-      ids: one ``[B, T_s]`` int32 array per stack, the prompts ``before | suffix | after``.
-      mask: one ``[B, T_s]`` int32 array per stack.
+      member_loss: ``[B, M]`` every member's loss on it (bookkeeping re-score of :attr:`ids`, not
+        counted).
+      ids: one ``[B, T_s]`` int32 array per stack, the searched prompts ``before | suffix | after``
+        (the blocks tokenized apart); mask: idem.
+      sent: one ``[B, S_s]`` int32 array per stack (left-padded), the ids of the whole prompt
+        text tokenized by the stack's tokenizer; sent_mask: idem.
+      retokenized: ``[B, M]`` bool, member ``m``'s :attr:`sent` ids differ from its :attr:`ids`.
     """
 
-    suffix: list
+    x_adv: list
+    success: Any
+    queries: Any
     suffix_ids: list
     loss: Any
     member_loss: Any
-    queries: Any
     ids: tuple
     mask: tuple
+    sent: tuple
+    sent_mask: tuple
+    retokenized: Any
 
 
-class CrossBEAST:
+class CrossBEAST(Entry):
     """Joint BEAST on an :class:`~sarjax.models.llm.pool.LLMPool` whose members may use different
     tokenizers (see the module docstring). Build with :func:`make_cross_beast`; call
-    ``fn(pool, instructions, mask=None, key, *, target=None, max_queries=None, system=None,
-    suffix_init=None, sample_ids=None, chat_template=True, allowed=None) -> CrossBEASTResult``.
+    ``fn(pool, instructions, ref, *, key, mask=None, max_queries=None, sample_ids=None,
+    system=None, suffix_init=None, chat_template=True, allowed=None) -> CrossBEASTResult``
+    (``ref``: the target response, one string or one per request; None: the factory's).
+    Host-driven: there is no ``fn.jit`` (it raises ``TypeError``).
     """
 
-    def __init__(self, *, suffix_len, beam_width, candidates, temperature, sampler, loss, target, slots, ascii_only):
+    apply = None
+
+    def __init__(
+        self, *, suffix_len, beam_width, candidates, temperature, sampler, loss, target, slots, ascii_only, criterion
+    ):
         self.name = "cross_beast"
+        self.__name__ = self.name
         self.suffix_len = suffix_len
         self.beam_width = beam_width
         self.candidates = candidates
@@ -121,9 +141,18 @@ class CrossBEAST:
         self.target = target
         self.slots = slots
         self.ascii_only = ascii_only
+        self.criterion = criterion
 
     def __repr__(self) -> str:
         return f"CrossBEAST(Ls={self.suffix_len}, k1={self.beam_width}, k2={self.candidates}, {self.sampler})"
+
+    @property
+    def attack(self):
+        raise TypeError(f"{self.name}: a host-driven attack (tokenizers run between steps) has no state machine")
+
+    def jit(self, *args, **kwargs):
+        """No jit-safe entry: the text exchange runs the tokenizers on the host between steps."""
+        raise TypeError(f"{self.name}: no jit-safe entry (the tokenizers run on the host between steps); call fn(...)")
 
     def allowed(self, pool) -> list[np.ndarray]:
         """The default allowed vocabulary of each stack (:func:`~sarjax.attacks.text.core.allowed_vocab`)."""
@@ -139,18 +168,18 @@ class CrossBEAST:
             why = [f"stack 0: {len(ids[0])} tokens exceed suffix_len={self.suffix_len}"]
         return why
 
-    def __call__(
+    def __call__(  # pyright: ignore[reportIncompatibleMethodOverride]
         self,
         pool,
         instructions: Sequence[str],
-        mask=None,
-        key=None,
+        ref: str | Sequence[str] | None,
         *,
-        target: str | Sequence[str] | None = None,
+        key,
+        mask=None,
         max_queries=None,
+        sample_ids=None,
         system: str | None = None,
         suffix_init: Sequence[str] | None = None,
-        sample_ids=None,
         chat_template: bool = True,
         allowed: Sequence[Any] | None = None,
     ) -> CrossBEASTResult:
@@ -159,14 +188,15 @@ class CrossBEAST:
         Args:
           pool: an :class:`~sarjax.models.llm.pool.LLMPool` (every stack with a tokenizer).
           instructions: ``B`` requests.
-          mask: ``[M]`` or ``[B, M]`` 0/1, the members the objective covers (default all).
-          key: PRNG key (required).
-          target: the target response (one, or one per request); default the factory's.
-          max_queries: None, a scalar or ``[B]`` per-request cap (papers/000: 15,000 per call).
+          ref: the target response (one, or one per request); None: the factory's.
+          key: PRNG key (keyword-only, required).
+          mask: ``[M]`` or ``[B, M]`` bool or 0/1, the members the objective covers (default all).
+          max_queries: None, a scalar or ``[B]`` per-request cap summed over members (papers/000:
+            15,000 per call).
+          sample_ids: ``[B]`` non-negative ints (default ``arange(B)``).
           system: optional system message.
           suffix_init: ``B`` seed texts (``""``: no seed), e.g. from a seed generator; each must
             pass :meth:`seed_violations`.
-          sample_ids: ``[B]`` non-negative ints (default ``arange(B)``).
           chat_template: False renders ``instruction + " " + suffix`` (base models).
           allowed: optional ``[V_s]`` bool per stack (default :meth:`allowed`).
 
@@ -174,39 +204,21 @@ class CrossBEAST:
           :class:`CrossBEASTResult`.
 
         Raises:
-          TypeError: ``key`` is None; a stack without a tokenizer.
-          ValueError: bad shapes; a seed that violates the threat model (naming the row and why);
-            an audit failure of the output.
+          TypeError: no key; a stack without a tokenizer.
+          ValueError: bad shapes or values; a seed that violates the threat model (naming the row
+            and why); an audit failure of the output.
         """
         from sarjax.models.llm.pool import tokenizer_fingerprint
         from sarjax.models.llm.prompts import _encode
 
-        if key is None:
-            raise TypeError(f"{self.name}: key is required (a jax.random key); sarjax never defaults it")
-        stacks = tuple(pool.stacks)
-        for st in stacks:
-            if st.tokenizer is None:
-                raise TypeError(f"{self.name}: stack {st.names} has no tokenizer; the text exchange needs one")
-        instructions = list(instructions)
+        c = pool_call(self.name, pool, instructions, ref, self.target, key, mask, sample_ids, max_queries)
+        stacks, instructions, mk, targets, sid, cap = c
         bsz, m_total = len(instructions), sum(st.size for st in stacks)
-        if bsz == 0:
-            raise ValueError(f"{self.name}: expected at least one instruction")
-        mk = np.ones((bsz, m_total)) if mask is None else np.asarray(mask, np.float64)
-        if mk.ndim == 1:
-            mk = np.broadcast_to(mk[None], (bsz, mk.shape[0]))
-        if mk.shape != (bsz, m_total):
-            raise ValueError(f"{self.name}: mask must be [M={m_total}] or [B={bsz}, M={m_total}], got {mk.shape}")
         cov = mk > 0
         ncov = cov.sum(1)
-        tgt = self.target if target is None else target
-        targets = [tgt] * bsz if isinstance(tgt, str) else list(tgt)
         seeds = [""] * bsz if suffix_init is None else list(suffix_init)
-        if len(targets) != bsz or len(seeds) != bsz:
-            raise ValueError(f"{self.name}: target and suffix_init need one entry per request ({bsz})")
-        sid = np.arange(bsz) if sample_ids is None else np.asarray(sample_ids)
-        if sid.shape != (bsz,) or not np.issubdtype(sid.dtype, np.integer) or np.any(sid < 0):
-            raise ValueError(f"{self.name}: sample_ids must be [B={bsz}] non-negative ints, got {sample_ids!r}")
-        cap = np.asarray(Q.normalize_cap(max_queries, bsz)).astype(np.int64)
+        if len(seeds) != bsz:
+            raise ValueError(f"{self.name}: suffix_init needs one entry per request ({bsz}), got {len(seeds)}")
         toks = [st.tokenizer for st in stacks]
         als = self.allowed(pool) if allowed is None else [np.asarray(a, bool) for a in allowed]
         if len(als) != len(stacks) or any(a.shape != (st.cfg.vocab_size,) for a, st in zip(als, stacks)):
@@ -224,9 +236,10 @@ class CrossBEAST:
         prop = np.where((cov & in_group).any(1, keepdims=True), cov & in_group, in_group[None])  # [B, M]
         nprop = prop.sum(1)
         w = prop / nprop[:, None]
-        # JointGCG's rendering of each stack's requests (chat template split at the suffix, padded
-        # to multiples of 8); it reads only ``self.name``
-        batches = [JointGCG._requests(self, st, instructions, targets, system, chat_template) for st in stacks]  # pyright: ignore[reportArgumentType]
+        # joint GCG's rendering of each stack's requests (chat template split at the suffix, padded
+        # to multiples of 8)
+        reqs = [pool_requests(self.name, st, instructions, targets, system, chat_template) for st in stacks]
+        batches = [r.batch for r in reqs]
         jb = [T.TextBatch(*(jnp.asarray(a) for a in b)) for b in batches]
         kw_dec = dict(skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
@@ -260,18 +273,18 @@ class CrossBEAST:
         # start: one beam per request, the seed (proposer ids) or empty
         beams = [[_encode(tok0, x) if x else []] for x in seeds]
         best_text, best_loss = [""] * bsz, np.full(bsz, np.inf)
-        queries = np.zeros(bsz, np.int64)
+        queries = np.zeros((bsz, m_total), np.int64)  # [B, M]
         seeded = np.array([bool(x) for x in seeds]) & (ncov > 0) & (ncov <= cap)
         if seeded.any():
             jl = joint(score([[x] for x in seeds], 1))[:, 0]
             best_loss = np.where(seeded, jl, np.inf)
             best_text = [x if seeded[b] else "" for b, x in enumerate(seeds)]
-            queries += np.where(seeded, ncov, 0)
+            queries += np.where(seeded[:, None] & cov, 1, 0)
         base_keys = jax.vmap(lambda s: jax.random.fold_in(key, s))(jnp.asarray(sid, jnp.uint32))
         for t in range(ls):
             length = np.array([len(bm[0]) for bm in beams])
             nb = np.array([len(bm) for bm in beams])
-            active = (ncov > 0) & (length < ls) & (queries + nb * nprop + k1 * k2 * ncov <= cap)
+            active = (ncov > 0) & (length < ls) & (queries.sum(1) + nb * nprop + k1 * k2 * ncov <= cap)
             if not active.any():
                 break
             bi = np.zeros((bsz, k1, ls), np.int32)
@@ -328,7 +341,7 @@ class CrossBEAST:
                         cand_texts[b][c], cand_ids[b][c] = text, ids
             valid = np.array([[x is not None for x in row] for row in cand_texts])
             jl = np.where(valid, joint(score(cand_texts, k1 * k2)), np.inf)
-            queries += np.where(active, nb * nprop + valid.sum(1) * ncov, 0)
+            queries += np.where(active[:, None], nb[:, None] * prop + valid.sum(1)[:, None] * cov, 0)
             for b in np.flatnonzero(active & valid.any(1)):
                 order = [int(j) for j in np.argsort(jl[b], kind="stable")[:k1] if valid[b, j]]
                 beams[b] = [q for j in order if (q := cand_ids[b][j]) is not None]
@@ -347,8 +360,12 @@ class CrossBEAST:
             bt = batches[s]
             ids_out.append(np.concatenate([bt.before, sf, bt.after], axis=1))
             mask_out.append(np.concatenate([bt.before_mask, sm, bt.after_mask], axis=1))
-            problem = T.TextProblem(bt, mk, als[s], cap, key, sid, sf, sm.sum(1))
-            res = T.TextAttackResult(sf, sm, ids_out[-1], mask_out[-1], best_loss, member_loss, queries)
+            ms = slice(offsets[s], offsets[s + 1])
+            problem = T.TextProblem(bt, cov[:, ms], als[s], cap, key, sid, sf, sm.sum(1))
+            q_s = np.where(cov[:, ms], queries[:, ms], 0)  # the audit's check: covered members' forwards
+            res = T.TextAttackResult(
+                ids_out[-1], None, q_s, mask_out[-1], sf, sm, best_loss, member_loss, None, None, None
+            )
             T.audit_text(f"{self.name} (stack {s})", problem, res, st.tokenizer)
         why = [
             f"row {i}: " + "; ".join(r)
@@ -358,7 +375,13 @@ class CrossBEAST:
         if why:
             raise ValueError(f"{self.name}: output violates the threat model: " + " | ".join(why))
         suffix_ids = [_encode(tok0, x) if x else [] for x in best_text]
-        return CrossBEASTResult(best_text, suffix_ids, best_loss, member_loss, queries, tuple(ids_out), tuple(mask_out))
+        sent, sent_mask, success, retok = sent_prompts(
+            self.name, stacks, reqs, best_text, ids_out, mask_out, lambda s: stacks[s].params, self.criterion
+        )
+        return CrossBEASTResult(
+            best_text, success, queries, suffix_ids, best_loss, member_loss, tuple(ids_out), tuple(mask_out), sent,
+            sent_mask, retok,
+        )  # fmt: skip
 
 
 def make_cross_beast(
@@ -372,6 +395,7 @@ def make_cross_beast(
     target: str = "Sure, here is",
     slots: int | None = None,
     ascii_only: bool = True,
+    criterion: str | None = None,
 ) -> CrossBEAST:
     """Joint BEAST for pools whose members may use different tokenizers (see the module docstring).
 
@@ -388,12 +412,16 @@ def make_cross_beast(
       slots: suffix token slots of every stack (default ``2 * suffix_len``: the same text may take
         more tokens in another vocabulary; a candidate that does not fit is filtered).
       ascii_only: the default allowed vocabulary keeps printable-ASCII tokens only (GCG's filter).
+      criterion: the success criterion (:attr:`CrossBEASTResult.success`; None: ``"target"``,
+        or ``"refusal"`` for :func:`~sarjax.attacks.text.core.refusal_loss`).
 
     Returns:
-      A :class:`CrossBEAST`.
+      A :class:`CrossBEAST`: ``fn(pool, instructions, ref, *, key, mask=None, max_queries=None,
+      sample_ids=None, system=None, suffix_init=None, chat_template=True, allowed=None) ->
+      CrossBEASTResult`` (``ref`` None: ``target``).
 
     Raises:
-      ValueError: a non-positive size, an unknown sampler, temperature <= 0.
+      ValueError: a non-positive size, an unknown sampler, temperature <= 0, an unknown criterion.
     """
     k2 = beam_width if candidates is None else candidates
     for n, val in (("suffix_len", suffix_len), ("beam_width", beam_width), ("candidates", k2)):
@@ -409,6 +437,7 @@ def make_cross_beast(
     return CrossBEAST(
         suffix_len=int(suffix_len), beam_width=int(beam_width), candidates=int(k2), temperature=float(temperature),
         sampler=sampler, loss=loss, target=target, slots=sl, ascii_only=bool(ascii_only),
+        criterion=T.check_criterion("make_cross_beast", criterion, loss),
     )  # fmt: skip
 
 

@@ -15,6 +15,14 @@ parameter pytree holding every member), so any model with those functions can be
 :func:`llm_text_model` builds one for stacked sarjax decoders. Members are selected by a
 ``mask [B, M]`` exactly like the image attacks. Queries: one forward (or one backward) pass of
 one member on one candidate prompt is 1 query.
+
+The text that is sent. The blocks are tokenized apart, so ``before | suffix | after`` need not be
+the ids the tokenizer gives for the whole rendered prompt (SentencePiece-style tokenizers keep a
+lone ``▁`` for the space before the suffix; byte-level BPE splits ``" really"`` as ``Ġ re ally``
+instead of ``Ġreally``). With a tokenizer, the audited entry re-tokenizes the whole prompt text
+(``before text + decode(suffix) + after text``) and judges every member again on those ids
+(:attr:`TextAttackResult.sent`); a break that does not survive is not reported as a success,
+and :attr:`TextAttackResult.retokenized` lists the rows whose ids changed.
 """
 
 import functools
@@ -27,6 +35,7 @@ import numpy as np
 
 from sarjax.attacks import queries as Q
 from sarjax.attacks.core.entry import Entry
+from sarjax.attacks.core.validate import check_sample_ids
 
 
 class TextBatch(NamedTuple):
@@ -93,6 +102,9 @@ class TextModel(NamedTuple):
       nll_cached_many: optional, :attr:`nll_cached` of ``N`` prompts at once: ``(params, cache,
         ids [N, T], mask [N, T], target, target_mask) -> [M, N, Tt]`` (None: ``nll_cached`` is
         vmapped over the prompts).
+      hits: optional ``hits(params, ids [T], mask [T], target [Tt], target_mask [Tt]) -> [M, Tt]``
+        bool: each member's greedy (argmax) next token equals the target token under teacher
+        forcing (None: read off :attr:`logits` of ``ids | target``).
     """
 
     nll: Callable
@@ -102,29 +114,48 @@ class TextModel(NamedTuple):
     nll_cached: Callable | None = None
     nll_one_hot_cached: Callable | None = None
     nll_cached_many: Callable | None = None
+    hits: Callable | None = None
 
 
 class TextAttackResult(NamedTuple):
     """Best-so-far suffix of a call (member axis ``[B, M]``).
 
     Attributes:
-      suffix: ``[B, Ls]`` int32, the best suffix, right-aligned (holes are ``pad``-free: 0).
+      x_adv: ``[B, T]`` int32, the searched prompt ``before | suffix | after`` (``T = Pb + Ls +
+        Pa``; holes where :attr:`mask` is 0): the ids the attack scored.
+      success: ``[B, M]`` bool, member ``m`` is broken on request ``b`` by the attack's criterion
+        (``criterion`` of the factory), judged on the ids that are SENT (:attr:`sent`):
+        ``"target"``: its greedy (argmax) token reproduces every target token under teacher
+        forcing (its greedy response starts with the target); ``"refusal"``: it does not (the
+        greedy response is not the refusal). Every member, covered or not.
+      queries: ``[B, M]`` int32 queries spent on member ``m`` for request ``b`` (one forward or
+        backward pass of one member on one candidate prompt = 1; uncovered members 0).
+      mask: ``[B, T]`` int32, the real slots of :attr:`x_adv`.
+      suffix: ``[B, Ls]`` int32, the best suffix, right-aligned (holes 0).
       suffix_mask: ``[B, Ls]`` int32, its real slots (a right-aligned block).
-      ids: ``[B, T]`` int32 the whole prompt ``before | suffix | after`` (``T = Pb + Ls + Pa``).
-      mask: ``[B, T]`` int32.
       loss: ``[B]`` float32, the joint loss of the best suffix (lower is better for the attacker).
-      member_loss: ``[B, M]`` float32, each member's loss on the best suffix (all members,
-        covered or not).
-      queries: ``[B]`` int32 queries spent.
+      member_loss: ``[B, M]`` float32, each member's loss on :attr:`x_adv` (all members).
+      sent: ``[B, S]`` int32, left-padded: the ids of the whole prompt as it is sent. With the
+        factory's tokenizer, the audited entry's re-tokenization of the prompt text (``before text
+        + decode(suffix) + after text``; ``S = T`` unless a row needs more); otherwise (no
+        tokenizer, or :meth:`TextAttackFn.jit`) :attr:`x_adv` without its holes (``S = T``).
+      sent_mask: ``[B, S]`` int32.
+      retokenized: ``[B]`` bool, the rows whose :attr:`sent` ids differ from :attr:`x_adv`'s
+        (their :attr:`success` was judged again on :attr:`sent`); all False where nothing was
+        re-tokenized (no tokenizer, or the jit entry).
     """
 
+    x_adv: Any
+    success: Any
+    queries: Any
+    mask: Any
     suffix: Any
     suffix_mask: Any
-    ids: Any
-    mask: Any
     loss: Any
     member_loss: Any
-    queries: Any
+    sent: Any
+    sent_mask: Any
+    retokenized: Any
 
 
 # ---------------------------------------------------------------------------------------------
@@ -165,6 +196,63 @@ def joint_loss(member_loss, mask):
     """
     w = mask.astype(jnp.float32).reshape(mask.shape + (1,) * (member_loss.ndim - 1))
     return jnp.sum(w * member_loss, axis=0) / jnp.maximum(jnp.sum(mask.astype(jnp.float32)), 1.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# success: the attack's own criterion, read off the members' greedy tokens
+
+CRITERIA = ("target", "refusal")
+
+
+def default_criterion(loss: Callable) -> str:
+    """The success criterion that goes with a loss: ``"refusal"`` for :func:`refusal_loss` (the
+    attack pushes the members away from a fixed refusal), ``"target"`` otherwise (the attack pulls
+    them towards the target)."""
+    return "refusal" if loss is refusal_loss else "target"
+
+
+def check_criterion(name: str, criterion: str | None, loss: Callable) -> str:
+    """``criterion`` (None: :func:`default_criterion` of ``loss``), checked.
+
+    Raises:
+      ValueError: a criterion outside :data:`CRITERIA`.
+    """
+    c = default_criterion(loss) if criterion is None else criterion
+    if c not in CRITERIA:
+        raise ValueError(f"{name}: criterion must be one of {CRITERIA}, got {criterion!r}")
+    return c
+
+
+def target_hits(model: "TextModel", params, ids, mask, target, target_mask):
+    """``[M, Tt]`` bool: each member's argmax next token equals the target token after ``ids``
+    (teacher forcing); padded target tokens count as hits. Uses ``model.hits`` when the model has
+    it, else ``model.logits`` of ``ids | target``."""
+    tm = target_mask.astype(bool)
+    if model.hits is not None:
+        h = model.hits(params, ids, mask, target, target_mask)
+    else:
+        t, tt = ids.shape[0], target.shape[0]
+        full = jnp.concatenate([ids, target]).astype(jnp.int32)
+        fm = jnp.concatenate([mask, target_mask]).astype(jnp.int32)
+        lg = jax.lax.dynamic_slice_in_dim(model.logits(params, full, fm), t - 1, tt, axis=1)  # [M, Tt, V]
+        h = jnp.argmax(lg, axis=-1) == target[None]
+    return h | ~tm[None]
+
+
+def member_success(model: "TextModel", criterion: str, params, ids, mask, target, target_mask):
+    """``[M]`` bool: every member judged by ``criterion`` on one prompt (see
+    :attr:`TextAttackResult.success`)."""
+    full = jnp.all(target_hits(model, params, ids, mask, target, target_mask), axis=-1)
+    return full if criterion == "target" else ~full
+
+
+@functools.partial(jax.jit, static_argnames=("model", "criterion"))
+def judge_prompts(params, ids, mask, target, target_mask, *, model, criterion):
+    """``[B, M]`` bool: :func:`member_success` of ``B`` prompts ``ids [B, S]`` (left-padded) with
+    their targets ``[B, Tt]`` (host helper of the audited entries, compiled per shape)."""
+    return jax.vmap(lambda i, m, t, tm: member_success(model, criterion, params, i, m, t, tm))(
+        ids, mask, target, target_mask
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -253,7 +341,23 @@ def llm_text_model(cfgs) -> TextModel:
                 out.append(jax.vmap(lambda p, kv, one=one: jax.vmap(lambda i, m: one(p, kv, i, m))(ids, mask))(p, kv))
         return jnp.concatenate(out, axis=0)
 
-    return TextModel(nll, nll_one_hot, logits, prefill, nll_cached, nll_one_hot_cached, nll_cached_many)
+    def hits(params, ids, mask, target, target_mask):
+        return each(params, lambda p, c: _decoder_hits(p, c, ids, mask, target, target_mask))
+
+    return TextModel(nll, nll_one_hot, logits, prefill, nll_cached, nll_one_hot_cached, nll_cached_many, hits)
+
+
+def _decoder_hits(p, cfg, ids, mask, target, target_mask):
+    """``[Tt]`` bool: the argmax next token equals the target token after ``ids`` (one member;
+    the logits of :func:`~sarjax.models.llm.scoring.target_nll` at the target positions only)."""
+    from sarjax.models.llm import decoder
+
+    t, tt = ids.shape[0], target.shape[0]
+    x = decoder.embed_tokens(p, jnp.concatenate([ids, target]).astype(jnp.int32))
+    fm = jnp.concatenate([mask, target_mask]).astype(jnp.int32)
+    h, _ = decoder.hidden_states(p, cfg, x, fm, decoder.positions_from_mask(fm), (), return_kv=False)
+    lg = decoder.lm_head(p, cfg, jax.lax.dynamic_slice_in_dim(h, t - 1, tt, axis=0))
+    return jnp.argmax(lg, axis=-1) == target
 
 
 # ---------------------------------------------------------------------------------------------
@@ -533,11 +637,122 @@ def text_batch(
     return TextBatch(b, bm, a, am, t, tm)
 
 
+def check_ref_none(name: str, ref) -> None:
+    """A token-level call's ``ref`` must be None: the :class:`TextBatch` carries its targets.
+
+    Raises:
+      TypeError: another ``ref``.
+    """
+    if ref is not None:
+        raise TypeError(
+            f"{name}: ref must be None (the TextBatch carries each request's target ids), got {type(ref).__name__}"
+        )
+
+
+def check_member_mask(name: str, mask, bsz: int, m: int) -> np.ndarray:
+    """The ``[B, M]`` float32 member mask of a call (host side): None (every member), ``[M]`` or
+    ``[B, M]``, bool or 0/1 (the members the objective covers).
+
+    Raises:
+      TypeError: a non-numeric mask. ValueError: a value other than 0 / 1 (NaN included), a shape
+        other than ``[M]`` / ``[B, M]``.
+    """
+    if mask is None:
+        return np.ones((bsz, m), np.float32)
+    a = np.asarray(mask)
+    if a.dtype != bool:
+        if not np.issubdtype(a.dtype, np.number):
+            raise TypeError(f"{name}: mask must be bool or 0/1 numbers, got dtype {a.dtype}")
+        bad = ~np.isin(a.astype(np.float64), (0.0, 1.0))
+        if bad.any():
+            vals = sorted({float(v) for v in a[bad].ravel()[:10]}, key=str)
+            raise ValueError(f"{name}: mask must be bool or 0/1 (the members the objective covers), got values {vals}")
+    mk = a.astype(np.float32)
+    if mk.ndim == 1:
+        mk = np.broadcast_to(mk[None], (bsz, mk.shape[0]))
+    if mk.shape != (bsz, m):
+        raise ValueError(f"{name}: mask must be [M={m}] or [B={bsz}, M={m}], got shape {a.shape}")
+    return np.ascontiguousarray(mk)
+
+
+def slot_texts(
+    tokenizer,
+    instructions: Sequence[str],
+    *,
+    system: str | None = None,
+    separator: str = " ",
+    chat_template: bool | None = None,
+) -> tuple[list[str], list[str]]:
+    """``(before [B], after [B])``: the rendered text of each request before and after its suffix
+    slot (host side). With a chat template, the user turn ``instruction + separator + suffix``
+    rendered with the generation prompt and split at the suffix
+    (:func:`~sarjax.models.llm.prompts.split_chat_template`); without one (a base model),
+    ``instruction + separator`` before and nothing after.
+
+    Args:
+      chat_template: True / False; None: the tokenizer's template when it has one.
+    """
+    from sarjax.models.llm.prompts import split_chat_template
+
+    use = getattr(tokenizer, "chat_template", None) is not None if chat_template is None else chat_template
+    before, after = [], []
+    for instr in instructions:
+        if use:
+            b, a = split_chat_template(tokenizer, instr, system, separator)
+        else:
+            b, a = instr + separator, ""
+        before.append(b)
+        after.append(a)
+    return before, after
+
+
+_DECODE = dict(skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+def sent_ids(tokenizer, before_text: str, suffix_text: str, after_text: str) -> list[int]:
+    """The ids the tokenizer gives for the WHOLE prompt text ``before + suffix + after`` (no special
+    tokens added; special tokens written in the template text are kept): what a user sending the
+    suffix text gets, as opposed to the three blocks tokenized apart."""
+    from sarjax.models.llm.prompts import _encode
+
+    return _encode(tokenizer, before_text + suffix_text + after_text)
+
+
+def _texts_of(name: str, tokenizer, texts, batch: TextBatch) -> tuple[list[str], list[str]]:
+    """The ``(before, after)`` texts of a call: checked against the batch's blocks when given,
+    else decoded block by block."""
+    b = TextBatch(*(np.asarray(a) for a in batch))
+    bsz = b.before.shape[0]
+    real = lambda ids, m: ids[m != 0].tolist()  # noqa: E731
+    if texts is None:
+        return (
+            [tokenizer.decode(real(b.before[i], b.before_mask[i]), **_DECODE) for i in range(bsz)],
+            [tokenizer.decode(real(b.after[i], b.after_mask[i]), **_DECODE) for i in range(bsz)],
+        )
+    from sarjax.models.llm.prompts import _encode
+
+    if not (isinstance(texts, (tuple, list)) and len(texts) == 2):
+        raise TypeError(f"{name}: texts must be (before [B] str, after [B] str), got {type(texts).__name__}")
+    before, after = list(texts[0]), list(texts[1])
+    if len(before) != bsz or len(after) != bsz or not all(isinstance(x, str) for x in before + after):
+        raise ValueError(f"{name}: texts must hold B={bsz} before and after strings, got {len(before)}, {len(after)}")
+    bad = [
+        i
+        for i in range(bsz)
+        if _encode(tokenizer, before[i]) != real(b.before[i], b.before_mask[i])
+        or _encode(tokenizer, after[i]) != real(b.after[i], b.after_mask[i])
+    ]
+    if bad:
+        raise ValueError(f"{name}: texts rows {bad} do not encode to the batch's before / after blocks")
+    return before, after
+
+
 def host_problem(
     name,
     model,
     params,
     batch,
+    ref,
     mask,
     key,
     *,
@@ -554,14 +769,15 @@ def host_problem(
     """Validates a call on the host and builds its :class:`TextProblem`.
 
     Raises:
-      TypeError: ``key`` is None or ``batch`` is not a TextBatch.
-      ValueError: an id outside ``[0, V)``, a bad mask / allowed / cap / init shape, a disallowed
-        init token (each naming what was expected and what came).
+      TypeError: ``key`` is None, ``batch`` is not a TextBatch, ``ref`` is not None.
+      ValueError: an id outside ``[0, V)``, a mask that is not bool or 0/1, a bad mask / allowed /
+        cap / init shape, a disallowed init token (each naming what was expected and what came).
     """
     if key is None:
         raise TypeError(f"{name}: key is required (a jax.random key); sarjax never defaults it")
     if not isinstance(batch, TextBatch):
         raise TypeError(f"{name}: expected a TextBatch (see text_batch), got {type(batch).__name__}")
+    check_ref_none(name, ref)
     batch = TextBatch(*(np.asarray(a) for a in batch))
     bsz = batch.before.shape[0]
     for f, a in zip(TextBatch._fields, batch, strict=True):
@@ -579,14 +795,7 @@ def host_problem(
     if batch.after.shape[1] and np.any(batch.after_mask[:, -1] == 0):
         raise ValueError(f"{name}: after must be left-padded with >= 1 token per row when Pa > 0 (use text_batch)")
     m = member_count(model, params, batch)
-    if mask is None:
-        mk = np.ones((bsz, m), np.float32)
-    else:
-        mk = np.asarray(mask, np.float32)
-        if mk.ndim == 1:
-            mk = np.broadcast_to(mk[None], (bsz, mk.shape[0]))
-        if mk.shape != (bsz, m):
-            raise ValueError(f"{name}: mask must be [M={m}] or [B={bsz}, M={m}], got shape {np.shape(mask)}")
+    mk = check_member_mask(name, mask, bsz, m)
     al = np.ones((vocab_size,), bool) if allowed is None else np.asarray(allowed, bool)
     if al.shape != (vocab_size,):
         raise ValueError(f"{name}: allowed must be [V={vocab_size}] bool, got shape {al.shape}")
@@ -614,23 +823,21 @@ def host_problem(
         raise ValueError(
             f"{name}: the start suffix uses ids outside the allowed vocabulary at (row, pos) {bad[:5].tolist()}"
         )
-    sid = np.arange(bsz, dtype=np.int32) if sample_ids is None else np.asarray(sample_ids, np.int32)
-    if sid.shape != (bsz,):
-        raise ValueError(f"{name}: sample_ids must be [B={bsz}], got shape {sid.shape}")
+    sid = check_sample_ids(sample_ids, bsz)
     cap = Q.normalize_cap(max_queries, bsz)
     jb = TextBatch(*(jnp.asarray(a, jnp.int32) for a in batch))
     si = np.where(real, si, 0)
-    return TextProblem(
-        jb, jnp.asarray(mk), jnp.asarray(al), cap, key, jnp.asarray(sid), jnp.asarray(si, jnp.int32), jnp.asarray(n0)
-    )
+    return TextProblem(jb, jnp.asarray(mk), jnp.asarray(al), cap, key, sid, jnp.asarray(si, jnp.int32), jnp.asarray(n0))
 
 
 def traced_problem(
-    batch, mask, key, *, vocab_size, ls, max_queries, allowed, suffix_init, sample_ids, init_id, m, init_len, grows
+    batch, ref, mask, key, *, vocab_size, ls, max_queries, allowed, suffix_init, sample_ids, init_id, m, init_len, grows
 ):
-    """The :class:`TextProblem` with ``jnp`` operations only (jit-safe; no validation)."""
+    """The :class:`TextProblem` with ``jnp`` operations only (jit-safe; no validation but the
+    static ones: a key, ``ref`` None)."""
     if key is None:
         raise TypeError("key is required (a jax.random key); sarjax never defaults it")
+    check_ref_none("jit", ref)
     batch = TextBatch(*(jnp.asarray(a).astype(jnp.int32) for a in batch))
     bsz = batch.before.shape[0]
     mk = jnp.ones((bsz, m), jnp.float32) if mask is None else jnp.broadcast_to(jnp.asarray(mask, jnp.float32), (bsz, m))
@@ -654,9 +861,12 @@ def audit_text(name: str, problem: TextProblem, result: TextAttackResult, tokeni
     """The threat-model audit of a suffix attack's output (host side).
 
     Checks, per row: the prompt's ``before`` and ``after`` blocks equal the ORIGINAL request's
-    (only the suffix changed); the suffix is one right-aligned block (possibly empty: a cap too small to score anything); every suffix
-    token is in the allowed vocabulary; the loss is not NaN (``inf``: the cap allowed no scoring); with a ``tokenizer``, the suffix ids
-    re-tokenize to themselves (``encode(decode(ids)) == ids``).
+    (only the suffix changed); the suffix is one right-aligned block (possibly empty: a cap too
+    small to score anything); every suffix token is in the allowed vocabulary; the loss is not NaN
+    (``inf``: the cap allowed no scoring); queries are charged to covered members only and their
+    sum stays within the cap; with a ``tokenizer``, the suffix ids re-tokenize to themselves
+    (``encode(decode(ids)) == ids``; whether the whole prompt does is the re-tokenization of the
+    audited entry, :attr:`TextAttackResult.retokenized`).
 
     Raises:
       ValueError: naming every offending row and why.
@@ -665,7 +875,8 @@ def audit_text(name: str, problem: TextProblem, result: TextAttackResult, tokeni
 
     b = TextBatch(*(host(a) for a in problem.batch))
     al = host(problem.allowed)
-    ids, mask = host(result.ids), host(result.mask)
+    ids, mask = host(result.x_adv), host(result.mask)
+    q, mk, cap = host(result.queries), host(problem.mask) > 0, host(problem.cap)
     suf, sm = host(result.suffix), host(result.suffix_mask)
     loss = host(result.loss)
     pb, ls = b.before.shape[1], suf.shape[1]
@@ -688,6 +899,10 @@ def audit_text(name: str, problem: TextProblem, result: TextAttackResult, tokeni
             )
         if np.isnan(loss[i]):
             why.append("loss is NaN")
+        if np.any(q[i] < 0) or np.any(q[i][~mk[i]] != 0) or int(q[i].sum()) > int(cap[i]):
+            why.append(
+                f"queries {q[i].tolist()} are negative, charged to uncovered members or above the cap {int(cap[i])}"
+            )
         if tokenizer is not None and not why:
             from sarjax.models.llm.prompts import retokenizes
 
@@ -788,17 +1003,39 @@ def allowed_vocab(tokenizer, vocab_size: int, ascii_only: bool = True) -> np.nda
 
 
 class TextAttackFn(Entry):
-    """The entries of a suffix attack: ``fn(params, batch, mask=None, key, *, max_queries=None,
-    allowed=None, suffix_init=None, init_len=None, sample_ids=None) -> TextAttackResult`` (validated, audited),
-    ``fn.jit(...)`` (same arguments; jit-safe, no validation or audit) and ``fn.attack``.
+    """The entries of a token-level suffix attack (joint GCG, joint BEAST).
+
+    - ``fn(params, batch, ref, *, key, mask=None, max_queries=None, sample_ids=None, allowed=None,
+      suffix_init=None, init_len=None, texts=None) -> TextAttackResult``: the audited entry:
+      validate on the host, run the compiled state machine
+      (:func:`~sarjax.attacks.core.protocol.run_jit`), audit (:func:`audit_text`), then, with the
+      factory's ``tokenizer``, re-tokenize every returned prompt as TEXT and judge every member
+      again on those ids where they changed (:attr:`TextAttackResult.sent`,
+      :attr:`TextAttackResult.retokenized`).
+    - ``fn.jit(...)``, same arguments but ``texts``: the same state machine with the problem built
+      by ``jnp`` operations only (no host call, no validation, no audit, no re-tokenization).
+    - ``fn.attack``: the state machine.
+
+    Arguments of a call:
+      params: the pool's parameters (what ``model``'s functions read).
+      batch: the requests, a :class:`TextBatch` (:func:`text_batch`).
+      ref: None: the batch carries each request's target (or refusal) ids.
+      key: PRNG key (keyword-only, required).
+      mask: ``[M]`` or ``[B, M]`` bool or 0/1, the members the objective covers (None: all).
+      max_queries: None, a scalar or ``[B]``: the cap of each request's queries summed over its
+        members.
+      sample_ids: ``[B]`` ints; request ``b`` draws from ``fold_in(key, sample_ids[b])``.
+      allowed: ``[V]`` bool, the ids a suffix may use.
+      suffix_init, init_len: the start suffix ``[Ls]`` or ``[B, Ls]`` (right-aligned) and its
+        real tokens (BEAST's seed).
+      texts: ``(before [B] str, after [B] str)``, the rendered text around each request's suffix
+        slot (:func:`slot_texts`; each must encode to the batch's block): the prompt that is sent
+        is ``before + decode(suffix) + after`` tokenized whole. None: each block's ids decoded
+        (exact when a block's text round-trips through the tokenizer). Needs the tokenizer.
 
     A subclass of the image attacks' :class:`~sarjax.attacks.core.entry.Entry`: one code path
-    (validate -> :func:`~sarjax.attacks.core.protocol.run_jit` -> audit) through its hooks
-    ``_host_problem`` / ``_traced_problem`` / ``_audit_result``. Only the positional signature
-    differs: a text request carries its own target, so there is no ``ref`` argument
-    (``fn(params, batch, mask, key)``, not ``fn(params, x0, ref, mask, key)``); ``problem`` and
-    ``jit`` pass ``ref=None`` to :class:`Entry`'s, and ``__call__`` repeats its three lines with
-    the text signature.
+    through its hooks ``_host_problem`` / ``_traced_problem`` / ``_audit_result``; ``__call__``
+    adds the re-tokenization after :meth:`Entry.__call__`.
 
     Args:
       attack: the state machine (:class:`~sarjax.attacks.core.Attack`).
@@ -806,13 +1043,17 @@ class TextAttackFn(Entry):
       model: the :class:`TextModel`.
       vocab_size: ``V``.
       suffix_len: ``Ls``.
-      tokenizer: optional; when given the audit also checks re-tokenization.
+      tokenizer: optional; when given the audit also checks that the suffix re-tokenizes, and the
+        audited entry re-tokenizes the whole prompt.
       init_id: default start token of a suffix (None: the first allowed id).
       grows: the attack appends tokens (BEAST: ``init_len`` may be < ``Ls``, default 0) rather
         than editing a full-length suffix (GCG: ``init_len == Ls``).
+      criterion: the success criterion (:attr:`TextAttackResult.success`).
     """
 
-    def __init__(self, attack, *, name, model, vocab_size, suffix_len, tokenizer=None, init_id=None, grows=False):
+    def __init__(
+        self, attack, *, name, model, vocab_size, suffix_len, tokenizer=None, init_id=None, grows=False, criterion
+    ):
         self._attack = attack
         self.name = name
         self.__name__ = name
@@ -823,6 +1064,7 @@ class TextAttackFn(Entry):
         self.tokenizer = tokenizer
         self.init_id = init_id
         self.grows = grows
+        self.criterion = criterion
 
     @property
     def attack(self):
@@ -830,42 +1072,26 @@ class TextAttackFn(Entry):
         return self._attack
 
     def _host_problem(
-        self,
-        params,
-        batch,
-        ref,
-        mask,
-        key,
-        *,
-        max_queries=None,
-        allowed=None,
-        suffix_init=None,
+        self, params, batch, ref, mask, key, *, max_queries=None, sample_ids=None, allowed=None, suffix_init=None,
         init_len=None,
-        sample_ids=None,
-    ):
+    ):  # fmt: skip
         return host_problem(
-            self.name, self.model, params, batch, mask, key, vocab_size=self.vocab_size, ls=self.suffix_len,
+            self.name, self.model, params, batch, ref, mask, key, vocab_size=self.vocab_size, ls=self.suffix_len,
             max_queries=max_queries, allowed=allowed, suffix_init=suffix_init, sample_ids=sample_ids, init_id=self.init_id,
             init_len=init_len, grows=self.grows,
         )  # fmt: skip
 
     def _traced_problem(
-        self,
-        params,
-        batch,
-        ref,
-        mask,
-        key,
-        *,
-        max_queries=None,
-        allowed=None,
-        suffix_init=None,
-        init_len=None,
-        sample_ids=None,
-    ):
+        self, params, batch, ref, mask, key, *, max_queries=None, sample_ids=None, allowed=None, suffix_init=None,
+        init_len=None, texts=None,
+    ):  # fmt: skip
+        if texts is not None:
+            raise TypeError(
+                f"{self.name}.jit: texts is read by the audited entry only (re-tokenization runs on the host)"
+            )
         m = member_count(self.model, params, TextBatch(*(jnp.asarray(a) for a in batch)))
         return traced_problem(
-            batch, mask, key, vocab_size=self.vocab_size, ls=self.suffix_len, max_queries=max_queries,
+            batch, ref, mask, key, vocab_size=self.vocab_size, ls=self.suffix_len, max_queries=max_queries,
             allowed=allowed, suffix_init=suffix_init, sample_ids=sample_ids, init_id=self.init_id, m=m,
             init_len=init_len, grows=self.grows,
         )  # fmt: skip
@@ -873,31 +1099,72 @@ class TextAttackFn(Entry):
     def _audit_result(self, params, problem, result) -> None:
         audit_text(self.name, problem, result, self.tokenizer)
 
-    def problem(self, params, batch, mask=None, key=None, **call):  # pyright: ignore[reportIncompatibleMethodOverride]
-        """The validated :class:`TextProblem` of a call (host side)."""
-        return super().problem(params, batch, None, mask, key, **call)
-
-    def __call__(self, params, batch, mask=None, key=None, **call) -> TextAttackResult:  # pyright: ignore[reportIncompatibleMethodOverride]
-        """Validate -> the compiled state machine -> audit (see :func:`audit_text`); the flow of
-        :meth:`Entry.__call__` with the text signature."""
-        from sarjax.attacks.core.protocol import run_jit
-
-        problem = self.problem(params, batch, mask, key, **call)
-        result = run_jit(self._attack_for(params, problem), params, problem)
-        self._audit_result(params, problem, result)
-        return result
-
-    def jit(self, params, batch, mask=None, key=None, **call):  # pyright: ignore[reportIncompatibleMethodOverride]
-        """The jit-safe entry (no host call, no validation, no audit)."""
-        return super().jit(params, batch, None, mask, key, **call)
+    def __call__(self, params, batch, ref, *, key, mask=None, texts=None, **call) -> TextAttackResult:
+        """Validate -> the compiled state machine -> audit (:meth:`Entry.__call__`), then the
+        re-tokenization of the returned prompts (see the class docstring)."""
+        if texts is not None and self.tokenizer is None:
+            raise TypeError(f"{self.name}: texts needs the factory's tokenizer (make_*(..., tokenizer=...))")
+        result = super().__call__(params, batch, ref, key=key, mask=mask, **call)
+        if self.tokenizer is None:
+            return result
+        return resend(self.name, self.model, self.criterion, self.tokenizer, params, batch, result, texts)
 
     def __repr__(self) -> str:
         return f"TextAttackFn({self.name}, steps={self.attack.num_steps}, Ls={self.suffix_len})"
 
 
-def finish(model, loss_fn, params, problem: TextProblem, best_suffix, best_len, best_loss, queries) -> TextAttackResult:
-    """The :class:`TextAttackResult` of a best suffix per row (recomputes ``member_loss`` for all
-    members; this re-scoring is bookkeeping and is not counted as queries)."""
+def resend(name, model, criterion, tokenizer, params, batch, result: TextAttackResult, texts=None) -> TextAttackResult:
+    """The result with every prompt re-tokenized as TEXT (host side): :attr:`TextAttackResult.sent`
+    the ids of ``before text + decode(suffix) + after text``, :attr:`~TextAttackResult.retokenized`
+    the rows whose ids changed, and those rows' :attr:`~TextAttackResult.success` judged again on
+    the new ids (:func:`judge_prompts`; the search's loss fields are left as they are)."""
+    from sarjax.attacks.core.entry import host
+    from sarjax.models.llm.pool import left_pad
+
+    before, after = _texts_of(name, tokenizer, texts, batch)
+    x, xm = host(result.x_adv), host(result.mask)
+    suf, sm = host(result.suffix), host(result.suffix_mask)
+    rows, changed = [], []
+    for i in range(x.shape[0]):
+        text = tokenizer.decode(suf[i][sm[i] != 0].tolist(), **_DECODE)
+        ids = sent_ids(tokenizer, before[i], text, after[i])
+        rows.append(ids)
+        changed.append(ids != x[i][xm[i] != 0].tolist())
+    t = x.shape[1]
+    n = max(map(len, rows))
+    pad = tokenizer.pad_token_id if getattr(tokenizer, "pad_token_id", None) is not None else 0
+    sent, smask = left_pad(rows, int(pad), t if n <= t else -(-n // 8) * 8)
+    retok = np.asarray(changed, bool)
+    success = host(result.success)
+    if retok.any():
+        b = TextBatch(*(np.asarray(a) for a in batch))
+        again = judge_prompts(
+            params, jnp.asarray(sent), jnp.asarray(smask), jnp.asarray(b.target, jnp.int32),
+            jnp.asarray(b.target_mask, jnp.int32), model=model, criterion=criterion,
+        )  # fmt: skip
+        success = np.where(retok[:, None], host(again), success)
+    return result._replace(
+        success=jnp.asarray(success),
+        sent=jnp.asarray(sent),
+        sent_mask=jnp.asarray(smask),
+        retokenized=jnp.asarray(retok),
+    )
+
+
+def compact_right(ids, mask):
+    """``(ids, mask)`` of one row with its real tokens moved to the right end, in order (jit-safe;
+    holes become 0 on the left)."""
+    m = mask.astype(jnp.int32)
+    order = jnp.argsort(m, stable=True)
+    return jnp.where(m[order] > 0, ids[order], 0).astype(jnp.int32), m[order]
+
+
+def finish(
+    model, loss_fn, criterion, params, problem: TextProblem, best_suffix, best_len, best_loss, queries
+) -> TextAttackResult:
+    """The :class:`TextAttackResult` of a best suffix per row: every member's loss and success on
+    it (bookkeeping re-scoring, not counted as queries) and the queries split over the covered
+    members (``queries [B]`` is every step's cost, charged equally to each covered member)."""
     ls = best_suffix.shape[1]
 
     def one(r, s, n):
@@ -905,21 +1172,22 @@ def finish(model, loss_fn, params, problem: TextProblem, best_suffix, best_len, 
         s = s * sm
         ids, mask = assemble(r, s, sm)
         ml = member_losses(model, loss_fn, params, r, s[None], sm[None])[:, 0]
-        return sm, ids, mask, ml
+        ok = member_success(model, criterion, params, ids, mask, r.target, r.target_mask)
+        sent, smask = compact_right(ids, mask)
+        return sm, ids, mask, ml, ok, sent, smask
 
-    sm, ids, mask, ml = jax.vmap(one)(problem.batch, best_suffix, best_len)
+    sm, ids, mask, ml, ok, sent, smask = jax.vmap(one)(problem.batch, best_suffix, best_len)
+    covered = problem.mask > 0
+    nm = jnp.maximum(jnp.sum(covered, axis=1), 1).astype(jnp.int32)
+    q = jnp.where(covered, (queries // nm)[:, None], 0).astype(jnp.int32)
+    pb = problem.batch.before.shape[1]
     return TextAttackResult(
-        ids[:, problem.batch.before.shape[1] : problem.batch.before.shape[1] + ls],
-        sm,
-        ids,
-        mask,
-        best_loss,
-        ml,
-        queries,
+        ids, ok, q, mask, ids[:, pb : pb + ls], sm, best_loss, ml, sent, smask, jnp.zeros(ids.shape[:1], bool)
     )
 
 
 __all__ = [
+    "CRITERIA",
     "TextAttackFn",
     "TextAttackResult",
     "TextBatch",
@@ -927,6 +1195,14 @@ __all__ = [
     "TextProblem",
     "allowed_vocab",
     "audit_text",
+    "check_member_mask",
+    "default_criterion",
+    "judge_prompts",
+    "member_success",
+    "resend",
+    "sent_ids",
+    "slot_texts",
+    "target_hits",
     "exchange_suffix",
     "joint_loss",
     "llm_text_model",

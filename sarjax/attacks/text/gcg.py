@@ -46,7 +46,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from sarjax.attacks import queries as Q
+from sarjax.attacks.core.entry import Entry
 from sarjax.attacks.core.protocol import Attack
+from sarjax.attacks.core.validate import check_sample_ids
 from sarjax.attacks.text import core as T
 
 
@@ -59,6 +61,7 @@ class GCGConfig(NamedTuple):
       suffix_len: ``Ls`` (20: GCG's ``"! " * 20`` start).
       topk: substitutions per position (256, Zou et al. 2023; papers/000 Table 3).
       num_candidates: candidates per step (64, papers/000 Table 3; GCG's reference uses 512).
+      criterion: the success criterion (:attr:`~sarjax.attacks.text.core.TextAttackResult.success`).
     """
 
     model: T.TextModel
@@ -66,6 +69,7 @@ class GCGConfig(NamedTuple):
     suffix_len: int
     topk: int
     num_candidates: int
+    criterion: str = "refusal"
 
 
 class GCGState(NamedTuple):
@@ -174,7 +178,9 @@ def _step(cfg: GCGConfig, state: GCGState, params) -> GCGState:
 def _result(cfg: GCGConfig, state: GCGState, params) -> T.TextAttackResult:
     b = state.suffix.shape[0]
     n = jnp.full((b,), cfg.suffix_len, jnp.int32)
-    return T.finish(cfg.model, cfg.loss, params, state.problem, state.best_suffix, n, state.best_loss, state.queries)
+    return T.finish(
+        cfg.model, cfg.loss, cfg.criterion, params, state.problem, state.best_suffix, n, state.best_loss, state.queries
+    )
 
 
 def make_gcg(
@@ -188,6 +194,7 @@ def make_gcg(
     loss: Callable = T.refusal_loss,
     tokenizer=None,
     init_id: int | None = None,
+    criterion: str | None = None,
 ) -> T.TextAttackFn:
     """Joint GCG on a pool.
 
@@ -201,17 +208,22 @@ def make_gcg(
       num_candidates: candidates per step (64, papers/000 Table 3).
       loss: per-member loss, minimised (default :func:`~sarjax.attacks.text.core.refusal_loss`:
         maximise the refusal's mean NLL, papers/000).
-      tokenizer: optional; the audited entry then checks the returned suffix re-tokenizes.
+      tokenizer: optional; the audited entry then checks the returned suffix re-tokenizes and
+        re-tokenizes the whole prompt as text (:attr:`~sarjax.attacks.text.core.TextAttackResult.sent`).
       init_id: start token (GCG starts from ``"!"`` x 20: pass the id of ``"!"``); None: the
         first allowed id. A call's ``suffix_init`` overrides it.
+      criterion: ``"refusal"`` (a member is broken when its greedy response is not the refusal)
+        or ``"target"`` (its greedy response starts with the target); None: ``"refusal"`` for
+        :func:`~sarjax.attacks.text.core.refusal_loss`, else ``"target"``.
 
     Returns:
       A :class:`~sarjax.attacks.text.core.TextAttackFn`:
-      ``fn(params, batch, mask=None, key, *, max_queries=None, allowed=None, suffix_init=None,
-      sample_ids=None) -> TextAttackResult``.
+      ``fn(params, batch, ref, *, key, mask=None, max_queries=None, sample_ids=None, allowed=None,
+      suffix_init=None, texts=None) -> TextAttackResult`` (``ref`` None: the batch carries the
+      refusal / target ids) and ``fn.jit(...)``.
 
     Raises:
-      ValueError: a non-positive size.
+      ValueError: a non-positive size, an unknown criterion.
     """
     for n, val in (
         ("vocab_size", vocab_size),
@@ -222,7 +234,8 @@ def make_gcg(
     ):
         if int(val) < 1:
             raise ValueError(f"make_gcg: {n} must be >= 1, got {val}")
-    cfg = GCGConfig(model, loss, int(suffix_len), int(topk), int(num_candidates))
+    crit = T.check_criterion("make_gcg", criterion, loss)
+    cfg = GCGConfig(model, loss, int(suffix_len), int(topk), int(num_candidates), crit)
     attack = Attack(_init, _step, _result, int(num_steps), cfg)
     return T.TextAttackFn(
         attack,
@@ -232,6 +245,7 @@ def make_gcg(
         suffix_len=int(suffix_len),
         tokenizer=tokenizer,
         init_id=init_id,
+        criterion=crit,
     )
 
 
@@ -290,24 +304,39 @@ def _score(params, batch: T.TextBatch, cands, cmask, *, cfg, loss):
 
 
 class JointGCGResult(NamedTuple):
-    """The best-so-far suffix of a :func:`make_joint_gcg` call.
+    """The best-so-far suffix of a :func:`make_joint_gcg` call (member axis ``[B, M]``, members in
+    ``pool.names`` order).
 
     Attributes:
-      suffix: ``B`` suffix texts (every member reads the same text, in its own tokens).
+      x_adv: ``B`` suffix texts (every member reads the same text, in its own tokens).
+      success: ``[B, M]`` bool, member ``m`` broken on request ``b`` by the attack's criterion
+        (``criterion`` of the factory: ``"refusal"``, its greedy response under teacher forcing
+        is not the refusal; ``"target"``, it starts with the target), judged on the ids that are
+        SENT (:attr:`sent`).
+      queries: ``[B, M]`` int64 queries spent on member ``m`` (its gradient passes as the
+        proposer and its forwards on the start and every kept candidate).
       loss: ``[B]`` float64 joint loss of the best suffix (``inf``: the cap allowed no scoring).
-      member_loss: ``[B, M]`` every member's loss on it (members in ``pool.names`` order).
-      queries: ``[B]`` int64 queries spent.
-      ids: one ``[B, T_s]`` int32 array per stack, the prompts ``before | suffix | after``.
-      mask: one ``[B, T_s]`` int32 array per stack.
+      member_loss: ``[B, M]`` every member's loss on it (on :attr:`ids`, as searched).
+      ids: one ``[B, T_s]`` int32 array per stack, the searched prompts ``before | suffix | after``
+        (the three blocks tokenized apart); mask: one ``[B, T_s]`` int32 array per stack.
+      sent: one ``[B, S_s]`` int32 array per stack (left-padded), the ids of the whole prompt
+        text ``before + suffix + after`` tokenized by the stack's tokenizer: what a user
+        sending the suffix text gets; sent_mask: idem.
+      retokenized: ``[B, M]`` bool, member ``m``'s :attr:`sent` ids differ from its searched
+        :attr:`ids` on request ``b``.
       proposers: ``[num_steps, B]`` int64, the member that proposed each step (-1: none).
     """
 
-    suffix: list
+    x_adv: list
+    success: Any
+    queries: Any
     loss: Any
     member_loss: Any
-    queries: Any
     ids: tuple
     mask: tuple
+    sent: tuple
+    sent_mask: tuple
+    retokenized: Any
     proposers: Any
 
 
@@ -336,11 +365,136 @@ def _pad_rows(seqs, left: bool, pad_id: int, length: int):
     return ids, mask
 
 
-class JointGCG:
+class PoolRequests(NamedTuple):
+    """One stack's rendering of a pool attack's requests (host side).
+
+    Attributes:
+      batch: the :class:`~sarjax.attacks.text.core.TextBatch` (blocks padded to multiples of 8).
+      before, after: ``B`` texts around each suffix slot (:func:`~sarjax.attacks.text.core.slot_texts`).
+    """
+
+    batch: T.TextBatch
+    before: list
+    after: list
+
+
+def pool_requests(name, stack, instructions, targets, system, chat_template) -> PoolRequests:
+    """Stack ``stack``'s :class:`PoolRequests` (its tokenizer and chat template).
+
+    Raises:
+      ValueError: a block that encodes to no token; some requests with a template tail, others none.
+    """
+    from sarjax.models.llm.prompts import _encode
+
+    tok = stack.tokenizer
+    bt, at = T.slot_texts(tok, instructions, system=system, chat_template=chat_template)
+    before = [_encode(tok, x) for x in bt]
+    after = [_encode(tok, x) for x in at]
+    target = [_encode(tok, x) for x in targets]
+    for what, seqs in (("before", before), ("target", target)):
+        if any(len(q) == 0 for q in seqs):
+            raise ValueError(f"{name}: stack {stack.names}: a request's {what} block encodes to no token")
+    if any(len(q) == 0 for q in after) and any(len(q) for q in after):
+        raise ValueError(f"{name}: stack {stack.names}: some requests have a template tail, others none")
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    b, bm = _pad_rows(before, True, pad, _round_up(max(map(len, before))))
+    la = max(map(len, after))
+    a, am = _pad_rows(after, True, pad, _round_up(la) if la else 0)
+    t, tm = _pad_rows(target, False, pad, _round_up(max(map(len, target))))
+    return PoolRequests(T.TextBatch(b, bm, a, am, t, tm), bt, at)
+
+
+class PoolCall(NamedTuple):
+    """The checked arguments of a pool attack's call (host side)."""
+
+    stacks: tuple
+    instructions: list
+    mask: Any  # [B, M] float64 0/1
+    targets: list
+    sample_ids: Any  # [B] int64
+    cap: Any  # [B] int64
+
+
+def pool_call(name, pool, instructions, ref, default_target, key, mask, sample_ids, max_queries) -> PoolCall:
+    """Checks a pool attack's call: a key, a pool with a tokenizer per stack, ``B >= 1`` request
+    strings, ``ref`` (None: ``default_target``; one string or ``B``), the member mask (bool or
+    0/1), sample ids and caps.
+
+    Raises:
+      TypeError: no key, a stack without a tokenizer, requests that are not strings.
+      ValueError: an empty batch, bad shapes or values (naming them).
+    """
+    if key is None:
+        raise TypeError(f"{name}: key is required (a jax.random key); sarjax never defaults it")
+    stacks = tuple(getattr(pool, "stacks", ()))
+    if not stacks:
+        raise TypeError(
+            f"{name}: params must be an LLMPool (the attack renders each stack's prompts), got {type(pool).__name__}"
+        )
+    for st in stacks:
+        if st.tokenizer is None:
+            raise TypeError(f"{name}: stack {st.names} has no tokenizer; the text exchange needs one")
+    if isinstance(instructions, str) or not all(isinstance(x, str) for x in instructions):
+        raise TypeError(f"{name}: inputs must be a sequence of request strings")
+    instructions = list(instructions)
+    bsz = len(instructions)
+    if bsz == 0:
+        raise ValueError(f"{name}: expected at least one instruction")
+    m_total = sum(st.size for st in stacks)
+    mk = T.check_member_mask(name, mask, bsz, m_total).astype(np.float64)
+    tgt = default_target if ref is None else ref
+    targets = [tgt] * bsz if isinstance(tgt, str) else list(tgt)
+    if len(targets) != bsz or not all(isinstance(x, str) for x in targets):
+        raise ValueError(f"{name}: ref (the target) must be one string or {bsz}, got {len(targets)}")
+    sid = np.asarray(check_sample_ids(sample_ids, bsz)).astype(np.int64)
+    cap = np.asarray(Q.normalize_cap(max_queries, bsz)).astype(np.int64)
+    return PoolCall(stacks, instructions, mk, targets, sid, cap)
+
+
+def sent_prompts(name, stacks, reqs: Sequence[PoolRequests], texts: Sequence[str], ids, masks, params_of, criterion):
+    """Every stack's prompt of each suffix text as it is SENT (the whole text tokenized), every
+    member judged on it, and the rows whose ids changed (host side).
+
+    Args:
+      reqs: each stack's :class:`PoolRequests`.
+      texts: ``B`` suffix texts.
+      ids, masks: each stack's searched prompts ``[B, T_s]``.
+      params_of: ``params_of(s)``, stack ``s``'s stacked parameters.
+      criterion: the success criterion.
+
+    Returns:
+      ``(sent, sent_mask, success [B, M], retokenized [B, M])``: one ``[B, S_s]`` array per stack
+      (``S_s = T_s`` unless a row needs more).
+    """
+    from sarjax.models.llm.pool import left_pad
+
+    sent, smask, success, retok = [], [], [], []
+    for s, st in enumerate(stacks):
+        tok, r = st.tokenizer, reqs[s]
+        rows = [T.sent_ids(tok, r.before[b], x, r.after[b]) for b, x in enumerate(texts)]
+        t = ids[s].shape[1]
+        n = max(map(len, rows))
+        pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+        si, sm = left_pad(rows, int(pad), t if n <= t else _round_up(n))
+        changed = np.array([rows[b] != ids[s][b][masks[s][b] != 0].tolist() for b in range(len(texts))])
+        ok = T.judge_prompts(
+            params_of(s), jnp.asarray(si), jnp.asarray(sm), jnp.asarray(r.batch.target, jnp.int32),
+            jnp.asarray(r.batch.target_mask, jnp.int32), model=T.llm_text_model(st.cfg), criterion=criterion,
+        )  # fmt: skip
+        sent.append(si)
+        smask.append(sm)
+        success.append(np.asarray(ok, bool))
+        retok.append(np.repeat(changed[:, None], st.size, axis=1))
+    return tuple(sent), tuple(smask), np.concatenate(success, axis=1), np.concatenate(retok, axis=1)
+
+
+class JointGCG(Entry):
     """Joint GCG on an :class:`~sarjax.models.llm.pool.LLMPool` whose members may use different
     tokenizers (papers/000; Zou et al. 2023). Build with :func:`make_joint_gcg`; call
-    ``fn(pool, instructions, mask=None, key, *, target=None, max_queries=None, system=None,
-    suffix_init=None, sample_ids=None, chat_template=True, allowed=None) -> JointGCGResult``.
+    ``fn(pool, instructions, ref, *, key, mask=None, max_queries=None, sample_ids=None,
+    system=None, suffix_init=None, chat_template=True, allowed=None) -> JointGCGResult``
+    (``ref``: the refusal, one string or one per request; None: the factory's). Host-driven:
+    there is no ``fn.jit`` (it raises ``TypeError``).
 
     One step, per request ``b`` with covered members ``C_b`` (in ``pool.names`` order):
 
@@ -362,14 +516,23 @@ class JointGCG:
     start suffix costs ``|C_b|``. Same key, same result: request ``b`` draws from
     ``fold_in(fold_in(key, sample_ids[b]), step)``.
 
+    The search scores the blocks ``before | suffix | after`` tokenized apart; the returned
+    prompts are then re-tokenized as whole texts (:attr:`JointGCGResult.sent`) and every member's
+    success is judged on those ids.
+
     Compute: the two kernels are compiled once per stack configuration and shapes (requests are
     padded to multiples of 8 tokens); a step runs one gradient kernel per distinct proposer and
     one scoring call per stack (all of its members, covered or not; only covered members are
     counted as queries).
     """
 
-    def __init__(self, *, num_steps, suffix_len, topk, num_candidates, loss, target, init_text, slots, ascii_only):
+    apply = None
+
+    def __init__(
+        self, *, num_steps, suffix_len, topk, num_candidates, loss, target, init_text, slots, ascii_only, criterion
+    ):
         self.name = "joint_gcg"
+        self.__name__ = self.name
         self.num_steps = num_steps
         self.suffix_len = suffix_len
         self.topk = topk
@@ -379,35 +542,18 @@ class JointGCG:
         self.init_text = init_text
         self.slots = slots
         self.ascii_only = ascii_only
+        self.criterion = criterion
 
     def __repr__(self) -> str:
         return f"JointGCG(steps={self.num_steps}, Ls={self.suffix_len}, topk={self.topk}, nc={self.num_candidates})"
 
-    # -- host-side preparation ---------------------------------------------------------------
-    def _requests(self, stack, instructions, targets, system, chat_template):
-        from sarjax.models.llm.prompts import _encode, split_chat_template
+    @property
+    def attack(self):
+        raise TypeError(f"{self.name}: a host-driven attack (tokenizers run between steps) has no state machine")
 
-        tok = stack.tokenizer
-        before, after, target = [], [], []
-        for instr, tgt in zip(instructions, targets, strict=True):
-            if chat_template:
-                b, a = split_chat_template(tok, instr, system)
-            else:
-                b, a = instr + " ", ""
-            before.append(_encode(tok, b))
-            after.append(_encode(tok, a))
-            target.append(_encode(tok, tgt))
-        for name, seqs in (("before", before), ("target", target)):
-            if any(len(q) == 0 for q in seqs):
-                raise ValueError(f"{self.name}: stack {stack.names}: a request's {name} block encodes to no token")
-        if any(len(q) == 0 for q in after) and any(len(q) for q in after):
-            raise ValueError(f"{self.name}: stack {stack.names}: some requests have a template tail, others none")
-        pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-        b, bm = _pad_rows(before, True, pad, _round_up(max(map(len, before))))
-        la = max(map(len, after))
-        a, am = _pad_rows(after, True, pad, _round_up(la) if la else 0)
-        t, tm = _pad_rows(target, False, pad, _round_up(max(map(len, target))))
-        return T.TextBatch(b, bm, a, am, t, tm)
+    def jit(self, *args, **kwargs):
+        """No jit-safe entry: the text exchange runs the tokenizers on the host between steps."""
+        raise TypeError(f"{self.name}: no jit-safe entry (the tokenizers run on the host between steps); call fn(...)")
 
     def _encode_suffixes(self, ids_lists, slots):
         out = np.zeros((len(ids_lists), slots), np.int32)
@@ -418,18 +564,18 @@ class JointGCG:
                 m[i, slots - len(q) :] = 1
         return out, m
 
-    def __call__(
+    def __call__(  # pyright: ignore[reportIncompatibleMethodOverride]
         self,
         pool,
         instructions: Sequence[str],
-        mask=None,
-        key=None,
+        ref: str | Sequence[str] | None,
         *,
-        target: str | Sequence[str] | None = None,
+        key,
+        mask=None,
         max_queries=None,
+        sample_ids=None,
         system: str | None = None,
         suffix_init: str | Sequence[str] | None = None,
-        sample_ids=None,
         chat_template: bool = True,
         allowed: Sequence[Any] | None = None,
     ) -> JointGCGResult:
@@ -438,13 +584,13 @@ class JointGCG:
         Args:
           pool: an :class:`~sarjax.models.llm.pool.LLMPool` (every stack with a tokenizer).
           instructions: ``B`` requests (e.g. HarmBench behaviors).
-          mask: ``[M]`` or ``[B, M]`` 0/1, the members the objective covers (default all).
-          key: PRNG key (required).
-          target: the fixed refusal (or a target per request); default: the factory's.
-          max_queries: None, a scalar or ``[B]`` per-request cap.
+          ref: the fixed refusal (one string, or one per request); None: the factory's.
+          key: PRNG key (keyword-only, required).
+          mask: ``[M]`` or ``[B, M]`` bool or 0/1, the members the objective covers (default all).
+          max_queries: None, a scalar or ``[B]`` per-request cap (summed over members).
+          sample_ids: ``[B]`` non-negative ints (default ``arange(B)``).
           system: optional system message.
           suffix_init: the start suffix text (one, or one per request); default the factory's.
-          sample_ids: ``[B]`` non-negative ints (default ``arange(B)``).
           chat_template: False renders ``instruction + " " + suffix`` (base models).
           allowed: optional ``[V_s]`` bool per stack (default :func:`~sarjax.attacks.text.core.allowed_vocab`).
 
@@ -452,42 +598,21 @@ class JointGCG:
           :class:`JointGCGResult`.
 
         Raises:
-          TypeError: ``key`` is None; a stack without a tokenizer.
-          ValueError: bad shapes; a start suffix that violates the threat model (naming the row
-            and why); an audit failure of the output.
+          TypeError: no key; a stack without a tokenizer.
+          ValueError: bad shapes or values; a start suffix that violates the threat model (naming
+            the row and why); an audit failure of the output.
         """
-        if key is None:
-            raise TypeError(f"{self.name}: key is required (a jax.random key); sarjax never defaults it")
-        stacks = tuple(pool.stacks)
-        for st in stacks:
-            if st.tokenizer is None:
-                raise TypeError(f"{self.name}: stack {st.names} has no tokenizer; the text exchange needs one")
-        instructions = list(instructions)
+        c = pool_call(self.name, pool, instructions, ref, self.target, key, mask, sample_ids, max_queries)
+        stacks, instructions, mk, targets, sid, cap = c
         bsz = len(instructions)
-        if bsz == 0:
-            raise ValueError(f"{self.name}: expected at least one instruction")
-        m_total = sum(st.size for st in stacks)
         offsets = np.cumsum([0] + [st.size for st in stacks])[:-1]
         stack_of = np.concatenate([np.full(st.size, i) for i, st in enumerate(stacks)])
-        mk = np.ones((bsz, m_total)) if mask is None else np.asarray(mask, np.float64)
-        if mk.ndim == 1:
-            mk = np.broadcast_to(mk[None], (bsz, mk.shape[0]))
-        if mk.shape != (bsz, m_total):
-            raise ValueError(f"{self.name}: mask must be [M={m_total}] or [B={bsz}, M={m_total}], got {mk.shape}")
         cov = mk > 0
         ncov = cov.sum(1)
-        tgt = self.target if target is None else target
-        targets = [tgt] * bsz if isinstance(tgt, str) else list(tgt)
-        if len(targets) != bsz:
-            raise ValueError(f"{self.name}: target must be one string or {bsz}, got {len(targets)}")
         init = self.init_text if suffix_init is None else suffix_init
         init_texts = [init] * bsz if isinstance(init, str) else list(init)
         if len(init_texts) != bsz:
             raise ValueError(f"{self.name}: suffix_init must be one string or {bsz}, got {len(init_texts)}")
-        sid = np.arange(bsz) if sample_ids is None else np.asarray(sample_ids)
-        if sid.shape != (bsz,) or not np.issubdtype(sid.dtype, np.integer) or np.any(sid < 0):
-            raise ValueError(f"{self.name}: sample_ids must be [B={bsz}] non-negative ints, got {sample_ids!r}")
-        cap = np.asarray(Q.normalize_cap(max_queries, bsz)).astype(np.int64)
         toks = [st.tokenizer for st in stacks]
         if allowed is None:
             als = [_allowed_for(st.tokenizer, st.cfg.vocab_size, self.ascii_only) for st in stacks]
@@ -496,7 +621,8 @@ class JointGCG:
             if len(als) != len(stacks) or any(a.shape != (st.cfg.vocab_size,) for a, st in zip(als, stacks)):
                 raise ValueError(f"{self.name}: allowed must be one [V_s] bool array per stack")
         slots = [self.slots] * len(stacks)
-        batches = [self._requests(st, instructions, targets, system, chat_template) for st in stacks]
+        reqs = [pool_requests(self.name, st, instructions, targets, system, chat_template) for st in stacks]
+        batches = [r.batch for r in reqs]
         jb = [T.TextBatch(*(jnp.asarray(a) for a in b)) for b in batches]
         bad = []
         cur_ids = [[None] * bsz for _ in stacks]
@@ -530,7 +656,7 @@ class JointGCG:
 
         ml0 = score([[[q] for q in cur_ids[s]] for s in range(len(stacks))], 1)
         ok0 = (ncov > 0) & (ncov <= cap)
-        queries = np.where(ok0, ncov, 0).astype(np.int64)
+        queries = np.where(ok0[:, None] & cov, 1, 0).astype(np.int64)  # [B, M]
         cur_text: list[Any] = list(init_texts)
         best_text = list(init_texts)
         best_loss = np.where(ok0, joint(ml0)[:, 0], np.inf)
@@ -542,7 +668,7 @@ class JointGCG:
         from sarjax.models.llm.prompts import _encode
 
         for t in range(self.num_steps):
-            active = (ncov > 0) & np.isfinite(best_loss) & (queries + 1 + nc * ncov <= cap)
+            active = (ncov > 0) & np.isfinite(best_loss) & (queries.sum(1) + 1 + nc * ncov <= cap)
             if not active.any():
                 break
             for b in np.flatnonzero(active):
@@ -597,7 +723,9 @@ class JointGCG:
                     best_loss[b] = jl[b, j]
                     best_text[b] = cur_text[b]
                     best_ml[b] = ml[b, :, j]
-            queries += np.where(active, 1 + valid.sum(1) * ncov, 0)
+            queries += np.where(active[:, None] & cov, valid.sum(1)[:, None], 0)
+            for b in np.flatnonzero(active):
+                queries[b, proposers[t, b]] += 1  # the proposer's gradient pass
 
         ids_out, mask_out = [], []
         for s, st in enumerate(stacks):
@@ -607,8 +735,14 @@ class JointGCG:
             ids_out.append(np.concatenate([b.before, sf, b.after], axis=1))
             mask_out.append(np.concatenate([b.before_mask, sm, b.after_mask], axis=1))
             problem = T.TextProblem(b, mk, als[s], cap, key, sid, sf, sm.sum(1))
-            res = T.TextAttackResult(sf, sm, ids_out[-1], mask_out[-1], best_loss, best_ml, queries)
-            T.audit_text(f"{self.name} (stack {s})", problem, res, st.tokenizer)
+            q_s = queries[:, offsets[s] : offsets[s] + st.size]
+            res = T.TextAttackResult(ids_out[-1], None, q_s, mask_out[-1], sf, sm, best_loss, best_ml, None, None, None)
+            T.audit_text(
+                f"{self.name} (stack {s})",
+                problem._replace(mask=cov[:, offsets[s] : offsets[s] + st.size]),
+                res,
+                st.tokenizer,
+            )
         why = [
             f"row {i}: " + "; ".join(r)
             for i, x in enumerate(best_text)
@@ -616,7 +750,13 @@ class JointGCG:
         ]
         if why:
             raise ValueError(f"{self.name}: output violates the threat model: " + " | ".join(why))
-        return JointGCGResult(best_text, best_loss, best_ml, queries, tuple(ids_out), tuple(mask_out), proposers)
+        sent, sent_mask, success, retok = sent_prompts(
+            self.name, stacks, reqs, best_text, ids_out, mask_out, lambda s: stacks[s].params, self.criterion
+        )
+        return JointGCGResult(
+            best_text, success, queries, best_loss, best_ml, tuple(ids_out), tuple(mask_out), sent, sent_mask, retok,
+            proposers,
+        )  # fmt: skip
 
 
 def make_joint_gcg(
@@ -630,6 +770,7 @@ def make_joint_gcg(
     init_text: str | None = None,
     slots: int | None = None,
     ascii_only: bool = True,
+    criterion: str | None = None,
 ) -> JointGCG:
     """Joint GCG for pools whose members may have different tokenizers (papers/000).
 
@@ -648,12 +789,16 @@ def make_joint_gcg(
         take more tokens in another tokenizer; a candidate that does not fit is filtered).
       ascii_only: the default allowed vocabulary keeps printable-ASCII tokens only (GCG's
         reference filter).
+      criterion: the success criterion (:attr:`JointGCGResult.success`; None: ``"refusal"`` for
+        :func:`~sarjax.attacks.text.core.refusal_loss`, else ``"target"``).
 
     Returns:
-      A :class:`JointGCG`.
+      A :class:`JointGCG`: ``fn(pool, instructions, ref, *, key, mask=None, max_queries=None,
+      sample_ids=None, system=None, suffix_init=None, chat_template=True, allowed=None) ->
+      JointGCGResult`` (``ref`` None: ``target``).
 
     Raises:
-      ValueError: a non-positive size.
+      ValueError: a non-positive size, an unknown criterion.
     """
     for n, val in (
         ("num_steps", num_steps),
@@ -670,7 +815,19 @@ def make_joint_gcg(
     return JointGCG(
         num_steps=int(num_steps), suffix_len=int(suffix_len), topk=int(topk), num_candidates=int(num_candidates),
         loss=loss, target=target, init_text=init, slots=sl, ascii_only=bool(ascii_only),
+        criterion=T.check_criterion("make_joint_gcg", criterion, loss),
     )  # fmt: skip
 
 
-__all__ = ["GCGConfig", "GCGState", "JointGCG", "JointGCGResult", "make_gcg", "make_joint_gcg"]
+__all__ = [
+    "GCGConfig",
+    "GCGState",
+    "JointGCG",
+    "JointGCGResult",
+    "PoolRequests",
+    "make_gcg",
+    "make_joint_gcg",
+    "pool_call",
+    "pool_requests",
+    "sent_prompts",
+]
