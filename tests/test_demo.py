@@ -75,9 +75,8 @@ def test_demo_table_prints_each_sar_with_its_standard_error(demo_run):
         row = next(line for line in text.splitlines() if re.search(rf"\b{preset}\b\s*│", line))
         cells = re.findall(r"(\d\.\d{3})±(\d\.\d{3})", row)
         assert len(cells) == 8  # SAR and singleton-completed SAR at 4 coverages
-        assert [(float(a), float(b)) for a, b in cells[:4]] == pytest.approx(
-            list(zip(np.round(mean, 3), np.round(se, 3))), abs=1e-9
-        )
+        printed = np.array([(float(a), float(b)) for a, b in cells[:4]])  # [4, 2]: SAR, standard error
+        np.testing.assert_allclose(printed, np.stack([np.round(mean, 3), np.round(se, 3)], axis=1), rtol=0, atol=1e-9)
     assert "mean ± standard error over the images" in text
 
 
