@@ -338,3 +338,26 @@ def test_seed_suffixes_right_aligns_and_clips():
     s, n = seed_suffixes(lambda req: ["", "cde" + req], ["fg", "hij"], tok, suffix_len=4, seed_tokens=3)
     assert n.tolist() == [3, 3]
     assert s.tolist() == [[0, 2, 3, 4], [0, 2, 3, 4]]
+
+
+def test_success_is_the_teacher_forced_greedy_check_on_the_prompt_without_holes(pool, beast):
+    """``success`` by hand: member m's argmax next tokens reproduce the whole target after the
+    returned prompt (its real tokens only). With no template tail and a cap that scores nothing,
+    the prompt is ``before`` followed by empty suffix slots: the check must read ``before``'s last
+    token, not a hole."""
+    cfg, params, _, _ = pool
+    batch = text_batch(BEFORE, [[], []], TARGET)
+    for cap in (0, 10**6):
+        r = beast(params, batch, None, key=jax.random.key(7), mask=MASK, max_queries=cap)
+        for b in range(2):
+            prompt = np.asarray(r.x_adv[b])[np.asarray(r.mask[b]) == 1].tolist()
+            assert cap or prompt == BEFORE[b]
+            for m in range(3):
+                lg = np.asarray(_logits_one(unstack_params(params, m), cfg, np.asarray(prompt + TARGET[b][:-1])))
+                want = np.argmax(lg[len(prompt) - 1 :], -1).tolist() == TARGET[b]
+                assert bool(r.success[b, m]) == want, (cap, b, m)
+    # a target the members do reproduce: member 0's own greedy continuation of request 0
+    lg = np.asarray(_logits_one(unstack_params(params, 0), cfg, np.asarray(BEFORE[0])))
+    t0 = [int(np.argmax(lg[-1]))]
+    r = beast(params, text_batch(BEFORE, [[], []], [t0, t0]), None, key=jax.random.key(7), mask=MASK, max_queries=0)
+    assert bool(r.success[0, 0])

@@ -1172,8 +1172,10 @@ def finish(
         s = s * sm
         ids, mask = assemble(r, s, sm)
         ml = member_losses(model, loss_fn, params, r, s[None], sm[None])[:, 0]
-        ok = member_success(model, criterion, params, ids, mask, r.target, r.target_mask)
         sent, smask = compact_right(ids, mask)
+        # judged on the prompt without holes: its last slot is a real token (an empty suffix with
+        # no template tail would leave a hole where the first target token is predicted)
+        ok = member_success(model, criterion, params, sent, smask, r.target, r.target_mask)
         return sm, ids, mask, ml, ok, sent, smask
 
     sm, ids, mask, ml, ok, sent, smask = jax.vmap(one)(problem.batch, best_suffix, best_len)
