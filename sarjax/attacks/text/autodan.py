@@ -420,7 +420,7 @@ class PoolEvaluator:
 
         if self.respond is not None:
             raise TypeError("PoolEvaluator: an id-level respond holds its own pool; call the attack with params=None")
-        stacks = tuple(getattr(pool, "stacks", ()))
+        stacks: tuple[Any, ...] = tuple(getattr(pool, "stacks", ()))
         if not stacks:
             raise TypeError(f"PoolEvaluator: params must be None or an LLMPool, got {type(pool).__name__}")
         same = len(stacks) == len(self.stacks) and all(

@@ -426,7 +426,7 @@ def pool_call(name, pool, instructions, ref, default_target, key, mask, sample_i
     """
     if key is None:
         raise TypeError(f"{name}: key is required (a jax.random key); sarjax never defaults it")
-    stacks = tuple(getattr(pool, "stacks", ()))
+    stacks: tuple[Any, ...] = tuple(getattr(pool, "stacks", ()))
     if not stacks:
         raise TypeError(
             f"{name}: params must be an LLMPool (the attack renders each stack's prompts), got {type(pool).__name__}"
