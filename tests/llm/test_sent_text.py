@@ -12,6 +12,8 @@ iff the prompt holds the bigram that only the block tokenization has at the suff
 member 1 iff it holds a bigram that only the whole tokenization has.
 """
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -184,3 +186,59 @@ def test_autodan_renders_the_whole_text_of_each_rewrite(kind):
     for i, t in enumerate(texts):
         rendered = tok.apply_chat_template([{"role": "user", "content": t}], tokenize=False, add_generation_prompt=True)
         assert ids[i][mask[i] == 1].tolist() == _encode(tok, rendered)
+
+
+class _ParityJudge(NamedTuple):
+    """Broken iff the response's first kept token is even (a known answer on any model);
+    confidence: the kept share of the response."""
+
+    slots: int
+
+    def __call__(self, tokens, length):
+        return (length > 0) & (tokens[0] % 2 == 0), length.astype(jnp.float32) / self.slots
+
+
+@pytest.mark.parametrize("kind", FAMILIES)
+def test_token_autodan_judges_again_the_rows_whose_rendered_text_tokenizes_otherwise(kind):
+    """The token-level AutoDAN's audited entry: every row's rendered text re-tokenized, the rows
+    whose ids changed judged again on those ids (each member's greedy response to the sent prompt,
+    by hand with greedy_generate); a row's judgement is replaced only where its ids changed."""
+    from sarjax.attacks.text.autodan import AutoDANTokenResult, make_autodan_jit
+    from sarjax.models.llm.generate import greedy_generate
+    from sarjax.models.llm.pool import build_pool, left_pad, stack_decoding, unstack_params
+
+    tok = subword_tokenizer(kind, TEMPLATE)
+    cfg = tiny_llama(len(tok), hidden_size=16, num_heads=2, num_kv_heads=1, head_dim=8, intermediate_size=24)
+    pool = build_pool([(f"m{i}", cfg, scaled_init(cfg, jax.random.key(i), 3.0), tok) for i in range(2)])
+    response = 3
+    fn = make_autodan_jit(pool, _ParityJudge(response), max_new_tokens=4, response_tokens=response, slot=6)
+    c = fn.cfg
+    rewrites = [_encode(tok, SUFFIX), _encode(tok, "tell me")]
+    w = c.slot
+    rw = np.zeros((2, w), np.int32)
+    rm = np.zeros((2, w), np.int32)
+    for i, r in enumerate(rewrites):
+        rw[i, w - len(r) :], rm[i, w - len(r) :] = r, 1
+    ids, mask = left_pad([list(c.target_head) + r + list(c.target_tail) for r in rewrites], c.prompt_pad, 16)
+    sentinel = AutoDANTokenResult(
+        rw, np.ones((2, 2), bool), np.zeros((2, 2), np.int32), rm, ids, mask, np.full((2, 2), 0.5, np.float32),
+        np.full((2, 2), -0.5, np.float32), ids, mask, np.zeros(2, bool), np.zeros(2, np.int32),
+    )  # fmt: skip
+    r = fn._resend(fn.params, sentinel)
+    eos, pad = stack_decoding(pool.stacks[0])
+    for i, rew in enumerate(rewrites):
+        whole = _encode(tok, c.target_head_text + tok.decode(rew) + c.target_tail_text)
+        assert np.asarray(r.sent[i])[np.asarray(r.sent_mask[i]) == 1].tolist() == whole
+        changed = whole != list(c.target_head) + rew + list(c.target_tail)
+        assert bool(r.retokenized[i]) == changed
+        si, sm = left_pad([whole], c.prompt_pad)
+        for m in range(2):
+            out = np.asarray(
+                greedy_generate(unstack_params(pool.stacks[0].params, m), cfg, si, sm, response, list(eos), pad)
+            )[0]
+            kept = [t for t in out.tolist()[: next((k for k, t in enumerate(out) if t in eos), response)]]
+            kept = [t for t in kept if t not in tok.all_special_ids and t < len(tok)]
+            want = (len(kept) > 0 and kept[0] % 2 == 0, len(kept) / response) if changed else (True, 0.5)
+            assert bool(r.success[i, m]) == want[0], (i, m)
+            np.testing.assert_allclose(float(r.confidence[i, m]), want[1], rtol=1e-6)
+    assert np.asarray(r.retokenized).any()  # the blocks' ids are not the whole text's here
