@@ -132,6 +132,11 @@ class AttackFn(Entry):
         self, params, x0, ref, mask, key, *, eps=None, max_queries=None, x_init=None, sample_ids=None
     ) -> Problem:
         e = self.default_eps if eps is None else eps
+        if e is None:  # checked at trace time: without it the attack would be unbounded
+            raise TypeError(
+                f"{self.name}: eps is required (scalar or [B]) either at construction or call time; "
+                "pass eps=jnp.inf for an unbounded attack"
+            )
         return make_problem(
             self.apply, params, x0, ref, mask, key, eps=e, max_queries=max_queries, sample_ids=sample_ids, x_init=x_init
         )
