@@ -773,6 +773,8 @@ def autoattack(
     if not np.issubdtype(x0.dtype, np.floating) or x0.ndim < 2:
         raise TypeError(f"x must be a float array [B, *S], got dtype {x0.dtype} shape {x0.shape}")
     x0 = x0.astype(np.float32)
+    if x0.shape[0] == 0:
+        raise ValueError("autoattack: empty batch: x has 0 samples")
     if not np.isfinite(x0).all() or x0.min() < box[0] or x0.max() > box[1]:
         raise ValueError(f"x must be finite and lie in the box {tuple(box)}, got range [{x0.min()}, {x0.max()}]")
     B = x0.shape[0]

@@ -10,6 +10,7 @@ All functions are pure and jit-friendly.
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 
 NO_CAP = jnp.iinfo(jnp.int32).max
 
@@ -53,29 +54,56 @@ def freeze(active: jnp.ndarray, new, old):
     return jnp.where(active.reshape(shape), new, old)
 
 
+def check_integer_cap(max_queries, name: str | None = None) -> None:
+    """Raises ``TypeError`` unless ``max_queries`` is an int, or an integer numpy / jax scalar or
+    array (bool refused). Reads the dtype only, so a traced cap is checked at trace time."""
+    dtype = getattr(max_queries, "dtype", None)
+    if dtype is None and not isinstance(max_queries, bool) and isinstance(max_queries, int):
+        return
+    if dtype is None:
+        dtype = np.asarray(max_queries).dtype
+    if isinstance(max_queries, bool) or dtype == np.bool_ or not jnp.issubdtype(dtype, jnp.integer):
+        who = f"{name}: " if name else ""
+        raise TypeError(
+            f"{who}max_queries must be None, an int or [B] ints (queries are counted whole), got "
+            f"{max_queries!r} of dtype {dtype}"
+        )
+
+
 def cap_array(max_queries, batch: int) -> jnp.ndarray:
     """Per-sample cap ``[batch]`` int32 from ``None``, a scalar or ``[B]``, with ``jnp`` only
-    (jit-safe: ``max_queries`` may be traced; no validation, see :func:`normalize_cap`)."""
+    (jit-safe: ``max_queries`` may be traced; only its integer dtype is checked, see
+    :func:`normalize_cap`).
+
+    Raises:
+      TypeError: a cap that is not an integer (a float or a bool; read from the dtype at trace time).
+    """
     if max_queries is None:
         return jnp.full((batch,), NO_CAP, jnp.int32)
+    check_integer_cap(max_queries)
     if isinstance(max_queries, int):
         max_queries = min(max_queries, int(NO_CAP))
     return jnp.broadcast_to(jnp.asarray(max_queries).astype(jnp.int32), (batch,))
 
 
-def normalize_cap(max_queries, batch: int) -> jnp.ndarray:
-    """Per-sample cap ``[batch]`` int32 from ``None``, a scalar or ``[B]``.
+def normalize_cap(max_queries, batch: int, *, name: str | None = None) -> jnp.ndarray:
+    """Per-sample cap ``[batch]`` int32 from ``None``, an int or ``[B]`` ints (numpy / jax
+    integer scalars and arrays too; values above ``NO_CAP`` are clipped to it).
 
     Raises:
+      TypeError: a cap that is not an integer (``7.9`` was truncated to 7; a bool is refused).
       ValueError: on negative caps or a wrong per-sample length.
     """
     if max_queries is None:
         return jnp.full((batch,), NO_CAP, jnp.int32)
-    import numpy as np
-
-    arr = np.asarray(max_queries)
+    check_integer_cap(max_queries, name)
+    who = f"{name}: " if name else ""
+    if isinstance(max_queries, int):
+        arr = np.asarray(max(min(max_queries, int(NO_CAP)), -1))
+    else:
+        arr = np.asarray(max_queries)
     if arr.ndim > 1 or (arr.ndim == 1 and arr.shape[0] != batch):
-        raise ValueError(f"max_queries must be None, a scalar or shape [{batch}], got shape {arr.shape}")
+        raise ValueError(f"{who}max_queries must be None, a scalar or shape [{batch}], got shape {arr.shape}")
     if np.any(arr < 0):
-        raise ValueError(f"max_queries must be >= 0, got {max_queries!r}")
+        raise ValueError(f"{who}max_queries must be >= 0, got {max_queries!r}")
     return jnp.broadcast_to(jnp.asarray(np.minimum(arr, int(NO_CAP)), jnp.int32), (batch,))

@@ -29,54 +29,137 @@ from sarjax.attacks.losses import LOSSES
 from sarjax.attacks.threat import Threat, check_labels
 
 
+def _who(name: str | None) -> str:
+    return f"{name}: " if name else ""
+
+
+def check_x0(x0, box, *, name: str | None = None) -> jax.Array:
+    """``x0 [B, *S]``: float, at least one sample and one feature, finite, inside ``box``.
+
+    Returns ``x0`` as float32. Raises ``ValueError`` / ``TypeError`` (prefixed by ``name``)."""
+    who = _who(name)
+    if x0 is None:
+        raise ValueError(f"{who}x0 is required: expected [B, *S] float inputs")
+    x0 = jnp.asarray(x0)
+    if not jnp.issubdtype(x0.dtype, jnp.floating):
+        raise TypeError(f"{who}x0 must be a float array [B, *S], got dtype {x0.dtype}")
+    x0 = x0.astype(jnp.float32)
+    if x0.ndim < 2:
+        raise ValueError(f"{who}x0 must be a batch [B, *S] with at least one feature axis, got shape {x0.shape}")
+    if x0.shape[0] == 0:
+        raise ValueError(f"{who}empty batch: x0 has 0 samples")
+    if x0.size == 0:
+        raise ValueError(f"{who}x0 must have at least one feature per sample, got shape {x0.shape}")
+    xh = np.asarray(x0).reshape(x0.shape[0], -1)
+    bad = np.flatnonzero(~np.isfinite(xh).all(axis=1))
+    if bad.size:
+        raise ValueError(f"{who}x0 must be finite: samples {bad[:10].tolist()} hold NaN or inf")
+    if xh.min() < box[0] or xh.max() > box[1]:
+        raise ValueError(f"{who}x0 must lie in the box {tuple(box)}, got range [{xh.min()}, {xh.max()}]")
+    return x0
+
+
+def _shapes(b: int, m: int | None, first: str) -> str:
+    return f"[{first}] or [B, M] with B={b}" + ("" if m is None else f", M={m}")
+
+
+def check_ref(ref, b: int, m: int | None, num_classes: int | None, *, what: str = "ref", name=None) -> np.ndarray:
+    """``ref``: int ``[B]`` (shared by the members) or ``[B, M]`` (``[B, 1]`` broadcasts), each in
+    ``[0, C)`` (:func:`~sarjax.attacks.threat.check_labels`; skipped with ``num_classes=None``).
+
+    ``what`` names the values in messages (``"labels"``, ``"targets"``); ``m=None``: any member
+    count. Returns ``ref`` on the host (unchanged)."""
+    who = _who(name)
+    a = np.asarray(ref)
+    if not np.issubdtype(a.dtype, np.integer):
+        raise TypeError(f"{who}{what} must be int {_shapes(b, m, 'B')}, got dtype {a.dtype}")
+    ok = (a.ndim == 1 and a.shape[0] == b) or (a.ndim == 2 and a.shape[0] == b and (m is None or a.shape[1] in (1, m)))
+    if not ok:
+        raise ValueError(f"{who}{what} must be {_shapes(b, m, 'B')}, got shape {a.shape}")
+    if num_classes is not None:
+        check_labels(a, num_classes, name=what)
+    return a
+
+
+def check_mask(mask, b: int, m: int | None, *, name=None) -> np.ndarray | None:
+    """``mask``: ``[M]`` (shared by the samples) or ``[B, M]`` (a member axis of 1 broadcasts),
+    bool or holding only 0 and 1 (1: the member is attacked). ``m=None``: any member count.
+
+    Returns the mask on the host (None for None). Raises ``ValueError`` naming the bad values
+    (a -1 would flip a member's objective, a NaN poison it)."""
+    if mask is None:
+        return None
+    who = _who(name)
+    a = np.asarray(mask)
+    ok = (a.ndim == 1 and (m is None or a.shape[0] in (1, m))) or (
+        a.ndim == 2 and a.shape[0] == b and (m is None or a.shape[1] in (1, m))
+    )
+    if not ok:
+        raise ValueError(f"{who}mask must be {_shapes(b, m, 'M')}, got shape {a.shape}")
+    if a.dtype == np.bool_:
+        return a
+    if not (np.issubdtype(a.dtype, np.integer) or np.issubdtype(a.dtype, np.floating)):
+        raise TypeError(f"{who}mask must be bool or {{0, 1}} per member, got dtype {a.dtype}")
+    bad = ~np.isin(a, (0, 1))
+    if bad.any():
+        raise ValueError(f"{who}mask must be bool or {{0, 1}} per member, got values {np.unique(a[bad])[:5].tolist()}")
+    return a
+
+
+def check_eps(eps, b: int, *, name=None) -> jax.Array:
+    """``eps``: finite, ``>= 0``, a scalar or ``[B]``; returns float32 ``[B]``."""
+    who = _who(name)
+    if eps is None:
+        raise ValueError(f"{who}eps is required (scalar or [B]) either at construction or call time")
+    e = np.asarray(eps, np.float64)
+    if e.ndim > 1 or (e.ndim == 1 and e.shape[0] != b):
+        raise ValueError(f"{who}eps must be a scalar or shape [{b}], got shape {e.shape}")
+    if not np.all(np.isfinite(e)) or np.any(e < 0):
+        raise ValueError(f"{who}eps must be finite and >= 0, got {eps!r}")
+    return jnp.broadcast_to(jnp.asarray(e, jnp.float32), (b,))
+
+
+def check_x_init(x_init, x0: jax.Array, *, box=None, name=None) -> jax.Array | None:
+    """A warm start: the shape of ``x0``, finite (and inside ``box`` when given); float32.
+
+    Checked before anything runs (a NaN start was clipped into the box silently or blamed on the
+    output after the run). None: None."""
+    if x_init is None:
+        return None
+    who = _who(name)
+    xi = np.asarray(x_init)
+    if xi.shape != tuple(x0.shape):
+        raise ValueError(f"{who}x_init must have the shape of x0 {tuple(x0.shape)}, got {xi.shape}")
+    if not (np.issubdtype(xi.dtype, np.floating) or np.issubdtype(xi.dtype, np.integer)):
+        raise TypeError(f"{who}x_init must be a float array, got dtype {xi.dtype}")
+    flat = xi.reshape(xi.shape[0], -1)
+    bad = np.flatnonzero(~np.isfinite(flat).all(axis=1))
+    if bad.size:
+        raise ValueError(f"{who}x_init must be finite: samples {bad[:10].tolist()} hold NaN or inf")
+    if box is not None and flat.size and (flat.min() < box[0] or flat.max() > box[1]):
+        raise ValueError(f"{who}x_init must lie in the box {tuple(box)}, got range [{flat.min()}, {flat.max()}]")
+    return jnp.asarray(x_init, jnp.float32)
+
+
 def normalize_inputs(x0, ref, mask, eps, default_eps, box, p):
-    """Validates and normalizes the public-call arguments.
+    """Validates and normalizes the public-call arguments when the member count is not known
+    (``ref`` and ``mask`` agree on it, or one of them has 1).
 
     Returns ``(x0 [B,*S] f32, ref [B,M] i32, mask [B,M] f32, eps [B] f32)``.
     """
-    if x0 is None:
-        raise ValueError("x0 is required: expected [B, *S] float inputs")
-    x0 = jnp.asarray(x0)
-    if not jnp.issubdtype(x0.dtype, jnp.floating):
-        raise TypeError(f"x0 must be a float array [B, *S], got dtype {x0.dtype}")
-    x0 = x0.astype(jnp.float32)
-    if x0.ndim < 2:
-        raise ValueError(f"x0 must be a batch [B, *S], got shape {x0.shape}")
-    B = x0.shape[0]
-    x0h = np.asarray(x0)
-    if not np.all(np.isfinite(x0h)):
-        raise ValueError("x0 contains non-finite values")
-    if x0h.size and (x0h.min() < box[0] or x0h.max() > box[1]):
-        raise ValueError(f"x0 must lie in the box {box}, got range [{x0h.min()}, {x0h.max()}]")
-    ref = jnp.asarray(ref)
-    if not jnp.issubdtype(ref.dtype, jnp.integer):
-        raise TypeError(f"ref/labels must be int [B] or [B, M], got dtype {ref.dtype}")
-    if ref.ndim == 1:
-        ref = ref[:, None]
-    if ref.ndim != 2 or ref.shape[0] != B:
-        raise ValueError(f"ref/labels must have shape [B] or [B, M] with B={B}, got {ref.shape}")
-    ref = ref.astype(jnp.int32)
-    if mask is None:
-        mask = jnp.ones(ref.shape, jnp.float32)
-    mask = jnp.asarray(mask)
-    if mask.ndim == 1:
-        mask = jnp.broadcast_to(mask[None], (B, mask.shape[0]))
-    if mask.ndim != 2 or mask.shape[0] != B:
-        raise ValueError(f"mask must have shape [M] or [B, M] with B={B}, got {mask.shape}")
-    M = max(ref.shape[1], mask.shape[1])
-    if ref.shape[1] not in (1, M) or mask.shape[1] not in (1, M):
-        raise ValueError(f"ref {ref.shape} and mask {mask.shape} disagree on the member count")
-    ref = jnp.broadcast_to(ref, (B, M))
-    mask = jnp.broadcast_to(mask.astype(jnp.float32), (B, M))
-    e = default_eps if eps is None else eps
-    if e is None:
-        raise ValueError("eps is required (scalar or [B]) either at construction or call time")
-    e_np = np.asarray(e, np.float64)
-    if e_np.ndim > 1 or (e_np.ndim == 1 and e_np.shape[0] != B):
-        raise ValueError(f"eps must be a scalar or shape [{B}], got shape {e_np.shape}")
-    if not np.all(np.isfinite(e_np)) or np.any(e_np < 0):
-        raise ValueError(f"eps must be finite and >= 0, got {e!r}")
-    eps_arr = jnp.broadcast_to(jnp.asarray(e_np, jnp.float32), (B,))
+    x0 = check_x0(x0, box)
+    b = x0.shape[0]
+    refh = check_ref(ref, b, None, None, what="ref/labels")
+    refh = refh[:, None] if refh.ndim == 1 else refh
+    maskh = check_mask(mask, b, None)
+    maskh = np.ones(refh.shape, np.float32) if maskh is None else maskh
+    maskh = np.broadcast_to(maskh[None], (b, maskh.shape[0])) if maskh.ndim == 1 else maskh
+    m = max(refh.shape[1], maskh.shape[1])
+    if refh.shape[1] not in (1, m) or maskh.shape[1] not in (1, m):
+        raise ValueError(f"ref {refh.shape} and mask {maskh.shape} disagree on the member count")
+    ref = jnp.broadcast_to(jnp.asarray(refh, jnp.int32), (b, m))
+    mask = jnp.broadcast_to(jnp.asarray(maskh).astype(jnp.float32), (b, m))
+    eps_arr = check_eps(default_eps if eps is None else eps, b)
     return x0, ref, mask, eps_arr
 
 
@@ -102,20 +185,23 @@ def check_step(step_size):
     return float(step_size)
 
 
-def check_sample_ids(sample_ids, batch: int):
+def check_sample_ids(sample_ids, batch: int, *, name: str | None = None):
     """Validates ``sample_ids`` (``None`` or int ``[B]`` in ``[0, 2**31)``); returns int32 ``[B]``.
 
     Duplicates are allowed (padding rows repeat a real sample's id and draw its stream)."""
     if sample_ids is None:
         return jnp.arange(batch, dtype=jnp.int32)
+    who = _who(name)
     a = np.asarray(sample_ids)
     if not np.issubdtype(a.dtype, np.integer):
-        raise TypeError(f"sample_ids must be int [B] (each sample's index in the data set), got dtype {a.dtype}")
+        raise TypeError(f"{who}sample_ids must be int [B] (each sample's index in the data set), got dtype {a.dtype}")
     if a.shape != (batch,):
-        raise ValueError(f"sample_ids must have shape [{batch}] (one per sample), got {a.shape}")
+        raise ValueError(f"{who}sample_ids must have shape [{batch}] (one per sample), got {a.shape}")
     bad = np.flatnonzero((a < 0) | (a >= SAMPLE_ID_LIMIT))
     if bad.size:
-        raise ValueError(f"sample_ids must lie in [0, 2**31): samples {bad[:10].tolist()} have {a[bad[:10]].tolist()}")
+        raise ValueError(
+            f"{who}sample_ids must lie in [0, 2**31): samples {bad[:10].tolist()} have {a[bad[:10]].tolist()}"
+        )
     return jnp.asarray(a, jnp.int32)
 
 
@@ -126,24 +212,30 @@ def check_eot(eot) -> int:
     return eot
 
 
-def logits_shape(apply: Callable, params, x0: jax.Array) -> tuple[int, int]:
+def logits_shape(apply: Callable, params, x0: jax.Array, *, name: str | None = None) -> tuple[int, int]:
     """``(M, C)``: the member count of ``apply`` on ``x0`` (1 for ``[B, C]`` logits) and its number
     of classes (the logits' last axis), found by tracing only (``jax.eval_shape``, no compute).
 
     Raises ValueError naming the expected and the given input shape when ``apply`` is bound to a
-    model with an ``input_shape`` (``Pool.apply``, ``Arch.apply``) that ``x0`` does not match, or
-    when ``apply`` cannot trace ``x0`` at all."""
+    model with an ``input_shape`` (``Pool.apply``, ``Arch.apply``) that ``x0`` does not match,
+    when ``apply`` cannot trace ``x0`` at all, or when it returns something other than logits
+    ``[M, B, C]`` or ``[B, C]``."""
+    who = _who(name)
     want = getattr(getattr(apply, "__self__", None), "input_shape", None)
     expected = f"[B, {', '.join(map(str, want))}]" if want is not None else "the shape the model takes"
     if want is not None and tuple(np.shape(x0)[1:]) != tuple(want):
-        raise ValueError(f"x0 must have shape {expected}, got {list(np.shape(x0))}")
+        raise ValueError(f"{who}x0 must have shape {expected}, got {list(np.shape(x0))}")
     try:
-        shape = jax.eval_shape(apply, params, x0).shape
+        shape = tuple(jax.eval_shape(apply, params, x0).shape)
     except (TypeError, ValueError) as e:
         first = (str(e).splitlines() or [""])[0]
         raise ValueError(
-            f"the model cannot take x0 of shape {list(np.shape(x0))} (expected {expected}): {type(e).__name__}: {first}"
+            f"{who}the model cannot take x0 of shape {list(np.shape(x0))} (expected {expected}): "
+            f"{type(e).__name__}: {first}"
         ) from e
+    b = int(np.shape(x0)[0])
+    if len(shape) not in (2, 3) or shape[-2] != b:
+        raise ValueError(f"{who}apply must return logits [M, B, C] or [B, C] with B={b}, got shape {shape}")
     return (int(shape[0]) if len(shape) == 3 else 1), int(shape[-1])
 
 
@@ -156,48 +248,85 @@ def make_validate(*, name: str, p: float, box, apply: Callable, eot: int = 1, re
     """The host-side validator of a fixed-budget attack's public entry.
 
     Returns ``validate(params, x0, ref, mask, key, eps, max_queries, x_init, sample_ids) ->
-    Problem``: :func:`normalize_inputs`, sample ids (:func:`check_sample_ids`), labels / targets
-    in ``[0, C)`` of ``apply``'s logits (``ref_name`` names them in the error; ``ref [B]`` and no
-    mask are shared by every member ``apply`` returns), the per-sample query cap (at least the
-    clean evaluation, ``eot * M``) and the warm start's shape. With ``eot > 1`` ``apply`` is the
-    stochastic ``apply(params, x, key)``.
+    Problem``: :func:`check_x0` (float, non-empty, finite, in the box), the member count ``M``
+    and classes ``C`` of ``apply``'s logits (:func:`logits_shape`), :func:`check_ref` (``[B]`` or
+    ``[B, M]``, in ``[0, C)``; ``ref_name`` names them in the error; ``ref [B]`` and no mask are
+    shared by every member), :func:`check_mask` (bool or {0, 1}), :func:`check_eps`,
+    :func:`check_sample_ids`, the per-sample query cap (:func:`~sarjax.attacks.queries.normalize_cap`:
+    integers only; at least the clean evaluation, ``eot * M``) and :func:`check_x_init`. With
+    ``eot > 1`` ``apply`` is the stochastic ``apply(params, x, key)``. Every message starts with
+    ``name``.
     """
 
     def validate(params, x0, ref, mask, key, eps, max_queries, x_init, sample_ids) -> Problem:
-        x0n, refn, maskn, eps_arr = normalize_inputs(x0, ref, mask, eps, None, box, p)
+        x0n = check_x0(x0, box, name=name)
         b = x0n.shape[0]
-        sid = check_sample_ids(sample_ids, b)
-        m_apply, n_classes = logits_shape(at_key(apply, eot, jax.random.PRNGKey(0)), params, x0n)
-        check_labels(refn, n_classes, name=ref_name)
-        if refn.shape[1] == 1 and m_apply > 1:
-            refn = jnp.broadcast_to(refn, (b, m_apply))
-            maskn = jnp.broadcast_to(maskn, refn.shape)
-        cap = Q.normalize_cap(max_queries, b)
-        m = int(refn.shape[-1])
+        m, n_classes = logits_shape(at_key(apply, eot, jax.random.PRNGKey(0)), params, x0n, name=name)
+        refh = check_ref(ref, b, m, n_classes, what=ref_name, name=name)
+        maskh = check_mask(mask, b, m, name=name)
+        eps_arr = check_eps(eps, b, name=name)
+        sid = check_sample_ids(sample_ids, b, name=name)
+        cap = Q.normalize_cap(max_queries, b, name=name)
         if max_queries is not None and int(np.min(np.asarray(cap))) < eot * m:
             what = f"M = {m}" if eot == 1 else f"eot * M = {eot} * {m}"
             raise ValueError(
-                f"max_queries must be >= {what} per sample: the clean evaluation of every "
+                f"{name}: max_queries must be >= {what} per sample: the clean evaluation of every "
                 f"member is charged before any step; got {max_queries!r}"
             )
-        if x_init is None:
-            xi, has = x0n, jnp.asarray(False)
+        xi = check_x_init(x_init, x0n, name=name)
+        refn = jnp.asarray(refh, jnp.int32)
+        refn = jnp.broadcast_to(refn[:, None] if refn.ndim == 1 else refn, (b, m))
+        if maskh is None:
+            maskn = jnp.ones((b, m), jnp.float32)
         else:
-            xi = jnp.asarray(x_init, jnp.float32)
-            if xi.shape != x0n.shape:
-                raise ValueError(f"x_init must have the shape of x0 {x0n.shape}, got {xi.shape}")
-            has = jnp.asarray(True)
-        return Problem(x0n, refn, maskn, eps_arr, cap, key, sid, xi, has)
+            maskn = jnp.asarray(maskh).astype(jnp.float32)
+            maskn = jnp.broadcast_to(maskn[None] if maskn.ndim == 1 else maskn, (b, m))
+        has = jnp.asarray(xi is not None)
+        return Problem(x0n, refn, maskn, eps_arr, cap, key, sid, x0n if xi is None else xi, has)
 
     return validate
 
 
-def make_audit(*, name: str, p: float, box) -> Callable:
-    """``audit(problem, result)``: :func:`sarjax.attacks.audit.check` of ``result.x_adv`` and
-    ``result.best_x`` against the ORIGINAL ``problem.x0`` with per-sample ``problem.eps``;
-    raises ``ValueError`` naming the offending samples."""
+def check_finite_result(name: str, res) -> None:
+    """Raises ``ValueError`` when the model's logits were not finite at a returned point.
+
+    ``res.member_loss [B, M]`` (at ``x_adv``) and ``res.best_objective [B]`` (at ``best_x``) are
+    NaN or inf exactly when some member's logits are (the losses of finite logits are finite): a
+    NaN logit row's argmax is its first NaN, so without this check such a member was reported
+    "fooled". Names the members and samples. Fields a result does not have are skipped."""
+    loss = getattr(res, "member_loss", None)
+    if loss is not None:
+        bad = ~np.isfinite(host(loss))
+        if bad.ndim == 1:
+            bad = bad[:, None]
+        if bad.any():
+            members = np.flatnonzero(bad.any(axis=0)).tolist()
+            samples = np.flatnonzero(bad.any(axis=1))
+            raise ValueError(
+                f"{name}: the model returned non-finite logits (NaN or inf) at x_adv for members {members} on "
+                f"samples {samples[:10].tolist()}{' ...' if samples.size > 10 else ''}: success cannot be judged "
+                "on them; fix the model"
+            )
+    best = getattr(res, "best_objective", None)
+    if best is not None:
+        bad = np.flatnonzero(~np.isfinite(host(best)))
+        if bad.size:
+            raise ValueError(
+                f"{name}: the model returned non-finite logits (NaN or inf) at best_x on samples "
+                f"{bad[:10].tolist()}{' ...' if bad.size > 10 else ''}: success cannot be judged on them; fix the model"
+            )
+
+
+def make_audit(*, name: str, p: float, box, bound: bool = True) -> Callable:
+    """``audit(problem, result)``: :func:`check_finite_result` (non-finite logits at the returned
+    points), then, with ``bound=True``, :func:`sarjax.attacks.audit.check` of ``result.x_adv`` and
+    ``result.best_x`` against the ORIGINAL ``problem.x0`` with per-sample ``problem.eps``; raises
+    ``ValueError`` naming the offending members / samples."""
 
     def audit(problem: Problem, res) -> None:
+        check_finite_result(name, res)
+        if not bound:
+            return
         threat = Threat(p, host(problem.eps), box)
         check(problem.x0, res.x_adv, threat, what=f"{name} (x_adv)")
         check(problem.x0, res.best_x, threat, what=f"{name} (best_x)")
@@ -218,7 +347,9 @@ def public(
     ref_name: str = "labels",
 ) -> AttackFn:
     """The :class:`~sarjax.attacks.core.entry.AttackFn` of a fixed-budget attack: the validator
-    of :func:`make_validate`, the audit of :func:`make_audit` (None with ``audit=False``)."""
+    of :func:`make_validate`, the audit of :func:`make_audit` (``audit=False`` skips its bound
+    audit; the check of non-finite logits at the returned points always runs: a ``[B, M]``
+    transfer)."""
     box = tuple(float(b) for b in box)
     # the jit entry reads M from apply's logits by tracing: a stochastic apply at a fixed key
     shape_apply = at_key(apply, eot, jax.random.PRNGKey(0))
@@ -228,5 +359,5 @@ def public(
         apply=shape_apply,
         default_eps=default_eps,
         validate=make_validate(name=name, p=p, box=box, apply=apply, eot=eot, ref_name=ref_name),
-        audit=make_audit(name=name, p=p, box=box) if audit else None,
+        audit=make_audit(name=name, p=p, box=box, bound=audit),
     )
