@@ -72,7 +72,7 @@ def main() -> None:
     res = {"none": {"fooled_share": fooled_share(x0), "seconds": 0.0, "queries_per_sample": 0}}
     for name, (atk, _) in attacks.items():
         t = time.time()
-        r = atk(pool.params, x0, y, None, jax.random.PRNGKey(7))
+        r = atk(pool.params, x0, y, key=jax.random.PRNGKey(7))
         jax.block_until_ready(r.x_adv)
         dt = time.time() - t
         linf = float(jnp.max(jnp.abs(r.x_adv - x0)))

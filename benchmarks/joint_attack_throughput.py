@@ -392,7 +392,7 @@ def main():
             for impl, pool in pools.items():
                 atk = make_joint_pgd(pool.apply, eps=EPS, steps=args.steps, restarts=1)
                 runners[f"sarjax[{impl}]"] = lambda atk=atk, pool=pool: jax.block_until_ready(
-                    atk(pool.params, x0, ref, mask, jax.random.PRNGKey(1)).x_adv
+                    atk(pool.params, x0, ref, key=jax.random.PRNGKey(1), mask=mask).x_adv
                 )
             if family == "mlp" and args.matmul_only:
                 mm = mlp_matmul_only_steps(base_pool, args.steps)
@@ -403,7 +403,7 @@ def main():
                 sh_apply = shared_first_layer_apply(base_pool.stacks[0].arch)
                 atk = make_joint_pgd(sh_apply, eps=EPS, steps=args.steps, restarts=1)
                 runners["sarjax[shared]"] = lambda atk=atk: jax.block_until_ready(
-                    atk(base_pool.params, x0, ref, mask, jax.random.PRNGKey(1)).x_adv
+                    atk(base_pool.params, x0, ref, key=jax.random.PRNGKey(1), mask=mask).x_adv
                 )
             tx0 = to_torch_input(x0, family)
             tref = torch.tensor(np.asarray(ref)).long()

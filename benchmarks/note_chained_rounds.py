@@ -209,12 +209,13 @@ def _attack_model(name, apply, params, stoch, *, x0, y, eps, a, rounds, key, eva
     starts: dict[int, tuple] = {}
     t0 = time.perf_counter()
 
-    def recorded(params, x0_, ref, mask, key_, *, x_init=None, **kw):
+    def recorded(params, x0_, ref, *, key, mask=None, x_init=None, **kw):
+        key_ = key
         if x_init is not None:
             starts[len(starts) + 1] = (np.asarray(x_init), time.perf_counter() - t0)
         else:
             starts.clear()
-        return bounded(params, x0_, ref, mask, key_, x_init=x_init, **kw)
+        return bounded(params, x0_, ref, key=key_, mask=mask, x_init=x_init, **kw)
 
     bounded = make_pgd(f, **hp)
     res = make_rounds(recorded, max(rounds), norm="linf")(params, x0, y, key=key, eps=eps)

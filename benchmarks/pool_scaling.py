@@ -147,7 +147,7 @@ def bench_joint(pool: Pool, x, steps: int, reps: int, eps: float) -> dict:
     key = jax.random.PRNGKey(1)
 
     def call():
-        return jax.block_until_ready(attack(pool.params, x, ref, mask, key).x_adv)
+        return jax.block_until_ready(attack(pool.params, x, ref, key=key, mask=mask).x_adv)
 
     t0 = time.perf_counter()
     call()

@@ -64,7 +64,7 @@ for b in sizes:
     ref = np.zeros((b, M), np.int32)
     mask = np.ones((b, M), np.float32)
     params = gate.params(mask) if args.gate else pool.params
-    pr = fn.problem(params, x0, ref, mask, jax.random.key(0), eps=0.05, sample_ids=np.arange(b))
+    pr = fn.problem(params, x0, ref, key=jax.random.key(0), mask=mask, eps=0.05, sample_ids=np.arange(b))
     t0, c0 = time.perf_counter(), time.process_time()
     low = run_jit.lower(fn.attack, params, pr)
     t1, c1 = time.perf_counter(), time.process_time()

@@ -433,10 +433,13 @@ def sarjax_fixed_start_attack(pool: Pool, key, eps: float, steps: int, starts, n
         for r in range(num_rounds + 1):
             table[_key_bytes(jax.random.fold_in(ks, r))] = (stream, r)
 
-    def attack(params, x0, ref, mask, k, *, eps=None, sample_ids=None):
+    def attack(params, x0, ref, *, key, mask=None, eps=None, sample_ids=None):
+        k = key
         stream, r = table[_key_bytes(k)]
         rows = np.arange(len(x0)) if sample_ids is None else np.asarray(sample_ids)  # packed calls: a subset
-        return base(params, x0, ref, mask, k, eps=eps, sample_ids=sample_ids, x_init=starts(stream, r, 0)[rows])
+        return base(
+            params, x0, ref, key=k, mask=mask, eps=eps, sample_ids=sample_ids, x_init=starts(stream, r, 0)[rows]
+        )
 
     return attack
 
@@ -583,7 +586,7 @@ def joint_pgd_section(args, pool: Pool, modules, groups, device, save, report) -
         key = jax.random.PRNGKey(3)
 
         def run_jax():
-            jax.block_until_ready(attack(pool.params, xj, refj, mask, key).x_adv)
+            jax.block_until_ready(attack(pool.params, xj, refj, key=key, mask=mask).x_adv)
 
         contenders = {"sarjax": run_jax}
         for impl in args.torch_impls:

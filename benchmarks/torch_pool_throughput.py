@@ -155,7 +155,7 @@ def main():
         runners = {}
         for name, (atk, params) in attacks.items():
             runners[name] = lambda atk=atk, params=params: jax.block_until_ready(
-                atk(params, x0, ref, mask, jax.random.PRNGKey(1)).x_adv
+                atk(params, x0, ref, key=jax.random.PRNGKey(1), mask=mask).x_adv
             )
         tx0 = torch.from_numpy(np.array(np.asarray(x0).transpose(0, 3, 1, 2)))
         tref = torch.from_numpy(np.asarray(ref)).long()

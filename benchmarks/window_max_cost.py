@@ -62,7 +62,7 @@ def runners(conv_impl: str, batch: int, steps: int) -> dict:
     for rule in ("window_max", "jnp.max"):
         atk = make_joint_pgd(pool.apply, eps=EPS, steps=steps, restarts=1)
         g = train_grad()
-        out[(rule, "joint_pgd")] = lambda atk=atk: atk(pool.params, x0, ref, mask, jax.random.PRNGKey(1)).x_adv
+        out[(rule, "joint_pgd")] = lambda atk=atk: atk(pool.params, x0, ref, key=jax.random.PRNGKey(1), mask=mask).x_adv
         out[(rule, "train_grad")] = lambda g=g: g(pool.params)
     return out
 

@@ -279,7 +279,7 @@ def run_entry(fns: dict, pool, entry: EntrySpec, x, y, correct, targets, *, norm
                 (np.zeros((len(ids), m)), np.zeros((len(ids), m, cap // 10)), np.zeros((len(ids), m), np.int64))
             )
             continue
-        res = fn(params, x[sl], ref, mask, ekey, **kw)
+        res = fn(params, x[sl], ref, key=ekey, mask=mask, **kw)
         ok = correct[sl]
         n = np.where(ok, np.asarray(res.norm, np.float64), 0.0)
         t = np.where(ok[..., None], np.asarray(res.trajectory, np.float64), 0.0)

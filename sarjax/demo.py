@@ -250,8 +250,8 @@ def evaluate_pool(
             members(
                 make_pgd,
                 x,
-                clean,
-                jax.random.fold_in(key, 1),
+                clean.T,
+                key=jax.random.fold_in(key, 1),
                 eps=eps,
                 norm="linf",
                 steps=steps,
@@ -272,11 +272,11 @@ def evaluate_pool(
             progress=progress,
             attack=attack,
             checkpoint_dir=distributed.process_checkpoint_dir(checkpoint_dir),
-            member_attacks=(np.asarray(single.x_adv), np.asarray(single.queries)),
+            member_attacks=(np.swapaxes(np.asarray(single.x_adv), 0, 1), np.asarray(single.queries).T),  # [M, B]
             sample_ids=rows,
             overwrite=overwrite,
         )
-    result, per_sample = distributed.allgather_parts(result, {"member_success": np.asarray(single.success).T})
+    result, per_sample = distributed.allgather_parts(result, {"member_success": np.asarray(single.success)})
     return result, asr_metric(per_sample["member_success"])
 
 

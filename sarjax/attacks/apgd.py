@@ -228,6 +228,7 @@ class RunState(NamedTuple):
     f_last: jax.Array
     reduced: jax.Array
     count: jax.Array
+    grads: jax.Array  # [B] backward passes charged to each selected member (queries.per_member)
     best: E.Best
     topk: jax.Array
     sp_last: jax.Array
@@ -309,6 +310,7 @@ def init(cfg: ApgdConfig, params, problem: Problem) -> ApgdState:
         zf,
         jnp.zeros((B,), bool),
         count,
+        zi,
         E.Best(x0, ev0),
         zf,
         zf,
@@ -384,6 +386,7 @@ def _iterate(cfg: ApgdConfig, s: ApgdState, params, r, t, target) -> ApgdState:
         new["inc"] = jnp.where(at_ckpt, 0, new["inc"])
         new["ctr"] = jnp.where(at_ckpt, 0, ctr)
         new["count"] = Q.charge(st.count, cost, ok)
+        new["grads"] = Q.charge(st.grads, eot, ok)
         return E.select(ok, RunState(**new), st)
 
     def start_x(st):
@@ -424,6 +427,7 @@ def _iterate(cfg: ApgdConfig, s: ApgdState, params, r, t, target) -> ApgdState:
             f,
             jnp.zeros((B,), bool),
             Q.charge(st.count, cost, ok0),
+            Q.charge(st.grads, eot, ok0),
             jax.vmap(E.update_best)(st.best, x1, ev1, ok0),
             topk0.astype(jnp.float32),
             sp_last0.astype(jnp.float32),
@@ -478,7 +482,7 @@ def result(cfg: ApgdConfig, s: ApgdState, params) -> AttackResult:
         success=ev.success,
         objective=ev.obj,
         member_loss=ev.losses,
-        queries=s.run.count,
+        queries=Q.per_member(s.run.count, s.run.grads, s.problem.mask),
         best_x=best.x,
         best_success=best.ev.success,
         best_objective=best.ev.obj,

@@ -87,6 +87,7 @@ import numpy as np
 from sarjax.attacks import geometry as G
 from sarjax.attacks.apgd import make_apgd
 from sarjax.attacks.audit import check
+from sarjax.attacks.core.entry import Entry
 from sarjax.attacks.core.protocol import Problem, run
 from sarjax.attacks.fab import make_fab
 from sarjax.attacks.minnorm import MinNormProblem
@@ -173,6 +174,12 @@ class AutoAttackResult(NamedTuple):
     eps: float
     names: tuple
     warnings: tuple
+
+    @property
+    def success(self) -> np.ndarray:
+        """``[B, M]`` bool, member ``m`` is fooled at ``x_adv[b, m]`` (``~robust``: broken by a
+        stage, or wrong on the clean input); the one result base's field."""
+        return ~self.robust
 
     @property
     def robust_accuracy(self) -> np.ndarray:
@@ -616,7 +623,7 @@ def _apgd_run(ctx: _Ctx, chunk, mask, key, loss, targets=None):
         x_adv, best_x = np.asarray(res.x_adv), np.asarray(res.best_x)  # [M, b, *S]
         _audit(x0, best_x, ctx.p, f * ctx.eps, ctx.box, f"apgd phase {j} (best_x)")
         _audit(x0, x_adv, ctx.p, f * ctx.eps, ctx.box, f"apgd phase {j} (x_adv)")
-        q += np.asarray(res.queries).T
+        q += np.asarray(res.queries)[:, :, 0].T  # [M, b, 1]: each member's single-model attack
         xi, has = jnp.swapaxes(res.x_adv, 0, 1), jnp.asarray(True)  # next phase: the highest-loss point
     assert res is not None
     return np.swapaxes(np.asarray(res.best_x), 0, 1), q * mask
@@ -665,7 +672,7 @@ def _square_run(ctx: _Ctx, chunk, mask, key):
         fn.attack, mem.axes, mem.params, x0, ref, jnp.asarray(mask, jnp.float32), jnp.full((b,), ctx.eps, jnp.float32),
         cap, key, sid, xi, jnp.asarray(False),
     )  # fmt: skip
-    return np.swapaxes(np.asarray(res.best_x), 0, 1), np.asarray(res.queries).T.astype(np.int64) * mask
+    return np.swapaxes(np.asarray(res.best_x), 0, 1), np.asarray(res.queries)[:, :, 0].T.astype(np.int64) * mask
 
 
 def _audit(x0, xs, p, eps, box, what):
@@ -1126,14 +1133,88 @@ def autoattack_pool(
     )
 
 
+class AutoAttack(Entry):
+    """AutoAttack with the one call shape of every sarjax attack (build with
+    :func:`make_autoattack`).
+
+    Call: ``fn(params, x, y, *, key, mask=None, max_queries=None, sample_ids=None) ->
+    AutoAttackResult`` (``x_adv [B, M, *S]``, ``success [B, M]``, ``queries [B, M]``, ``robust``,
+    the per-stage log). The cascade is host-driven (each stage packs the rows still robust), so
+    there is no jit-safe entry: ``fn.jit`` raises ``TypeError``. AutoAttack evaluates every member
+    on every image with its own fixed budgets, so ``mask`` and ``max_queries`` must be None.
+    """
+
+    def __init__(self, model, *, norm, eps: float, version: str, kwargs: dict):
+        self.model = model
+        self.norm = norm
+        self.eps = eps
+        self.version = version
+        self.kwargs = kwargs
+        self.name = "autoattack"
+        self.__name__ = self.name
+        self.apply = None if hasattr(model, "stacks") else model
+
+    def __call__(self, params, x0, ref, *, key, mask=None, max_queries=None, sample_ids=None, **call):  # pyright: ignore[reportIncompatibleMethodOverride]
+        """Runs the cascade (validated inputs, every returned point audited against ``x0``)."""
+        if key is None:
+            raise TypeError("autoattack: key is required (a jax.random key); sarjax never defaults it")
+        if mask is not None or max_queries is not None:
+            raise ValueError(
+                "autoattack: every member is attacked on every image with AutoAttack's own budgets; "
+                f"mask and max_queries must be None, got mask={mask is not None}, max_queries={max_queries!r}"
+            )
+        kw = {**self.kwargs, **call}
+        if sample_ids is not None:
+            kw["sample_ids"] = sample_ids
+        if self.apply is None:  # a Pool: its own params
+            if params is not None and params is not self.model.params:
+                raise ValueError("autoattack on a Pool: pass the pool's own params (pool.params) or None")
+            return autoattack_pool(
+                self.model, x0, ref, norm=self.norm, eps=self.eps, key=key, version=self.version, **kw
+            )
+        return autoattack(
+            self.apply, params, x0, ref, norm=self.norm, eps=self.eps, key=key, version=self.version, **kw
+        )
+
+    def jit(self, params, x0, ref, *, key, mask=None, **call):
+        """AutoAttack has no jit-safe entry (a host-driven cascade)."""
+        raise TypeError("autoattack: the cascade is host-driven and has no jit-safe entry; call fn(...) instead")
+
+    def __repr__(self) -> str:
+        return f"AutoAttack({self.version}, {self.norm}, eps={self.eps:g})"
+
+
+def make_autoattack(model, *, norm, eps: float, version: str = "standard", **kwargs) -> AutoAttack:
+    """AutoAttack (Croce & Hein, ICML 2020) as an attack entry: ``fn(params, x, y, *, key, ...)``.
+
+    Args:
+      model: ``apply(params, x) -> logits`` (one model ``[B, C]`` or a pool apply ``[M, B, C]``;
+        with ``stacked=True`` in ``kwargs``, one member's apply over stacked params), or a
+        :class:`sarjax.models.pool.Pool` (:func:`autoattack_pool`: stack by stack; call it with
+        ``pool.params`` or None).
+      norm: ``"linf"``, ``"l2"`` or ``"l1"``.
+      eps: the radius (a float > 0).
+      version: ``"standard"`` (default, AutoAttack's), ``"plus"`` or ``"rand"``.
+      **kwargs: the other keywords of :func:`autoattack` / :func:`autoattack_pool`
+        (``batch_size``, ``n_iter``, ``attacks``, ``log``, ``checks``, ``per_member``, ...).
+
+    Returns:
+      An :class:`AutoAttack` entry. Settings are checked when it is called (as
+      :func:`autoattack` does).
+    """
+    return AutoAttack(model, norm=norm, eps=eps, version=version, kwargs=dict(kwargs))
+
+
 __all__ = [
     "ATTACKS",
     "VERSIONS",
+    "AutoAttack",
     "AutoAttackResult",
     "AutoAttackWarning",
     "StageLog",
     "autoattack",
     "autoattack_pool",
+    "make_autoattack",
     "sanity_checks",
     "stages_of",
 ]

@@ -107,3 +107,27 @@ def normalize_cap(max_queries, batch: int, *, name: str | None = None) -> jnp.nd
     if np.any(arr < 0):
         raise ValueError(f"{who}max_queries must be >= 0, got {max_queries!r}")
     return jnp.broadcast_to(jnp.asarray(np.minimum(arr, int(NO_CAP)), jnp.int32), (batch,))
+
+
+def per_member(count: jnp.ndarray, backward: jnp.ndarray | int, mask: jnp.ndarray) -> jnp.ndarray:
+    """Queries per member ``[B, M]`` of a joint attack whose every charge is a forward pass of
+    all ``M`` members plus, for gradient steps, a backward pass of each selected member.
+
+    Such an attack spends ``count = M * F + n_sel * backward`` per sample (``F`` forwards of
+    every member, ``backward`` backwards of each of the ``n_sel`` selected members), so member
+    ``m`` of sample ``b`` was queried ``F + backward * [mask[b, m] > 0]`` times, exactly; the row
+    sums give ``count`` back.
+
+    Args:
+      count: ``[B]`` int32 total queries per sample.
+      backward: ``[B]`` (or scalar) int32 backward passes charged to each selected member.
+      mask: ``[B, M]`` the attack's member mask (fixed for the call).
+
+    Returns:
+      ``[B, M]`` int32.
+    """
+    sel = (jnp.asarray(mask) > 0).astype(jnp.int32)
+    m = sel.shape[-1]
+    backward = jnp.broadcast_to(jnp.asarray(backward, jnp.int32), count.shape)
+    forward = (count - jnp.sum(sel, axis=-1) * backward) // m
+    return forward[:, None] + backward[:, None] * sel

@@ -10,8 +10,8 @@ import jax
 class AttackResult(NamedTuple):
     """Output of an attack on a batch against M members (a pytree of arrays).
 
-    For single-model attacks ``M = 1``; for the per-member mode the leading
-    ``[M]`` axis of inputs is folded in as documented by that entry point.
+    For single-model attacks ``M = 1``. Member mode (:func:`sarjax.attacks.members.make_member_attack`)
+    has the same ``[B, M]`` fields, and per-member points ``x_adv`` / ``best_x`` ``[B, M, *S]``.
 
     Attributes:
       x_adv: ``[B, *S]`` the returned point: for restarts, the final iterate of
@@ -21,8 +21,9 @@ class AttackResult(NamedTuple):
       objective: ``[B]`` float32 attack objective at ``x_adv`` (mean loss over
         the selected members).
       member_loss: ``[B, M]`` float32 each member's loss at ``x_adv``.
-      queries: ``[B]`` int32 queries spent per sample (one forward or backward
-        pass of one member on one sample = 1).
+      queries: ``[B, M]`` int32 queries spent on member m for sample b (one forward or
+        backward pass of one member on one sample = 1); ``queries.sum(-1)`` is the sample's
+        total, which the per-sample cap ``max_queries`` bounds.
       best_x: ``[B, *S]`` best-so-far point over all steps and restarts, ranked
         by the number of selected members fooled, then by objective.
       best_success: ``[B, M]`` bool, success at ``best_x``.

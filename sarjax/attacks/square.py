@@ -536,7 +536,7 @@ def result(cfg: SquareConfig, s: SquareState, params) -> AttackResult:
         success=s.ev.success,
         objective=s.ev.obj,
         member_loss=s.ev.losses,
-        queries=s.count,
+        queries=Q.per_member(s.count, 0, s.problem.mask),  # every charge: one forward of every member
         best_x=s.best.x,
         best_success=s.best.ev.success,
         best_objective=s.best.ev.obj,

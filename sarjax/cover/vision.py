@@ -192,9 +192,12 @@ def make_attack_oracles(
         return Candidates(
             np.asarray(x),
             np.asarray(covered, dtype=bool),
-            np.asarray(res.queries).astype(np.int64),
+            _per_sample(np.asarray(res.queries).astype(np.int64)),
             np.asarray(res.member_loss, dtype=np.float64),
         )
+
+    def _per_sample(q: np.ndarray) -> np.ndarray:
+        return q.sum(axis=-1) if q.ndim == 2 else q  # queries [B, M] per member -> the sample's total
 
     def _call(mask: np.ndarray, k: jax.Array) -> Candidates:
         cp = params if call_params is None else call_params(mask)
@@ -203,7 +206,7 @@ def make_attack_oracles(
         size = next((z for z in sizes if z >= n), b)
         if size == b:  # the whole batch (the unpacked call)
             ids = {} if id_host is None else {"sample_ids": id_host}
-            return _candidates(attack(cp, x0, ref, jnp.asarray(mask, jnp.float32), k, eps=eps, **ids))
+            return _candidates(attack(cp, x0, ref, key=k, mask=jnp.asarray(mask, jnp.float32), eps=eps, **ids))
         x_out = x0_host.copy()
         covered = np.zeros((b, m), bool)
         queries = np.zeros(b, np.int64)
@@ -220,8 +223,8 @@ def make_attack_oracles(
                 cp,
                 jnp.asarray(x0_host[idx]),
                 jnp.asarray(ref_host[idx]),
-                jnp.asarray(sub, jnp.float32),
-                k,
+                key=k,
+                mask=jnp.asarray(sub, jnp.float32),
                 eps=e,
                 sample_ids=id_host[idx],
             )
@@ -302,7 +305,7 @@ def _on_mesh(sharded: Any, attack: Callable) -> Callable:
 
     def call(params: Any, x0: Any, ref: Any, mask: Any, key: jax.Array, **kwargs: Any) -> Any:
         del params  # ShardedPool.attack passes its placed params
-        return sharded.attack(attack, x0, ref, mask, key, **kwargs)
+        return sharded.attack(attack, x0, ref, key=key, mask=mask, **kwargs)
 
     return call
 

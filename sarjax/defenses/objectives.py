@@ -43,7 +43,7 @@ def _perturb(attack, params: Any, x: jax.Array, labels: jax.Array, key: jax.Arra
     """The inner maximisation of every adversarial objective here and in
     :mod:`sarjax.defenses.zoo_objectives`: ``attack``'s jit-safe entry on ``x`` with the params
     held fixed; its ``x_adv [B, *S]``, gradient-free."""
-    res = attack.jit(jax.lax.stop_gradient(params), x, labels, None, key, eps=eps)
+    res = attack.jit(jax.lax.stop_gradient(params), x, labels, key=key, eps=eps)
     return jax.lax.stop_gradient(res.x_adv)
 
 

@@ -159,7 +159,7 @@ class ShardedPool:
         out = [np.argmax(self.logits(np.asarray(x[i : i + batch])), -1) for i in range(0, len(x), batch)]
         return np.concatenate(out, axis=1).astype(np.int32)
 
-    def attack_members(self, factory, x0, labels, key, *, sample_ids=None, **kwargs):
+    def attack_members(self, factory, x0, ref, *, key, sample_ids=None, **kwargs):
         """:func:`sarjax.attacks.members.attack_members` on the sharded pool: every member alone.
 
         The padded pool's stacks are attacked member by member (vmapped, the member axis sharded
@@ -170,42 +170,40 @@ class ShardedPool:
         Args:
           factory: attack factory, e.g. :func:`sarjax.attacks.pgd.make_pgd`.
           x0: ``[B, *S]`` inputs.
-          labels: ``[B]`` or ``[M, B]`` int (the real members' labels).
+          ref: ``[B]`` or ``[B, M]`` int labels (the real members').
           key: PRNG key, required.
           sample_ids: ``[B]`` int (default ``arange(B)``).
-          **kwargs: ``eps`` (scalar or ``[B]``), ``norm``, ``max_queries`` and the factory's
-            hyperparameters, as for ``attack_members``.
+          **kwargs: ``eps`` (scalar or ``[B]``), ``max_queries`` and the factory's
+            hyperparameters (``norm``, ``steps``, ...), as for ``attack_members``.
 
         Returns:
-          AttackResult with ``x_adv [M, B, *S]``, ``success [M, B]``, ``queries [M, B]``, ...
+          AttackResult with the member axis second: ``x_adv [B, M, *S]``, ``success [B, M]``,
+          ``queries [B, M]``, ...
         """
         from sarjax.attacks.members import attack_members
 
         x0 = np.asarray(x0, np.float32)
         b = x0.shape[0]
         ids = np.arange(b, dtype=np.int32) if sample_ids is None else np.asarray(sample_ids)
-        lab = np.asarray(labels)
-        if lab.ndim == 2:  # [M, B]: the padded members (copies of their stack's first) get class 0
-            if lab.shape[0] != self.num_members:
-                raise ValueError(f"labels must be [B] or [M={self.num_members}, B], got shape {lab.shape}")
-            full = np.zeros((self.pool.num_members,) + lab.shape[1:], lab.dtype)
-            full[self.members] = lab
-            lab = full.T  # [B, M_padded]: padded along the batch below
+        lab = np.asarray(ref)
+        if lab.ndim == 2:  # [B, M]: the padded members (copies of their stack's first) get class 0
+            if lab.shape[1] != self.num_members:
+                raise ValueError(f"ref must be [B] or [B, M={self.num_members}], got shape {lab.shape}")
+            full = np.zeros((lab.shape[0], self.pool.num_members), lab.dtype)
+            full[:, self.members] = lab
+            lab = full
         pad = lambda a: place_batch(np.asarray(a), self.mesh)[0]  # noqa: E731
         for k in ("eps", "max_queries"):
             v = kwargs.get(k)
             if v is not None and np.ndim(v) == 1:
                 kwargs[k] = pad(v)
         xs = pad(x0)
-        lab_p = pad(lab)
-        res = attack_members(
-            self.pool, factory, xs, lab_p.T if lab.ndim == 2 else lab_p, key, sample_ids=pad(ids), **kwargs
-        )
+        res = attack_members(self.pool, factory, xs, pad(lab), key=key, sample_ids=pad(ids), **kwargs)
         n = xs.shape[0]
-        return jax.tree.map(lambda a: a[self.members][:, :b] if np.ndim(a) >= 2 and a.shape[1] == n else a, res)
+        return jax.tree.map(lambda a: a[:b][:, self.members] if np.ndim(a) >= 2 and a.shape[0] == n else a, res)
 
-    def attack(self, attack, x0, ref, mask=None, key=None, **kwargs):
-        """Run ``attack(self.params, x0, ref, mask, key, **kwargs)`` with the batch sharded on ``data``.
+    def attack(self, attack, x0, ref, *, key, mask=None, **kwargs):
+        """Run ``attack(self.params, x0, ref, key=key, mask=mask, **kwargs)`` with the batch sharded on ``data``.
 
         ``attack`` must be built on :meth:`apply` (e.g. ``make_joint_pgd(sp.apply, ...)``).  The
         batch is padded to a multiple of the ``data`` axis with copies of its first sample (their
@@ -223,7 +221,7 @@ class ShardedPool:
 
         Returns:
           the attack's result for the ``B`` real samples (for an :class:`AttackResult`:
-          ``x_adv [B, *S]``, ``success [B, M]``, ``queries [B]``, ...).
+          ``x_adv [B, *S]``, ``success [B, M]``, ``queries [B, M]``, ...).
         """
         x0 = np.asarray(x0, np.float32)
         b = x0.shape[0]
@@ -249,6 +247,6 @@ class ShardedPool:
             raise ValueError(f"ref must be [B] or [B, M] with B={b} (the batch), got shape {ref_rows.shape}")
         pad_rows = np.zeros((xs.shape[0] - b,) + ref_rows.shape[1:], ref_rows.dtype)  # class 0: never a bad label
         ref_rows = jax.device_put(np.concatenate([ref_rows, pad_rows]), NamedSharding(self.mesh, P("data")))
-        res = attack(self.params, xs, ref_rows, pad(mask, lambda ndim: ndim == 2), key, **kwargs)
+        res = attack(self.params, xs, ref_rows, key=key, mask=pad(mask, lambda ndim: ndim == 2), **kwargs)
         n = xs.shape[0]
         return jax.tree.map(lambda a: a[:b] if np.ndim(a) and a.shape[0] == n else a, res)

@@ -28,15 +28,16 @@ def test_eot_with_a_key_ignoring_apply_equals_the_deterministic_attack_and_charg
     det = make_pgd(pool_apply, norm="linf", steps=steps, restarts=restarts)
     sto = make_pgd(lambda p, x, k: pool_apply(p, x), norm="linf", steps=steps, restarts=restarts, eot=eot)
     eps = 0.9 * opt
-    a = det(pp, x0, ref, None, jax.random.PRNGKey(0), eps=eps)
-    b = sto(pp, x0, ref, None, jax.random.PRNGKey(0), eps=eps)
+    a = det(pp, x0, ref, key=jax.random.PRNGKey(0), eps=eps)
+    b = sto(pp, x0, ref, key=jax.random.PRNGKey(0), eps=eps)
     # sign steps: the mean of identical gradients has the same sign, so the iterates agree exactly
     np.testing.assert_array_equal(np.asarray(a.x_adv), np.asarray(b.x_adv))
     np.testing.assert_array_equal(np.asarray(a.success), np.asarray(b.success))
     np.testing.assert_allclose(np.asarray(a.objective), np.asarray(b.objective), rtol=1e-6)
     want = eot * (M + restarts * (steps * 2 * M + M))
-    np.testing.assert_array_equal(np.asarray(b.queries), want)
-    np.testing.assert_array_equal(np.asarray(a.queries) * eot, want)
+    np.testing.assert_array_equal(np.asarray(b.queries).sum(-1), want)  # queries [B, M]: the row is the total
+    np.testing.assert_array_equal(np.asarray(b.queries), want // M)  # every member selected: M equal shares
+    np.testing.assert_array_equal(np.asarray(a.queries).sum(-1) * eot, want)
 
 
 def _masked_apply(keep):
@@ -62,11 +63,11 @@ def test_eot_fgsm_follows_the_expected_gradient_where_one_draw_does_not():
     ref = jnp.zeros((B, M), jnp.int32)
     eps = 0.05
     want = np.clip(np.asarray(x0) - eps * np.sign(w), 0.0, 1.0)
-    many = make_fgsm(_masked_apply(0.9), eps=eps, eot=64)(pp, x0, ref, None, jax.random.PRNGKey(7))
+    many = make_fgsm(_masked_apply(0.9), eps=eps, eot=64)(pp, x0, ref, key=jax.random.PRNGKey(7))
     np.testing.assert_allclose(np.asarray(many.x_adv), want, atol=1e-6)
     # one draw (a fixed key, so a deterministic apply) does not follow the expected gradient
     one_draw = make_fgsm(lambda p, x: _masked_apply(0.9)(p, x, jax.random.PRNGKey(11)), eps=eps)(
-        pp, x0, ref, None, jax.random.PRNGKey(7)
+        pp, x0, ref, key=jax.random.PRNGKey(7)
     )
     flipped = np.mean(np.abs(np.asarray(one_draw.x_adv) - want) > 1e-6)
     assert 0.02 < flipped < 0.3, flipped
@@ -89,7 +90,7 @@ def test_eot_success_needs_every_draw():
         add = jnp.stack([jnp.array([0.0, 1.0, 0, 0]) * bonus, jnp.array([0.0, 1e3, 0, 0]), jnp.zeros(4)])
         return z + add[:, None, :]
 
-    res = make_pgd(coin, norm="linf", steps=1, eot=16)(pp, x0, ref, None, jax.random.PRNGKey(0), eps=0.0)
+    res = make_pgd(coin, norm="linf", steps=1, eot=16)(pp, x0, ref, key=jax.random.PRNGKey(0), eps=0.0)
     np.testing.assert_array_equal(np.asarray(res.x_adv), np.asarray(x0))
     np.testing.assert_array_equal(np.asarray(res.success), np.tile([False, True, False], (B, 1)))
     # the loss of the coin member is the mean over draws: between the heads and tails values
@@ -106,7 +107,7 @@ def test_eot_rounds_stay_in_the_ball_of_the_original_input():
     ref = jnp.zeros((B, M), jnp.int32)
     eps = 0.5 * opt
     inner = make_joint_pgd(_masked_apply(0.9), steps=4, restarts=1, eot=4)
-    res = make_rounds(inner, 5, norm="linf")(pp, x0, ref, None, jax.random.PRNGKey(2), eps=eps)
+    res = make_rounds(inner, 5, norm="linf")(pp, x0, ref, key=jax.random.PRNGKey(2), eps=eps)
     rep = audit(x0, res.x_adv, Threat("linf", np.asarray(eps)))
     assert rep.ok and np.all(rep.norm <= np.asarray(eps) * (1 + 1e-6)), rep.norm
     assert not bool(jnp.any(res.success))  # 0.5x the optimum cannot succeed
@@ -120,7 +121,7 @@ def test_eot_argument_is_validated():
     attack = make_pgd(lambda p, x, k: pool_apply(p, x), steps=1, eot=4)
     with pytest.raises(ValueError, match="eot \\* M = 4 \\* 3"):
         attack(
-            _pool(params), x0, jnp.zeros((2, M), jnp.int32), None, jax.random.PRNGKey(0), eps=0.1, max_queries=4 * M - 1
+            _pool(params), x0, jnp.zeros((2, M), jnp.int32), key=jax.random.PRNGKey(0), eps=0.1, max_queries=4 * M - 1
         )
 
 
@@ -143,8 +144,8 @@ def test_eot_apgd_with_a_key_ignoring_apply_equals_the_deterministic_attack():
         (1, lambda a, **k: make_apgd(a, n_iter=n_iter, **k)),
         (2, lambda a, **k: make_apgd_t(a, n_iter=n_iter, n_targets=2, **k)),
     ):
-        det = factory(pool_apply)(pp, x0, ref, None, jax.random.PRNGKey(1), eps=eps)
-        sto = factory(lambda p, x, k: pool_apply(p, x), eot=eot)(pp, x0, ref, None, jax.random.PRNGKey(1), eps=eps)
+        det = factory(pool_apply)(pp, x0, ref, key=jax.random.PRNGKey(1), eps=eps)
+        sto = factory(lambda p, x, k: pool_apply(p, x), eot=eot)(pp, x0, ref, key=jax.random.PRNGKey(1), eps=eps)
         np.testing.assert_allclose(np.asarray(sto.x_adv), np.asarray(det.x_adv), atol=1e-6)
         np.testing.assert_array_equal(np.asarray(sto.success), np.asarray(det.success))
         np.testing.assert_allclose(np.asarray(sto.objective), np.asarray(det.objective), rtol=1e-5, atol=1e-6)
@@ -163,12 +164,12 @@ def test_eot_apgd_on_a_stochastic_pool_stays_in_the_ball_and_charges_every_draw(
     pp = _pool(params)
     ref = jnp.zeros((B, M), jnp.int32)
     eps = np.asarray(1.5 * opt, np.float32)
-    res = make_apgd(_masked_apply(0.95), n_iter=20, eot=8)(pp, x0, ref, None, jax.random.PRNGKey(3), eps=eps)
+    res = make_apgd(_masked_apply(0.95), n_iter=20, eot=8)(pp, x0, ref, key=jax.random.PRNGKey(3), eps=eps)
     assert audit(x0, res.x_adv, Threat("linf", eps)).ok
     assert res.success.shape == (B, M)
     # clean evaluation M, the starting gradient and 20 iterations of M forwards + M backwards, and
     # the re-evaluation of the best point, per draw
-    np.testing.assert_array_equal(np.asarray(res.queries), 8 * (M + 21 * 2 * M + M))
+    np.testing.assert_array_equal(np.asarray(res.queries).sum(-1), 8 * (M + 21 * 2 * M + M))
 
 
 def test_with_input_noise_known_answers():
@@ -188,7 +189,7 @@ def test_with_input_noise_known_answers():
     z1, z2 = noisy(pp, x0, jax.random.PRNGKey(1)), noisy(pp, x0, jax.random.PRNGKey(2))
     assert not np.allclose(np.asarray(z1), np.asarray(z2))  # it is stochastic
     eps = 0.04
-    res = make_fgsm(noisy, eps=eps, eot=8)(pp, x0, jnp.zeros((B, M), jnp.int32), None, jax.random.PRNGKey(3))
+    res = make_fgsm(noisy, eps=eps, eot=8)(pp, x0, jnp.zeros((B, M), jnp.int32), key=jax.random.PRNGKey(3))
     np.testing.assert_allclose(np.asarray(res.x_adv), np.clip(np.asarray(x0) - eps * np.sign(w), 0, 1), atol=1e-6)
     for bad in (-0.1, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="sigma must be finite"):
@@ -207,13 +208,13 @@ def test_eot_in_single_model_mode_over_members():
     params2, _, _ = binary_problem("linf", B, seed=14)
     stacked = jax.tree.map(lambda a, b: jnp.stack([a, b]), params, params2)
     eps = 0.03
-    fn = make_member_attack(with_input_noise(affine_apply, 0.05, clip=False), make_fgsm, norm="linf", eot=4)
-    res = fn(stacked, x0, jnp.zeros((B,), jnp.int32), jax.random.PRNGKey(0), eps=eps)
-    assert res.x_adv.shape == (2,) + x0.shape
+    fn = make_member_attack(make_fgsm(with_input_noise(affine_apply, 0.05, clip=False), norm="linf", eot=4))
+    res = fn(stacked, x0, jnp.zeros((B,), jnp.int32), key=jax.random.PRNGKey(0), eps=eps)
+    assert res.x_adv.shape == (B, 2) + x0.shape[1:]
     for k, p in enumerate((params, params2)):
         w = np.asarray(p["W"][:, 0] - p["W"][:, 1])
         np.testing.assert_allclose(
-            np.asarray(res.x_adv[k]), np.clip(np.asarray(x0) - eps * np.sign(w), 0, 1), atol=1e-6
+            np.asarray(res.x_adv[:, k]), np.clip(np.asarray(x0) - eps * np.sign(w), 0, 1), atol=1e-6
         )
     np.testing.assert_array_equal(np.asarray(res.queries), 4 * (1 + 2 + 1))  # clean, step (fwd+bwd), final
 
@@ -232,9 +233,9 @@ def test_eot_query_caps_are_never_exceeded():
     apgd = make_apgd(noisy, n_iter=6, eot=eot)
     for cap in (eot * M, eot * M + 5, eot * (M + 2 * M + M), eot * (M + 4 * 2 * M + M) + 1, 10_000):
         for attack in (pgd, apgd):
-            res = attack(pp, x0, ref, None, jax.random.PRNGKey(4), eps=0.5 * opt, max_queries=cap)
-            assert np.all(np.asarray(res.queries) <= cap), (cap, np.asarray(res.queries))
+            res = attack(pp, x0, ref, key=jax.random.PRNGKey(4), eps=0.5 * opt, max_queries=cap)
+            assert np.all(np.asarray(res.queries).sum(-1) <= cap), (cap, np.asarray(res.queries))
     # PGD: clean + 2 steps + final fit exactly
     exact = eot * (M + 2 * 2 * M + M)
-    res = pgd(pp, x0, ref, None, jax.random.PRNGKey(4), eps=0.5 * opt, max_queries=exact)
-    np.testing.assert_array_equal(np.asarray(res.queries), exact)
+    res = pgd(pp, x0, ref, key=jax.random.PRNGKey(4), eps=0.5 * opt, max_queries=exact)
+    np.testing.assert_array_equal(np.asarray(res.queries).sum(-1), exact)

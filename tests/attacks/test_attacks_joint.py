@@ -47,14 +47,14 @@ def test_joint_pgd_breaks_every_member_with_one_input():
     ref = jnp.zeros((B, M), jnp.int32)  # every member predicts class 0 on x0
     assert bool(jnp.all(jnp.argmax(pool_apply(params, x0), -1) == 0))
     attack = make_joint_pgd(pool_apply)
-    res = attack(params, x0, ref, jnp.ones((B, M)), jax.random.PRNGKey(0), eps=eps)
+    res = attack(params, x0, ref, key=jax.random.PRNGKey(0), mask=jnp.ones((B, M)), eps=eps)
     assert res.success.shape == (B, M) and res.member_loss.shape == (B, M)
     assert bool(jnp.all(res.success)), np.asarray(res.success)
     # one input per sample: re-evaluating x_adv on the pool shows every member fooled
     z = pool_apply(params, res.x_adv)
     assert bool(jnp.all(jnp.argmax(z, -1) != 0))
     # with 0.9x the smallest member's distance no member can be fooled
-    res_lo = attack(params, x0, ref, jnp.ones((B, M)), jax.random.PRNGKey(0), eps=0.9 * need.min(axis=1))
+    res_lo = attack(params, x0, ref, key=jax.random.PRNGKey(0), mask=jnp.ones((B, M)), eps=0.9 * need.min(axis=1))
     assert not bool(jnp.any(res_lo.success))
 
 
@@ -66,10 +66,10 @@ def test_mask_changes_do_not_recompile_and_select_members():
     ref = jnp.zeros((B, M), jnp.int32)
     eps = 0.5 * need.min(axis=1)
     masks = [np.ones((B, M)), np.eye(B, M), np.zeros((B, M)), (np.arange(M) % 2 == 0)[None].repeat(B, 0)]
-    results = [attack(params, x0, ref, jnp.asarray(masks[0], jnp.float32), jax.random.PRNGKey(2), eps=eps)]
+    results = [attack(params, x0, ref, key=jax.random.PRNGKey(2), mask=jnp.asarray(masks[0], jnp.float32), eps=eps)]
     n_after_first = len(traces)
     for mask in masks[1:]:
-        results.append(attack(params, x0, ref, jnp.asarray(mask, jnp.float32), jax.random.PRNGKey(2), eps=eps))
+        results.append(attack(params, x0, ref, key=jax.random.PRNGKey(2), mask=jnp.asarray(mask, jnp.float32), eps=eps))
     assert len(traces) == n_after_first > 0, "a new mask re-traced the kernel"
     # the objective is the mean loss of the selected members only
     for mask, res in zip(masks, results):
@@ -78,7 +78,7 @@ def test_mask_changes_do_not_recompile_and_select_members():
         np.testing.assert_allclose(np.asarray(res.objective), want, rtol=1e-5, atol=1e-6)
     # an all-zero mask (a covered sample) takes no step and only pays the clean evaluation
     np.testing.assert_array_equal(np.asarray(results[2].x_adv), np.asarray(x0))
-    np.testing.assert_array_equal(np.asarray(results[2].queries), np.full(B, M))
+    np.testing.assert_array_equal(np.asarray(results[2].queries), np.ones((B, M)))  # one forward per member
 
 
 def test_query_count_is_exact_and_cap_freezes_samples():
@@ -89,18 +89,21 @@ def test_query_count_is_exact_and_cap_freezes_samples():
     n_sel = np.asarray(mask).sum(1).astype(int)
     eps = 0.8 * need.min(axis=1)
     attack = make_pgd(counting_apply, norm="linf", steps=steps, restarts=restarts)
-    res = attack(params, x0, ref, mask, jax.random.PRNGKey(3), eps=eps)
+    res = attack(params, x0, ref, key=jax.random.PRNGKey(3), mask=mask, eps=eps)
     # clean evaluation M + per restart: steps x (M forwards + n_sel backwards) + final M forwards
     want = M + restarts * (steps * (M + n_sel) + M)
-    np.testing.assert_array_equal(np.asarray(res.queries), want)
+    np.testing.assert_array_equal(np.asarray(res.queries).sum(-1), want)
+    # per member: its forwards (clean, every step, every final) and a backward per step where selected
+    per_member = 1 + restarts * (steps * (1 + np.asarray(mask)) + 1)
+    np.testing.assert_array_equal(np.asarray(res.queries), per_member)
 
     # a cap that allows exactly 2 steps of the first restart (and no second restart)
     # reproduces the 2-step, 1-restart attack
     short = make_pgd(pool_apply, norm="linf", steps=2, restarts=1)
     cap = M + 2 * (M + n_sel) + M
-    capped = attack(params, x0, ref, mask, jax.random.PRNGKey(3), eps=eps, max_queries=cap)
-    ref_run = short(params, x0, ref, mask, jax.random.PRNGKey(3), eps=eps)
-    assert np.all(np.asarray(capped.queries) <= cap)
+    capped = attack(params, x0, ref, key=jax.random.PRNGKey(3), mask=mask, eps=eps, max_queries=cap)
+    ref_run = short(params, x0, ref, key=jax.random.PRNGKey(3), mask=mask, eps=eps)
+    assert np.all(np.asarray(capped.queries).sum(-1) <= cap)
     np.testing.assert_array_equal(np.asarray(capped.queries), np.asarray(ref_run.queries))
     np.testing.assert_array_equal(np.asarray(capped.x_adv), np.asarray(ref_run.x_adv))
 
@@ -113,9 +116,9 @@ def test_cap_below_the_clean_evaluation_is_refused():
     ref = jnp.zeros((B, M), jnp.int32)
     attack = make_pgd(pool_apply, norm="linf", steps=2)
     with pytest.raises(ValueError, match=f"max_queries must be >= M = {M}"):
-        attack(params, x0, ref, None, jax.random.PRNGKey(0), eps=0.1, max_queries=M - 1)
-    ok = attack(params, x0, ref, None, jax.random.PRNGKey(0), eps=0.1, max_queries=M)
-    np.testing.assert_array_equal(np.asarray(ok.queries), M)  # only the clean evaluation fits
+        attack(params, x0, ref, key=jax.random.PRNGKey(0), eps=0.1, max_queries=M - 1)
+    ok = attack(params, x0, ref, key=jax.random.PRNGKey(0), eps=0.1, max_queries=M)
+    np.testing.assert_array_equal(np.asarray(ok.queries), 1)  # only the clean evaluation (one per member) fits
     np.testing.assert_array_equal(np.asarray(ok.x_adv), np.asarray(x0))
 
 
@@ -144,7 +147,9 @@ def test_joint_pgd_on_a_heterogeneous_pool_reports_consistent_success():
     x0 = jax.random.uniform(jax.random.PRNGKey(2), (3, 6, 6, 1))
     ref = jnp.argmax(pool.logits(x0), -1).T.astype(jnp.int32)  # [B, M] own predictions
     mask = jnp.asarray([[1, 1, 1, 1, 1], [0, 1, 0, 1, 0], [1, 0, 0, 0, 0]], jnp.float32)
-    res = make_joint_pgd(pool.apply, steps=4, restarts=2)(pool.params, x0, ref, mask, jax.random.PRNGKey(3), eps=0.3)
+    res = make_joint_pgd(pool.apply, steps=4, restarts=2)(
+        pool.params, x0, ref, key=jax.random.PRNGKey(3), mask=mask, eps=0.3
+    )
     for x, succ in ((res.x_adv, res.success), (res.best_x, res.best_success)):
         pred = np.asarray(jnp.argmax(pool.logits(x), -1)).T  # [B, M]
         np.testing.assert_array_equal(np.asarray(succ), pred != np.asarray(ref))
@@ -170,17 +175,18 @@ def test_labels_b_are_shared_by_every_member_of_a_pool_apply():
         make_apgd(pool_apply, norm="linf", n_iter=steps),
         make_square(pool_apply, n_queries=steps),
     ):
-        shared = attack(params, x0, y, None, jax.random.PRNGKey(5), eps=eps)
-        explicit = attack(params, x0, y_bm, None, jax.random.PRNGKey(5), eps=eps)
+        shared = attack(params, x0, y, key=jax.random.PRNGKey(5), eps=eps)
+        explicit = attack(params, x0, y_bm, key=jax.random.PRNGKey(5), eps=eps)
         assert shared.success.shape == (B, M)
         np.testing.assert_array_equal(np.asarray(shared.x_adv), np.asarray(explicit.x_adv))
         np.testing.assert_array_equal(np.asarray(shared.queries), np.asarray(explicit.queries))
     pgd = make_pgd(pool_apply, norm="linf", steps=steps, restarts=1)
-    res = pgd(params, x0, y, None, jax.random.PRNGKey(5), eps=eps)
-    np.testing.assert_array_equal(np.asarray(res.queries), M + steps * 2 * M + M)
+    res = pgd(params, x0, y, key=jax.random.PRNGKey(5), eps=eps)
+    np.testing.assert_array_equal(np.asarray(res.queries).sum(-1), M + steps * 2 * M + M)
+    np.testing.assert_array_equal(np.asarray(res.queries), 1 + steps * 2 + 1)  # each member alike
     one = {"W": params["W"][0], "b": params["b"][0]}
     single = make_pgd(affine_apply, norm="linf", steps=steps, restarts=1)(
-        one, x0, y, None, jax.random.PRNGKey(5), eps=eps
+        one, x0, y, key=jax.random.PRNGKey(5), eps=eps
     )
     assert single.success.shape == (B, 1)
     np.testing.assert_array_equal(np.asarray(single.queries), 1 + steps * 2 + 1)

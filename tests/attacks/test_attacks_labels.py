@@ -76,11 +76,11 @@ def test_gradient_attacks_reject_out_of_range_labels(make, kw):
     atk = make(pool_apply, eps=1e-9, **kw)
     params, x = _affine_pool_params(), _x()
     with pytest.raises(ValueError, match=MSG):
-        atk(params, x, BAD, None, KEY)
+        atk(params, x, BAD, key=KEY)
     with pytest.raises(ValueError, match=MSG):
-        atk(params, x, jnp.asarray(BAD)[:, None] * jnp.ones((1, 2), jnp.int32), None, KEY)  # [B, M] refs
+        atk(params, x, jnp.asarray(BAD)[:, None] * jnp.ones((1, 2), jnp.int32), key=KEY)  # [B, M] refs
     with pytest.raises(ValueError, match=r"labels out of range \[0, C=4\): samples \[2\] have \[12\]"):
-        atk(params, x, np.array([0, 1, 12, 3]), np.array([True, False]), KEY)  # masked members too
+        atk(params, x, np.array([0, 1, 12, 3]), key=KEY, mask=np.array([True, False]))  # masked members too
 
 
 def test_targeted_attacks_name_targets():
@@ -91,35 +91,35 @@ def test_targeted_attacks_name_targets():
         make_square(pool_apply, eps=0.1, n_queries=2, targeted=True),
     ):
         with pytest.raises(ValueError, match=r"targets out of range \[0, C=4\): samples \[0, 1, 3\]"):
-            atk(params, x.reshape(B, 2, 2, 2), BAD, None, KEY)
+            atk(params, x.reshape(B, 2, 2, 2), BAD, key=KEY)
 
 
 def test_square_rejects_out_of_range_labels():
     with pytest.raises(ValueError, match=MSG):
-        make_square(pool_apply, eps=0.1, n_queries=2)(_affine_pool_params(), _x().reshape(B, 2, 2, 2), BAD, None, KEY)
+        make_square(pool_apply, eps=0.1, n_queries=2)(_affine_pool_params(), _x().reshape(B, 2, 2, 2), BAD, key=KEY)
 
 
 def test_single_model_and_eot_attacks_reject_out_of_range_labels():
     params = {"W": _affine_pool_params()["W"][0], "b": jnp.zeros((C,), jnp.float32)}
     with pytest.raises(ValueError, match=MSG):
-        make_pgd(affine_apply, eps=1e-9, steps=2)(params, _x(), BAD, None, KEY)
+        make_pgd(affine_apply, eps=1e-9, steps=2)(params, _x(), BAD, key=KEY)
     noisy = lambda p, x, k: affine_apply(p, x + 0.0 * jax.random.normal(k, x.shape))  # noqa: E731
     with pytest.raises(ValueError, match=MSG):
-        make_pgd(noisy, eps=0.1, steps=2, eot=2)(params, _x(), BAD, None, KEY)
+        make_pgd(noisy, eps=0.1, steps=2, eot=2)(params, _x(), BAD, key=KEY)
 
 
 def test_rounds_and_member_modes_reject_out_of_range_labels():
     params, x = _affine_pool_params(), _x()
     with pytest.raises(ValueError, match=MSG):
         make_rounds(make_pgd(pool_apply, steps=2), 2, norm="linf")(params, x, BAD, key=KEY, eps=0.1)
-    member = make_member_attack(affine_apply, make_pgd, steps=2)
+    member = make_member_attack(make_pgd(affine_apply, steps=2))
     with pytest.raises(ValueError, match=MSG):
         member(params, x, BAD, key=KEY, eps=0.1)
-    per_member = np.array([[0, 1, 2, 3], [0, 5, 2, 3]])  # [K, B]: member 1 has 5 for sample 1
+    per_member = np.array([[0, 1, 2, 3], [0, 5, 2, 3]]).T  # [B, K]: member 1 has 5 for sample 1
     with pytest.raises(ValueError, match=r"samples \[1\] have \[5\]"):
-        member(params, x, per_member, KEY, eps=0.1)
+        member(params, x, per_member, key=KEY, eps=0.1)
     with pytest.raises(ValueError, match=r"targets out of range \[0, C=4\): samples \[0, 1, 3\]"):
-        make_member_attack(affine_apply, make_pgd, steps=2, targeted=True)(params, x, BAD, key=KEY, eps=0.1)
+        make_member_attack(make_pgd(affine_apply, steps=2, targeted=True))(params, x, BAD, key=KEY, eps=0.1)
 
 
 def _mlp_pool(m=2, classes=4):
@@ -134,12 +134,12 @@ def test_pool_entries_reject_out_of_range_labels():
     pool = _mlp_pool()
     x = np.asarray(_x()).reshape(B, 2, 2, 2)
     with pytest.raises(ValueError, match=MSG):
-        attack_members(pool, make_pgd, x, BAD, KEY, eps=0.1, steps=2)
+        attack_members(pool, make_pgd, x, BAD, key=KEY, eps=0.1, steps=2)
     sp = ShardedPool(pool, make_mesh(1, 1))
     with pytest.raises(ValueError, match=MSG):
         sp.attack(make_joint_pgd(sp.apply, eps=0.1, steps=2), x, BAD, key=KEY)
     with pytest.raises(ValueError, match=r"ref must be \[B\] or \[B, M\] with B=4"):
-        sp.attack(make_joint_pgd(sp.apply, eps=0.1, steps=2), x, BAD[:3])
+        sp.attack(make_joint_pgd(sp.apply, eps=0.1, steps=2), x, BAD[:3], key=KEY)
 
 
 def test_minimum_norm_attacks_share_the_validator():
@@ -158,8 +158,8 @@ def test_sample_ids_are_validated():
     atk = make_pgd(pool_apply, eps=0.1, steps=2)
     params, x, y = _affine_pool_params(), _x(), np.zeros(B, np.int32)
     with pytest.raises(ValueError, match=r"sample_ids must have shape \[4\]"):
-        atk(params, x, y, None, KEY, sample_ids=np.arange(3))
+        atk(params, x, y, key=KEY, sample_ids=np.arange(3))
     with pytest.raises(ValueError, match=r"sample_ids must lie in \[0, 2\*\*31\): samples \[1\] have \[-2\]"):
-        atk(params, x, y, None, KEY, sample_ids=np.array([0, -2, 1, 2]))
+        atk(params, x, y, key=KEY, sample_ids=np.array([0, -2, 1, 2]))
     with pytest.raises(TypeError, match="sample_ids must be int"):
-        atk(params, x, y, None, KEY, sample_ids=np.arange(4.0))
+        atk(params, x, y, key=KEY, sample_ids=np.arange(4.0))

@@ -26,10 +26,22 @@ def test_member_mode_matches_analytic_distances():
     eps = np.median(dist, axis=0)
     eps = np.where(np.min(np.abs(dist / eps - 1), axis=0) < 0.02, eps * 1.05, eps)  # keep 2% clear
     params = {"W": jnp.asarray(W, jnp.float32), "b": jnp.asarray(b, jnp.float32)}
-    attack = make_member_attack(affine_apply, make_fgsm, norm="linf")
-    res = attack(params, jnp.asarray(x0), jnp.zeros((B,), jnp.int32), jax.random.PRNGKey(0), eps=eps)
-    assert res.success.shape == (K, B) and res.x_adv.shape == (K, B, D)
-    np.testing.assert_array_equal(np.asarray(res.success), dist < eps[None])
+    attack = make_member_attack(make_fgsm(affine_apply, norm="linf"))
+    res = attack(params, jnp.asarray(x0), jnp.zeros((B,), jnp.int32), key=jax.random.PRNGKey(0), eps=eps)
+    assert res.success.shape == (B, K) and res.x_adv.shape == (B, K, D) and res.queries.shape == (B, K)
+    np.testing.assert_array_equal(np.asarray(res.success), (dist < eps[None]).T)
+    np.testing.assert_array_equal(np.asarray(res.queries), 4)  # per member: clean, one step (fwd + bwd), final
+    # the jit-safe entry gives the same result
+    again = jax.jit(lambda p, x: attack.jit(p, x, jnp.zeros((B,), jnp.int32), key=jax.random.PRNGKey(0), eps=eps))(
+        params, jnp.asarray(x0)
+    )
+    np.testing.assert_array_equal(np.asarray(again.x_adv), np.asarray(res.x_adv))
+    # a member outside the mask is not attacked: x0 back, no success, no query
+    masked = attack(params, jnp.asarray(x0), jnp.zeros((B,), jnp.int32), key=jax.random.PRNGKey(0), eps=eps,
+                    mask=np.array([True, False, True, True]))  # fmt: skip
+    np.testing.assert_array_equal(np.asarray(masked.x_adv[:, 1]), x0)
+    assert not np.asarray(masked.success[:, 1]).any()
+    np.testing.assert_array_equal(np.asarray(masked.success[:, [0, 2, 3]]), np.asarray(res.success[:, [0, 2, 3]]))
     assert 0 < np.asarray(res.success).mean() < 1  # the test separates members
 
 
@@ -55,13 +67,13 @@ def test_attack_members_reuses_its_compiled_kernel_across_eps():
     x0 = jnp.asarray(rng.uniform(0.3, 0.7, (B, D)), jnp.float32)
     lab = jnp.zeros((B,), jnp.int32)
     _TRACES.clear()
-    r1 = attack_members(pool, make_pgd, x0, lab, jax.random.PRNGKey(0), eps=0.05, steps=3)
+    r1 = attack_members(pool, make_pgd, x0, lab, key=jax.random.PRNGKey(0), eps=0.05, steps=3)
     n_first = len(_TRACES)
     assert n_first > 0
-    r2 = attack_members(pool, make_pgd, x0, lab, jax.random.PRNGKey(0), eps=0.1, steps=3)
+    r2 = attack_members(pool, make_pgd, x0, lab, key=jax.random.PRNGKey(0), eps=0.1, steps=3)
     assert len(_TRACES) == n_first, "a second eps re-traced the member attack"
-    d1 = np.abs(np.asarray(r1.x_adv) - np.asarray(x0)).max()
-    d2 = np.abs(np.asarray(r2.x_adv) - np.asarray(x0)).max()
+    d1 = np.abs(np.asarray(r1.x_adv) - np.asarray(x0)[:, None]).max()  # x_adv [B, K, D]
+    d2 = np.abs(np.asarray(r2.x_adv) - np.asarray(x0)[:, None]).max()
     assert d1 <= 0.05 * (1 + 1e-6) and 0.05 < d2 <= 0.1 * (1 + 1e-6)  # the new eps took effect
-    attack_members(pool, make_pgd, x0, lab, jax.random.PRNGKey(0), eps=0.1, steps=4)
+    attack_members(pool, make_pgd, x0, lab, key=jax.random.PRNGKey(0), eps=0.1, steps=4)
     assert len(_TRACES) > n_first  # other hyperparameters build another kernel

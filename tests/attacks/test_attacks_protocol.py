@@ -100,7 +100,7 @@ def test_jit_entry_inside_user_jit_compiles_once_and_equals_public_entry(name):
     @jax.jit
     def user_step(params, x0, mask, key, eps, cap):  # e.g. a training step's inner maximisation
         traces.append(1)
-        res = fn.jit(params, x0, ref, mask, key, eps=eps, max_queries=cap)
+        res = fn.jit(params, x0, ref, key=key, mask=mask, eps=eps, max_queries=cap)
         return res, jnp.mean(res.objective)
 
     rng = np.random.default_rng(0)
@@ -110,10 +110,10 @@ def test_jit_entry_inside_user_jit_compiles_once_and_equals_public_entry(name):
         eps = jnp.asarray(rng.uniform(0.02, 0.2, B), jnp.float32)
         cap = jnp.asarray(rng.integers(3 * M, 60, B), jnp.int32)
         got, _ = user_step(params, x0, mask, key, eps, cap)
-        want = fn(params, x0, ref, mask, key, eps=eps, max_queries=cap)  # validated + audited entry
+        want = fn(params, x0, ref, key=key, mask=mask, eps=eps, max_queries=cap)  # validated + audited entry
         for f in AttackResult._fields:
             np.testing.assert_array_equal(np.asarray(getattr(got, f)), np.asarray(getattr(want, f)), err_msg=f)
-        assert np.all(np.asarray(got.queries) <= np.asarray(cap))
+        assert np.all(np.asarray(got.queries).sum(-1) <= np.asarray(cap))  # queries [B, M]: the cap bounds the row
     assert len(traces) == 1  # new eps, masks, keys and caps never retrace
 
 
@@ -136,8 +136,8 @@ def test_public_entry_audits_a_broken_state_machine():
     )
     x0, ref, key = jnp.full((2, 3), 0.5), jnp.zeros((2,), jnp.int32), jax.random.PRNGKey(0)
     with pytest.raises(ValueError, match=r"bad \(x_adv\) output failed the bound audit: 2/2 samples"):
-        fn(None, x0, ref, None, key)
-    res = fn.jit(None, x0, ref, None, key)  # the jit-safe entry does not audit
+        fn(None, x0, ref, key=key)
+    res = fn.jit(None, x0, ref, key=key)  # the jit-safe entry does not audit
     np.testing.assert_allclose(np.asarray(res.x_adv), 0.6)
 
 
@@ -146,12 +146,14 @@ def test_key_is_required_everywhere():
     params = pool_params
     ref = jnp.zeros((B,), jnp.int32)
     fn = make_pgd(pool_apply, eps=0.1, steps=1)
-    with pytest.raises(TypeError, match="key is required"):
-        fn(params, x0, ref)
-    with pytest.raises(TypeError, match="key is required"):
-        fn.jit(params, x0, ref, None)
-    with pytest.raises(TypeError, match="key is required"):
-        make_rounds(fn, 2, norm="linf")(params, x0, ref, eps=0.1)
+    # keyword-only and required: Python's own TypeError names it; an explicit None is refused too
+    for entry in (fn, fn.jit, make_rounds(fn, 2, norm="linf")):
+        with pytest.raises(TypeError, match="required keyword-only argument: 'key'"):
+            entry(params, x0, ref, eps=0.1)
+        with pytest.raises(TypeError, match="key is required"):
+            entry(params, x0, ref, key=None, eps=0.1)
+    with pytest.raises(TypeError, match="positional"):
+        fn(params, x0, ref, None, jax.random.PRNGKey(0), eps=0.1)  # the former positional mask / key
 
     class _Stack:
         class arch:
@@ -164,7 +166,7 @@ def test_key_is_required_everywhere():
         stacks = (_Stack,)
 
     with pytest.raises(TypeError, match="key is required"):
-        attack_members(_Pool, make_pgd, x0, ref, eps=0.1, steps=1)
+        attack_members(_Pool, make_pgd, x0, ref, key=None, eps=0.1, steps=1)
 
 
 @pytest.mark.parametrize("scale,fooled_all", [(1.02, True), (0.98, False)])
@@ -177,12 +179,12 @@ def test_docs_example_attack_known_answer(scale, fooled_all):
     steps = 5
     fn = make_bim(affine_apply, steps=steps)
     key = jax.random.PRNGKey(0)
-    res = fn(params, x0, jnp.zeros((6,), jnp.int32), None, key, eps=eps)
+    res = fn(params, x0, jnp.zeros((6,), jnp.int32), key=key, eps=eps)
     np.testing.assert_allclose(np.asarray(res.x_adv), np.asarray(x0) - eps[:, None] * np.sign(w), atol=1e-5)
     assert np.all(np.asarray(res.success)[:, 0] == fooled_all)
     assert np.all(np.asarray(res.queries) == steps * 2 + 1)
-    again = jax.jit(lambda p, x, e: fn.jit(p, x, jnp.zeros((6,), jnp.int32), None, key, eps=e))(params, x0, eps)
+    again = jax.jit(lambda p, x, e: fn.jit(p, x, jnp.zeros((6,), jnp.int32), key=key, eps=e))(params, x0, eps)
     np.testing.assert_array_equal(np.asarray(again.x_adv), np.asarray(res.x_adv))
     # a cap of 4 queries: the first step fits (its 2 + the final evaluation's 1), the second does not
-    capped = fn(params, x0, jnp.zeros((6,), jnp.int32), None, key, eps=eps, max_queries=4)
+    capped = fn(params, x0, jnp.zeros((6,), jnp.int32), key=key, eps=eps, max_queries=4)
     assert np.all(np.asarray(capped.queries) == 3)

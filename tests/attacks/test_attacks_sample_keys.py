@@ -52,7 +52,13 @@ ATTACKS = {
 def _call(atk, rows, ids):
     """The attack on the rows ``rows`` of the 8 samples, with sample ids ``ids`` (None: default)."""
     res = atk(
-        POOL.params, X[rows], Y[rows], MASK[rows], KEY, eps=EPS[rows], **({} if ids is None else {"sample_ids": ids})
+        POOL.params,
+        X[rows],
+        Y[rows],
+        key=KEY,
+        mask=MASK[rows],
+        eps=EPS[rows],
+        **({} if ids is None else {"sample_ids": ids}),
     )
     return {k: np.asarray(getattr(res, k)) for k in ("x_adv", "success", "queries", "best_x")}
 
@@ -98,10 +104,10 @@ def _same_point(a, b, err_msg=""):
 def test_member_mode_follows_sample_ids():
     # attack_members: member m, sample b draws fold_in(fold_in(fold_in(key, stack), m), sample_ids[b])
     kw = dict(eps=0.2, steps=2, restarts=1)
-    whole = attack_members(POOL, make_pgd, X, Y[:, 0], KEY, **kw)
-    part = attack_members(POOL, make_pgd, X[5:], Y[5:, 0], KEY, sample_ids=np.arange(5, B), **kw)
-    np.testing.assert_array_equal(np.asarray(part.x_adv), np.asarray(whole.x_adv)[:, 5:])
-    np.testing.assert_array_equal(np.asarray(part.queries), np.asarray(whole.queries)[:, 5:])
+    whole = attack_members(POOL, make_pgd, X, Y[:, 0], key=KEY, **kw)
+    part = attack_members(POOL, make_pgd, X[5:], Y[5:, 0], key=KEY, sample_ids=np.arange(5, B), **kw)
+    np.testing.assert_array_equal(np.asarray(part.x_adv), np.asarray(whole.x_adv)[5:])
+    np.testing.assert_array_equal(np.asarray(part.queries), np.asarray(whole.queries)[5:])
 
 
 @pytest.mark.skipif(
@@ -154,12 +160,12 @@ def test_sharded_padded_reversed_batches_match_one_device_on_8_fake_devices():
         eps = np.linspace(0.05, 0.15, 7).astype(np.float32)
         key = jax.random.PRNGKey(3)
         kw = dict(eps=0.1, steps=3, restarts=2)
-        ref = make_joint_pgd(pool.apply, **kw)(pool.params, x, y, None, key, eps=eps)
+        ref = make_joint_pgd(pool.apply, **kw)(pool.params, x, y, key=key, eps=eps)
         sp = ShardedPool(pool, make_mesh(2, 4))
         atk = make_joint_pgd(sp.apply, **kw)
         rev = np.arange(7)[::-1]
-        got = sp.attack(atk, x[rev], y[rev], None, key, eps=eps[rev], sample_ids=rev)
-        part = sp.attack(atk, x[2:5], y[2:5], None, key, eps=eps[2:5], sample_ids=np.arange(2, 5))
+        got = sp.attack(atk, x[rev], y[rev], key=key, eps=eps[rev], sample_ids=rev)
+        part = sp.attack(atk, x[2:5], y[2:5], key=key, eps=eps[2:5], sample_ids=np.arange(2, 5))
         for f in ("x_adv", "success", "queries", "best_x"):
             np.testing.assert_array_equal(np.asarray(getattr(got, f))[::-1], np.asarray(getattr(ref, f)), err_msg=f)
             np.testing.assert_array_equal(np.asarray(getattr(part, f)), np.asarray(getattr(ref, f))[2:5], err_msg=f)

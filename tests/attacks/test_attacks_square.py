@@ -191,7 +191,7 @@ def test_square_l2_query_cap_is_exact_and_warm_start_is_projected():
     res = attack(params, x0, ref, key=jax.random.PRNGKey(5), eps=0.99 * opt, max_queries=caps)
     # M = 1: the clean forward, the initialisation, then one forward per iteration while the
     # next one fits under the cap; never fooled at 0.99 x, so only the cap or the budget stops it
-    np.testing.assert_array_equal(np.asarray(res.queries), np.minimum(caps, N_QUERIES + 1))
+    np.testing.assert_array_equal(np.asarray(res.queries)[:, 0], np.minimum(caps, N_QUERIES + 1))
     np.testing.assert_array_equal(np.asarray(res.x_adv[0]), np.asarray(x0[0]))  # no query left
     assert not np.array_equal(np.asarray(res.x_adv[1]), np.asarray(x0[1]))
 

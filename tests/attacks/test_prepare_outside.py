@@ -64,12 +64,12 @@ def test_audited_entry_equals_the_in_kernel_prepare_and_compiles_once():
     mask = jnp.ones((B, M), jnp.float32).at[0, 1].set(0.0)
     atk = make_joint_pgd(pool.apply, eps=0.1, steps=4, restarts=2)
     key = jax.random.key(3)
-    prob = atk.problem(pool.params, x0, ref, mask, key)
+    prob = atk.problem(pool.params, x0, ref, key=key, mask=mask)
     by_hand = P.run_jit(atk.attack, pool.params, prob)  # the pool prepared inside the kernel
     before = P.run_jit._cache_size()
-    got = atk(pool.params, x0, ref, mask, key)
+    got = atk(pool.params, x0, ref, key=key, mask=mask)
     compiled = P.run_jit._cache_size() - before
-    again = atk(pool.params, x0, ref, mask, jax.random.key(4))
+    again = atk(pool.params, x0, ref, key=jax.random.key(4), mask=mask)
     assert P.run_jit._cache_size() - before == compiled <= 1  # a second call compiles nothing
     for f in ("x_adv", "best_x", "objective", "member_loss"):
         np.testing.assert_allclose(np.asarray(getattr(got, f)), np.asarray(getattr(by_hand, f)), atol=1e-6, rtol=1e-6)

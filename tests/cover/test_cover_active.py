@@ -76,9 +76,9 @@ def test_packed_oracle_calls_small_batches_and_fills_the_rest():
     attack = make_joint_pgd(POOL.apply, eps=0.3, steps=4, restarts=1)  # run_sar's unpacked kernel (shared)
     sizes = []
 
-    def spy(params, x0, ref, mask, key, **kw):
+    def spy(params, x0, ref, *, key, mask=None, **kw):
         sizes.append(x0.shape[0])
-        return attack(params, x0, ref, mask, key, **kw)
+        return attack(params, x0, ref, key=key, mask=mask, **kw)
 
     ref = POOL.predict(X).T
     full, _ = make_attack_oracles(spy, POOL.params, X, ref, KEY, sample_ids=np.arange(6))

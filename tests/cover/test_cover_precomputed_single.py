@@ -44,7 +44,7 @@ def test_run_sar_with_member_attacks_marks_individually_robust_members_unbreakab
     x = np.random.default_rng(2).random((4, 4, 4, 1), dtype=np.float32)
     clean = pool.predict(x)
     eps = 0.15
-    single = attack_members(pool, make_pgd, x, clean, jax.random.PRNGKey(0), eps=eps, steps=5, restarts=1)
+    single = attack_members(pool, make_pgd, x, clean.T, key=jax.random.PRNGKey(0), eps=eps, steps=5, restarts=1)
     att = make_joint_pgd(pool.apply, eps=eps, steps=5, restarts=1)
     res = run_sar(
         pool,
@@ -53,9 +53,9 @@ def test_run_sar_with_member_attacks_marks_individually_robust_members_unbreakab
         [0.0],
         attack=att,
         key=jax.random.PRNGKey(0),
-        member_attacks=(np.asarray(single.x_adv), np.asarray(single.queries)),
+        member_attacks=(np.swapaxes(np.asarray(single.x_adv), 0, 1), np.asarray(single.queries).T),  # [M, B]
     )
-    succ = np.asarray(single.success)  # [M, B]
+    succ = np.asarray(single.success).T  # [M, B]
     assert res.recorded.any() and res.unbreakable.any()  # the instance exercises both paths
     # a member is marked unbreakable only if its own single-model attack failed
     for b in range(4):

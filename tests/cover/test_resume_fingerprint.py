@@ -212,7 +212,7 @@ def test_attack_rejects_a_wrong_input_shape_before_tracing():
     wrong = np.random.default_rng(0).random((4, 5, 5, 1), dtype=np.float32)
     for x in (wrong, X[..., 0]):
         with pytest.raises(ValueError, match=re.escape(f"x0 must have shape [B, 4, 4, 1], got {list(x.shape)}")):
-            ATTACK(POOL.params, x, ref, np.ones((4, 3), np.float32), jax.random.PRNGKey(0), eps=0.1)
+            ATTACK(POOL.params, x, ref, key=jax.random.PRNGKey(0), mask=np.ones((4, 3), np.float32), eps=0.1)
     bare = make_joint_pgd(lambda p, x: POOL.apply(p, x), steps=1, restarts=1)  # no input_shape to compare
     with pytest.raises(ValueError, match=r"the model cannot take x0 of shape \[4, 5, 5, 1\].*dot_general"):
-        bare(POOL.params, wrong, ref, np.ones((4, 3), np.float32), jax.random.PRNGKey(0), eps=0.1)
+        bare(POOL.params, wrong, ref, key=jax.random.PRNGKey(0), mask=np.ones((4, 3), np.float32), eps=0.1)

@@ -161,7 +161,7 @@ def test_pgd_at_perturbation_is_pgd_and_trades_kl_ascends(mnist):
         assert float(res.objective.min()) > 1e-3
         assert res.kl.shape == (16, 1) and res.queries.tolist() == [1 + 5 * 2 + 1] * 16
         if norm == "linf":
-            jit_res = jax.jit(lambda q, xx, k: atk.jit(q, xx, labels, None, k, eps=eps))(p, x, key)
+            jit_res = jax.jit(lambda q, xx, k: atk.jit(q, xx, labels, key=k, eps=eps))(p, x, key)
             np.testing.assert_allclose(np.asarray(jit_res.x_adv), np.asarray(res.x_adv), atol=1e-6)
         d = np.asarray(res.x_adv - x).reshape(16, -1)
         size = np.abs(d).max(1) if norm == "linf" else np.sqrt((d**2).sum(1))

@@ -129,7 +129,7 @@ def test_fused_joint_pgd_matches_xla_pool():
     out = {}
     for impl, pool in pools.items():
         atk = make_joint_pgd(pool.apply, eps=0.1, steps=4, restarts=1)
-        out[impl] = atk(pool.params, x, ref, jnp.ones((6, 3)), jax.random.key(0))
+        out[impl] = atk(pool.params, x, ref, key=jax.random.key(0), mask=jnp.ones((6, 3)))
     a, b = out["xla"], out["fused"]
     # identical up to float32 near-ties in a pooling window (a sign flip moves a pixel by 2*alpha)
     assert np.mean(np.asarray(a.x_adv) == np.asarray(b.x_adv)) > 0.99

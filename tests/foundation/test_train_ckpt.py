@@ -198,10 +198,10 @@ def test_attacks_on_a_sharded_pool_equal_one_device_on_8_fake_devices():
                  (make_square, dict(eps=0.1, n_queries=30), (8, 1))]
         for make, kw, (pm, dm) in cases:
             call = dict(eps=eps, max_queries=cap)
-            ref = make(pool.apply, **kw)(pool.params, x, y, None, jax.random.PRNGKey(3), **call)
+            ref = make(pool.apply, **kw)(pool.params, x, y, key=jax.random.PRNGKey(3), **call)
             sp = ShardedPool(pool, make_mesh(pm, dm))
             assert sp.num_members == 5 and sp.pool.num_members % pm == 0
-            got = sp.attack(make(sp.apply, **kw), x, y, None, jax.random.PRNGKey(3), **call)
+            got = sp.attack(make(sp.apply, **kw), x, y, key=jax.random.PRNGKey(3), **call)
             name = (make.__name__, pm, dm)
             assert got.x_adv.shape == x.shape and got.success.shape == (7, 5), (name, got.success.shape)
             np.testing.assert_array_equal(np.asarray(got.x_adv), np.asarray(ref.x_adv), err_msg=str(name))

@@ -141,7 +141,7 @@ def test_mask_and_per_member_refs():
     mask[1, 2] = 0.0
     mask[3, 0] = 0.0
     fn = ddn.make_ddn(_pool, max_queries=100)
-    r = fn(params, x0, pred, mask, key=jax.random.key(1))
+    r = fn(params, x0, pred, mask=mask, key=jax.random.key(1))
     ok = mask > 0
     # masked members: not attacked, no queries, norm inf, x_adv = x0, trajectory inf
     assert (np.asarray(r.queries)[~ok] == 0).all() and (np.asarray(r.queries)[ok] == 100).all()
@@ -279,7 +279,7 @@ def test_validation_errors():
     with pytest.raises(ValueError, match="success"):
         fmn.make_fmn(_apply, success="targeted")
     with pytest.raises(ValueError, match="mask must be"):
-        fn(params, x0, y, np.ones(3), key=key)
+        fn(params, x0, y, mask=np.ones(3), key=key)
     with pytest.raises(ValueError, match="at least 3 classes"):
         two = (jnp.ones((8, 2)), jnp.zeros(2))
         apgd_min.make_apgd_min(_apply, loss="dlr")(two, x0, np.zeros(2, np.int32), key=key)

@@ -45,7 +45,7 @@ def test_joint_pgd_on_a_heterogeneous_pool(hetero):
     pool, x, attack = hetero
     ref = np.asarray(pool.predict(x)).T  # [B, M] each member's clean prediction
     mask = np.ones((B, pool.num_members), np.float32)
-    res = attack(pool.params, x, ref, mask, jax.random.key(1))
+    res = attack(pool.params, x, ref, key=jax.random.key(1), mask=mask)
     succ = np.asarray(res.success)
     assert succ.shape == (B, 8) and succ.any()
     np.testing.assert_array_equal(succ[:, 0:2], succ[:, 2:4])  # the twins fall together
@@ -58,14 +58,14 @@ def test_joint_pgd_on_a_heterogeneous_pool(hetero):
 @pytest.mark.skipif(os.environ.get("SARJAX_MODELS_FULL") != "1", reason="one kernel per stack: SARJAX_MODELS_FULL=1")
 def test_member_attacks_on_every_kind(hetero):
     pool, x, _ = hetero
-    labels = np.asarray(pool.predict(x))  # [M, B]
-    res = attack_members(pool, make_pgd, x, labels, jax.random.key(2), eps=EPS, steps=3)
+    labels = np.asarray(pool.predict(x)).T  # [B, M]
+    res = attack_members(pool, make_pgd, x, labels, key=jax.random.key(2), eps=EPS, steps=3)
     succ = np.asarray(res.success)
-    assert succ.shape == (8, B)
-    adv = np.asarray(res.x_adv)  # [M, B, *S]
+    assert succ.shape == (B, 8)
+    adv = np.asarray(res.x_adv)  # [B, M, *S]
     for m in range(8):  # success means member m mispredicts its own adversarial inputs
-        pred = np.asarray(pool.predict(adv[m]))[m]
-        np.testing.assert_array_equal(succ[m], pred != labels[m])
+        pred = np.asarray(pool.predict(adv[:, m]))[m]
+        np.testing.assert_array_equal(succ[:, m], pred != labels[:, m])
 
 
 def test_run_sar_on_a_heterogeneous_pool(hetero):

@@ -3,7 +3,7 @@
 :class:`Entry` is the base of every attack's public object (the fixed-budget
 :class:`AttackFn` and the minimum-norm :class:`~sarjax.attacks.minnorm.MinNormAttackFn`):
 
-* ``fn(params, x0, ref, mask=None, key=..., **call)``: :meth:`Entry.problem` (validate on
+* ``fn(params, x0, ref, *, key, mask=None, **call)``: :meth:`Entry.problem` (validate on
   the host) -> :func:`~sarjax.attacks.core.protocol.prepare_outside` (a pool's weight layouts,
   kept by the pool) -> :func:`~sarjax.attacks.core.protocol.run_jit` -> audit every returned
   point against the ORIGINAL ``x0``;
@@ -59,30 +59,45 @@ class Entry:
     def _audit_result(self, params, problem, result) -> None:
         return None
 
-    def problem(self, params, x0, ref, mask=None, key=None, **call):
+    def audit_result(self, params, problem, result) -> None:
+        """Audits ``result`` against ``problem.x0`` (what the audited call does after the run;
+        combinators that run the state machine themselves, e.g. member mode, call it)."""
+        self._audit_result(params, problem, result)
+
+    def problem(self, params, x0, ref, *, key, mask=None, **call):
         """The validated problem of a call (host side; raises ``ValueError`` / ``TypeError`` on
         bad input, naming what was expected)."""
         _require_key(self.name, key)
         return self._host_problem(params, x0, ref, mask, key, **call)
 
-    def __call__(self, params, x0, ref, mask=None, key=None, **call):
-        """The audited public entry: validate -> the compiled state machine -> audit."""
-        problem = self.problem(params, x0, ref, mask, key, **call)
+    def __call__(self, params, x0, ref, *, key, mask=None, **call):
+        """The audited public entry: validate -> the compiled state machine -> audit.
+
+        Args:
+          params: the model's parameters (a pool's stacked params).
+          x0: ``[B, *S]`` the ORIGINAL inputs (every returned point is audited against them).
+          ref: ``[B]`` or ``[B, M]`` labels (untargeted) or targets (targeted).
+          key: a ``jax.random`` key (keyword-only, required: sarjax never defaults it).
+          mask: ``[M]`` or ``[B, M]`` bool / {0, 1}, the members the objective covers (None: all).
+          **call: ``max_queries``, ``sample_ids`` and the family's keywords (``eps``, ``x_init``;
+            minimum-norm: ``labels``, ``init_eps``).
+        """
+        problem = self.problem(params, x0, ref, key=key, mask=mask, **call)
         attack, prepared = prepare_outside(self._attack_for(params, problem), params)
         result = run_jit(attack, prepared, problem)
         self._audit_result(params, problem, result)
         return result
 
-    def jit(self, params, x0, ref, mask=None, key=None, **call):
-        """The jit-safe entry: no host call, no validation, no audit (references must lie in
-        ``[0, C)``)."""
+    def jit(self, params, x0, ref, *, key, mask=None, **call):
+        """The jit-safe entry, same arguments as the call: no host call, no validation, no audit
+        (references must lie in ``[0, C)``)."""
         _require_key(self.name, key)
         problem = self._traced_problem(params, x0, ref, mask, key, **call)
         return run(self._attack_for(params, problem), params, problem)
 
 
 class AttackFn(Entry):
-    """A fixed-budget attack's entries: ``fn(params, x0, ref, mask=None, key, *, eps=None,
+    """A fixed-budget attack's entries: ``fn(params, x0, ref, *, key, mask=None, eps=None,
     max_queries=None, x_init=None, sample_ids=None) -> AttackResult``, ``fn.jit(...)`` (same
     arguments), ``fn.attack``.
 
@@ -138,7 +153,16 @@ class AttackFn(Entry):
                 "pass eps=jnp.inf for an unbounded attack"
             )
         return make_problem(
-            self.apply, params, x0, ref, mask, key, eps=e, max_queries=max_queries, sample_ids=sample_ids, x_init=x_init
+            self.apply,
+            params,
+            x0,
+            ref,
+            key=key,
+            mask=mask,
+            eps=e,
+            max_queries=max_queries,
+            sample_ids=sample_ids,
+            x_init=x_init,
         )
 
     def _audit_result(self, params, problem, result) -> None:

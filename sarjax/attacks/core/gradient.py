@@ -105,6 +105,8 @@ class GradientState(NamedTuple):
       x: ``[B, *S]`` current iterate.
       mom: ``[B, *S]`` MI-FGSM momentum buffer (zeros otherwise).
       count: ``[B]`` int32 queries spent.
+      grads: ``[B]`` int32 backward passes charged to each selected member (for the per-member
+        queries, :func:`sarjax.attacks.queries.per_member`).
       run: ``[B]`` bool, samples the current restart runs for (budget and selected members).
       src: ``[B, M]`` int32, targeted DLR: the clean prediction to leave (else zeros).
       best: best-so-far point (:class:`~sarjax.attacks.core.evaluate.Best`).
@@ -117,6 +119,7 @@ class GradientState(NamedTuple):
     x: jax.Array
     mom: jax.Array
     count: jax.Array
+    grads: jax.Array
     run: jax.Array
     src: jax.Array
     best: Best
@@ -148,6 +151,7 @@ def init(cfg: Config, params, problem: Problem) -> GradientState:
         x0,
         jnp.zeros_like(x0),
         count,
+        jnp.zeros((B,), jnp.int32),
         jnp.zeros((B,), bool),
         src,
         Best(x0, ev0),
@@ -189,7 +193,11 @@ def step(cfg: Config, s: GradientState, params) -> GradientState:
         best = jax.vmap(update_best)(s.best, s.x, ev, ok)
         mom2, x2 = jax.vmap(partial(pgd_step, cfg))(s.mom, s.x, g, x0, eps)
         s = s._replace(
-            x=Q.freeze(ok, x2, s.x), mom=Q.freeze(ok, mom2, s.mom), count=Q.charge(s.count, cost, ok), best=best
+            x=Q.freeze(ok, x2, s.x),
+            mom=Q.freeze(ok, mom2, s.mom),
+            count=Q.charge(s.count, cost, ok),
+            best=best,
+            grads=Q.charge(s.grads, eot, ok),
         )
 
     def finish(s):
@@ -211,7 +219,7 @@ def result(cfg: Config, s: GradientState, params) -> AttackResult:
         success=ev.success,
         objective=ev.obj,
         member_loss=ev.losses,
-        queries=s.count,
+        queries=Q.per_member(s.count, s.grads, s.problem.mask),
         best_x=s.best.x,
         best_success=s.best.ev.success,
         best_objective=s.best.ev.obj,

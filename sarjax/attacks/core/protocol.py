@@ -14,10 +14,10 @@ touches the host, so :func:`run` works inside a user's ``jax.jit``, ``vmap`` or 
 
 Two entries, one code path (:class:`AttackFn`):
 
-* ``fn.jit(params, x0, ref, mask, key, *, eps, ...)`` -- jit-safe: builds the problem with
+* ``fn.jit(params, x0, ref, *, key, mask=None, eps, ...)`` -- jit-safe: builds the problem with
   ``jnp`` operations only (:func:`make_problem`) and runs the state machine. No validation,
   no audit: labels must already lie in ``[0, C)``. Use it inside training loops.
-* ``fn(params, x0, ref, mask, key, *, eps, ...)`` -- the audited public entry: validates on the
+* ``fn(params, x0, ref, *, key, mask=None, eps, ...)`` -- the audited public entry: validates on the
   host (:func:`check_problem`), runs the same :func:`run` under one ``jax.jit`` keyed by the
   attack (equal attacks share one compiled kernel; eps, masks, caps and keys are traced, so
   new values never recompile), then audits ``x_adv`` (and ``best_x``) against the ORIGINAL
@@ -138,7 +138,7 @@ def member_count(apply: Callable, params, x0) -> int:
 
 
 def make_problem(
-    apply: Callable | None, params, x0, ref, mask=None, key=None, *, eps, max_queries=None, sample_ids=None, x_init=None
+    apply: Callable | None, params, x0, ref, *, key, mask=None, eps, max_queries=None, sample_ids=None, x_init=None
 ) -> Problem:
     """The :class:`Problem` of a call, with ``jnp`` operations only (jit-safe; no validation).
 
