@@ -72,7 +72,7 @@ def chained_rounds(attack, *, params, x0, y, key, eps, rounds: int) -> list[np.n
     Raises:
       ValueError: if the attack audits its outputs (build it with ``audit=False``).
     """
-    if getattr(attack, "_audit", None) is not None:
+    if getattr(attack, "audits_bound", False):
         raise ValueError("chained_rounds reproduces an error on purpose: build the attack with audit=False")
     x = jnp.asarray(x0)
     outs = []

@@ -165,6 +165,13 @@ class AttackFn(Entry):
             x_init=x_init,
         )
 
+    @property
+    def audits_bound(self) -> bool:
+        """Whether the audited call checks every returned point's ball and box against ``x0``
+        (False for an attack built with ``audit=False``, whose call still checks non-finite
+        logits)."""
+        return self._audit is not None and bool(getattr(self._audit, "bound", True))
+
     def _audit_result(self, params, problem, result) -> None:
         if self._audit is not None:
             self._audit(problem, result)

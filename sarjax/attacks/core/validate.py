@@ -331,6 +331,7 @@ def make_audit(*, name: str, p: float, box, bound: bool = True) -> Callable:
         check(problem.x0, res.x_adv, threat, what=f"{name} (x_adv)")
         check(problem.x0, res.best_x, threat, what=f"{name} (best_x)")
 
+    audit.bound = bound  # type: ignore[attr-defined]  # read by AttackFn.audits_bound
     return audit
 
 
