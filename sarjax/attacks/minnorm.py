@@ -62,10 +62,10 @@ from sarjax.attacks import geometry
 from sarjax.attacks import losses as L
 from sarjax.attacks import queries as Q
 from sarjax.attacks.audit import check as audit_check
+from sarjax.attacks.core import validate as V
 from sarjax.attacks.core.entry import Entry
 from sarjax.attacks.core.protocol import Attack, Problem
-from sarjax.attacks.core.validate import check_sample_ids
-from sarjax.attacks.threat import Threat, canonical_norm, check_labels
+from sarjax.attacks.threat import Threat, canonical_norm
 
 LogitsFn = Callable[[jax.Array], jax.Array]
 TRAJ_EVERY = 10  # papers/001 Section 5.1: distances recorded every 10 queries
@@ -607,6 +607,8 @@ class MinNormAttackFn(Entry):
         return attack_of(self.cfg(_logits_shape(self.apply, self.stacked, params, problem.base.x0)[-1]))
 
     def _make(self, params, x0, ref, mask, key, max_queries, sample_ids, labels, init_eps, x_init, shape=None):
+        if max_queries is not None:
+            Q.check_integer_cap(max_queries, self.name)  # the dtype only: trace-time in .jit
         x0 = jnp.asarray(x0, jnp.float32)
         B = x0.shape[0]
         if shape is None:
@@ -629,43 +631,23 @@ class MinNormAttackFn(Entry):
         return MinNormProblem(base, lab, e)
 
     def _validate(self, params, x0, ref, mask, key, max_queries, sample_ids, labels, init_eps, x_init):
-        name = self.name
-        xa = np.asarray(jax.device_get(x0))
-        if xa.ndim < 2:
-            raise ValueError(f"{name}: x0 must be a batch [B, *S] with at least one feature axis, got shape {xa.shape}")
-        if not np.issubdtype(xa.dtype, np.floating):
-            raise TypeError(f"{name}: x0 must be a float array, got dtype {xa.dtype}")
-        if not np.isfinite(xa).all():
-            raise ValueError(f"{name}: x0 contains NaN or inf")
-        if xa.min() < 0.0 or xa.max() > 1.0:
-            raise ValueError(f"{name}: x0 must lie in the box [0, 1], got range [{xa.min()}, {xa.max()}]")
-        B = xa.shape[0]
-        try:
-            shape = _logits_shape(self.apply, self.stacked, params, jnp.asarray(xa, jnp.float32))
-        except Exception as err:  # noqa: BLE001 - re-raised with what was expected
-            raise TypeError(
-                f"{name}: apply(params, x0) failed ({err}); expected logits [M, B, C] or [B, C]"
-                + (" from one member's apply vmapped over stacked params" if self.stacked else "")
-            ) from err
-        if len(shape) not in (2, 3) or shape[-2] != B:
-            raise ValueError(f"{name}: apply must return logits [M, B, C] or [B, C] with B={B}, got {shape}")
-        C, M = shape[-1], (shape[0] if len(shape) == 3 else 1)
+        """The host-side checks (the shared ones of :mod:`sarjax.attacks.core.validate`, then the
+        family's: class count, targets vs labels, the cap against ``T`` and the restarts' budget,
+        ``init_eps``) -> :meth:`_make`."""
+        name, box = self.name, (0.0, 1.0)
+        x0n = V.check_x0(x0, box, name=name)
+        B = x0n.shape[0]
+        M, C = V.logits_shape(_pool_apply(self.apply, self.stacked), params, x0n, name=name)
         if C < self.spec.min_classes:
             raise ValueError(f"{name} needs at least {self.spec.min_classes} classes, the model has {C}")
-        r = np.asarray(ref)
-        if r.shape not in ((B,), (B, M)):
-            raise ValueError(f"{name}: ref must be [B] or [B, M] with B={B}, M={M}, got shape {r.shape}")
-        check_labels(r, C, name="targets" if self.targeted else "labels")
+        r = V.check_ref(ref, B, M, C, what="targets" if self.targeted else "labels", name=name)
         if self.targeted:
             if labels is None:
                 raise ValueError(
                     f"{name}: targeted=True needs labels= (the true labels [B] or [B, M]): "
                     "the targeted losses and the success test read them"
                 )
-            lab = np.asarray(labels)
-            if lab.shape not in ((B,), (B, M)):
-                raise ValueError(f"{name}: labels must be [B] or [B, M] with B={B}, M={M}, got shape {lab.shape}")
-            check_labels(lab, C, name="labels")
+            lab = V.check_ref(labels, B, M, C, what="labels", name=name)
             same = np.broadcast_to(lab.reshape(B, -1), (B, M)) == np.broadcast_to(r.reshape(B, -1), (B, M))
             if same.any():
                 raise ValueError(
@@ -673,23 +655,9 @@ class MinNormAttackFn(Entry):
                 )
         elif labels is not None:
             raise ValueError(f"{name}: labels= is only read by targeted attacks (ref holds the labels)")
-        if mask is not None:
-            mk = np.asarray(mask)
-            if mk.shape not in ((M,), (B, M)):
-                raise ValueError(f"{name}: mask must be [M] or [B, M] with B={B}, M={M}, got shape {mk.shape}")
-            if not np.isin(mk, (0, 1)).all():
-                raise ValueError(
-                    f"{name}: mask must hold 0/1 (or bool) per member, got values {np.unique(mk)[:5].tolist()}"
-                )
+        V.check_mask(mask, B, M, name=name)
         if max_queries is not None:
-            if isinstance(max_queries, bool):
-                raise TypeError(f"{name}: max_queries must be None, an int or [B] ints, got a bool")
-            cap = np.asarray(max_queries)
-            if not np.issubdtype(cap.dtype, np.integer):
-                raise TypeError(f"{name}: max_queries must be None, an int or [B] ints, got dtype {cap.dtype}")
-            if cap.ndim > 1 or (cap.ndim == 1 and cap.shape[0] != B):
-                raise ValueError(f"{name}: max_queries must be None, a scalar or shape [{B}], got shape {cap.shape}")
-            cap = np.broadcast_to(cap, (B,))
+            cap = np.asarray(Q.normalize_cap(max_queries, B, name=name))
             over = np.flatnonzero(cap > self.T)
             if over.size:
                 raise ValueError(
@@ -713,17 +681,10 @@ class MinNormAttackFn(Entry):
                 or not (np.isfinite(ea).all() and (ea > 0).all())
             ):
                 raise ValueError(f"{name}: restarts > 0 needs init_eps, a finite radius > 0 (scalar or [B]), got {e!r}")
-        sid = check_sample_ids(sample_ids, B)
-        if x_init is not None:
-            xi = np.asarray(x_init)
-            if xi.shape != xa.shape or not np.isfinite(xi).all() or xi.min() < 0 or xi.max() > 1:
-                raise ValueError(
-                    f"{name}: x_init must be finite, in [0, 1] and of shape {xa.shape}, got shape {xi.shape}"
-                )
-        return self._make(
-            params, jnp.asarray(xa, jnp.float32), jnp.asarray(r), mask, key, max_queries, sid, labels, init_eps, x_init,
-            shape,
-        )  # fmt: skip
+        sid = V.check_sample_ids(sample_ids, B, name=name)
+        V.check_x_init(x_init, x0n, box=box, name=name)
+        shape = (M, B, C)
+        return self._make(params, x0n, jnp.asarray(r), mask, key, max_queries, sid, labels, init_eps, x_init, shape)
 
     def _host_problem(
         self, params, x0, ref, mask, key, *, max_queries=None, sample_ids=None, labels=None, init_eps=None, x_init=None
@@ -747,7 +708,8 @@ class MinNormAttackFn(Entry):
 
 def _audit(fn: "MinNormAttackFn", params, prob: MinNormProblem, res: MinNormResult):
     """Host audit: each finite-norm (sample, member) realizes its norm against the ORIGINAL
-    ``x0``, lies in the box and is adversarial for its member (up to a float tie)."""
+    ``x0``, lies in the box and is adversarial for its member (up to a float tie); every attacked
+    member's logits at its returned point (``x0`` where none was found) are finite."""
     x0 = np.asarray(prob.base.x0)
     B, M = np.shape(res.norm)
     ok = np.asarray(res.success)
@@ -763,9 +725,18 @@ def _audit(fn: "MinNormAttackFn", params, prob: MinNormProblem, res: MinNormResu
         what=what,
         rtol=1e-5,
     )
+    lg = np.asarray(_member_logits_jit(fn.apply, fn.stacked, params, jnp.asarray(xa)))
+    # [B, M]: a NaN row's argmax is its first NaN, "adversarial"; a masked member claims nothing
+    nonfinite = ~np.isfinite(lg).all(-1) & (np.asarray(prob.base.mask) > 0)
+    if nonfinite.any():
+        samples = np.flatnonzero(nonfinite.any(1))
+        raise ValueError(
+            f"{what}: the model returned non-finite logits (NaN or inf) at x_adv (x0 where none was found) for "
+            f"members {np.flatnonzero(nonfinite.any(0)).tolist()} on samples {samples[:10].tolist()}"
+            f"{' ...' if samples.size > 10 else ''}: success cannot be judged on them; fix the model"
+        )
     if not ok.any():
         return
-    lg = np.asarray(_member_logits_jit(fn.apply, fn.stacked, params, jnp.asarray(xa)))
     pred = lg.argmax(-1)
     y, t = np.asarray(prob.labels), np.asarray(prob.base.ref)
     good = (pred == t) if (fn.targeted and fn.strict) else (pred != (y if fn.targeted else t))
@@ -810,7 +781,8 @@ def make(
       restarts: ``R`` extra runs from random points of the ``init_eps`` ball (static).
       init_eps: default radius of the random starts (a call may pass its own; traced).
       stacked: see ``apply``.
-      audit: audit every result of the public entry on the host (raise on a violation).
+      audit: audit every result of the public entry on the host (raise on a violation, or on
+        non-finite logits at a returned point).
 
     Returns:
       A :class:`MinNormAttackFn`.
