@@ -25,7 +25,7 @@ from sarjax.attacks.result import AttackResult
 from sarjax.attacks.threat import check_labels
 
 # the per-member problem: ref, mask and key carry the member axis, everything else is shared
-_PROBLEM_AXES = Problem(None, 0, 0, None, None, 0, None, None, None)
+_PROBLEM_AXES = Problem(None, 0, 0, None, None, 0, None, None, None)  # pyright: ignore[reportArgumentType]
 
 
 def _run_members(attack, params, problem: Problem):
@@ -118,6 +118,7 @@ class MemberAttack(Entry):
         # the single attack validates x0, eps, caps, x_init, sample ids (and the first member's labels)
         base = self.single.problem(one, x0, lab if lab.ndim == 1 else lab[:, 0], key=key, **call)
         if lab.ndim == 2:
+            assert self.single.apply is not None  # an AttackFn always has its apply
             _, n_classes = logits_shape(self.single.apply, one, base.x0)
             check_labels(lab, n_classes, name="labels")
         return self._member_problem(base, lab, m, key, k)

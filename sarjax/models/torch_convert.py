@@ -798,7 +798,7 @@ def _record_autograd_functions(module, calls: list):
         calls.append((cls, _calling_module(paths)))
         return original.__func__(cls, *args, **kwargs)
 
-    base.apply = classmethod(apply)
+    base.apply = classmethod(apply)  # pyright: ignore[reportAttributeAccessIssue]
     try:
         yield calls
     finally:

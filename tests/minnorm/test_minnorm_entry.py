@@ -25,10 +25,11 @@ def test_both_families_share_the_entry():
     g = make_pgd(_apply, eps=0.1, steps=2)
     assert isinstance(f, Entry) and isinstance(g, Entry) and isinstance(g, core.AttackFn)
     for fn in (f, g):
-        with pytest.raises(TypeError, match="key is required"):
-            fn(_params(), np.zeros((1, 6), np.float32), np.zeros(1, np.int32))
-        with pytest.raises(TypeError, match="key is required"):
-            fn.jit(_params(), np.zeros((1, 6), np.float32), np.zeros(1, np.int32))
+        for entry in (fn, fn.jit):  # keyword-only and required; an explicit None is refused too
+            with pytest.raises(TypeError, match="required keyword-only argument: 'key'"):
+                entry(_params(), np.zeros((1, 6), np.float32), np.zeros(1, np.int32))
+            with pytest.raises(TypeError, match="key is required"):
+                entry(_params(), np.zeros((1, 6), np.float32), np.zeros(1, np.int32), key=None)
 
 
 def test_attack_property_and_class_dependence():

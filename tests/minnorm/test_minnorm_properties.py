@@ -204,7 +204,7 @@ def test_jit_entry_inside_user_jit_compiles_once():
     _, r = user_step(params, x0, y, jax.random.key(0), jnp.int32(60))
     pub = fn(params, x0, y, key=jax.random.key(0))
     np.testing.assert_allclose(np.asarray(r.norm), np.asarray(pub.norm), rtol=1e-6)
-    with pytest.raises(TypeError, match="key is required"):
+    with pytest.raises(TypeError, match="required keyword-only argument: 'key'"):
         fn.jit(params, x0, y)
     with pytest.raises(TypeError, match="needs labels="):
         fmn.make_fmn(_pool, norm=2, max_queries=60, targeted=True).jit(params, x0, y, key=jax.random.key(0))
@@ -274,7 +274,7 @@ def test_validation_errors():
         fmn.make_fmn(_apply, max_queries=5)
     with pytest.raises(ValueError, match="labels"):
         fn(params, x0, y + 7, key=key)
-    with pytest.raises(TypeError, match="key is required"):
+    with pytest.raises(TypeError, match="required keyword-only argument: 'key'"):
         fn(params, x0, y)
     with pytest.raises(ValueError, match="success"):
         fmn.make_fmn(_apply, success="targeted")

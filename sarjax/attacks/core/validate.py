@@ -151,9 +151,10 @@ def normalize_inputs(x0, ref, mask, eps, default_eps, box, p):
     b = x0.shape[0]
     refh = check_ref(ref, b, None, None, what="ref/labels")
     refh = refh[:, None] if refh.ndim == 1 else refh
-    maskh = check_mask(mask, b, None)
-    maskh = np.ones(refh.shape, np.float32) if maskh is None else maskh
-    maskh = np.broadcast_to(maskh[None], (b, maskh.shape[0])) if maskh.ndim == 1 else maskh
+    checked = check_mask(mask, b, None)
+    maskh: np.ndarray = np.ones(refh.shape, np.float32) if checked is None else np.asarray(checked)
+    if maskh.ndim == 1:
+        maskh = np.broadcast_to(maskh[None], (b, maskh.shape[0]))
     m = max(refh.shape[1], maskh.shape[1])
     if refh.shape[1] not in (1, m) or maskh.shape[1] not in (1, m):
         raise ValueError(f"ref {refh.shape} and mask {maskh.shape} disagree on the member count")
