@@ -220,7 +220,7 @@ def pgd_at(*, eps: float, norm="linf", steps: int = 10, rel_step: float = 0.25, 
     The paper's MNIST setting is linf eps 0.3, 40 steps of 0.01 from a random start; the
     defaults here are the common faster setting of 10 steps of ``eps / 4`` from a random start
     (Rice et al. 2020 train CIFAR-10 PGD-AT with 10 steps of 2/255 at eps 8/255), 4x cheaper and
-    reaching the same robust accuracy on the embedded MNIST at eps 0.1 (tests/foundation/test_adv_training.py).
+    reaching the same robust accuracy on the embedded MNIST at eps 0.1 (tests/defenses/test_adv_training.py).
 
     Args:
       eps: default radius (every member; per-member values through the trainer's

@@ -8,9 +8,7 @@ the CI machine at 6e-8; another sample's random stream moves a point by O(eps), 
 ``run_sar`` gives the same per-sample result for any ``chunk_size`` or sample subset.
 """
 
-import importlib.util
 import os
-from pathlib import Path
 
 import jax
 import numpy as np
@@ -140,18 +138,10 @@ def test_run_sar_per_sample_result_independent_of_chunks_and_subsets():
         np.testing.assert_array_equal(getattr(sub, f), getattr(whole, f)[2:], err_msg=f"subset {f}")
 
 
-def _run_on_8_fake_devices(body: str):
-    path = Path(__file__).parents[1] / "foundation" / "test_train_ckpt.py"
-    spec = importlib.util.spec_from_file_location("_sarjax_foundation_train_ckpt", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    mod._run_on_8_fake_devices(body)
-
-
-def test_sharded_padded_reversed_batches_match_one_device_on_8_fake_devices():
+def test_sharded_padded_reversed_batches_match_one_device_on_8_fake_devices(run_on_fake_devices):
     """7 samples on a (2 pool x 4 data) mesh: padded to 8, in reversed order with reversed ids, and
     3 of them alone (padded to 4): each sample's result equals the one-device whole-batch run."""
-    _run_on_8_fake_devices("""
+    run_on_fake_devices("""
         from sarjax.attacks import make_joint_pgd
         from sarjax.models.sharding import ShardedPool, make_mesh
         pool = Pool([stack(zoo.mlp((16,)), 0, 3)])
