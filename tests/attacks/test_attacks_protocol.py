@@ -57,7 +57,8 @@ def bim_result(cfg, s, params):
     _, (z, ce) = bim_losses(cfg, params, s.x, pr)
     success = jax.vmap(fooled, in_axes=(0, 0, None))(z, pr.ref, False)  # [B, M]
     obj = jnp.sum(pr.mask * ce, 1) / jnp.maximum(pr.mask.sum(1), 1.0)
-    queries = s.count + pr.ref.shape[1]
+    m = pr.ref.shape[1]  # each member: 2 per step + the final evaluation
+    queries = jnp.broadcast_to((s.count // m + 1)[:, None], ce.shape)  # [B, M]
     return AttackResult(s.x, success, obj, ce, queries, s.x, success, obj)
 
 
