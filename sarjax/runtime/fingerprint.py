@@ -1,4 +1,4 @@
-"""Fingerprints of resumable runs, and new deltas from a finished run's coverage order.
+"""Fingerprints of resumable runs (run directories of the demos, the SAR pipelines, the frontier, the zoo).
 
 A resumable run (``run_sar(checkpoint_dir=...)``, ``sarjax sar``, ``sarjax demo``) writes
 ``fingerprint.json`` into its directory before its first result: a JSON dict of everything that
@@ -9,13 +9,12 @@ one-line ``ValueError`` that names the settings that differ and the two ways on 
 old run, or write elsewhere).
 
 The one allowed difference is the deltas of a finished run: the greedy records the coverage
-order of every sample, and :func:`rederive` reads a new delta's ``k_hat`` off that order when
-the order determines it (and raises, naming the samples, when it does not).
+order of every sample, and :func:`sarjax.cover.result.rederive` reads a new delta's ``k_hat``
+off that order when the order determines it (and raises, naming the samples, when it does not).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -26,9 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from sarjax.cover.metrics import coverage_target
-from sarjax.cover.result import SARResult, derive_sar
 
 FINGERPRINT_FILE = "fingerprint.json"
 FORMAT = "sarjax-run/1"
@@ -232,52 +228,3 @@ def remove_paths(directory: str | os.PathLike, names: Iterable[str]) -> list[Pat
                 p.unlink()
             removed.append(p)
     return removed
-
-
-def rederive(result: SARResult, deltas: Sequence[float]) -> SARResult:
-    """The result of a finished run for other deltas, read off its coverage order.
-
-    A separate run for target ``tau`` follows the stored run's rounds for as long as both keep
-    a sample active (the oracles see only the sample's own mask and key). So its ``k_hat`` for a
-    sample is determined when the stored run either reached ``tau`` for it (the first such
-    round gives ``k_hat``) or stopped with ``covered + |I| < tau`` (no input can reach ``tau``:
-    SAR = 1). A sample the stored run stopped while ``tau`` was still reachable (e.g. a looser
-    target after a stricter run gave up, or a stricter target after a looser one was met) is
-    not determined, and no number is made up for it.
-
-    Args:
-        result: a finished run (the full result with its round logs).
-        deltas: the new deltas, each in ``[0, 1)``.
-
-    Returns:
-        A copy of ``result`` with ``deltas``, ``taus``, ``sar``, ``k_hat``, ``reached`` (and the
-        singleton-completed fields) for the new deltas.
-
-    Raises:
-        ValueError: a delta the stored run does not determine, naming the samples.
-    """
-    if isinstance(deltas, (int, float)):
-        deltas = (deltas,)
-    deltas = tuple(float(d) for d in deltas)
-    if not deltas:
-        raise ValueError("deltas must hold at least one delta")
-    m = result.num_members
-    taus = tuple(coverage_target(d, m) for d in deltas)
-    sar, k_hat, reached = derive_sar(
-        result.new_covered, result.recorded, result.clean_broken, result.valid, taus, m, result.count_clean_input
-    )
-    count = result.covered.sum(axis=1)
-    left = np.where(result.valid, m - count - result.unbreakable.sum(axis=1), 0)
-    for j, (delta, tau) in enumerate(zip(deltas, taus)):
-        open_ = np.flatnonzero(result.valid & ~reached[:, j] & (count + left >= tau))
-        if open_.size:
-            raise ValueError(
-                f"delta={delta:g} (tau={tau} of M={m}) is not determined by the stored run at "
-                f"deltas={list(result.deltas)}: samples {open_[:10].tolist()}"
-                f"{' ...' if open_.size > 10 else ''} stopped with tau={tau} still reachable"
-            )
-    names = {f.name for f in dataclasses.fields(result)}
-    derived = {
-        n: None for n in ("sar_singleton", "k_singleton", "singleton_added", "singleton_unbreakable") if n in names
-    }  # rebuilt for the new taus from the round logs
-    return dataclasses.replace(result, deltas=deltas, taus=taus, sar=sar, k_hat=k_hat, reached=reached, **derived)
