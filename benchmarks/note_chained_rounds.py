@@ -34,7 +34,7 @@ robust accuracy each method reports (the model's accuracy at the returned points
 majority vote over ``--eval-draws`` fresh draws), and the audit's verdict. Table, plot (``--plot``) and
 JSON (``--out``, rewritten after every model and radius) with the machine load.
 
-    python benchmarks/note_chained_rounds.py --quick      # stand-ins, a few minutes on 2 CPU cores
+    python benchmarks/note_chained_rounds.py --quick      # stand-ins, a few minutes on 2 CPU cores (writes to a temp folder)
     python benchmarks/note_chained_rounds.py --zoo /work/zoo/se --zoo /work/zoo/mnist --samples 100 --eps 0.1,0.3
 """
 
@@ -50,6 +50,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _timing import provenance, results_path  # benchmarks/ is on sys.path when run as a script
 
 ROUNDS = (1, 2, 5, 10, 20)
 
@@ -324,7 +325,11 @@ def main(argv=None) -> dict:
     ap.add_argument("--square-queries", type=int, default=1000, help="Square's queries in --stronger")
     ap.add_argument("--quick", action="store_true", help="100 samples, 5 steps, 4 EOT draws, 2 epochs")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default="benchmarks/results/note_chained_rounds.json")
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="JSON path (default benchmarks/results/note_chained_rounds.json; with --quick a temporary folder)",
+    )
     ap.add_argument("--plot", default=None, help="PNG path (default: --out with .png)")
     ap.add_argument("--replot", default=None, metavar="JSON", help="only draw the plot of a JSON this script wrote")
     a = ap.parse_args(argv)
@@ -350,7 +355,9 @@ def main(argv=None) -> dict:
     notes = {}
     clean = {}
     t_all = time.perf_counter()
-    out_path = Path(a.out)
+    out_path = results_path("note_chained_rounds.json", a.out, quick=a.quick)
+    a.out = str(out_path)
+    started = provenance()  # command, commit, machine, date and load at the start
 
     def dump() -> dict:
         out = dict(
@@ -366,6 +373,11 @@ def main(argv=None) -> dict:
             machine=platform.platform(),
             jax=jax.__version__,
             backend=jax.default_backend(),
+            provenance=started,
+            command=started["command"],
+            commit=started["commit"],
+            date=started["date"],
+            load_before=started["load"],
         )
         out_path.parent.mkdir(parents=True, exist_ok=True)
         out_path.write_text(json.dumps(out, indent=1))
