@@ -247,7 +247,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--quick", action="store_true", help="32 images, 1 repeat, 500 Square queries, 1 epoch, batch 16")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="benchmarks/results/autoattack_vs_torch.json")
-    from sarjax.compile_cache import add_compile_cache_argument, enable_compile_cache
+    from sarjax.runtime.compile_cache import add_compile_cache_argument, enable_compile_cache
 
     add_compile_cache_argument(ap)  # a warm cache makes the first sarjax call load, not compile
     a = ap.parse_args(argv)

@@ -6,7 +6,7 @@ import argparse
 import sys
 import time
 
-from sarjax.compile_cache import add_compile_cache_argument
+from sarjax.runtime.compile_cache import add_compile_cache_argument
 
 
 def _positive_int(s: str) -> int:
@@ -172,7 +172,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from sarjax.demo import run_demo
 
     if args.compile_cache:
-        from sarjax.compile_cache import enable_compile_cache
+        from sarjax.runtime.compile_cache import enable_compile_cache
 
         enable_compile_cache(args.compile_cache)
     run_demo(
@@ -206,7 +206,7 @@ def cmd_sar(args: argparse.Namespace) -> int:
         auto = args.coordinator == "auto"  # TPU pod slice, Slurm, Open MPI: JAX reads the cluster's settings
         initialize(None if auto else args.coordinator, args.num_processes, args.process_id)  # before any JAX work
     if args.compile_cache:
-        from sarjax.compile_cache import enable_compile_cache
+        from sarjax.runtime.compile_cache import enable_compile_cache
 
         enable_compile_cache(args.compile_cache)
     from sarjax.demo import run_sar_on_saved_pool

@@ -92,7 +92,7 @@ def cmd_autoattack(args: argparse.Namespace) -> int:
     if args.compile_cache:
         # XLA's persistent compilation cache: a rerun (another eps, version or pool of the same
         # architecture and batch shape) loads the compiled kernels instead of compiling them again
-        from sarjax.compile_cache import enable_compile_cache
+        from sarjax.runtime.compile_cache import enable_compile_cache
 
         enable_compile_cache(args.compile_cache)
 
@@ -209,7 +209,7 @@ def register(sub) -> None:
         help="attack every member in its own call (members that differ in robustness, e.g. a defense zoo; "
         "default: members of a stack vmapped over the images still robust for any of them)",
     )
-    from sarjax.compile_cache import add_compile_cache_argument
+    from sarjax.runtime.compile_cache import add_compile_cache_argument
 
     add_compile_cache_argument(a)
     a.add_argument(

@@ -75,7 +75,7 @@ def cmd_train_defenses(args: argparse.Namespace) -> int:
         raise ValueError(f"--data-dir {args.data_dir!r} is not a directory")
     if not args.no_compile_cache:
         # the ramp's trainer calls compile the same program again: XLA's persistent cache under OUT reuses it
-        from sarjax.compile_cache import enable_compile_cache
+        from sarjax.runtime.compile_cache import enable_compile_cache
 
         enable_compile_cache(Path(args.out, ".jax_cache"))
     summary = zoo.train_defenses(

@@ -288,18 +288,18 @@ def run_entry(fns: dict, pool, entry: EntrySpec, x, y, correct, targets, *, norm
 
 
 def _open_cache(directory: Path, fp: dict[str, Any], overwrite: bool) -> None:
-    from sarjax.cover import resume
+    from sarjax.runtime import fingerprint as fingerprints
 
     has = directory.is_dir() and any(directory.glob("*.npz"))
     if overwrite and directory.is_dir():
-        resume.remove_paths(directory, ["*.npz", resume.FINGERPRINT_FILE])
+        fingerprints.remove_paths(directory, ["*.npz", fingerprints.FINGERPRINT_FILE])
         has = False
     try:
-        stored = resume.check_fingerprint(directory, fp, hint=CACHE_HINT, holds_results=has)
-    except resume.FingerprintMismatch as e:
+        stored = fingerprints.check_fingerprint(directory, fp, hint=CACHE_HINT, holds_results=has)
+    except fingerprints.FingerprintMismatch as e:
         raise ValueError(f"{e.reason}; {CACHE_HINT}") from None
     if stored is None:
-        resume.write_fingerprint(directory, fp)
+        fingerprints.write_fingerprint(directory, fp)
 
 
 def run_frontier(
@@ -342,12 +342,12 @@ def run_frontier(
     import numpy as np
 
     from sarjax.attacks.minnorm import top_k_targets
-    from sarjax.compile_cache import release_compiled_near_map_limit
-    from sarjax.cover import resume
     from sarjax.data.mnist import load_mnist
     from sarjax.frontier import PoolEntry, TrajectoryPool, build_report
     from sarjax.frontier import plots as fplots
-    from sarjax.progress import progress_bar
+    from sarjax.runtime import fingerprint as fingerprints
+    from sarjax.runtime.compile_cache import release_compiled_near_map_limit
+    from sarjax.runtime.progress import progress_bar
 
     entries = attack_pool(norm, attacks, restarts, targeted)
     if cap < 10 or cap % 10:
@@ -394,11 +394,11 @@ def run_frontier(
             cdir = outp / "cache" / tag
             fp = {
                 "kind": "frontier",
-                "sarjax_version": resume.sarjax_version(),
-                **resume.pool_fingerprint(pool),
+                "sarjax_version": fingerprints.sarjax_version(),
+                **fingerprints.pool_fingerprint(pool),
                 "data": data.source,
                 "samples": samples,
-                "images": resume.array_digest(x, y),
+                "images": fingerprints.array_digest(x, y),
                 "norm": norm,
                 "cap": cap,
                 "init_eps": eps0,
@@ -488,9 +488,9 @@ def _run_autoattack(loaded, tp, x, y, *, norm, key, cfg, out: Path, progress: bo
     import numpy as np
 
     from sarjax.attacks.autoattack import autoattack_pool
-    from sarjax.compile_cache import release_compiled_near_map_limit
     from sarjax.frontier import eps_grid
-    from sarjax.progress import progress_bar
+    from sarjax.runtime.compile_cache import release_compiled_near_map_limit
+    from sarjax.runtime.progress import progress_bar
 
     front = tp.frontier()  # [M_total, B]
     res: dict[str, Any] = {}
@@ -648,7 +648,7 @@ def format_tables(report) -> str:
 def cmd_frontier(args: argparse.Namespace) -> int:
     """Attack and defense frontiers of saved pools (papers/001)."""
     if args.compile_cache:
-        from sarjax.compile_cache import enable_compile_cache
+        from sarjax.runtime.compile_cache import enable_compile_cache
 
         enable_compile_cache(args.compile_cache)
     run_frontier(
@@ -729,7 +729,7 @@ def register(sub) -> None:
         help="Algorithm 1 also takes the least feasible completion of updates the structural constraints forbid "
         "(ours; default: as published, docs/frontier.md)",
     )
-    from sarjax.compile_cache import add_compile_cache_argument
+    from sarjax.runtime.compile_cache import add_compile_cache_argument
 
     add_compile_cache_argument(f)
     f.set_defaults(func=cmd_frontier)

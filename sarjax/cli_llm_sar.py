@@ -74,7 +74,7 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="key = jax.random.key(SEED)")
     p.add_argument("--overwrite", action="store_true", help="discard an earlier run in OUT")
     p.add_argument("--no-progress", action="store_true")
-    from sarjax.compile_cache import add_compile_cache_argument
+    from sarjax.runtime.compile_cache import add_compile_cache_argument
 
     add_compile_cache_argument(p)
     p.set_defaults(func=cmd_llm_sar)
@@ -104,15 +104,15 @@ def _settings(args: argparse.Namespace) -> dict:
 def cmd_llm_sar(args: argparse.Namespace) -> int:
     """Run ``sarjax llm-sar`` (prints the summary; writes OUT/llm_sar.json and OUT/llm_sar.png)."""
     if args.compile_cache:
-        from sarjax.compile_cache import enable_compile_cache
+        from sarjax.runtime.compile_cache import enable_compile_cache
 
         enable_compile_cache(args.compile_cache)
     hide_broken_torchvision()
     import jax
 
     from sarjax.cover.llm import harmbench_judge_fn, load_llm_pool, pool_llm_sar, refusal_judge_fn
-    from sarjax.cover.resume import FingerprintMismatch
     from sarjax.data.behaviors import load_behaviors
+    from sarjax.runtime.fingerprint import FingerprintMismatch
 
     st = _settings(args)
     cats = None if args.functional_category == "all" else [args.functional_category]

@@ -22,16 +22,16 @@ from typing import Any
 import jax
 import numpy as np
 
-from sarjax.cover import resume
 from sarjax.cover.metrics import asr as asr_metric
 from sarjax.cover.plots import plot_sar
-from sarjax.cover.result import SARResult
+from sarjax.cover.result import SARResult, rederive
 from sarjax.cover.vision import run_sar
 from sarjax.data.mnist import Split, load_mnist
 from sarjax.models.checkpoint import CheckpointError, load_pool, save_pool
 from sarjax.models.pool import Pool
 from sarjax.models.presets import PRESETS, preset_members, preset_names
 from sarjax.models.train import TrainConfig, train_pool
+from sarjax.runtime import fingerprint as fingerprints
 
 COVERAGES = (0.5, 0.75, 0.85, 1.0)  # 1 - delta
 
@@ -137,7 +137,7 @@ def pool_settings(preset: str, data: Split, s: DemoSettings) -> dict[str, Any]:
         "lr_schedule": s.lr_schedule,
         "seed": s.seed,
         "data": data.source,
-        "sarjax_version": resume.sarjax_version(),
+        "sarjax_version": fingerprints.sarjax_version(),
     }
 
 
@@ -171,11 +171,11 @@ def get_pool(
         else:
             got = {k: cfg[k] for k in want if k in cfg}
             got["members"] = pool.num_members  # what the cache holds, whatever its config says
-            diff = resume.differing_fields(got, want)
+            diff = fingerprints.differing_fields(got, want)
             if not diff:
                 print(f"[{preset}] loaded cached pool {path}")
                 return pool, cfg
-            reason = resume.mismatch_reason(f"cached pool {path}", got, want, diff).replace(
+            reason = fingerprints.mismatch_reason(f"cached pool {path}", got, want, diff).replace(
                 "was written with", "was trained with", 1
             )
             if not retrain_on_mismatch:
@@ -460,7 +460,7 @@ def open_output(
 
     Args:
       out: the command's output directory (created).
-      fingerprint: this run's settings (:mod:`sarjax.cover.resume`).
+      fingerprint: this run's settings (:mod:`sarjax.runtime.fingerprint`).
       overwrite: first delete ``owned`` (the command's own files and folders, glob patterns).
       owned: what the command writes under ``out``; nothing else is ever deleted.
       allow: fingerprint fields the caller handles itself when they differ.
@@ -473,18 +473,18 @@ def open_output(
         fingerprint; the message says ``--overwrite`` or another ``--out``.
     """
     if overwrite and out.is_dir():
-        removed = resume.remove_paths(out, owned)
+        removed = fingerprints.remove_paths(out, owned)
         if removed:
             print(f"--overwrite: removed {', '.join(sorted(p.name for p in removed))} from {out}")
     out.mkdir(parents=True, exist_ok=True)
-    holds = any(any(out.glob(n)) for n in owned if n != resume.FINGERPRINT_FILE)
-    stored = resume.check_fingerprint(out, fingerprint, hint=OUT_HINT, holds_results=holds, allow=allow)
+    holds = any(any(out.glob(n)) for n in owned if n != fingerprints.FINGERPRINT_FILE)
+    stored = fingerprints.check_fingerprint(out, fingerprint, hint=OUT_HINT, holds_results=holds, allow=allow)
     if stored is None:
-        resume.write_fingerprint(out, fingerprint)
+        fingerprints.write_fingerprint(out, fingerprint)
     return stored
 
 
-DEMO_OUTPUTS = (resume.FINGERPRINT_FILE, "results.json", "sar_*", "checkpoint")  # not pools/: a cache
+DEMO_OUTPUTS = (fingerprints.FINGERPRINT_FILE, "results.json", "sar_*", "checkpoint")  # not pools/: a cache
 
 
 def run_demo(
@@ -544,11 +544,11 @@ def run_demo(
     deltas = [round(1.0 - c, 10) for c in COVERAGES]
     fingerprint = {
         "kind": "demo",
-        "sarjax_version": resume.sarjax_version(),
+        "sarjax_version": fingerprints.sarjax_version(),
         **s.__dict__,
         "coverages": list(COVERAGES),
         "data": data.source,
-        "images": resume.array_digest(x),
+        "images": fingerprints.array_digest(x),
     }
     open_output(out, fingerprint, overwrite, DEMO_OUTPUTS)
     if s.quick:
@@ -582,7 +582,7 @@ def run_demo(
                 clock=clock,
                 label=preset,
             )
-        except resume.FingerprintMismatch as e:  # e.g. the pool was retrained to other floats
+        except fingerprints.FingerprintMismatch as e:  # e.g. the pool was retrained to other floats
             raise ValueError(f"{e.reason}; {OUT_HINT}") from None
         records[preset] = pool_record(pool, acc, member_asr, res)
         results[preset] = res
@@ -613,7 +613,7 @@ def run_demo(
     return doc
 
 
-SAR_OUTPUTS = (resume.FINGERPRINT_FILE, "results.json", "sar", "sar.png", "checkpoint")
+SAR_OUTPUTS = (fingerprints.FINGERPRINT_FILE, "results.json", "sar", "sar.png", "checkpoint")
 
 
 def _open_sar_output(outp: Path, fingerprint: dict[str, Any], overwrite: bool, delta: float) -> None:
@@ -622,12 +622,12 @@ def _open_sar_output(outp: Path, fingerprint: dict[str, Any], overwrite: bool, d
     if stored is not None and stored["delta"] != float(delta):  # read it off the finished run, or stop here
         if not ((outp / "results.json").exists() and (outp / "sar" / "result.json").exists()):
             raise ValueError(
-                f"{resume.mismatch_reason(outp, stored, fingerprint, ['delta'])}, and another delta is "
+                f"{fingerprints.mismatch_reason(outp, stored, fingerprint, ['delta'])}, and another delta is "
                 f"read off a finished run only (rerun with --delta {stored['delta']:g} to finish it "
                 f"first); {OUT_HINT}"
             )
         try:
-            resume.rederive(SARResult.load(outp / "sar"), [delta])
+            rederive(SARResult.load(outp / "sar"), [delta])
         except ValueError as e:
             raise ValueError(f"{outp}: {e}; {OUT_HINT}") from None
         print(f"{outp}: delta={delta:g} read off the finished run at delta={stored['delta']:g} (same coverage order)")
@@ -678,7 +678,7 @@ def run_sar_on_saved_pool(
     source, the attacked images, eps, delta, steps, restarts, seed, sarjax version). A rerun into
     the same OUT resumes the checkpoint (``OUT/checkpoint``) only when they match; otherwise a
     ValueError names the settings that differ. Another ``delta`` on a finished OUT is read off
-    the stored coverage order when it determines it (:func:`sarjax.cover.resume.rederive`), else
+    the stored coverage order when it determines it (:func:`sarjax.cover.result.rederive`), else
     the error names the samples. ``overwrite`` deletes OUT's results, checkpoint and fingerprint
     first.
     """
@@ -696,11 +696,11 @@ def run_sar_on_saved_pool(
     outp = Path(out)
     fingerprint = {
         "kind": "sar",
-        "sarjax_version": resume.sarjax_version(),
-        **resume.pool_fingerprint(pool),
+        "sarjax_version": fingerprints.sarjax_version(),
+        **fingerprints.pool_fingerprint(pool),
         "data": data.source,
         "samples": samples,
-        "images": resume.array_digest(x),
+        "images": fingerprints.array_digest(x),
         "eps": float(eps),
         "delta": float(delta),
         "steps": steps,
@@ -736,7 +736,7 @@ def run_sar_on_saved_pool(
             checkpoint_dir=outp / "checkpoint",
             overwrite=overwrite and not lead,  # process 0's output check cleared OUT already
         )
-    except resume.FingerprintMismatch as e:
+    except fingerprints.FingerprintMismatch as e:
         raise ValueError(f"{e.reason}; {OUT_HINT}") from None
     acc = pool.accuracy(data.x_test, data.y_test)
     rec = pool_record(pool, acc, member_asr, res)

@@ -485,7 +485,7 @@ def run_demo(
     import jax
 
     from sarjax.cover.llm import load_llm_pool, pool_llm_sar
-    from sarjax.cover.resume import array_digest, check_fingerprint, remove_paths, write_fingerprint
+    from sarjax.runtime.fingerprint import array_digest, check_fingerprint, remove_paths, write_fingerprint
 
     root = Path(out)
     times: dict[str, float] = {}

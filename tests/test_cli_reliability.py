@@ -9,11 +9,11 @@ import pytest
 
 from sarjax import demo
 from sarjax.cli import main
-from sarjax.cover.resume import FINGERPRINT_FILE
 from sarjax.data.mnist import load_mnist
 from sarjax.models.checkpoint import save_pool
 from sarjax.models.pool import Pool, Stack
 from sarjax.models.zoo import mlp
+from sarjax.runtime.fingerprint import FINGERPRINT_FILE
 
 ARCH = mlp((16,), input_shape=(28, 28, 1), num_classes=10)
 TINY = ["--samples", "3", "--steps", "2", "--restarts", "1"]

@@ -1,4 +1,4 @@
-"""``--compile-cache DIR`` (sarjax.compile_cache): XLA's persistent compilation cache for the commands.
+"""``--compile-cache DIR`` (sarjax.runtime.compile_cache): XLA's persistent compilation cache for the commands.
 
 The end-to-end test runs ``sarjax sar`` in subprocesses (JAX's cache settings are process-global):
 the first run writes compiled programs, a second run into another output directory writes none
@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from sarjax.compile_cache import enable_compile_cache, memory_maps, release_compiled_near_map_limit
+from sarjax.runtime.compile_cache import enable_compile_cache, memory_maps, release_compiled_near_map_limit
 
 TINY = ["--samples", "3", "--steps", "2", "--restarts", "1", "--eps", "0.3", "--delta", "0"]
 
@@ -74,7 +74,7 @@ def test_memory_maps_counts_this_process():
 
 _GUARD_CHECK = """
 import jax, jax.numpy as jnp
-from sarjax.compile_cache import memory_maps, release_compiled_near_map_limit
+from sarjax.runtime.compile_cache import memory_maps, release_compiled_near_map_limit
 
 def make(k):
     return jax.jit(lambda x: jnp.sum(jnp.tanh(x @ x.T + k)))

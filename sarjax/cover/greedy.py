@@ -27,7 +27,7 @@ import numpy as np
 from sarjax.cover.metrics import coverage_target
 from sarjax.cover.result import ROUND_FIELDS, SARResult, derive_sar, derive_singleton
 from sarjax.cover.types import JointAttack, SingleAttack
-from sarjax.progress import progress_bar
+from sarjax.runtime.progress import progress_bar
 
 _STATE_FILE = "greedy_state.npz"
 
@@ -277,7 +277,7 @@ def greedy_sar(
 
     rows = np.arange(b)
     x_shape = state.inputs[0].shape if state.inputs else None
-    bars = contextlib.ExitStack()  # sarjax.progress: a rich bar, or a no-op stand-in without progress
+    bars = contextlib.ExitStack()  # sarjax.runtime.progress: a rich bar, or a no-op stand-in without progress
     bar = bars.enter_context(progress_bar(progress))
     task = bar.add_task("SAR greedy", total=m, completed=state.next_round)
     try:

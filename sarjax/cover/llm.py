@@ -41,11 +41,11 @@ from typing import Any
 
 import numpy as np
 
-from sarjax.cover import resume
 from sarjax.cover.greedy import greedy_sar
 from sarjax.cover.metrics import coverage_target
-from sarjax.cover.result import SARResult
+from sarjax.cover.result import SARResult, rederive
 from sarjax.cover.types import Candidates, JointAttack, SingleAttack
+from sarjax.runtime import fingerprint as fingerprints
 
 _JOINT_STREAM = 0
 _SINGLE_STREAM = 1
@@ -549,7 +549,7 @@ def run_llm_sar(
         then serve as the greedy's fallback (the fallback for member ``j`` IS member ``j``
         attacked alone on the clean request), at no extra attack cost.
       checkpoint_dir: if set, the greedy checkpoints every round there and the run resumes with
-        the fingerprint rule (:mod:`sarjax.cover.resume`): ``fingerprint.json`` holds
+        the fingerprint rule (:mod:`sarjax.runtime.fingerprint`): ``fingerprint.json`` holds
         ``fingerprint`` (the caller's: pool hash, attack settings, judge, ...) plus the
         requests' digest, deltas, key and options; a rerun with other settings raises naming
         them; other deltas are re-derived from a finished run.
@@ -580,26 +580,26 @@ def run_llm_sar(
     if root is not None:
         fp = {
             "kind": "llm_sar",
-            "sarjax_version": resume.sarjax_version(),
+            "sarjax_version": fingerprints.sarjax_version(),
             **(fingerprint or {}),
             "num_members": m,
             "deltas": list(deltas),
-            "behaviors": resume.array_digest(np.frombuffer("\x00".join(behaviors).encode(), np.uint8)),
-            "batch": resume.array_digest(*[np.asarray(a) for a in batch]) if isinstance(batch, tuple) else None,
-            "key": resume.key_fingerprint(key),
+            "behaviors": fingerprints.array_digest(np.frombuffer("\x00".join(behaviors).encode(), np.uint8)),
+            "batch": fingerprints.array_digest(*[np.asarray(a) for a in batch]) if isinstance(batch, tuple) else None,
+            "key": fingerprints.key_fingerprint(key),
             "calls": int(calls),
             "with_asr": bool(with_asr),
         }
         hint = "pass overwrite=True (--overwrite) to discard it or choose another output directory"
         if overwrite and root.is_dir():
-            resume.remove_paths(root, _CKPT_FILES)
+            fingerprints.remove_paths(root, _CKPT_FILES)
         holds = (root / "greedy").exists() or (root / "result").exists()
-        stored = resume.check_fingerprint(root, fp, hint=hint, holds_results=holds, allow=("deltas",))
+        stored = fingerprints.check_fingerprint(root, fp, hint=hint, holds_results=holds, allow=("deltas",))
         if stored is None:
-            resume.write_fingerprint(root, fp)
+            fingerprints.write_fingerprint(root, fp)
         elif stored["deltas"] != list(deltas) and not (root / "result" / "result.json").exists():
-            raise resume.FingerprintMismatch(
-                resume.mismatch_reason(root, stored, fp, ["deltas"])
+            raise fingerprints.FingerprintMismatch(
+                fingerprints.mismatch_reason(root, stored, fp, ["deltas"])
                 + f", and other deltas are read off a finished run only (rerun with deltas={stored['deltas']})",
                 hint,
                 ["deltas"],
@@ -652,7 +652,7 @@ def run_llm_sar(
     if done is not None and (done / "result.json").exists():
         result = SARResult.load(done)
         if tuple(result.deltas) != deltas:
-            result = resume.rederive(result, deltas)
+            result = rederive(result, deltas)
     else:
         joint, single = oracles(attack, key, single_attack=single_attack)
         if single_runs is not None:
@@ -808,7 +808,7 @@ def pool_digest(pool: Any) -> str:
         for s in pool.stacks
     ]
     leaves = [np.asarray(x) for s in pool.stacks for x in jax.tree.leaves(s.params)]
-    return resume.array_digest(*parts, *leaves)
+    return fingerprints.array_digest(*parts, *leaves)
 
 
 def sampled_seed_fn(
@@ -937,7 +937,11 @@ def _mixed_tokenizer_parts(pool, behaviors, attack, st, target, refusal, system,
             # that request's beams start empty, and the report lists it
             dropped = [b for b, x in enumerate(texts) if x and fn.seed_violations(pool, x)]
             call["suffix_init"] = ["" if b in dropped else x for b, x in enumerate(texts)]
-            st["seeds"] = {"tokens": int(seed_tokens), "digest": resume.array_digest(ids, lens), "dropped": dropped}
+            st["seeds"] = {
+                "tokens": int(seed_tokens),
+                "digest": fingerprints.array_digest(ids, lens),
+                "dropped": dropped,
+            }
     return fn, pool, list(behaviors), call, st
 
 
@@ -1073,7 +1077,7 @@ def pool_llm_sar(
                 )
                 st["seeds"] = {
                     "tokens": int(seed_tokens),
-                    "digest": resume.array_digest(kw["suffix_init"], kw["init_len"]),
+                    "digest": fingerprints.array_digest(kw["suffix_init"], kw["init_len"]),
                 }
         st = {**st, "calls": calls, "max_queries": mq}
     fp = {

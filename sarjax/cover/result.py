@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -291,7 +293,7 @@ class SARResult:
         """``[B]`` SAR for another delta, read off this run's coverage order.
 
         Equal to a separate run for ``delta`` on every sample, or an error:
-        delegates to :func:`sarjax.cover.resume.rederive`, which refuses the
+        delegates to :func:`rederive`, which refuses the
         samples this run does not determine (e.g. a sample the run stopped,
         because a stricter target became unreachable, while the new target was
         still reachable).
@@ -300,8 +302,6 @@ class SARResult:
             ValueError: the target is stricter than every target of the run, or
                 some samples are not determined (named in the message).
         """
-        from sarjax.cover.resume import rederive  # resume imports this module
-
         tau = coverage_target(delta, self.num_members)
         if tau > max(self.taus):
             raise ValueError(f"delta={delta} needs tau={tau} > the strictest run tau={max(self.taus)}")
@@ -562,3 +562,52 @@ def concat_results(results: list[SARResult]) -> SARResult:
         **per_sample,
         **per_round,
     )
+
+
+def rederive(result: SARResult, deltas: Sequence[float]) -> SARResult:
+    """The result of a finished run for other deltas, read off its coverage order.
+
+    A separate run for target ``tau`` follows the stored run's rounds for as long as both keep
+    a sample active (the oracles see only the sample's own mask and key). So its ``k_hat`` for a
+    sample is determined when the stored run either reached ``tau`` for it (the first such
+    round gives ``k_hat``) or stopped with ``covered + |I| < tau`` (no input can reach ``tau``:
+    SAR = 1). A sample the stored run stopped while ``tau`` was still reachable (e.g. a looser
+    target after a stricter run gave up, or a stricter target after a looser one was met) is
+    not determined, and no number is made up for it.
+
+    Args:
+        result: a finished run (the full result with its round logs).
+        deltas: the new deltas, each in ``[0, 1)``.
+
+    Returns:
+        A copy of ``result`` with ``deltas``, ``taus``, ``sar``, ``k_hat``, ``reached`` (and the
+        singleton-completed fields) for the new deltas.
+
+    Raises:
+        ValueError: a delta the stored run does not determine, naming the samples.
+    """
+    if isinstance(deltas, (int, float)):
+        deltas = (deltas,)
+    deltas = tuple(float(d) for d in deltas)
+    if not deltas:
+        raise ValueError("deltas must hold at least one delta")
+    m = result.num_members
+    taus = tuple(coverage_target(d, m) for d in deltas)
+    sar, k_hat, reached = derive_sar(
+        result.new_covered, result.recorded, result.clean_broken, result.valid, taus, m, result.count_clean_input
+    )
+    count = result.covered.sum(axis=1)
+    left = np.where(result.valid, m - count - result.unbreakable.sum(axis=1), 0)
+    for j, (delta, tau) in enumerate(zip(deltas, taus)):
+        open_ = np.flatnonzero(result.valid & ~reached[:, j] & (count + left >= tau))
+        if open_.size:
+            raise ValueError(
+                f"delta={delta:g} (tau={tau} of M={m}) is not determined by the stored run at "
+                f"deltas={list(result.deltas)}: samples {open_[:10].tolist()}"
+                f"{' ...' if open_.size > 10 else ''} stopped with tau={tau} still reachable"
+            )
+    names = {f.name for f in dataclasses.fields(result)}
+    derived = {
+        n: None for n in ("sar_singleton", "k_singleton", "singleton_added", "singleton_unbreakable") if n in names
+    }  # rebuilt for the new taus from the round logs
+    return dataclasses.replace(result, deltas=deltas, taus=taus, sar=sar, k_hat=k_hat, reached=reached, **derived)

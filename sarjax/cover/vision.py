@@ -17,11 +17,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sarjax.cover import resume
 from sarjax.cover.greedy import greedy_sar
 from sarjax.cover.metrics import coverage_target
-from sarjax.cover.result import SARResult, concat_results
+from sarjax.cover.result import SARResult, concat_results, rederive
 from sarjax.cover.types import Candidates, JointAttack, SingleAttack
+from sarjax.runtime import fingerprint as fingerprints
 
 _JOINT_STREAM = 0
 _SINGLE_STREAM = 1
@@ -311,7 +311,7 @@ def _on_mesh(sharded: Any, attack: Callable) -> Callable:
 
 
 _CKPT_HINT = "pass overwrite=True to discard it or choose another checkpoint_dir"
-_CKPT_FILES = (resume.FINGERPRINT_FILE, "chunk_*")  # what run_sar writes under checkpoint_dir
+_CKPT_FILES = (fingerprints.FINGERPRINT_FILE, "chunk_*")  # what run_sar writes under checkpoint_dir
 
 
 def _open_checkpoint(root: Path, fingerprint: dict, overwrite: bool, num_chunks: int) -> None:
@@ -322,16 +322,16 @@ def _open_checkpoint(root: Path, fingerprint: dict, overwrite: bool, num_chunks:
     run finished (each chunk's result is then re-derived from its coverage order).
     """
     if overwrite and root.is_dir():
-        resume.remove_paths(root, _CKPT_FILES)
+        fingerprints.remove_paths(root, _CKPT_FILES)
     holds = root.is_dir() and any(root.glob("chunk_*"))
-    stored = resume.check_fingerprint(root, fingerprint, hint=_CKPT_HINT, holds_results=holds, allow=("deltas",))
+    stored = fingerprints.check_fingerprint(root, fingerprint, hint=_CKPT_HINT, holds_results=holds, allow=("deltas",))
     if stored is None:
-        resume.write_fingerprint(root, fingerprint)
+        fingerprints.write_fingerprint(root, fingerprint)
         return
     finished = all((root / f"chunk_{i}" / "result" / "result.json").exists() for i in range(num_chunks))
-    if resume.differing_fields(stored, {**stored, "deltas": fingerprint["deltas"]}) and not finished:
-        raise resume.FingerprintMismatch(
-            resume.mismatch_reason(root, stored, fingerprint, ["deltas"]) + ", and other deltas are read "
+    if fingerprints.differing_fields(stored, {**stored, "deltas": fingerprint["deltas"]}) and not finished:
+        raise fingerprints.FingerprintMismatch(
+            fingerprints.mismatch_reason(root, stored, fingerprint, ["deltas"]) + ", and other deltas are read "
             f"off a finished run only (rerun with deltas={stored['deltas']} to finish it first)",
             _CKPT_HINT,
             ["deltas"],
@@ -410,11 +410,11 @@ def run_sar(
             ``fingerprint.json`` records everything that changes the result
             (pool content hash and conv impl, eps, deltas, a hash of the
             images, labels and sample ids, attack settings, key, chunking,
-            options, sarjax version; :mod:`sarjax.cover.resume`). A rerun
+            options, sarjax version; :mod:`sarjax.runtime.fingerprint`). A rerun
             resumes only when it matches; otherwise a ValueError names the
             settings that differ. The one accepted difference is the deltas of
             a finished run: they are re-derived from its coverage order
-            (:func:`sarjax.cover.resume.rederive`), or a ValueError names the
+            (:func:`sarjax.cover.result.rederive`), or a ValueError names the
             samples that order does not determine.
         overwrite: delete what an earlier run wrote in ``checkpoint_dir``
             (``fingerprint.json`` and ``chunk_*``, nothing else) and start afresh.
@@ -447,7 +447,7 @@ def run_sar(
         TypeError, ValueError: bad ``pool``, ``eps``, ``deltas``, no ``key``, ``labels``
             (each in ``[0, C)``), inputs (``[B >= 1, *input_shape]`` in
             ``[0, 1]``), ``chunk_size`` or ``sample_ids``; a ``checkpoint_dir``
-            written with other settings (:class:`sarjax.cover.resume.FingerprintMismatch`).
+            written with other settings (:class:`sarjax.runtime.fingerprint.FingerprintMismatch`).
     """
     from sarjax.models.sharding import ShardedPool
 
@@ -524,21 +524,21 @@ def run_sar(
     if root is not None:
         fingerprint = {
             "kind": "run_sar",
-            "sarjax_version": resume.sarjax_version(),
-            **resume.pool_fingerprint(base),
+            "sarjax_version": fingerprints.sarjax_version(),
+            **fingerprints.pool_fingerprint(base),
             "num_members": m,
             "eps": float(eps),
             "deltas": list(deltas),
             "batch": b,
-            "images": resume.array_digest(x),
-            "sample_ids": resume.array_digest(ids.astype(np.int64)),
-            "labels": None if labels is None else resume.array_digest(y.astype(np.int64)),
+            "images": fingerprints.array_digest(x),
+            "sample_ids": fingerprints.array_digest(ids.astype(np.int64)),
+            "labels": None if labels is None else fingerprints.array_digest(y.astype(np.int64)),
             "attack": "custom" if custom_attack else "joint_pgd",
             "steps": None if custom_attack else int(steps),
             "restarts": None if custom_attack else int(restarts),
             "step_size": None if custom_attack or step_size is None else float(step_size),
             "use_best": bool(use_best),
-            "key": resume.key_fingerprint(key),
+            "key": fingerprints.key_fingerprint(key),
             "chunk_size": chunk_size,
             "count_clean_input": bool(count_clean_input),
             "stop_when_unreachable": bool(stop_when_unreachable),
@@ -558,7 +558,7 @@ def run_sar(
             part = SARResult.load(done_dir)
             if tuple(part.deltas) != deltas:  # a finished run asked for other deltas
                 try:
-                    part = resume.rederive(part, deltas)
+                    part = rederive(part, deltas)
                 except ValueError as e:
                     raise ValueError(f"{root}: {e}; {_CKPT_HINT}") from None
         else:

@@ -501,7 +501,7 @@ def train_self_ensemble(
         (p, s), losses = jax.lax.scan(body, (p, s), (idx, keys))
         return p, s, losses.mean()
 
-    from sarjax.progress import progress_bar
+    from sarjax.runtime.progress import progress_bar
 
     xd, yd = jnp.asarray(x), jnp.asarray(y.astype(np.int32))
     hist = []

@@ -13,7 +13,7 @@ loadable by every ``--pool`` command), the self-ensemble as ``DIR/<name>/params.
 :func:`save_zoo_pool`); ``DIR/zoo.json`` indexes them with each one's fingerprint, clean accuracy and
 training time. A rerun skips the defenses whose fingerprint (the entry, the training settings,
 the data, the teacher, the sarjax version) is unchanged and refuses the stale ones unless
-``overwrite`` is given (as :mod:`sarjax.cover.resume` does for runs).
+``overwrite`` is given (as :mod:`sarjax.runtime.fingerprint` does for runs).
 
 :func:`load_zoo` restores them as :class:`ZooModel` (deterministic ``apply``, params, a one-member
 :class:`~sarjax.models.pool.Pool`, and the stochastic ``apply(params, x, key)`` of the randomized
@@ -371,7 +371,7 @@ def _sha(obj: Any) -> str:
 def fingerprint(defense: Defense, settings: ZooSettings, data_digest: str, teacher_sha: str | None = None) -> dict:
     """Everything that changes a trained defense: the entry, the settings, the data, the teacher's
     fingerprint (distillation) and the sarjax version."""
-    from sarjax.cover.resume import sarjax_version
+    from sarjax.runtime.fingerprint import sarjax_version
 
     return {
         "format": ZOO_FORMAT,
@@ -585,11 +585,11 @@ def train_defenses(
     import jax
 
     from sarjax.attacks.eot import with_input_noise
-    from sarjax.cover.resume import array_digest
     from sarjax.data.mnist import load_mnist
     from sarjax.defenses import self_ensemble as se
     from sarjax.models.checkpoint import load_pool, save_pool
     from sarjax.models.pool import Pool, Stack
+    from sarjax.runtime.fingerprint import array_digest
 
     t_start = time.perf_counter()
     names = list(only) if only else defense_names()

@@ -416,7 +416,7 @@ def train_stack(
     hist = TrainHistory(stopped_epoch=[config.epochs] * k)
     base_keys = jnp.stack([jax.random.key(c.seed) for c in cfgs])
 
-    from sarjax.progress import progress_bar
+    from sarjax.runtime.progress import progress_bar
 
     with progress_bar(progress) as bar:
         task = bar.add_task(f"train {label or arch.name} (K={k})", total=config.epochs)

@@ -549,7 +549,7 @@ def test_sar_at_equals_a_separate_run_or_refuses():
 
 @pytest.mark.parametrize("progress", [False, True])
 def test_greedy_progress_goes_through_sarjax_progress(monkeypatch, progress):
-    # The greedy's bar is sarjax.progress.progress_bar (a no-op stand-in when progress=False): one task
+    # The greedy's bar is sarjax.runtime.progress.progress_bar (a no-op stand-in when progress=False): one task
     # of M rounds, advanced once per round only when progress is on.
     import contextlib
 

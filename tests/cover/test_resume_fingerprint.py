@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from sarjax.cover import SetSystemOracle, greedy_sar
-from sarjax.cover.resume import (
+from sarjax.cover.result import rederive
+from sarjax.runtime.fingerprint import (
     FINGERPRINT_FILE,
     FingerprintMismatch,
     check_fingerprint,
-    rederive,
     write_fingerprint,
 )
 

@@ -134,7 +134,7 @@ def test_frontier_results_unchanged_when_the_map_guard_drops_the_programs(pools,
     """Near vm.max_map_count a run drops JAX's compiled programs between entries
     (compile_cache.release_compiled_near_map_limit); forced after every entry here, the cached
     trajectories equal those of a run without a drop, bit for bit."""
-    from sarjax import compile_cache
+    from sarjax.runtime import compile_cache
 
     a, b = tmp_path / "a", tmp_path / "b"
     args = ["--models", *pools, *ARGS, "--restarts", "0"]  # 2 pools x 2 entries (fmn, fmn/t1)

@@ -22,7 +22,7 @@ from sarjax.cover.llm import (
     refusal_judge_fn,
     run_llm_sar,
 )
-from sarjax.cover.resume import FingerprintMismatch
+from sarjax.runtime.fingerprint import FingerprintMismatch
 
 B, N, M = 4, 5, 6
 REQ0, SEP = 50, 7  # request b is token REQ0 + b; suffix n is token n + 1

@@ -1,0 +1,1 @@
+"""Leaves every layer may use: XLA's compile cache, progress bars, run-directory fingerprints."""
