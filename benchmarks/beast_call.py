@@ -1,7 +1,7 @@
 """Joint BEAST on the llm-demo pool: wall time of one 15,000-query call, and candidates scored per
 second by sarjax vs a transformers (PyTorch) loop over the members.
 
-1. One joint BEAST call with papers/000 Table 2's settings (beam width 10, suffix 30 tokens,
+1. One joint BEAST call with the SAR paper Table 2's settings (beam width 10, suffix 30 tokens,
    temperature 1, ``max_queries=15,000``) on one held-out behavior against all M = 6 members of the
    demo pool (``sarjax llm-demo``: three Llama d=64 and three Qwen2 d=48, two stacks). The first
    call (compile included) and the next ``--reps`` calls (other keys) are timed.

@@ -114,7 +114,7 @@ def aoi_vs_budget(src: Path, report: dict, budgets) -> list[dict]:
 
 
 def markdown(report: dict) -> str:
-    """The reproduction tables of papers/001 from a ``frontier.json``: Figure 2's train / held-out
+    """The reproduction tables of the frontier paper from a ``frontier.json``: Figure 2's train / held-out
     AOI per tier, Tables 4 and 6 (per model AOI and robust accuracy at ``eps_ref``, ensemble
     vs the fixed-eps attack scored as a curve), Table 7 (DOI per tier), Figure 5's rank changes."""
     tiers = report["tiers"]

@@ -1,7 +1,7 @@
 """Joint GCG step throughput: sarjax (``make_gcg``: one compiled ``lax.scan``, members stacked and
 vmapped) vs a PyTorch transformers loop written the same way, on the same weights.
 
-One joint GCG step (papers/000; Zou et al. 2023) on a pool of M tiny Llamas and one request:
+One joint GCG step (the SAR paper; Zou et al. 2023) on a pool of M tiny Llamas and one request:
 the one-hot token gradient of the joint refusal loss (one backward pass per member), the top-k
 substitutions per suffix position, ``candidates`` single-token candidates, every candidate scored
 by every member, the move to the best candidate. The PyTorch side does exactly this with a Python
@@ -136,8 +136,8 @@ def _scoring_matmuls(params, n_rows, n_target_rows):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--members", type=int, default=4)
-    ap.add_argument("--candidates", type=int, default=64, help="candidates per step (64, papers/000 Table 3)")
-    ap.add_argument("--topk", type=int, default=256, help="substitutions per position (256, papers/000 Table 3)")
+    ap.add_argument("--candidates", type=int, default=64, help="candidates per step (64, the SAR paper Table 3)")
+    ap.add_argument("--topk", type=int, default=256, help="substitutions per position (256, the SAR paper Table 3)")
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--d", type=int, default=128)
     ap.add_argument("--vocab", type=int, default=2048)

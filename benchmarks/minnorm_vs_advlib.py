@@ -315,7 +315,7 @@ def _cpu_name() -> str:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=None, help="test samples (correctly classified by both members; 64)")
-    ap.add_argument("--queries", type=int, default=None, help="query cap T per sample (papers/001: 1000)")
+    ap.add_argument("--queries", type=int, default=None, help="query cap T per sample (the frontier paper: 1000)")
     ap.add_argument("--epochs", type=int, default=None, help="training epochs of the members (4)")
     ap.add_argument("--train-samples", type=int, default=None, help="training images per epoch (all; --quick 10000)")
     ap.add_argument("--repeats", type=int, default=3, help="warm sarjax calls timed (the fastest is reported)")

@@ -1,4 +1,4 @@
-"""papers/002 (the Note) reproduced: chained rounds vs sarjax's bounded rounds.
+"""the Note reproduced: chained rounds vs sarjax's bounded rounds.
 
 Fort (2025) found that an adaptive attack on the multi-resolution self-ensemble ran n rounds of
 PGD where each round started from the previous round's OUTPUT and projected into the eps-ball of
@@ -362,7 +362,7 @@ def main(argv=None) -> dict:
     def dump() -> dict:
         out = dict(
             benchmark="note_chained_rounds",
-            paper="papers/002 (Fort 2025): chained rounds grow the perturbation to n * eps",
+            paper="the Note (Fort 2025): chained rounds grow the perturbation to n * eps",
             settings=dict(vars(a), rounds=rounds),
             samples=len(x0),
             models=notes,
@@ -440,7 +440,7 @@ def _plot(rows, path):
         ax[i, 0].set_title(f"eps = {eps:.4g}", fontsize=9)
         ax[i, 0].legend(fontsize=7)
         ax[i, 1].legend(fontsize=7)
-    fig.suptitle("papers/002: chained rounds (the error) vs bounded rounds (sarjax make_rounds)")
+    fig.suptitle("the Note: chained rounds (the error) vs bounded rounds (sarjax make_rounds)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     print(f"wrote {path}")

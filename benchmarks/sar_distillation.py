@@ -1,4 +1,4 @@
-"""SAR and individual ASR along distillation (papers/000, Figure 3).
+"""SAR and individual ASR along distillation (the SAR paper, Figure 3).
 
 A teacher (the residual CNN) is trained on the MNIST training split and labels a transfer set
 (EMNIST-digits when ``--emnist-dir`` is given, else augmented MNIST training images from

@@ -1,4 +1,4 @@
-"""SAR of the low / medium / high diversity pools over eps (papers/000, Figure 2).
+"""SAR of the low / medium / high diversity pools over eps (the SAR paper, Figure 2).
 
 Joint PGD per Table 1 (40 steps, eps/16, 3 restarts), safe region = own clean prediction,
 SAR_{1-delta} for 1-delta in {0.5, 0.75, 0.85, 1.0} over eps in {0.02, 0.05, 0.1, 0.15, 0.2}, next to

@@ -1,6 +1,6 @@
-"""SAR end to end: sarjax's ``run_sar`` vs a PyTorch reference of papers/000's Algorithm 1.
+"""SAR end to end: sarjax's ``run_sar`` vs a PyTorch reference of the SAR paper's Algorithm 1.
 
-The PyTorch reference is written here from the paper (papers/000, Algorithm 1 and Table 1), the
+The PyTorch reference is written here from the paper (the SAR paper, Algorithm 1 and Table 1), the
 way a careful PyTorch user would write it, and shares no code with sarjax's greedy or attacks:
 
 * **joint PGD** (Table 1): untargeted, the mean cross-entropy of the selected (uncovered) members
@@ -116,7 +116,7 @@ from sarjax.cover.metrics import coverage_target  # noqa: E402
 from sarjax.models.pool import Pool, Stack  # noqa: E402
 from sarjax.models.zoo import Arch  # noqa: E402
 
-COVERAGES = (0.5, 0.75, 0.85, 1.0)  # 1 - delta, as in the demo (papers/000)
+COVERAGES = (0.5, 0.75, 0.85, 1.0)  # 1 - delta, as in the demo (the SAR paper)
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -261,7 +261,7 @@ class TorchPool:
 
 
 def torch_joint_pgd(tp: TorchPool, x0, ref, sel, evaluate, *, eps, steps, restarts, starts):
-    """Joint linf PGD on the selected members of each sample (papers/000, Table 1).
+    """Joint linf PGD on the selected members of each sample (the SAR paper, Table 1).
 
     Args:
       tp: the pool.
@@ -326,7 +326,7 @@ def torch_joint_pgd(tp: TorchPool, x0, ref, sel, evaluate, *, eps, steps, restar
 
 
 def torch_sar(tp: TorchPool, x, ref, eps: float, deltas, *, steps: int, restarts: int, starts=None) -> dict:
-    """Algorithm 1 of papers/000 for every sample at once; ``k_hat`` per delta.
+    """Algorithm 1 of the SAR paper for every sample at once; ``k_hat`` per delta.
 
     Args:
       tp: the pool. x: ``[B, 1, H, W]`` float32 tensor. ref: ``[B, M]`` long (own clean predictions).
@@ -647,7 +647,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--members", type=int, default=20)
     ap.add_argument("--epochs", type=int, default=10, help="training epochs when the pool is trained here")
     ap.add_argument("--images", type=int, default=16, help="MNIST test images (the first ones)")
-    ap.add_argument("--eps", type=float, default=0.05, help="papers/000's MNIST radius")
+    ap.add_argument("--eps", type=float, default=0.05, help="the SAR paper's MNIST radius")
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--restarts", type=int, default=3)
     ap.add_argument("--reps", type=int, default=1, help="timed greedy runs per contender (round robin)")

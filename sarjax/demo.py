@@ -1,7 +1,7 @@
 """The main job: SAR of the three MNIST diversity pools (``sarjax demo``) and SAR of a saved
 pool (``sarjax sar``).
 
-papers/000, "Vision pools": low / medium / high diversity pools of M=20 models, joint PGD of its
+the SAR paper, "Vision pools": low / medium / high diversity pools of M=20 models, joint PGD of its
 Table 1 (40 steps, step eps/16, 3 restarts), the safe region = each member's own clean
 prediction, SAR_{1-delta} for 1-delta in {0.5, 0.75, 0.85, 1.0} at eps = 0.05.
 """
@@ -84,12 +84,12 @@ class DemoSettings:
     """What one demo run does (the defaults are the paper's; ``quick_settings()`` is the 3-minute run).
 
     Attributes:
-      members: pool size M (papers/000: 20).
+      members: pool size M (the SAR paper: 20).
       epochs: maximum training epochs (early stopping, patience 3; the paper: Adam and early
         stopping, its Appendix A.3.1).
       samples: test images attacked (50: the standard error of a SAR cell is then about 0.03).
-      eps: linf radius (papers/000: 0.05 on MNIST).
-      steps, restarts: joint PGD (papers/000 Table 1: 40 steps of eps/16, 3 restarts).
+      eps: linf radius (the SAR paper: 0.05 on MNIST).
+      steps, restarts: joint PGD (the SAR paper Table 1: 40 steps of eps/16, 3 restarts).
       seed: seed of the pools and the attacks.
       quick: the 3-minute run.
       lr_schedule: :attr:`sarjax.models.train.TrainConfig.lr_schedule` of the pools (constant:
@@ -300,7 +300,7 @@ def pool_record(pool: Pool, acc: np.ndarray, member_asr: np.ndarray, result: SAR
     """One pool's results.json entry; every per-coverage dict is keyed by ``f"{1 - delta:g}"``.
 
     ``sar`` (mean SAR, kept for older readers), ``sar_se`` (its standard error over the valid
-    samples), ``sar_singleton`` / ``sar_singleton_se`` (singleton-completed SAR, papers/000
+    samples), ``sar_singleton`` / ``sar_singleton_se`` (singleton-completed SAR, the SAR paper
     Figures 7-8, docs/cover.md) and ``singleton_unbreakable_share`` (the part of it resting on
     members the single-model attack could not break). A standard error is None for one sample.
     """
@@ -412,7 +412,7 @@ def attack_copy(pool: Pool, conv_impl: str) -> Pool:
 
     Only the zoo's ``cnn`` family has a fused kernel (:func:`sarjax.models.fused_members.supports`);
     :meth:`Pool.with_conv_impl` would turn a residual CNN's convolutions into XLA's, whose
-    gradients are slow on CPU (DESIGN.md), so those keep their own formulation.
+    gradients are slow on CPU (docs/design.md), so those keep their own formulation.
     """
     from sarjax.models.pool import Stack
 
@@ -423,7 +423,7 @@ def attack_copy(pool: Pool, conv_impl: str) -> Pool:
 
 
 def shared_joint_pgd(cache: dict[Any, Any], pool: Pool, *, steps: int, restarts: int) -> Any:
-    """The joint PGD of papers/000 Table 1 for ``pool``, one per pool structure in ``cache``.
+    """The joint PGD of the SAR paper Table 1 for ``pool``, one per pool structure in ``cache``.
 
     Pools whose stacks have equal architectures and member counts (the low and the medium preset)
     get the same attack, built on the first one's ``apply``: it computes from the ``params`` it is
@@ -595,7 +595,7 @@ def run_demo(
         "data": data.source,
         "samples": s.samples,
         "attack": {
-            "name": "joint PGD (papers/000 Table 1)",
+            "name": "joint PGD (the SAR paper Table 1)",
             "steps": s.steps,
             "step_size": "eps/16",
             "restarts": s.restarts,

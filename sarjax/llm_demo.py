@@ -10,12 +10,12 @@ No model hub is reachable here, so the demo builds everything on the CPU, in JAX
    tied embeddings), two sizes, different seeds and data mixes (the share of harmful
    behaviors seen, the refusal wording, random-word suffixes appended to training requests);
 4. a teacher (a wider, deeper Llama with its own refusal wording and all of the data);
-5. descendants: each member fine-tuned on the teacher's greedy trajectories (papers/000's
+5. descendants: each member fine-tuned on the teacher's greedy trajectories (the SAR paper's
    distillation: students of one shared teacher);
 6. SAR and per-member ASR of both pools with joint BEAST on the held-out behaviors
    (:func:`sarjax.cover.llm.pool_llm_sar`), and whether the paper's claim holds here: SAR falls
    after distillation from a shared teacher, and falls more than individual robustness
-   ``1 - ASR`` (papers/000, Table 6 and Figure 5).
+   ``1 - ASR`` (the SAR paper, Table 6 and Figure 5).
 
 Every model is written as a Hugging Face checkpoint folder (``config.json``,
 ``model.safetensors``, tokenizer files), so ``sarjax llm-sar --pool OUT/pool_before/*`` reads the
@@ -118,7 +118,7 @@ class DemoSettings:
       distill_steps: fine-tuning steps of each descendant on the teacher's trajectories.
       batch_size: sequences per step; lr: Adam learning rate.
       eval_behaviors: held-out behaviors attacked.
-      suffix_len, beam_width, max_queries, calls: joint BEAST (reduced from papers/000's
+      suffix_len, beam_width, max_queries, calls: joint BEAST (reduced from the SAR paper's
         30 / 10 / 15,000 / 4 to fit the CPU budget; the paper's are :data:`sarjax.cover.llm.ATTACK_DEFAULTS`).
       max_new_tokens: response tokens judged.
       deltas: SAR deltas.
@@ -611,7 +611,7 @@ def run_demo(
 
 
 def _claim(runs: dict[str, dict], deltas: Sequence[float]) -> dict[str, Any]:
-    """SAR and ``1 - ASR`` before / after, and whether papers/000's distillation claim holds."""
+    """SAR and ``1 - ASR`` before / after, and whether the SAR paper's distillation claim holds."""
     rows = []
     for j, d in enumerate(deltas):
         sb = runs["before"]["summary"]["per_delta"][j]["mean_sar"]

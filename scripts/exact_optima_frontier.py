@@ -2,7 +2,7 @@
 
 Runs the whole minimum-norm attack pool of ``sarjax frontier`` (every attack of the norm, each
 with its random restarts and targeted runs at the top-9 wrong classes of each net, any
-misclassification counting; papers/001 Section 5.1) with trajectories on the two ReLU nets of
+misclassification counting; the frontier paper Section 5.1) with trajectories on the two ReLU nets of
 ``tests/frontier/fixtures`` (their 24 images; exact minimal distances by MILP,
 docs/exact_optima.md), builds the nested allocations of Algorithm 1 (4k / 8k / 12k queries per
 sample, fitted on both nets) and scores every tier's ensemble, the pool's frontier (the
@@ -43,7 +43,7 @@ import exact_minimal_distances as emd  # noqa: E402
 # Restart radius: sarjax frontier's MNIST radii (cli_frontier.INIT_EPS); the fixture images are
 # 2x2 block averages (14x14), which keep linf distances and divide l1 distances by up to 4.
 INIT_EPS = {"linf": 0.1, "l1": 5.0 / 4}
-LEVEL_EVERY = 100  # papers/001 Section 5.1: candidate levels S = {100, ..., 1000}
+LEVEL_EVERY = 100  # the frontier paper Section 5.1: candidate levels S = {100, ..., 1000}
 
 
 class FixturePool:

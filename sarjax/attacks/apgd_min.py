@@ -1,4 +1,4 @@
-"""Minimum-norm APGD (APGD-min; papers/001 Section 3.3) for l1, l2, linf.
+"""Minimum-norm APGD (APGD-min; the frontier paper Section 3.3) for l1, l2, linf.
 
 APGD's projected-gradient updates (Croce & Hein, ICML 2020; l1: Croce & Hein,
 ICCV 2021) with a per-sample radius ``eps_t`` instead of a fixed one:
@@ -219,11 +219,11 @@ def spec(*, loss: str = "ce", rho: float = 0.75, gamma_init: float = 0.05, gamma
     """APGD-min as a :class:`~sarjax.attacks.minnorm.Spec`.
 
     Args:
-      loss: ``"ce"`` or ``"dlr"`` (papers/001 Table 3 runs both, APGDmin-CE and
+      loss: ``"ce"`` or ``"dlr"`` (the frontier paper Table 3 runs both, APGDmin-CE and
         APGDmin-DLR; DLR needs >= 3 classes, its targeted form 4).
       rho: APGD's oscillation threshold 0.75 (Croce & Hein 2020).
       gamma_init, gamma_final: radius update rate, cosine 0.05 -> 0.001
-        (FMN's defaults, which papers/001 Section 3.3 follows).
+        (FMN's defaults, which the frontier paper Section 3.3 follows).
     """
     if loss not in _LOSSES:
         raise ValueError(f"loss must be 'ce' or 'dlr', got {loss!r}")

@@ -1,6 +1,6 @@
 """The bound audit: is every adversarial point inside the threat model?
 
-papers/002 (a note on implementation errors in adaptive attacks) documents a
+the Note (a note on implementation errors in adaptive attacks) documents a
 published result whose multi-round attack restarted each round from the
 previous round's output, so the perturbation grew to n * eps.  Every sarjax
 attack entry point calls :func:`check` on its output, measured against the

@@ -53,7 +53,7 @@ the ``eot`` draws, i.e. the smoothed prediction; the clean accuracy uses the sam
 runs as a fixed-eps attack: its minimum-norm point counts only if its realized norm is
 ``<= eps`` (``fab_base.py``: ``res <= eps``).
 
-Query accounting (DESIGN.md): one forward or one backward pass of one member on one sample is
+Query accounting (docs/design.md): one forward or one backward pass of one member on one sample is
 one query. Per (sample, member): the clean evaluation (``eot``); per run on a still-robust pair,
 what the building block charges (APGD: its clean evaluation ``eot``, then ``2 eot`` per gradient
 iteration, ``n_iter + 1`` of them, plus ``eot`` for the final re-evaluation with EOT; FAB-T:

@@ -1,6 +1,6 @@
 """Joint PGD: one input per sample that fools as many selected members as possible.
 
-The SAR greedy cover (papers/000, Algorithm 1) calls this once per round with
+The SAR greedy cover (the SAR paper, Algorithm 1) calls this once per round with
 each sample's uncovered-member mask; the mask is a traced argument, so a new
 mask never recompiles.
 """
@@ -26,7 +26,7 @@ def make_joint_pgd(
     audit: bool = True,
     eot: int = 1,
 ) -> Callable:
-    """Joint PGD of the SAR paper's Table 1 (papers/000).
+    """Joint PGD of the SAR paper's Table 1 (the SAR paper).
 
     Untargeted, maximises the average cross-entropy of the selected
     (uncovered) members relative to their reference labels (on MNIST each

@@ -2,7 +2,7 @@
 
 A stack of K members of one architecture is attacked by the single-model attack's state machine
 vmapped over the stacked params (one compiled call per stack); a pool of several stacks is
-handled stack by stack on the host and concatenated (DESIGN.md: never ``lax.switch`` across
+handled stack by stack on the host and concatenated (docs/design.md: never ``lax.switch`` across
 architectures). Results have the member axis second, ``[B, M]``, like every other attack; the
 returned points are per member, ``x_adv [B, M, *S]``. The success matrix is the per-member ASR
 the cover metrics need.

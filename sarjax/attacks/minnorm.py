@@ -21,7 +21,7 @@ per-member evaluation); with ``stacked=True`` (``apply`` one member's apply, ``p
 stacked on a leading member axis) the member apply is vmapped over the stacked params (each
 member evaluates only its own iterates).  No Python loop over members, samples or steps.
 
-Query accounting (DESIGN.md "Attacks", :mod:`sarjax.attacks.queries`): one forward or one
+Query accounting (docs/design.md "Attacks", :mod:`sarjax.attacks.queries`): one forward or one
 backward pass of one member on one sample is one query; a gradient step costs 2.  A spec
 declares its costs (``costs(hp, C) -> (cost0, cost)``: the start, then every step); a run
 takes a step only while ``queries.allowed`` (spent + cost <= its budget), so the per-sample
@@ -29,7 +29,7 @@ cap is hard.  Budgets: ``max_queries`` at the factory is the static maximum ``T`
 length and the trajectory length ``T // 10``); ``max_queries`` at the call is a traced
 per-sample cap ``<= T``: a smaller budget does not recompile.
 
-Restarts (papers/001 Table 2): run 0 starts from ``x0`` (or ``x_init``); runs ``1..R`` from a
+Restarts (the frontier paper Table 2): run 0 starts from ``x0`` (or ``x_init``); runs ``1..R`` from a
 seeded random point of the ``init_eps`` lp ball around ``x0`` (``init_eps`` traced, per
 sample).  They share the cap (``cap // (R + 1)`` queries each), are accounted in the
 trajectory as if run one after the other, and are combined by best norm, never chained.
@@ -40,7 +40,7 @@ each member should leave; ``targeted=True``: ``ref`` are the targets, and ``labe
 labels, ``[B]`` or ``[B, M]``) are required at the call (the minimum-norm losses DLR-T and
 FAB-T and the success test need them).  ``success="targeted"`` (the default when targeted):
 only the target counts; ``success="untargeted"``: any prediction other than the label counts
-(the Frontiers pool's mode, papers/001 Section 5.1: "targeted attacks directed at the top-9
+(the Frontiers pool's mode, the frontier paper Section 5.1: "targeted attacks directed at the top-9
 highest-confidence incorrect classes, yet still looking for an untargeted misclassification").
 
 The narrative page (docs/minnorm.md) follows.
@@ -68,7 +68,7 @@ from sarjax.attacks.core.protocol import Attack, Problem
 from sarjax.attacks.threat import Threat, canonical_norm
 
 LogitsFn = Callable[[jax.Array], jax.Array]
-TRAJ_EVERY = 10  # papers/001 Section 5.1: distances recorded every 10 queries
+TRAJ_EVERY = 10  # the frontier paper Section 5.1: distances recorded every 10 queries
 
 
 class MinNormResult(NamedTuple):
@@ -854,7 +854,7 @@ def factory(spec_fn: Callable, default_norm, default_queries: int, *, name: str 
 
 
 def top_k_targets(logits: jax.Array, y: jax.Array, k: int = 9) -> jax.Array:
-    """The ``k`` most likely wrong classes per sample (papers/001 Section 5.1: top-9).
+    """The ``k`` most likely wrong classes per sample (the frontier paper Section 5.1: top-9).
 
     Args:
       logits: ``[B, C]`` clean logits.

@@ -5,7 +5,7 @@ through a few proximal-Adam sub-iterations (Melchior et al. 2019's scaled
 proximal step) with the proximal operator of ``mu ||.||_p``,
 ``mu = lam_0 / lam_1 * lr / max(denom)``.  For l0 the default operator is the
 closed-form l_{2/3} proximal operator (Cao et al. 2013) instead of hard
-thresholding: papers/001 Section 5.1 ("we replace the standard
+thresholding: the frontier paper Section 5.1 ("we replace the standard
 hard-thresholding with the closed-form l2/3 concave surrogate proximal
 operator to improve sparsity").  2 queries per step.
 """
@@ -170,7 +170,7 @@ def spec(*, proximal_steps: int = 5, eps_threshold: float = 1e-2, l0_proximal: s
     Args:
       proximal_steps: 5 proximal sub-iterations (reference default).
       eps_threshold: sub-iteration stopping tolerance 1e-2 (reference default).
-      l0_proximal: ``"l23"`` (papers/001 Section 5.1) or ``"hard"`` (original).
+      l0_proximal: ``"l23"`` (the frontier paper Section 5.1) or ``"hard"`` (original).
       **hp: PDGD's primal/dual hyperparameters (see :func:`sarjax.attacks.pdgd.spec`).
     """
     if l0_proximal not in ("l23", "hard"):

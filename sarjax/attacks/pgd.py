@@ -33,7 +33,7 @@ def make_pgd(
     joint attack (one input per sample for all selected members).
 
     Defaults: 40 steps and linf step eps/16 from the SAR paper's Table 1
-    (papers/000); l2 step eps/4 and l1 step eps/4 follow common practice
+    (the SAR paper); l2 step eps/4 and l1 step eps/4 follow common practice
     (torchattacks' PGDL2 uses alpha=0.2 for eps=1.0; our eps/4 is within that
     range and a documented choice, not a paper value).  l1 steps are sparse
     (SLIDE, Tramer & Boneh 2019): the top ``1 - l1_sparsity`` share of

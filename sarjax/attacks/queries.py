@@ -1,7 +1,7 @@
 """Query accounting inside compiled attack kernels.
 
 A query is one forward or one backward pass of one member on one sample
-(DESIGN.md "Attacks"; AttackBench's convention).  Counters are ``int32 [B]``
+(docs/design.md "Attacks"; AttackBench's convention).  Counters are ``int32 [B]``
 arrays carried through ``lax.scan``/``fori_loop``; a per-sample cap freezes a
 sample (its state stops changing) once its next step would exceed the cap.
 All functions are pure and jit-friendly.

@@ -1,6 +1,6 @@
 """Multi-round attacks that stay inside the eps-ball of the ORIGINAL input.
 
-papers/002: an adaptive attack ran n rounds, each starting from the previous
+the Note: an adaptive attack ran n rounds, each starting from the previous
 round's output AND projecting around that output, so the perturbation grew to
 n * eps.  Here every round is an ordinary sarjax attack call measured against
 ``x0``: round r may warm-start from the best point so far, but the attack

@@ -70,7 +70,7 @@ class Threat:
         converted).  For ``norm=0`` the radius counts perturbed elements.
       eps: radius, a non-negative scalar or a per-sample array ``[B]``.
       box: ``(low, high)`` bounds of every input element; default ``(0, 1)``
-        (images in [0, 1], DESIGN.md "Conventions").
+        (images in [0, 1], docs/design.md "Conventions").
     """
 
     norm: float

@@ -1,6 +1,6 @@
 """Exact minimum partial set cover over discovered candidate sets.
 
-Problem (4) of papers/000 is unit-cost partial set cover on the universe
+Problem (4) of the SAR paper is unit-cost partial set cover on the universe
 ``[M]``: pick the fewest sets whose union has at least ``tau`` members. The
 greedy only sees the sets its attacks revealed; this module solves the problem
 exactly over those sets (integer programming with HiGHS through
@@ -179,7 +179,7 @@ class CoverCheck:
 
     The exact optimum is over the sets the attacks revealed, so it bounds the
     greedy's selection error given those attacks, not the true ``k*`` of
-    Theorem 1 (the attack error is not observable, papers/000).
+    Theorem 1 (the attack error is not observable, the SAR paper).
     """
 
     taus: np.ndarray

@@ -1,4 +1,4 @@
-"""Batched top-down greedy for SAR (Algorithm 1 of papers/000), host side.
+"""Batched top-down greedy for SAR (Algorithm 1 of the SAR paper), host side.
 
 Per sample the greedy keeps the uncovered set ``I`` and the covered set ``R``.
 Each round: a joint attack on ``I``; if its input breaks at least one member
@@ -216,13 +216,13 @@ def greedy_sar(
             :class:`sarjax.cover.SingleAttack`.
         clean_broken: ``[B, M]`` bool, members already outside the safe region
             on the clean input. They count as covered without an attack
-            (papers/000, LLM success determination) and are reported.
+            (the SAR paper, LLM success determination) and are reported.
         deltas: one or more allowed uncovered shares, each in ``[0, 1)``.
         valid: optional ``[B]`` bool, real samples (False rows are padding:
             never attacked, SAR nan).
         count_clean_input: if True, the clean input counts as one input when
             it breaks some member (default False: "counted as broken without
-            using an attack", papers/000).
+            using an attack", the SAR paper).
         stop_when_unreachable: stop a sample once no requested target can
             still be reached (``|R| + |I| < tau`` for every pending ``tau``).
             The SAR is the same as the paper's run-until-``I``-is-empty (1
@@ -238,7 +238,7 @@ def greedy_sar(
     Returns:
         SARResult with ``sar``, ``k_hat``, ``reached`` of shape ``[B, D]`` (D =
         ``len(deltas)``, in the given order), the singleton-completed
-        ``sar_singleton`` / ``k_singleton`` of the same run (papers/000,
+        ``sar_singleton`` / ``k_singleton`` of the same run (the SAR paper,
         Figures 7 and 8; no extra attack, see
         :func:`sarjax.cover.result.derive_singleton`) and the per-round logs.
 

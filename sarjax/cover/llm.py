@@ -1,11 +1,11 @@
 """SAR of an LLM pool: the greedy of :mod:`sarjax.cover` driven by a text attack and a judge.
 
-papers/000 (LLM half): a request (a HarmBench behavior) is broken for a member when the member's
+the SAR paper (LLM half): a request (a HarmBench behavior) is broken for a member when the member's
 DETERMINISTIC (greedy) response to the attacked prompt is judged harmful. Members that already
 comply with the unmodified request count as broken without an attack (they are reported in
 ``clean_broken``). The rest follows the cover module: each round one joint attack on the
 still-uncovered members of every request (at most ``calls`` calls with fresh keys for the requests
-that are not broken yet, papers/000 Table 2: "at most 4 calls" of BEAST), the single-member
+that are not broken yet, the SAR paper Table 2: "at most 4 calls" of BEAST), the single-member
 fallback when the joint attack breaks nothing new, one run for every delta.
 
 The adapter sees the pool through three host callables, so any model family, attack and judge fit:
@@ -360,7 +360,7 @@ def make_llm_oracles(
         ``fold_in(fold_in(fold_in(key, 0), r), c)``; the fallback stream 1 likewise.
       num_members: ``M``.
       calls: at most this many attack calls per round and oracle; a call runs only the requests
-        whose earlier calls broke no targeted member (papers/000 Table 2: BEAST "at most 4
+        whose earlier calls broke no targeted member (the SAR paper Table 2: BEAST "at most 4
         calls" of 15,000 queries; 1 for GCG's rounds and AutoDAN).
       attack_kwargs: extra keyword arguments of every call (``max_queries``, ``allowed``, ...).
       sample_ids: ``[B]`` ids folded into the attack's per-request keys (default ``arange(B)``).
@@ -472,9 +472,9 @@ class LLMSARRun:
 
 def member_asr(joint: JointAttack, clean_broken: Any) -> dict[str, np.ndarray]:
     """Per-member ASR: each member attacked ALONE on each request (the individual robustness
-    ``1 - ASR`` of papers/000, Table 6), one oracle call per member over all requests.
+    ``1 - ASR`` of the SAR paper, Table 6), one oracle call per member over all requests.
 
-    A member that complies with the clean request is broken without an attack (papers/000,
+    A member that complies with the clean request is broken without an attack (the SAR paper,
     success determination) and is not attacked.
 
     Args:
@@ -534,7 +534,7 @@ def run_llm_sar(
     self_judged: bool = False,
     clean_prompts: tuple[Any, Any] | None = None,
 ) -> LLMSARRun:
-    """SAR_{1-delta} of an LLM pool on a batch of requests (papers/000, LLM half).
+    """SAR_{1-delta} of an LLM pool on a batch of requests (the SAR paper, LLM half).
 
     Args:
       attack, params, batch, behaviors, respond, judge, calls, attack_kwargs, single_attack,
@@ -714,10 +714,10 @@ def _clean_prompts(batch: Any) -> tuple[np.ndarray, np.ndarray]:
 # pools of sarjax decoders: requests, attacks, the whole run
 
 ATTACK_DEFAULTS: dict[str, dict[str, Any]] = {
-    # papers/000 Table 2 (joint BEAST): beam 10, suffix 30, temperature 1, 15,000 queries per call,
+    # the SAR paper Table 2 (joint BEAST): beam 10, suffix 30, temperature 1, 15,000 queries per call,
     # at most 4 calls
     "beast": {"suffix_len": 30, "beam_width": 10, "max_queries": 15_000, "calls": 4},
-    # papers/000 Table 3 (joint GCG): 20 steps per round, 64 candidates, top-256; suffix of 20
+    # the SAR paper Table 3 (joint GCG): 20 steps per round, 64 candidates, top-256; suffix of 20
     # tokens (Zou et al. 2023); one call per round
     "gcg": {"suffix_len": 20, "num_steps": 20, "topk": 256, "num_candidates": 64, "max_queries": None, "calls": 1},
 }
@@ -823,7 +823,7 @@ def sampled_seed_fn(
 ) -> Callable[[str], list[str]]:
     """BEAST's seed generator from a local causal LM: ``request -> suffix candidates`` by sampling.
 
-    papers/000 (Table 2) warm-starts BEAST from AmpleGCG (a Llama-2 fine-tuned to generate
+    the SAR paper (Table 2) warm-starts BEAST from AmpleGCG (a Llama-2 fine-tuned to generate
     adversarial suffixes for a request) and keeps 20 seed tokens; any checkpoint that continues a
     request with a suffix fits here. Every request is written into ``prompt`` and the generator
     samples ``num_samples`` continuations of ``max_new_tokens`` tokens, all requests in one
@@ -838,7 +838,7 @@ def sampled_seed_fn(
         ``load_llm_pool([DIR])``.
       requests: the requests (the behaviors).
       key: PRNG key (required).
-      max_new_tokens: tokens sampled per candidate (20: papers/000 Table 2 keeps 20 seed tokens).
+      max_new_tokens: tokens sampled per candidate (20: the SAR paper Table 2 keeps 20 seed tokens).
       num_samples: candidates per request (the first usable one seeds BEAST).
       prompt: the generator's input, ``{request}`` replaced by the request; use the format the
         generator was trained with (see its model card).
@@ -997,9 +997,9 @@ def pool_llm_sar(
       attacker: AutoDAN's attacker: an LLM pool whose first member rewrites (None: the target
         pool's first member; see :func:`sarjax.attacks.text.autodan.make_autodan`) or a proposer
         ``propose(anchors, key, sample_ids) -> rewrites``.
-      seed_fn: BEAST's warm start: ``seed_fn(request) -> suffix texts`` (papers/000 uses
+      seed_fn: BEAST's warm start: ``seed_fn(request) -> suffix texts`` (the SAR paper uses
         AmpleGCG; any callable); every call starts its beams from the first ``seed_tokens``
-        tokens (20, papers/000 Table 2) of the first usable candidate
+        tokens (20, the SAR paper Table 2) of the first usable candidate
         (:func:`~sarjax.attacks.text.beast.seed_suffixes`; with several tokenizers the seed is
         cut in the first stack's tokens, and a seed that another tokenizer cannot reproduce is
         dropped for its request, listed in ``settings["seeds"]["dropped"]``). None: no seed.
@@ -1134,7 +1134,7 @@ def llm_sar_report(run: LLMSARRun, tokenizer: Any = None, names: Sequence[str] |
 
 def plot_llm_sar(run: LLMSARRun, path: str | os.PathLike, title: str | None = None) -> Path:
     """Two panels: the ``k_hat`` histogram per delta (not reached: ``k = M + 1``) and the mean SAR
-    (± standard error) against delta beside ``1 - mean ASR`` (papers/000, Figure 5 style)."""
+    (± standard error) against delta beside ``1 - mean ASR`` (the SAR paper, Figure 5 style)."""
     import matplotlib
 
     matplotlib.use("Agg")

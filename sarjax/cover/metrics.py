@@ -1,6 +1,6 @@
 """Pool metrics from plain arrays: ASR, tASC, jASC, coverage target, Theorem 1.
 
-Definitions follow papers/000 (SAR paper): ASR is its Equation (1), the share
+Definitions follow the SAR paper (SAR paper): ASR is its Equation (1), the share
 of samples on which an attack breaks one model; tASC(j) (its Equation (2)) is
 the share of the pool covered by an input crafted on member ``j`` alone;
 jASC(I) is the share of the pool covered by one input crafted jointly on the
@@ -63,7 +63,7 @@ def coverage_target(delta: float, num_members: int) -> int:
 
 
 def theorem1_factor(tau: int, alpha: float = 1.0) -> float:
-    """Theorem 1's approximation factor ``1 + ln(tau) / alpha`` (papers/000).
+    """Theorem 1's approximation factor ``1 + ln(tau) / alpha`` (the SAR paper).
 
     With a feasible instance and an alpha-approximate joint attack,
     ``k* <= k_hat <= theorem1_factor(tau, alpha) * k*``.
@@ -88,7 +88,7 @@ def theorem1_factor(tau: int, alpha: float = 1.0) -> float:
 
 
 def asr(success: Any, valid: Any = None) -> np.ndarray:
-    """Per-member attack success rate (papers/000, Equation (1)).
+    """Per-member attack success rate (the SAR paper, Equation (1)).
 
     Args:
         success: ``[B, M]`` bool, ``success[b, m]``: the attack on member ``m``
@@ -104,7 +104,7 @@ def asr(success: Any, valid: Any = None) -> np.ndarray:
 
 
 def tasc(covered: Any, valid: Any = None, exclude_source: bool = False) -> np.ndarray:
-    """Transfer attack success coverage tASC(j) (papers/000, Equation (2)).
+    """Transfer attack success coverage tASC(j) (the SAR paper, Equation (2)).
 
     Args:
         covered: ``[B, M_source, M_target]`` bool, ``covered[b, j, m]``: the
@@ -133,7 +133,7 @@ def tasc(covered: Any, valid: Any = None, exclude_source: bool = False) -> np.nd
 
 
 def jasc(covered: Any, valid: Any = None) -> float:
-    """Joint attack success coverage jASC(I) (papers/000).
+    """Joint attack success coverage jASC(I) (the SAR paper).
 
     Args:
         covered: ``[B, M]`` bool, coverage of the pool by the input crafted

@@ -15,9 +15,9 @@ def plot_sar(result: SARResult, path: str | os.PathLike, title: str | None = Non
 
     Left: mean share of the pool covered after ``k`` distinct inputs (valid
     samples), with the coverage targets ``tau / M`` as dashed lines (the
-    collective vulnerability curve of papers/000). Middle: the distribution of
+    collective vulnerability curve of the SAR paper). Middle: the distribution of
     ``SAR_{1-delta}`` over samples, one histogram per delta. Right: the same
-    for the singleton-completed SAR (papers/000, Figures 7 and 8), which
+    for the singleton-completed SAR (the SAR paper, Figures 7 and 8), which
     stays below 1 where the target was out of reach. Legends give the mean
     ± standard error over the valid samples.
 

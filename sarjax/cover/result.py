@@ -94,7 +94,7 @@ def derive_singleton(
     count_clean_input: bool,
     stop_when_unreachable: bool,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Singleton-completed ``k_hat`` (papers/000, Figures 7 and 8) from one run's logs.
+    """Singleton-completed ``k_hat`` (the SAR paper, Figures 7 and 8) from one run's logs.
 
     For each target ``tau`` the state is taken where a separate run for that
     target alone stops: the first state (after ``0..R`` rounds) where the
@@ -212,7 +212,7 @@ class SARResult:
             fallback candidate; zeros where nothing was recorded), or None when
             not stored.
         sar_singleton: ``[B, D]`` float64, singleton-completed ``k_hat / M``
-            (papers/000, Figures 7 and 8; :func:`derive_singleton`): equal to
+            (the SAR paper, Figures 7 and 8; :func:`derive_singleton`): equal to
             ``sar`` where the target was reached, else the inputs recorded
             when the run stopped plus one input per member still missing to
             reach ``tau`` (nan for padding samples). Derived from the round

@@ -3,7 +3,7 @@
 Each sample has a finite family of "valid inputs", each given by its coverage
 set. The exact joint oracle returns, for the current uncovered set, the input
 with the largest marginal coverage (an alpha = 1 oracle in the sense of
-papers/000, Theorem 1), so the greedy's ``k_hat`` can be checked against brute
+the SAR paper, Theorem 1), so the greedy's ``k_hat`` can be checked against brute
 force and integer programming.
 """
 
@@ -28,7 +28,7 @@ class SetSystemOracle:
         queries_per_call: queries charged per attacked sample and call.
         alpha: ``0 < alpha <= 1``. 1 (default): the joint attack returns the
             input with the largest marginal coverage. Below 1: an adversarial
-            alpha-approximate attack (papers/000, Theorem 1) that returns the
+            alpha-approximate attack (the SAR paper, Theorem 1) that returns the
             input with the *smallest* marginal coverage that is still at least
             ``alpha`` times the largest (ties: lowest index).
 

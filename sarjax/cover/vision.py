@@ -1,7 +1,7 @@
 """SAR of an image-classifier pool: the greedy driven by joint PGD.
 
 Adapter between :class:`sarjax.models.pool.Pool` plus the attacks module's
-joint PGD (papers/000, Table 1) and the host-side greedy. The oracles below
+joint PGD (the SAR paper, Table 1) and the host-side greedy. The oracles below
 call one compiled attack kernel for every round and for the fallback: the
 uncovered set is a ``[B, M]`` mask, the round enters the PRNG key as data.
 """
@@ -145,7 +145,7 @@ def make_attack_oracles(
         eps: attack radius (scalar or ``[B]``), or None for the attack's default.
         use_best: take the attack's best-so-far point (ranked by the number of
             selected members fooled) instead of its final point. Default False:
-            Table 1 of papers/000 returns the restart with the highest
+            Table 1 of the SAR paper returns the restart with the highest
             objective. The fallback objective is the per-member loss at the
             final point either way.
         sample_ids: optional ``[B]`` int, each row's index in the data set,
@@ -366,7 +366,7 @@ def run_sar(
 ) -> SARResult:
     """SAR_{1-delta} of a vision pool on a batch of images with joint linf PGD.
 
-    The attack is the joint PGD of papers/000, Table 1: mean cross-entropy of
+    The attack is the joint PGD of the SAR paper, Table 1: mean cross-entropy of
     the uncovered members against their reference labels, 40 steps, step
     ``eps/16``, 3 random restarts, the restart with the highest objective.
 
@@ -378,7 +378,7 @@ def run_sar(
             result is the one-device result (every sample draws its stream from
             its id, and the padded members are neither attacked for nor charged).
         x: ``[B, *input_shape]`` images in ``[0, 1]``.
-        eps: linf radius, ``> 0`` (papers/000 uses 0.05 on MNIST).
+        eps: linf radius, ``> 0`` (the SAR paper uses 0.05 on MNIST).
         deltas: allowed uncovered shares, each in ``[0, 1)``.
         labels: optional ``[B]`` int true labels. None (default, the paper's
             MNIST setting): the safe region is each member's own clean

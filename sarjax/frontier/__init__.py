@@ -1,4 +1,4 @@
-"""sarjax.frontier: attack and defense frontiers (papers/001), host-side numpy.
+"""sarjax.frontier: attack and defense frontiers (the frontier paper), host-side numpy.
 
 Robustness-perturbation curves as exact step functions (:mod:`~sarjax.frontier.curves`), the
 attack frontier and the Attack Optimality Index (:mod:`~sarjax.frontier.optimality`), query-budget

@@ -1,9 +1,9 @@
-"""Query-budget allocation into attack ensembles (papers/001 Section 3, Algorithm 1).
+"""Query-budget allocation into attack ensembles (the frontier paper Section 3, Algorithm 1).
 
 An ensemble is a query vector ``q = (q_a)_{a in A}``: attack ``a`` runs with ``q_a`` queries,
 ``E = {a : q_a > 0}`` (Eq. 7), and a sample's ensemble distance is the minimum over ``E`` of
 each attack's best distance after ``q_a`` queries.  Minimum-norm attacks record their best
-distance every 10 queries (the trajectory, papers/001 Section 5.1; ``MinNormResult.trajectory``),
+distance every 10 queries (the trajectory, the frontier paper Section 5.1; ``MinNormResult.trajectory``),
 so the distance of ANY allocation is read off the trajectories without re-running an attack.
 Restarts and targeted runs are separate pool entries (Section 5.1) tied by the structural
 constraints ``C``:
@@ -22,7 +22,7 @@ continuing from the previous one's allocation, so ``E_4k ⊆ E_8k ⊆ E_12k`` (S
 :func:`optimal_allocation` enumerates every feasible allocation (small pools only): the known
 answer the greedy is tested against.
 
-Defaults (papers/001 Section 5.1): per-attack cap ``T = 1000`` queries (500 steps),
+Defaults (the frontier paper Section 5.1): per-attack cap ``T = 1000`` queries (500 steps),
 distances recorded every 10 queries, candidate levels ``S = {100, 200, ..., 1000}`` (``J = 10``
 evenly spaced up to ``T``), tiers 4,000 / 8,000 / 12,000, a 17/13 train/held-out split of 30
 models stratified by data set with seed 0 (:func:`split_models` keeps the 13/30 share).
@@ -38,17 +38,17 @@ import numpy as np
 
 from sarjax.frontier.optimality import _stats
 
-DEFAULT_CAP = 1000  # papers/001 Section 5.1: 500 steps = 1000 queries per attack
-DEFAULT_EVERY = 10  # papers/001 Section 5.1: distance recorded every 10 queries
-DEFAULT_TIERS = (4000, 8000, 12000)  # papers/001 Section 5.1
-DEFAULT_HELDOUT = 13 / 30  # papers/001 Section 5.1: 17 train / 13 held-out of 30 models
+DEFAULT_CAP = 1000  # the frontier paper Section 5.1: 500 steps = 1000 queries per attack
+DEFAULT_EVERY = 10  # the frontier paper Section 5.1: distance recorded every 10 queries
+DEFAULT_TIERS = (4000, 8000, 12000)  # the frontier paper Section 5.1
+DEFAULT_HELDOUT = 13 / 30  # the frontier paper Section 5.1: 17 train / 13 held-out of 30 models
 KINDS = ("base", "restart", "targeted")
 
 
 def default_levels(cap: int = DEFAULT_CAP, count: int = 10, every: int = DEFAULT_EVERY) -> np.ndarray:
     """Candidate levels ``S``: ``count`` evenly spaced checkpoints up to ``cap``.
 
-    papers/001 Section 5.1: ``S = {100, 200, ..., 1000}`` (``J = 10`` up to ``T = 1000``).  A
+    the frontier paper Section 5.1: ``S = {100, 200, ..., 1000}`` (``J = 10`` up to ``T = 1000``).  A
     cap below ``count * every`` gets one level per trajectory record (``every, 2 every, ...``).
     """
     if cap < every or cap % every:
@@ -61,7 +61,7 @@ def default_levels(cap: int = DEFAULT_CAP, count: int = 10, every: int = DEFAULT
 
 @dataclass(frozen=True)
 class PoolEntry:
-    """One entry of the attack pool (papers/001 Section 5.1: restarts and targeted runs are
+    """One entry of the attack pool (the frontier paper Section 5.1: restarts and targeted runs are
     entries of their own).
 
     Attributes:
@@ -127,7 +127,7 @@ def simple_pool(names: Sequence[str]) -> tuple[PoolEntry, ...]:
 def expand_pool(base_names: Sequence[str], restarts: int = 0, targeted: int = 0) -> tuple[PoolEntry, ...]:
     """Entries for base attacks, each with ``restarts`` restarts and ``targeted`` targeted runs.
 
-    papers/001 Section 5.1 uses 5 restarts (where the solver supports them) and the top-9
+    the frontier paper Section 5.1 uses 5 restarts (where the solver supports them) and the top-9
     targeted runs.  Names: ``base``, ``base/r1 .. base/rR``, ``base/t1 .. base/tK``.
     """
     out: list[PoolEntry] = []
@@ -148,7 +148,7 @@ class TrajectoryPool:
         for samples the model misclassifies).  Made non-increasing along ``L`` on construction
         (the best distance so far; a minimum-norm attack's trajectory already is).
       entries: ``A`` :class:`PoolEntry` (names, constraint structure).
-      cap: the per-attack cap ``T`` (default 1000, papers/001 Section 5.1); the frontier is
+      cap: the per-attack cap ``T`` (default 1000, the frontier paper Section 5.1); the frontier is
         the pool's minimum at ``T``.
       every: queries between trajectory entries (default 10).
       models: ``M`` model names.
@@ -227,14 +227,14 @@ class TrajectoryPool:
         return self.trajectories[..., -1].min(axis=1)
 
     def aoi_per_model(self, q) -> np.ndarray:
-        """``[M]`` per-model AOI of allocation ``q`` (papers/001 Eq. 5 with the ensemble's curve)."""
+        """``[M]`` per-model AOI of allocation ``q`` (the frontier paper Eq. 5 with the ensemble's curve)."""
         from sarjax.frontier.optimality import aoi_from_distances
 
         return aoi_from_distances(self.distances(q), self.frontier())
 
     def aoi(self, q, models=None) -> float:
         """``AOI(q)``: the global AOI of allocation ``q`` over ``models`` (indices; default all),
-        papers/001 Eq. 6 extended to an allocation (Section 3.1)."""
+        the frontier paper Eq. 6 extended to an allocation (Section 3.1)."""
         per = self.aoi_per_model(q)
         return float(per[_model_index(models, self.shape[0])].mean())
 
@@ -332,7 +332,7 @@ def _chain(a: int, need: np.ndarray, upper: np.ndarray) -> tuple[list[int], int]
 def greedy_allocation(
     pool: TrajectoryPool, budget: int, *, levels=None, models=None, start=None, chains: bool = False
 ) -> Allocation:
-    """Algorithm 1 of papers/001 (greedy ensemble construction).
+    """Algorithm 1 of the frontier paper (greedy ensemble construction).
 
     From ``q = start`` (default ``0``, Line 1), while some feasible update (Eq. 9) has a
     positive gain (Line 2), apply the one with the largest AOI gain per added query
@@ -344,7 +344,7 @@ def greedy_allocation(
     entry of ``q`` unchanged", Section 3.2), so an entry behind a structural constraint of ``C``
     is reachable only through prerequisites that bring a gain of their own: the targeted run at
     the 3rd most likely class needs the 1st and 2nd (Section 5.1) even when only the 3rd class's
-    boundary is near.  ``chains=True`` (ours, not papers/001) widens ``N(q)`` by the least
+    boundary is near.  ``chains=True`` (ours, not the frontier paper) widens ``N(q)`` by the least
     feasible completion of every update that ``C`` forbids: ``(a, q_hat)`` also raises the
     targeted runs ``k - 1, ..., 1`` of ``a`` to at least ``q_hat`` and opens a needed base run
     that has no queries at the lowest level ``min S``; its gain per query (Eq. 10) divides the
@@ -444,7 +444,7 @@ def nested_allocations(
 ) -> list[Allocation]:
     """Algorithm 1 at increasing budget tiers, each tier continuing from the previous one.
 
-    papers/001 Section 5.1: "Because our greedy strategy monotonically increases budget
+    the frontier paper Section 5.1: "Because our greedy strategy monotonically increases budget
     allocations, we record the resulting ensembles at three distinct query tiers", giving
     ``E_4k ⊆ E_8k ⊆ E_12k``.  Here tier ``Q_i`` runs Algorithm 1 with budget ``Q_i`` from
     tier ``Q_{i-1}``'s allocation, so every tier's allocation dominates the previous one
@@ -493,7 +493,7 @@ def optimal_allocation(pool: TrajectoryPool, budget: int, *, levels=None, models
 
 
 def split_models(n_or_groups, heldout: float = DEFAULT_HELDOUT, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """A stratified train / held-out split of the models (papers/001 Section 5.1).
+    """A stratified train / held-out split of the models (the frontier paper Section 5.1).
 
     The paper splits 30 defenses into 17 train and 13 held-out, stratified across data sets
     (12/8 on CIFAR-10, 5/5 on ImageNet), seed 0.  Here ``round(heldout * n)`` models are

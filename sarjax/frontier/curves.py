@@ -1,8 +1,8 @@
-"""Robustness-perturbation curves, exact (papers/001 Section 2, Eqs. 1, 3 and 4).
+"""Robustness-perturbation curves, exact (the frontier paper Section 2, Eqs. 1, 3 and 4).
 
 A minimum-norm attack gives, for every sample ``x`` of a data set ``D``, a distance ``d(x)``
 that upper-bounds the minimal adversarial perturbation.  The empirical
-robustness-perturbation curve (papers/001 Eq. 3) is the step function
+robustness-perturbation curve (the frontier paper Eq. 3) is the step function
 
     rho(eps) = 1/|D| * sum_x I[d(x) > eps]
 
@@ -13,7 +13,7 @@ right-continuous and non-increasing, ``rho(0)`` is the clean accuracy.
 :class:`StepCurve` holds the sorted distances, so every quantity is exact (no grid): its value
 at any eps, its breakpoints, its area ``int_0^U rho = mean(min(d, U))`` (AUREC, Eq. 4) and the
 smallest eps at which it reaches its floor (``eps_min``, Section 2.2).  :class:`LinearCurve` is
-the piecewise-linear curve interpolated from robust accuracies on an eps grid (how papers/001
+the piecewise-linear curve interpolated from robust accuracies on an eps grid (how the frontier paper
 Section 5.1 turns AutoAttack's point evaluations into a curve).
 """
 
@@ -46,7 +46,7 @@ def _check_upper(upper) -> float:
 
 @dataclass(frozen=True, eq=False)
 class StepCurve:
-    """The exact empirical robustness-perturbation curve of one model (papers/001 Eq. 3).
+    """The exact empirical robustness-perturbation curve of one model (the frontier paper Eq. 3).
 
     Build it with :meth:`from_distances`.
 
@@ -64,7 +64,7 @@ class StepCurve:
         Args:
           distances: ``[B]`` per-sample distances ``d(x) >= 0`` (``inf`` where the attack failed).
           correct: optional ``[B]`` bool, whether the model classifies the clean sample
-            correctly; misclassified samples are set to ``d = 0`` (papers/001 Eq. 1: they are
+            correctly; misclassified samples are set to ``d = 0`` (the frontier paper Eq. 1: they are
             never robust).
 
         Raises:
@@ -115,7 +115,7 @@ class StepCurve:
     def eps_zero(self) -> float:
         """The smallest eps at which the curve reaches its floor ``rho(inf)``.
 
-        With every sample broken this is ``min{eps >= 0 : rho(eps) = 0}``, papers/001's
+        With every sample broken this is ``min{eps >= 0 : rho(eps) = 0}``, the frontier paper's
         ``eps_min`` (Section 2.2) when the curve is the attack frontier's.  Samples no attack
         broke stay robust at every eps; the paper's definition would give ``inf`` then, and
         we take the last finite drop instead (0 when there is none).
@@ -124,7 +124,7 @@ class StepCurve:
         return float(d.max()) if d.size else 0.0
 
     def __call__(self, eps) -> np.ndarray:
-        """``rho(eps)`` at any array of eps (exact; papers/001 Eq. 3)."""
+        """``rho(eps)`` at any array of eps (exact; the frontier paper Eq. 3)."""
         e = np.asarray(eps, dtype=np.float64)
         return (self.n - np.searchsorted(self.distances, e, side="right")) / self.n
 
@@ -132,7 +132,7 @@ class StepCurve:
         """``int_0^upper rho(eps) d eps = mean(min(d, upper))`` (exact; the AUREC of Eq. 4).
 
         Args:
-          upper: finite integration limit ``>= 0`` (papers/001 integrates to the frontier's
+          upper: finite integration limit ``>= 0`` (the frontier paper integrates to the frontier's
             ``eps_min``; the DOI to the defense frontier's ``eps_def``).
         """
         u = _check_upper(upper)
@@ -146,7 +146,7 @@ class StepCurve:
 class LinearCurve:
     """A piecewise-linear robustness curve through points ``(eps_k, rho_k)``.
 
-    papers/001 Section 5.1 evaluates AutoAttack at a grid of eps and "linearly interpolate[s]
+    the frontier paper Section 5.1 evaluates AutoAttack at a grid of eps and "linearly interpolate[s]
     these points to reconstruct AA's robustness-perturbation curve".  The curve is constant
     after the last knot (the evaluation says nothing beyond it; our choice).
 
@@ -195,16 +195,16 @@ class LinearCurve:
 
 
 def aurec(curve: StepCurve | LinearCurve, eps_max: float) -> float:
-    """Area Under the Robustness Evaluation Curve up to ``eps_max`` (papers/001 Eq. 4).
+    """Area Under the Robustness Evaluation Curve up to ``eps_max`` (the frontier paper Eq. 4).
 
-    ``AUREC_a(f) = int_0^{eps_min(f)} rho_a(eps; f) d eps``, where papers/001 takes
+    ``AUREC_a(f) = int_0^{eps_min(f)} rho_a(eps; f) d eps``, where the frontier paper takes
     ``eps_max = eps_min(f)`` of the attack frontier (:func:`eps_min`).  Smaller is stronger.
     """
     return curve.area(eps_max)
 
 
 def eps_min(frontier: StepCurve) -> float:
-    """``eps_min(f) = min{eps >= 0 : rho_{a*}(eps; f) = 0}`` (papers/001 Section 2.2).
+    """``eps_min(f) = min{eps >= 0 : rho_{a*}(eps; f) = 0}`` (the frontier paper Section 2.2).
 
     The frontier's largest finite distance; where some samples were never broken, the smallest
     eps where the frontier reaches its floor (see :attr:`StepCurve.eps_zero`).

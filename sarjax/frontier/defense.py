@@ -1,5 +1,5 @@
 """The defense frontier, the Defense Optimality Index and single-eps rank instability
-(papers/001 Sections 4 and 5.2).
+(the frontier paper Sections 4 and 5.2).
 
 Defense frontier (Eq. 11): with ``d_E(x; f)`` the distance the ensemble ``E`` finds on model
 ``f``, ``d*_def(x) = max_{f in M} d_E(x; f)``: an oracle that needs the largest minimal
@@ -34,7 +34,7 @@ def _distances(d) -> np.ndarray:
 
 
 def defense_frontier(distances) -> np.ndarray:
-    """``[B]`` per-sample maximum over the models of their ensemble distances (papers/001 Eq. 11).
+    """``[B]`` per-sample maximum over the models of their ensemble distances (the frontier paper Eq. 11).
 
     Args:
       distances: ``[M, B]`` ensemble distances of ``M`` models on the same ``B`` samples.
@@ -54,7 +54,7 @@ def eps_def(distances) -> float:
 
 
 def doi(distances) -> np.ndarray:
-    """``[M]`` Defense Optimality Index of every model (papers/001 Eq. 12).
+    """``[M]`` Defense Optimality Index of every model (the frontier paper Eq. 12).
 
     ``DOI(f) = AUREC_E(f) / AUREC*_def``, both integrated to ``eps_def``.  A model set whose
     defense frontier has zero area (every model misclassifies every sample) gives DOI 1.
@@ -72,7 +72,7 @@ def doi(distances) -> np.ndarray:
 
 
 def robust_accuracy(distances, eps) -> np.ndarray:
-    """``[E, M]`` robust accuracy ``rho(eps)`` of every model at every eps (papers/001 Eq. 3).
+    """``[E, M]`` robust accuracy ``rho(eps)`` of every model at every eps (the frontier paper Eq. 3).
 
     Args:
       distances: ``[M, B]``.
@@ -111,7 +111,7 @@ def kendall_tau(a, b) -> float:
 
 @dataclass
 class RankInstability:
-    """Rankings by robust accuracy along an eps grid (papers/001 Figure 5).
+    """Rankings by robust accuracy along an eps grid (the frontier paper Figure 5).
 
     Attributes:
       eps: ``[E]`` the grid.
@@ -128,13 +128,13 @@ class RankInstability:
     shift: np.ndarray
 
     def moved(self, positions: int) -> int:
-        """How many models move by at least ``positions`` ranks (papers/001 Section 5.2: "17
+        """How many models move by at least ``positions`` ranks (the frontier paper Section 5.2: "17
         defenses move by at least five ranks")."""
         return int(np.sum(self.shift >= positions))
 
 
 def rank_instability(accuracy, eps) -> RankInstability:
-    """Rank instability of single-eps rankings (papers/001 Section 5.2, Figure 5).
+    """Rank instability of single-eps rankings (the frontier paper Section 5.2, Figure 5).
 
     Args:
       accuracy: ``[E, M]`` robust accuracy of ``M`` models at ``E`` eps (from
@@ -156,7 +156,7 @@ def rank_instability(accuracy, eps) -> RankInstability:
 
 def tier_tau(scores) -> np.ndarray:
     """``[K, K]`` Kendall's tau between the rankings given by ``K`` score vectors (e.g. the DOI
-    at each budget tier, papers/001 Table 7: "the rankings are stable across the evaluated
+    at each budget tier, the frontier paper Table 7: "the rankings are stable across the evaluated
     tiers").
 
     Args:

@@ -1,7 +1,7 @@
-"""A fixed-eps attack (AutoAttack) as a robustness curve (papers/001 Section 5.1).
+"""A fixed-eps attack (AutoAttack) as a robustness curve (the frontier paper Section 5.1).
 
 AutoAttack reports robust accuracy at one eps and no per-sample distance, so it cannot be scored
-by the AOI directly.  papers/001 "approximate[s] its curve by evaluating AA over a per-model grid
+by the AOI directly.  the frontier paper "approximate[s] its curve by evaluating AA over a per-model grid
 of eps values, derived from our attack frontiers as distance percentiles plus the reference
 budget eps_ref.  We then linearly interpolate these points to reconstruct AA's
 robustness-perturbation curve and compute its AOI."  Its query cost is variable (AutoAttack stops
@@ -24,7 +24,7 @@ DEFAULT_PERCENTILES = (10, 20, 30, 40, 50, 60, 70, 80, 90)  # "distance percenti
 
 
 def eps_grid(frontier_distances, eps_ref: float | None = None, percentiles=DEFAULT_PERCENTILES) -> np.ndarray:
-    """The per-model eps grid at which to run the fixed-eps attack (papers/001 Section 5.1).
+    """The per-model eps grid at which to run the fixed-eps attack (the frontier paper Section 5.1).
 
     Percentiles of the frontier's distances over the samples it breaks (finite, ``> 0``), plus
     ``eps_ref``; sorted, duplicates removed.  The paper does not list its percentiles; the
@@ -52,7 +52,7 @@ def eps_grid(frontier_distances, eps_ref: float | None = None, percentiles=DEFAU
 def interpolated_curve(eps, accuracy, clean: float) -> LinearCurve:
     """The piecewise-linear curve through ``(0, clean)`` and ``(eps_k, accuracy_k)``.
 
-    papers/001 Section 5.1's linear interpolation of AutoAttack's point evaluations.  A
+    the frontier paper Section 5.1's linear interpolation of AutoAttack's point evaluations.  A
     robust accuracy above an earlier one (a randomized attack's noise) is lowered to the
     running minimum so the curve is non-increasing (robust accuracy cannot grow with eps);
     after the last grid point the curve stays constant.
@@ -82,7 +82,7 @@ class FixedEpsCurve:
       eps: ``[E]`` the grid.
       accuracy: ``[E]`` robust accuracy measured at each eps.
       curve: the interpolated :class:`LinearCurve`.
-      aoi: its AOI against the frontier (papers/001 Eq. 5; may exceed 1 where the interpolated
+      aoi: its AOI against the frontier (the frontier paper Eq. 5; may exceed 1 where the interpolated
         curve passes below the frontier).
       queries: ``[E]`` mean queries per sample at each eps (NaN where not given).
       eps_ref: the reference eps (or None).
@@ -110,7 +110,7 @@ class FixedEpsCurve:
 
 
 def fixed_eps_curve(eps, accuracy, frontier_distances, *, queries=None, eps_ref=None) -> FixedEpsCurve:
-    """Score a fixed-eps attack's robust accuracies as a curve (papers/001 Section 5.1).
+    """Score a fixed-eps attack's robust accuracies as a curve (the frontier paper Section 5.1).
 
     Args:
       eps: ``[E]`` increasing eps at which the attack ran.

@@ -1,4 +1,4 @@
-"""The empirical attack frontier and the Attack Optimality Index (papers/001 Section 2.2).
+"""The empirical attack frontier and the Attack Optimality Index (the frontier paper Section 2.2).
 
 Given a pool ``A`` of attacks run on a model at the per-attack cap ``T``, the attack frontier is
 the per-sample minimum distance ``d_{a*}(x) = min_{a in A} d_a(x)``; its curve ``rho_{a*}`` is
@@ -25,7 +25,7 @@ from sarjax.frontier.curves import LinearCurve, StepCurve
 
 
 def attack_frontier(distances) -> np.ndarray:
-    """Per-sample minimum over the attack pool (papers/001 Section 2.2, ``d_{a*}``).
+    """Per-sample minimum over the attack pool (the frontier paper Section 2.2, ``d_{a*}``).
 
     Args:
       distances: ``[A, ..., B]`` per-attack distances (``inf`` where an attack failed) at the
@@ -52,7 +52,7 @@ def _stats(frontier: np.ndarray):
 
 
 def aoi_from_distances(distances, frontier) -> np.ndarray:
-    """Per-model AOI (papers/001 Eq. 5) of attack distances against frontier distances.
+    """Per-model AOI (the frontier paper Eq. 5) of attack distances against frontier distances.
 
     Args:
       distances: ``[..., B]`` the attack's (or ensemble's) per-sample distances.
@@ -75,7 +75,7 @@ def aoi_from_distances(distances, frontier) -> np.ndarray:
 
 
 def aoi(curve: StepCurve | LinearCurve, frontier: StepCurve) -> float:
-    """The per-model AOI of a curve against the frontier's curve (papers/001 Eq. 5).
+    """The per-model AOI of a curve against the frontier's curve (the frontier paper Eq. 5).
 
     ``curve`` may be a :class:`StepCurve` (a minimum-norm attack or ensemble) or a
     :class:`LinearCurve` (AutoAttack interpolated on an eps grid, Section 5.1; its AOI may
@@ -110,7 +110,7 @@ def per_model_aoi(distances) -> np.ndarray:
 
 
 def global_aoi(distances) -> np.ndarray:
-    """Global AOI of every attack: the mean of the per-model AOIs (papers/001 Eq. 6).
+    """Global AOI of every attack: the mean of the per-model AOIs (the frontier paper Eq. 6).
 
     Args:
       distances: ``[A, M, B]``.

@@ -1,4 +1,4 @@
-"""Plots of a frontier study (papers/001 Figures 2, 3, 5 and 6).
+"""Plots of a frontier study (the frontier paper Figures 2, 3, 5 and 6).
 
 * :func:`plot_curves`: every model's robustness-perturbation curve coloured by its DOI, the
   defense frontier dashed and shaded (Figure 6);
@@ -50,7 +50,7 @@ def plot_curves(
     title: str | None = None,
 ) -> Path:
     """Robustness-perturbation curves of ``M`` models coloured by DOI, the defense frontier
-    dashed red and shaded (papers/001 Figure 6).
+    dashed red and shaded (the frontier paper Figure 6).
 
     Args:
       distances: ``[M, B]`` ensemble distances per model (0: misclassified, inf: unbroken).
@@ -100,7 +100,7 @@ def plot_aoi_vs_budget(
     *,
     title: str | None = None,
 ) -> Path:
-    """Global AOI per budget tier on the train and the held-out models (papers/001 Figure 2)."""
+    """Global AOI per budget tier on the train and the held-out models (the frontier paper Figure 2)."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(5, 3.6))
     ax.plot(budgets, 100 * np.asarray(train_aoi), "o-", color="tab:blue", label="train models")
@@ -129,7 +129,7 @@ def plot_ensemble_vs_fixed_eps(
     title: str | None = None,
 ) -> Path:
     """Per-model AOI of the ensembles at each tier, with a fixed-eps attack's AOI as markers
-    (papers/001 Table 4).
+    (the frontier paper Table 4).
 
     Args:
       names: ``M`` model names.
@@ -172,7 +172,7 @@ def plot_rank_bump(
     eps_ref: float | None = None,
     title: str | None = None,
 ) -> Path:
-    """Bump chart of the ranks by robust accuracy along an eps grid (papers/001 Figure 5).
+    """Bump chart of the ranks by robust accuracy along an eps grid (the frontier paper Figure 5).
 
     Args:
       eps: ``[E]`` the grid.

@@ -1,6 +1,6 @@
 """A frontier study as plain data: nested ensembles, AOI train vs held-out, DOI, rank instability.
 
-:func:`build_report` runs the whole host-side analysis of papers/001 on a
+:func:`build_report` runs the whole host-side analysis of the frontier paper on a
 :class:`~sarjax.frontier.allocation.TrajectoryPool` (trajectories of the attack pool on every
 model): the per-entry AOI at the cap (Eq. 5), Algorithm 1 fitted on the train models at nested
 tiers with the held-out AOI beside the train AOI (Section 5.1, Figure 2), the DOI of every model
@@ -67,7 +67,7 @@ class TierResult:
 
 @dataclass
 class RankReport:
-    """Single-eps rankings along an eps grid (papers/001 Figure 5).
+    """Single-eps rankings along an eps grid (the frontier paper Figure 5).
 
     Attributes:
       eps: the grid.
@@ -191,7 +191,7 @@ def build_report(
     rank_eps=None,
     chains: bool = False,
 ) -> FrontierReport:
-    """The host-side analysis of papers/001 on trajectories (no attack is run).
+    """The host-side analysis of the frontier paper on trajectories (no attack is run).
 
     Args:
       pool: trajectories of every entry on every model.
@@ -199,7 +199,7 @@ def build_report(
       tiers: increasing budgets (default 4,000 / 8,000 / 12,000).
       heldout: held-out share of the models (default 13/30; 0: fit on every model).
       groups: per-model strata for the split (default: one stratum).
-      seed: split seed (default 0, papers/001).
+      seed: split seed (default 0, the frontier paper).
       levels: candidate levels ``S`` (default ``{T/10, ..., T}``).
       rank_eps: eps grid of the rank-instability analysis (default: 10 evenly spaced points
         from 0 to the largest ``eps_min`` of the models, both ends excluded).

@@ -238,7 +238,7 @@ class HarmBenchClassifier:
         2024, arXiv:2402.04249) scores a completion by the classifier's one greedy answer token,
         "Yes" or "No" (the classifier card of ``cais/HarmBench-Llama-2-13b-cls`` shows the
         outputs ``['Yes', 'Yes', 'No', ...]``); normalising over the two answers is sarjax's
-        definition (papers/000 asks for "the confidence" without defining it), so that mass on
+        definition (the SAR paper asks for "the confidence" without defining it), so that mass on
         other tokens does not count. It need not agree with the label when a third token is the
         argmax (label -1) or when the answer mass is split over several spellings.
 

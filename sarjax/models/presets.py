@@ -1,4 +1,4 @@
-"""Diversity presets of the SAR paper's vision pools (papers/000..., "Vision pools").
+"""Diversity presets of the SAR paper's vision pools (the SAR paper..., "Vision pools").
 
 - ``low``: one architecture; only the initialisation differs (same data, same order, same
   hyperparameters).

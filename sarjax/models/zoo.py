@@ -6,7 +6,7 @@ Params are plain dicts of arrays, so members stack with ``jax.vmap(arch.init)(ke
 
 Convolutions default to ``conv_impl="im2col"``: the k*k shifted slices of the padded input
 are concatenated on the channel axis and multiplied by the reshaped kernel (one matmul).
-XLA on CPU runs convolution *gradients* slowly and matmuls well (DESIGN.md, "Measured facts");
+XLA on CPU runs convolution *gradients* slowly and matmuls well (docs/design.md, "Measured facts");
 ``conv_impl="xla"`` uses ``lax.conv_general_dilated`` instead, through a convolution whose
 batching rule keeps XLA's convolutions ungrouped when a pool's members are stacked (see
 :func:`_member_conv`); on CPU it runs a CNN pool's joint attack faster than ``im2col``.

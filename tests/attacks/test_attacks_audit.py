@@ -1,4 +1,4 @@
-"""The bound audit and the chained-rounds regression (papers/002)."""
+"""The bound audit and the chained-rounds regression (the Note)."""
 
 import jax
 import jax.numpy as jnp

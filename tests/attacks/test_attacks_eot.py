@@ -99,7 +99,7 @@ def test_eot_success_needs_every_draw():
 
 
 def test_eot_rounds_stay_in_the_ball_of_the_original_input():
-    """papers/002's adaptive attack: rounds of EOT PGD.  Every round starts from the best point
+    """the Note's adaptive attack: rounds of EOT PGD.  Every round starts from the best point
     so far but is projected around x0, so the realized linf norm never exceeds eps."""
     B = 4
     params, x0, opt = binary_problem("linf", B, seed=6)

@@ -387,7 +387,7 @@ def test_autoattack_validates_inputs(small):
         autoattack(linear, params, x, y, norm="linf", eps=0.1, key=k, fab_iter=2)
 
 
-# -- papers/002: chained rounds vs the bounded combinator -------------------------------------------
+# -- the Note: chained rounds vs the bounded combinator -------------------------------------------
 
 
 def _note_module():

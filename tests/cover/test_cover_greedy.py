@@ -1,4 +1,4 @@
-"""SAR greedy (Algorithm 1 of papers/000): known answers, references, resume."""
+"""SAR greedy (Algorithm 1 of the SAR paper): known answers, references, resume."""
 
 import json
 import math
@@ -172,7 +172,7 @@ def test_infeasible_returns_one_and_marks_unbreakable():
 
 
 def test_exact_oracle_never_falls_back_on_feasible_instances():
-    # papers/000: with an alpha-approximate attack on a feasible instance the
+    # the SAR paper: with an alpha-approximate attack on a feasible instance the
     # fallback does not execute.
     sets, _ = _random_systems(11, 8, 6, 10, p=0.35)
     oracle = SetSystemOracle(sets)

@@ -1,4 +1,4 @@
-"""Singleton-completed SAR (papers/000, Figures 7 and 8) and SAR standard errors (issue 21)."""
+"""Singleton-completed SAR (the SAR paper, Figures 7 and 8) and SAR standard errors (issue 21)."""
 
 import json
 

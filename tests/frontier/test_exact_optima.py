@@ -213,7 +213,7 @@ def _keep(exact, key, res):
 
 def _run_top9(exact, name, p):
     """Per-sample minimum over the 9 targeted runs at each member's top-9 wrong classes, any
-    misclassification counting (papers/001 Section 5.1); ``[2 N]`` as :func:`_run`."""
+    misclassification counting (the frontier paper Section 5.1); ``[2 N]`` as :func:`_run`."""
     factory, hp, _ = ATTACKS[name]
     z = exact["z"]
     x0, y = jnp.asarray(z["x0"]), jnp.asarray(z["y"])

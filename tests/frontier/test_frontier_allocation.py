@@ -1,4 +1,4 @@
-"""Algorithm 1 (papers/001 Section 3): budgets, caps, structural constraints, tiers, brute-force optima."""
+"""Algorithm 1 (the frontier paper Section 3): budgets, caps, structural constraints, tiers, brute-force optima."""
 
 import os
 

@@ -1,4 +1,4 @@
-"""Curves, AUREC, eps_min, AOI and the fixed-eps curve against hand-computed values (papers/001 Eqs. 3-6)."""
+"""Curves, AUREC, eps_min, AOI and the fixed-eps curve against hand-computed values (the frontier paper Eqs. 3-6)."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""Defense frontier, DOI (papers/001 Eqs. 11-12), rank instability and the report's JSON round trip."""
+"""Defense frontier, DOI (the frontier paper Eqs. 11-12), rank instability and the report's JSON round trip."""
 
 import numpy as np
 import pytest

@@ -118,7 +118,7 @@ def test_gcg_finds_the_brute_force_optimum_over_a_tiny_vocabulary(pool, gcg):
     every = list(itertools.product([12, 15, 17, 20], repeat=LS))
     nb = T.TextBatch(*(np.asarray(a) for a in batch))
     for b in range(2):
-        # default loss: MAXIMISE the mean refusal NLL (papers/000), i.e. minimise its negative;
+        # default loss: MAXIMISE the mean refusal NLL (the SAR paper), i.e. minimise its negative;
         # the batched scorer is checked against one-by-one scoring in the test above
         ml = _member_losses(
             pool[2], refusal_loss, params, T.row(nb, b), np.asarray(every, np.int32), np.ones(LS, np.int32)

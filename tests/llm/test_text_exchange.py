@@ -1,4 +1,4 @@
-"""Joint GCG across tokenizers (papers/000): suffixes exchanged as TEXT between members with
+"""Joint GCG across tokenizers (the SAR paper): suffixes exchanged as TEXT between members with
 different vocabularies, the re-tokenization filter, proposer rotation, exact queries, and a
 planted trigger found within the budget on a tiny pool fine-tuned here."""
 

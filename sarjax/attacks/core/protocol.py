@@ -1,7 +1,7 @@
 """The attack protocol: every sarjax attack is a pure state machine.
 
 An attack is an :class:`Attack`, a hashable bundle of three pure functions over a NamedTuple
-state (the optax / evosax shape, DESIGN.md "The attack protocol")::
+state (the optax / evosax shape, docs/design.md "The attack protocol")::
 
     state  = attack.init(params, problem)        # State (a NamedTuple pytree)
     state  = attack.step(state, params)          # one iteration; run = lax.scan over step

@@ -1,6 +1,6 @@
 """Host-side validation and the bound audit of the fixed-budget attacks' public entry.
 
-Everything here runs OUTSIDE jit, at the public boundary (DESIGN.md "Conventions"): the audited
+Everything here runs OUTSIDE jit, at the public boundary (docs/design.md "Conventions"): the audited
 entry (``fn(...)`` of :class:`~sarjax.attacks.core.entry.AttackFn`) calls the validator that
 :func:`make_validate` builds (shapes, box, finite inputs, labels in ``[0, C)``, eps, query caps,
 sample ids, warm starts -> a :class:`~sarjax.attacks.core.protocol.Problem`), runs the jitted

@@ -1,17 +1,17 @@
-"""AutoDAN-style rewriting on an LLM pool (papers/000, LLM half, Table 4; the black-box attack).
+"""AutoDAN-style rewriting on an LLM pool (the SAR paper, LLM half, Table 4; the black-box attack).
 
 An attacker LM rewrites the WHOLE request; the target members are a black box seen only through
-their text responses and a judge. One call, per request (written from papers/000's description;
+their text responses and a judge. One call, per request (written from the SAR paper's description;
 the proposal loop is the anchor/proposal search of AutoDAN-Turbo, Liu et al. 2024, reduced to
 rewriting):
 
 1. the anchors start as the request itself;
 2. every step, the attacker samples ``proposals`` rewrites of each anchor (temperature 0.8,
-   top-p 0.95, 4 proposals per anchor: papers/000 Table 4) from :data:`REWRITE_PROMPT`;
+   top-p 0.95, 4 proposals per anchor: the SAR paper Table 4) from :data:`REWRITE_PROMPT`;
 3. every candidate is sent to every member (greedy decoding, the paper's deterministic judging),
    each response is judged: broken or not, and a confidence in ``[0, 1]``;
 4. candidates are ranked LEXICOGRAPHICALLY over the uncovered members (the member mask): number
-   broken, then mean confidence, then the 20% quantile of confidence (papers/000); the best
+   broken, then mean confidence, then the 20% quantile of confidence (the SAR paper); the best
    ``anchors`` candidates become the next anchors; the best candidate ever seen is kept.
 
 Two implementations of this loop:
@@ -31,7 +31,7 @@ Two implementations of this loop:
   classifier's tokenizer and truncated from the left), string work with no token-level
   equivalent; text judges and mixed tokenizers stay on the host loop.
 
-Confidence (papers/000 leaves it to the judge): a judge may carry ``judge.scores(behaviors,
+Confidence (the SAR paper leaves it to the judge): a judge may carry ``judge.scores(behaviors,
 generations) -> (labels [N], confidence [N])`` (one pass; the HarmBench classifier's
 :meth:`~sarjax.judges.harmbench.HarmBenchClassifier.scores`: its probability of "Yes" normalised
 over its "Yes" and "No" answer tokens) or ``judge.confidence(behaviors, generations) -> [N]``;
@@ -114,7 +114,7 @@ def rank_key(broken, confidence, mask) -> tuple[float, float, float]:
       broken: ``[M]`` bool; confidence: ``[M]`` float; mask: ``[M]`` bool (uncovered members).
 
     Returns:
-      ``(members broken, mean confidence, 20% quantile of confidence)`` (papers/000), all over
+      ``(members broken, mean confidence, 20% quantile of confidence)`` (the SAR paper), all over
       the masked members; ``(0, 0, 0)`` when the mask is empty.
     """
     w = np.asarray(mask, bool)
@@ -482,7 +482,7 @@ def attacker_proposer(
     Args:
       attacker: an :class:`~sarjax.models.llm.pool.LLMPool`; its FIRST member writes (pass a
         one-member pool of a large local checkpoint, or the target pool to use member 0).
-      temperature, top_p: 0.8 and 0.95 (papers/000 Table 4); top-k off.
+      temperature, top_p: 0.8 and 0.95 (the SAR paper Table 4); top-k off.
       max_new_tokens: rewrite length.
       rewrite_prompt: the instruction, with ``{request}``.
       pad_to_multiple: the attacker's prompts are left-padded to a multiple of this
@@ -548,10 +548,10 @@ def make_autodan(
       attacker: the attacker LM pool (default: ``pool``, i.e. member 0 rewrites); ignored when
         ``propose`` is given.
       propose: a custom proposer (``propose(anchors, key, sample_ids) -> rewrites``).
-      proposals: rewrites per anchor (4, papers/000 Table 4).
+      proposals: rewrites per anchor (4, the SAR paper Table 4).
       anchors: candidates kept as the next step's anchors (2: sarjax's choice, not in the paper).
       num_steps: steps per call (5: sarjax's choice, not in the paper).
-      temperature, top_p: the attacker's sampling (0.8, 0.95: papers/000 Table 4).
+      temperature, top_p: the attacker's sampling (0.8, 0.95: the SAR paper Table 4).
       max_new_tokens: rewrite length (the attacker's tokens).
       width: prompt width ``T`` (an int, or one per stack; default per stack: the longest of
         ``requests`` in that stack's template plus ``max_new_tokens`` and 8).
@@ -674,11 +674,11 @@ class AutoDANConfig(NamedTuple):
         everything from the first end token on removed), e.g.
         :class:`~sarjax.judges.refusal.TokenRefusalJudge`.
       num_members: ``M``.
-      proposals, anchors: per step (4: papers/000 Table 4; 2: sarjax's choice).
+      proposals, anchors: per step (4: the SAR paper Table 4; 2: sarjax's choice).
       rewrite_len: the attacker's new tokens per rewrite (``max_new_tokens``).
       response_len: each target's greedy tokens per response.
       slot: ``W``, the rewrite slots (>= ``rewrite_len`` and the longest request).
-      temperature, top_p: the attacker's sampling (0.8, 0.95: papers/000 Table 4; top-k off).
+      temperature, top_p: the attacker's sampling (0.8, 0.95: the SAR paper Table 4; top-k off).
       attacker_head, attacker_tail: ids of the attacker's chat template and rewrite instruction
         before and after the anchor.
       target_head, target_tail: ids of the targets' chat template before and after the request.
@@ -1312,7 +1312,7 @@ def make_autodan_jit(
       attacker: the attacker pool (its first member rewrites; default ``pool``); it must use the
         same tokenizer.
       proposals, anchors, num_steps, temperature, top_p, max_new_tokens: as :func:`make_autodan`
-        (4, 2, 5, 0.8, 0.95, 48; papers/000 Table 4 for proposals, temperature and top-p).
+        (4, 2, 5, 0.8, 0.95, 48; the SAR paper Table 4 for proposals, temperature and top-p).
       response_tokens: each member's greedy response length (32, as
         :class:`sarjax.cover.llm.PoolResponder`).
       requests: the requests the attack will see (size the slots).

@@ -1,5 +1,5 @@
 """Joint BEAST (Sadasivan et al. 2024, "Fast Adversarial Attacks on Language Models In One GPU
-Minute"; the joint form of papers/000): gradient-free beam search that appends an adversarial
+Minute"; the joint form of the SAR paper): gradient-free beam search that appends an adversarial
 suffix to the request, one token per step, minimising the JOINT loss (by default the mean
 per-token NLL of the target response averaged over the uncovered members).
 
@@ -27,7 +27,7 @@ Queries per step and request: ``(k1 + k1 * k2) * |covered members|`` (the next-t
 every beam, then the candidates); a seed suffix costs ``|covered|`` to score. The traced cap
 stops a request before a step that would pass it; ``Ls`` steps at most (static).
 
-Not done here: multiple calls (papers/000: at most 4 calls of 15,000 queries: run the attack
+Not done here: multiple calls (the SAR paper: at most 4 calls of 15,000 queries: run the attack
 again with another key) and the AmpleGCG seed generator itself (pass seeds through
 :func:`seed_suffixes`).
 """
@@ -50,10 +50,10 @@ class BEASTConfig(NamedTuple):
     Attributes:
       model: the :class:`~sarjax.attacks.text.core.TextModel`.
       loss: per-member loss, minimised.
-      suffix_len: ``Ls`` (30, papers/000 Table 2).
-      beam_width: ``k1`` (10, papers/000 Table 2).
+      suffix_len: ``Ls`` (30, the SAR paper Table 2).
+      beam_width: ``k1`` (10, the SAR paper Table 2).
       candidates: ``k2`` tokens drawn per beam (10: BEAST uses ``k1 = k2``).
-      temperature: of the next-token distribution (1, papers/000 Table 2).
+      temperature: of the next-token distribution (1, the SAR paper Table 2).
       sampler: ``"multinomial"`` (BEAST) or ``"greedy"`` (deterministic top-``k2``).
       criterion: the success criterion (:attr:`~sarjax.attacks.text.core.TextAttackResult.success`).
     """
@@ -211,12 +211,12 @@ def make_beast(
     Args:
       model: the pool (:func:`~sarjax.attacks.text.core.llm_text_model`).
       vocab_size: ``V``.
-      suffix_len: ``Ls``, tokens appended at most (30, papers/000 Table 2); the attack runs ``Ls``
-        steps (static), fewer when the traced cap (``max_queries``, papers/000: 15,000 per call)
+      suffix_len: ``Ls``, tokens appended at most (30, the SAR paper Table 2); the attack runs ``Ls``
+        steps (static), fewer when the traced cap (``max_queries``, the SAR paper: 15,000 per call)
         stops it or a seed already holds tokens.
-      beam_width: ``k1`` (10, papers/000 Table 2).
+      beam_width: ``k1`` (10, the SAR paper Table 2).
       candidates: ``k2`` tokens drawn per beam (None: ``k1``, as BEAST).
-      temperature: sampling temperature (1, papers/000 Table 2).
+      temperature: sampling temperature (1, the SAR paper Table 2).
       sampler: ``"multinomial"`` or ``"greedy"``.
       loss: per-member loss, minimised (default
         :func:`~sarjax.attacks.text.core.target_loss`, the mean per-token target NLL).
@@ -275,12 +275,12 @@ def seed_suffixes(
     """Seed suffixes for a BEAST call from a seed generator (host side).
 
     Args:
-      seed_fn: ``seed_fn(request) -> list of suffix texts`` (papers/000 uses AmpleGCG; any
+      seed_fn: ``seed_fn(request) -> list of suffix texts`` (the SAR paper uses AmpleGCG; any
         callable works). The first candidate that encodes to >= 1 token is used.
       requests: B request texts.
       tokenizer: the pool's tokenizer.
       suffix_len: the attack's ``Ls``.
-      seed_tokens: tokens kept from the seed (20, papers/000 Table 2); clipped to ``Ls``.
+      seed_tokens: tokens kept from the seed (20, the SAR paper Table 2); clipped to ``Ls``.
 
     Returns:
       ``(suffix_init [B, Ls] int32 right-aligned, init_len [B] int32)``; a request with no usable

@@ -1,9 +1,9 @@
-"""Joint BEAST across tokenizers (Sadasivan et al. 2024; the joint form of papers/000) for pools
+"""Joint BEAST across tokenizers (Sadasivan et al. 2024; the joint form of the SAR paper) for pools
 whose members use different tokenizers.
 
 :func:`~sarjax.attacks.text.beast.make_beast` is the compiled joint BEAST of a pool that shares
 one vocabulary. Here the members read different vocabularies, so the suffix is exchanged as TEXT
-(as papers/000 does for joint GCG) and the tokenizers run on the host:
+(as the SAR paper does for joint GCG) and the tokenizers run on the host:
 
 - **The proposer.** The beam lives in the id space of ONE tokenizer: the first stack's (every
   stack with that tokenizer forms the proposer group). The choice is the pool's order, so a user
@@ -191,7 +191,7 @@ class CrossBEAST(Entry):
           ref: the target response (one, or one per request); None: the factory's.
           key: PRNG key (keyword-only, required).
           mask: ``[M]`` or ``[B, M]`` bool or 0/1, the members the objective covers (default all).
-          max_queries: None, a scalar or ``[B]`` per-request cap summed over members (papers/000:
+          max_queries: None, a scalar or ``[B]`` per-request cap summed over members (the SAR paper:
             15,000 per call).
           sample_ids: ``[B]`` non-negative ints (default ``arange(B)``).
           system: optional system message.
@@ -400,15 +400,15 @@ def make_cross_beast(
     """Joint BEAST for pools whose members may use different tokenizers (see the module docstring).
 
     Args:
-      suffix_len: ``Ls``, suffix tokens in the proposer's tokenizer (30, papers/000 Table 2).
-      beam_width: ``k1`` (10, papers/000 Table 2).
+      suffix_len: ``Ls``, suffix tokens in the proposer's tokenizer (30, the SAR paper Table 2).
+      beam_width: ``k1`` (10, the SAR paper Table 2).
       candidates: ``k2`` tokens per beam (None: ``k1``, as BEAST).
-      temperature: of the mixture's members (1, papers/000 Table 2).
+      temperature: of the mixture's members (1, the SAR paper Table 2).
       sampler: ``"multinomial"`` (Gumbel top-k without replacement, BEAST) or ``"greedy"`` (the
         ``k2`` most likely tokens; deterministic, for tests).
       loss: per-member loss, minimised (default :func:`~sarjax.attacks.text.core.target_loss`,
         the mean per-token target NLL: BEAST's objective).
-      target: the target response (papers/000 does not print BEAST's target; this one is ours).
+      target: the target response (the SAR paper does not print BEAST's target; this one is ours).
       slots: suffix token slots of every stack (default ``2 * suffix_len``: the same text may take
         more tokens in another vocabulary; a candidate that does not fit is filtered).
       ascii_only: the default allowed vocabulary keeps printable-ASCII tokens only (GCG's filter).

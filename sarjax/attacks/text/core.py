@@ -164,7 +164,7 @@ class TextAttackResult(NamedTuple):
 
 def target_loss(nll, target_mask):
     """Mean per-token NLL of the target (minimised: BEAST's objective, Sadasivan et al. 2024;
-    papers/000 "joint BEAST").
+    the SAR paper "joint BEAST").
 
     Args:
       nll: ``[..., Tt]`` per-token NLL; target_mask: ``[Tt]`` 0/1.
@@ -178,7 +178,7 @@ def target_loss(nll, target_mask):
 
 def refusal_loss(nll, target_mask):
     """Minus the mean per-token NLL of a fixed refusal (minimising it MAXIMISES the refusal's
-    NLL: papers/000, "GCG maximizes the average negative log-likelihood for a fixed refusal").
+    NLL: the SAR paper, "GCG maximizes the average negative log-likelihood for a fixed refusal").
 
     Args/returns as :func:`target_loss`.
     """
@@ -915,7 +915,7 @@ def audit_text(name: str, problem: TextProblem, result: TextAttackResult, tokeni
 
 
 def exchange_suffix(ids: Sequence[int], source, targets: Sequence[Any]) -> list[list[int]] | None:
-    """Passes a suffix between tokenizers as TEXT (papers/000: joint GCG exchanges suffixes as
+    """Passes a suffix between tokenizers as TEXT (the SAR paper: joint GCG exchanges suffixes as
     text, not ids): decode with ``source``, re-encode with each of ``targets`` (host side).
 
     Args:

@@ -1,5 +1,5 @@
 """Joint GCG (Zou et al. 2023, "Universal and Transferable Adversarial Attacks on Aligned
-Language Models"; the joint form of papers/000): greedy coordinate gradient over an adversarial
+Language Models"; the joint form of the SAR paper): greedy coordinate gradient over an adversarial
 suffix against the uncovered members of a pool.
 
 One step, per request (all requests of a batch in one ``vmap``):
@@ -20,7 +20,7 @@ nanoGCG's prefix cache), and both the gradient pass and the candidates read it f
 (equal to running full prompts up to float rounding; models without a cache run full prompts).
 
 The loss is a function argument: the default :func:`~sarjax.attacks.text.core.refusal_loss`
-MAXIMISES the mean NLL of a fixed refusal (papers/000, joint GCG); pass
+MAXIMISES the mean NLL of a fixed refusal (the SAR paper, joint GCG); pass
 :func:`~sarjax.attacks.text.core.target_loss` for Zou et al.'s original objective (minimise the
 NLL of an affirmative target).
 
@@ -30,7 +30,7 @@ whose next step would pass its cap stops (its state is frozen).
 
 This state machine (:func:`make_gcg`) needs a pool sharing one vocabulary, takes the gradient of
 the joint loss, and leaves GCG's re-tokenization filter to the audit of the returned suffix.
-:func:`make_joint_gcg` is the joint GCG of papers/000 on any pool, including members with
+:func:`make_joint_gcg` is the joint GCG of the SAR paper on any pool, including members with
 different tokenizers: the proposer rotates within the pool, suffixes pass between members as
 TEXT, and every candidate goes through the re-tokenization filter. Tokenizers run on the host, so
 its step is a host loop around two compiled kernels (the proposer's gradient + candidate sampling,
@@ -59,8 +59,8 @@ class GCGConfig(NamedTuple):
       model: the :class:`~sarjax.attacks.text.core.TextModel`.
       loss: ``loss(nll [..., Tt], target_mask [Tt]) -> [...]`` per member (minimised).
       suffix_len: ``Ls`` (20: GCG's ``"! " * 20`` start).
-      topk: substitutions per position (256, Zou et al. 2023; papers/000 Table 3).
-      num_candidates: candidates per step (64, papers/000 Table 3; GCG's reference uses 512).
+      topk: substitutions per position (256, Zou et al. 2023; the SAR paper Table 3).
+      num_candidates: candidates per step (64, the SAR paper Table 3; GCG's reference uses 512).
       criterion: the success criterion (:attr:`~sarjax.attacks.text.core.TextAttackResult.success`).
     """
 
@@ -201,13 +201,13 @@ def make_gcg(
     Args:
       model: the pool (:func:`~sarjax.attacks.text.core.llm_text_model`).
       vocab_size: ``V`` (the embedding rows).
-      num_steps: steps per call (20 per round, papers/000 Table 3).
+      num_steps: steps per call (20 per round, the SAR paper Table 3).
       suffix_len: ``Ls`` (20, Zou et al. 2023).
-      topk: top-k substitutions per position (256, Zou et al. 2023 / papers/000 Table 3); clipped
+      topk: top-k substitutions per position (256, Zou et al. 2023 / the SAR paper Table 3); clipped
         to ``V``.
-      num_candidates: candidates per step (64, papers/000 Table 3).
+      num_candidates: candidates per step (64, the SAR paper Table 3).
       loss: per-member loss, minimised (default :func:`~sarjax.attacks.text.core.refusal_loss`:
-        maximise the refusal's mean NLL, papers/000).
+        maximise the refusal's mean NLL, the SAR paper).
       tokenizer: optional; the audited entry then checks the returned suffix re-tokenizes and
         re-tokenizes the whole prompt as text (:attr:`~sarjax.attacks.text.core.TextAttackResult.sent`).
       init_id: start token (GCG starts from ``"!"`` x 20: pass the id of ``"!"``); None: the
@@ -250,7 +250,7 @@ def make_gcg(
 
 
 # ---------------------------------------------------------------------------------------------
-# joint GCG across tokenizers (papers/000): proposer rotation, text exchange, re-tokenization filter
+# joint GCG across tokenizers (the SAR paper): proposer rotation, text exchange, re-tokenization filter
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "loss", "topk", "nc"))
@@ -490,7 +490,7 @@ def sent_prompts(name, stacks, reqs: Sequence[PoolRequests], texts: Sequence[str
 
 class JointGCG(Entry):
     """Joint GCG on an :class:`~sarjax.models.llm.pool.LLMPool` whose members may use different
-    tokenizers (papers/000; Zou et al. 2023). Build with :func:`make_joint_gcg`; call
+    tokenizers (the SAR paper; Zou et al. 2023). Build with :func:`make_joint_gcg`; call
     ``fn(pool, instructions, ref, *, key, mask=None, max_queries=None, sample_ids=None,
     system=None, suffix_init=None, chat_template=True, allowed=None) -> JointGCGResult``
     (``ref``: the refusal, one string or one per request; None: the factory's). Host-driven:
@@ -498,7 +498,7 @@ class JointGCG(Entry):
 
     One step, per request ``b`` with covered members ``C_b`` (in ``pool.names`` order):
 
-    1. the proposer is ``C_b[t mod |C_b|]`` (the rotation of papers/000); it encodes the current
+    1. the proposer is ``C_b[t mod |C_b|]`` (the rotation of the SAR paper); it encodes the current
        suffix TEXT with its own tokenizer, takes the one-hot token gradient of its own loss
        (1 query), and samples ``num_candidates`` single-token substitutions among the ``topk``
        most negative allowed ids per position (GCG's ``sample_control``);
@@ -772,17 +772,17 @@ def make_joint_gcg(
     ascii_only: bool = True,
     criterion: str | None = None,
 ) -> JointGCG:
-    """Joint GCG for pools whose members may have different tokenizers (papers/000).
+    """Joint GCG for pools whose members may have different tokenizers (the SAR paper).
 
     Args:
-      num_steps: steps per call (20 per round, papers/000 Table 3).
+      num_steps: steps per call (20 per round, the SAR paper Table 3).
       suffix_len: length of the start suffix in words (GCG's ``"! " * 20``, Zou et al. 2023).
-      topk: substitutions per position (256, Zou et al. 2023 / papers/000 Table 3).
-      num_candidates: candidates per step (64, papers/000 Table 3).
+      topk: substitutions per position (256, Zou et al. 2023 / the SAR paper Table 3).
+      num_candidates: candidates per step (64, the SAR paper Table 3).
       loss: per-member loss, minimised (default
         :func:`~sarjax.attacks.text.core.refusal_loss`: maximise the fixed refusal's mean NLL,
-        papers/000).
-      target: the fixed refusal (papers/000 does not print its refusal string; this one is ours).
+        the SAR paper).
+      target: the fixed refusal (the SAR paper does not print its refusal string; this one is ours).
       init_text: start suffix text (default ``"!"`` repeated ``suffix_len`` times with spaces,
         GCG's start).
       slots: suffix token slots of every stack (default ``2 * suffix_len``: the same text may

@@ -6,7 +6,7 @@ written into it with ``lax.dynamic_update_slice`` inside one ``lax.scan``.
 Written for one sequence and vmapped over the batch (left padding with masks)
 and over the members of a stack. An optional shared-prefix ``KVBlock`` (see
 ``scoring.stack_prefix_cache`` / ``decoder.prefill``) sits before every prompt. Greedy is the
-default for judging (papers/000 decodes deterministically); sampling (temperature, top-k,
+default for judging (the SAR paper decodes deterministically); sampling (temperature, top-k,
 top-p, seeded per sample and per member) shares the same loop.
 """
 

@@ -30,7 +30,7 @@ class GenerationDefaults:
       pad_token_id: padding / filler id, or None.
       max_new_tokens: or None.
       do_sample: the checkpoint's sampling flag (informational: sarjax decodes greedily unless a
-        call asks for sampling, as papers/000 judges deterministic decoding).
+        call asks for sampling, as the SAR paper judges deterministic decoding).
       temperature: 1.0 when unset (transformers' ``GenerationConfig`` default).
       top_k: 50 when unset (transformers' default).
       top_p: 1.0 when unset (transformers' default).
@@ -385,7 +385,7 @@ def pool_generate_text(
       requests: N user requests (strings) or conversations (lists of message dicts).
       max_new_tokens: tokens to generate (default: the stack's ``generation_config.json``
         ``max_new_tokens``, else 32).
-      do_sample: False (default): greedy, deterministic (papers/000 judges greedy decoding; a
+      do_sample: False (default): greedy, deterministic (the SAR paper judges greedy decoding; a
         checkpoint's ``do_sample`` is not followed). True: sampling with ``key``.
       key: PRNG key (required when sampling). Member ``m`` (its index in ``pool.names``) of request
         ``n`` draws from ``fold_in(fold_in(key, sample_ids[n]), m)``.
