@@ -40,6 +40,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
+from _timing import provenance, results_path  # noqa: E402  # benchmarks/ is on sys.path when run as a script
 
 HB = os.environ.get("SARJAX_HARMBENCH_DIR", "/work/shared/data/harmbench")
 
@@ -73,8 +74,14 @@ def main(argv=None):
     ap.add_argument("--score-reps", type=int, default=5)
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--quick", action="store_true", help="2,000 queries, suffix 10, 1 rep")
-    ap.add_argument("--out", default="benchmarks/results/beast_call.json")
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="JSON path (default benchmarks/results/beast_call.json; --quick: a temporary folder)",
+    )
     a = ap.parse_args(argv)
+    # --quick never overwrites benchmarks/results/
+    a.out = str(results_path("beast_call.json", a.out, quick=a.quick))
     if a.quick:
         a.max_queries, a.suffix_len, a.reps, a.score_reps = 2_000, 10, 1, 2
 
@@ -202,6 +209,7 @@ def main(argv=None):
     res["load_avg_end"] = os.getloadavg()
     print(json.dumps(res["scoring"], indent=1))
     print(f"load average {res['load_avg_end']}")
+    res["provenance"] = provenance()  # command, commit, machine, date, load
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(res, indent=1))
     return 0

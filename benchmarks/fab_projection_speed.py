@@ -46,7 +46,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from _timing import first_calls, repeated, round_robin  # noqa: E402  (the shared round-robin loop)
+from _timing import first_calls, provenance, repeated, results_path, round_robin  # noqa: E402  (the shared round-robin loop)
 from pdpgd_prox_speed import _fixture_pool  # noqa: E402
 
 NORMS = {"linf": math.inf, "l1": 1.0, "l2": 2.0}
@@ -153,8 +153,14 @@ def main(argv=None) -> int:
     ap.add_argument("--queries", type=int, default=1000)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--norms", default="linf,l1")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "fab_projection_speed.json"))
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="JSON path (default benchmarks/results/fab_projection_speed.json; --quick: a temporary folder)",
+    )
     args = ap.parse_args(argv)
+    # --quick never overwrites benchmarks/results/
+    args.out = str(results_path("fab_projection_speed.json", args.out, quick=args.quick))
     if args.quick:
         args.samples, args.reps = min(args.samples, 8), min(args.reps, 2)
     load0 = os.getloadavg()
@@ -187,6 +193,7 @@ def main(argv=None) -> int:
         print(f"{n} speed-up {a['speedup']}; FAB-T / FAB at the same cap {a['fab_t_over_fab_same_cap']}")
         print(f"{n} norms sort vs sort-free {a['norms_sort_vs_sort_free']}", flush=True)
     out["load_after"] = os.getloadavg()
+    out["provenance"] = provenance()  # command, commit, machine, date, load
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     print(f"load {load0} -> {out['load_after']}; wrote {args.out}")

@@ -37,6 +37,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
+from _timing import provenance, results_path  # noqa: E402  # benchmarks/ is on sys.path when run as a script
 
 
 def _torch_gcg(models, before, after, target, suffix0, steps, topk, nc, seed, cache=True):
@@ -149,8 +150,14 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="torch thread counts (fastest taken)")
     ap.add_argument("--quick", action="store_true", help="2 reps of 3 steps (a smoke run)")
-    ap.add_argument("--out", default="benchmarks/results/gcg_throughput.json")
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="JSON path (default benchmarks/results/gcg_throughput.json; --quick: a temporary folder)",
+    )
     a = ap.parse_args(argv)
+    # --quick never overwrites benchmarks/results/
+    a.out = str(results_path("gcg_throughput.json", a.out, quick=a.quick))
     if a.quick:
         a.reps, a.steps = 2, 3
 
@@ -291,6 +298,7 @@ def main(argv=None):
         f"{med(c_jax) / med(t_jax):.2f}, torch {best_th} {med(c_torch[best_th]) / med(t_torch[best_th]):.2f}"
     )
     print(f"load average start {load_start}, end {os.getloadavg()} (2 cores: a quiet machine reads < 2)")
+    res["provenance"] = provenance()  # command, commit, machine, date, load
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as fh:
         json.dump(res, fh, indent=2)

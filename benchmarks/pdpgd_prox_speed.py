@@ -50,7 +50,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from _timing import first_calls, repeated, round_robin  # noqa: E402  (the shared round-robin loop)
+from _timing import first_calls, provenance, repeated, results_path, round_robin  # noqa: E402  (the shared round-robin loop)
 
 # ---------------------------------------------------------------------------------------------
 # the drop-in replacement
@@ -260,8 +260,14 @@ def main(argv=None) -> int:
     ap.add_argument("--samples", type=int, default=32)
     ap.add_argument("--queries", type=int, default=1000)
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "pdpgd_prox_speed.json"))
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="JSON path (default benchmarks/results/pdpgd_prox_speed.json; --quick: a temporary folder)",
+    )
     args = ap.parse_args(argv)
+    # --quick never overwrites benchmarks/results/
+    args.out = str(results_path("pdpgd_prox_speed.json", args.out, quick=args.quick))
     if args.quick:
         args.samples, args.reps = min(args.samples, 8), min(args.reps, 3)
     load0 = os.getloadavg()
@@ -289,6 +295,7 @@ def main(argv=None) -> int:
     for k, v in out["fab"]["ms_per_step_part"].items():
         print(f"  {k}: {v:.3f} ms")
     out["load_after"] = os.getloadavg()
+    out["provenance"] = provenance()  # command, commit, machine, date, load
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     print(f"load {load0} -> {out['load_after']}; wrote {args.out}")

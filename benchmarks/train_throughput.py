@@ -62,6 +62,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from _timing import provenance, results_path  # benchmarks/ is on sys.path when run as a script
 
 from sarjax.data.mnist import load_mnist
 from sarjax.models import zoo
@@ -468,8 +469,14 @@ def main(argv=None) -> dict:
     ap.add_argument(
         "--quick", action="store_true", help="M=4, 16 steps, 2 repeats, mlp unless --families (under a minute)"
     )
-    ap.add_argument("--out", default="benchmarks/results/train_throughput.json")
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="JSON path (default benchmarks/results/train_throughput.json; --quick: a temporary folder)",
+    )
     a = ap.parse_args(argv)
+    # --quick never overwrites benchmarks/results/
+    a.out = str(results_path("train_throughput.json", a.out, quick=a.quick))
     if a.quick:
         a.members, a.steps, a.repeats = 4, 16, 2
     if a.families is None:
@@ -545,6 +552,7 @@ def main(argv=None) -> dict:
         "loadavg_end": os.getloadavg(),
         "wall_seconds": time.time() - t0,
     }
+    res["provenance"] = provenance()  # command, commit, machine, date, load
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2))
