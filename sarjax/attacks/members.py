@@ -20,7 +20,7 @@ import numpy as np
 
 from sarjax.attacks.core.entry import AttackFn, Entry
 from sarjax.attacks.core.protocol import Problem, run
-from sarjax.attacks.core.validate import logits_shape
+from sarjax.attacks.core.validate import check_mask, logits_shape
 from sarjax.attacks.result import AttackResult
 from sarjax.attacks.threat import check_labels
 
@@ -108,13 +108,7 @@ class MemberAttack(Entry):
         lab = np.asarray(ref)
         if lab.ndim not in (1, 2) or (lab.ndim == 2 and lab.shape[1] != k):
             raise ValueError(f"{self.name}: ref must be [B] or [B, M={k}], got shape {lab.shape}")
-        m = None if mask is None else np.asarray(mask)
-        if m is not None:
-            if m.shape not in ((k,), (lab.shape[0], k)):
-                raise ValueError(f"{self.name}: mask must be [M={k}] or [B, M={k}], got shape {m.shape}")
-            mvals = m.astype(np.float64)
-            if m.dtype != np.bool_ and not np.all((mvals == 0) | (mvals == 1)):
-                raise ValueError(f"{self.name}: mask must be bool or {{0, 1}}, got values {np.unique(mvals)[:5]}")
+        m = check_mask(mask, lab.shape[0], k, name=self.name)
         # the single attack validates x0, eps, caps, x_init, sample ids (and the first member's labels)
         base = self.single.problem(one, x0, lab if lab.ndim == 1 else lab[:, 0], key=key, **call)
         if lab.ndim == 2:

@@ -298,7 +298,7 @@ def test_input_errors(pool, gcg):
             params, batch, None, key=jax.random.key(0), mask=MASK, allowed=np.arange(V) > 2, suffix_init=[1, 4, 4]
         )
     for bad_mask in (np.array([1.0, -1.0, 1.0]), np.array([1.0, np.nan, 1.0]), np.array([2.0, 0.0, 1.0])):
-        with pytest.raises(ValueError, match="mask must be bool or 0/1"):  # no flipped or NaN objective
+        with pytest.raises(ValueError, match=r"mask must be bool or \{0, 1\}"):  # no flipped or NaN objective
             gcg.problem(params, batch, None, key=jax.random.key(0), mask=bad_mask)
     with pytest.raises(TypeError, match="ref must be None"):
         gcg.problem(params, batch, batch.target, key=jax.random.key(0))
@@ -306,7 +306,7 @@ def test_input_errors(pool, gcg):
         gcg(params, batch, None, key=jax.random.key(0), texts=(["a", "b"], ["c", "d"]))
     with pytest.raises(TypeError, match="texts is read by the audited entry only"):
         gcg.jit(params, batch, None, key=jax.random.key(0), texts=(["a", "b"], ["c", "d"]))
-    with pytest.raises(ValueError, match=r"mask must be \[M=3\]"):
+    with pytest.raises(ValueError, match=r"mask must be \[M\] or \[B, M\] with B=\d+, M=3"):
         gcg.problem(params, batch, None, key=jax.random.key(0), mask=np.ones(2))
     with pytest.raises(ValueError, match="target rows \\[1\\] are empty"):
         text_batch([[1], [2]], [[], []], [[3], []])

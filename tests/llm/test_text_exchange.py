@@ -158,7 +158,7 @@ def test_joint_gcg_input_errors(trigger_pool):
     fn = make_joint_gcg(num_steps=1, suffix_len=3, num_candidates=4, target=REFUSAL, slots=4)
     with pytest.raises(TypeError, match="key is required"):
         fn(trigger_pool, REQUESTS, None, key=None)
-    with pytest.raises(ValueError, match=r"mask must be \[M=4\]"):
+    with pytest.raises(ValueError, match=r"mask must be \[M\] or \[B, M\] with B=\d+, M=4"):
         fn(trigger_pool, REQUESTS, None, key=jax.random.key(0), mask=np.ones(2))
     # "bomb" is not in stack B's vocabulary: the start suffix cannot be exchanged
     with pytest.raises(ValueError, match=r"row 0: stack 1: the ids do not decode back"):

@@ -35,7 +35,7 @@ import numpy as np
 
 from sarjax.attacks import queries as Q
 from sarjax.attacks.core.entry import Entry
-from sarjax.attacks.core.validate import check_sample_ids
+from sarjax.attacks.core.validate import check_mask, check_sample_ids
 
 
 class TextBatch(NamedTuple):
@@ -651,28 +651,18 @@ def check_ref_none(name: str, ref) -> None:
 
 def check_member_mask(name: str, mask, bsz: int, m: int) -> np.ndarray:
     """The ``[B, M]`` float32 member mask of a call (host side): None (every member), ``[M]`` or
-    ``[B, M]``, bool or 0/1 (the members the objective covers).
+    ``[B, M]``, bool or {0, 1} (the members the objective covers), checked by the one validator
+    (:func:`sarjax.attacks.core.validate.check_mask`).
 
     Raises:
       TypeError: a non-numeric mask. ValueError: a value other than 0 / 1 (NaN included), a shape
         other than ``[M]`` / ``[B, M]``.
     """
-    if mask is None:
+    a = check_mask(mask, bsz, m, name=name)
+    if a is None:
         return np.ones((bsz, m), np.float32)
-    a = np.asarray(mask)
-    if a.dtype != bool:
-        if not np.issubdtype(a.dtype, np.number):
-            raise TypeError(f"{name}: mask must be bool or 0/1 numbers, got dtype {a.dtype}")
-        bad = ~np.isin(a.astype(np.float64), (0.0, 1.0))
-        if bad.any():
-            vals = sorted({float(v) for v in a[bad].ravel()[:10]}, key=str)
-            raise ValueError(f"{name}: mask must be bool or 0/1 (the members the objective covers), got values {vals}")
     mk = a.astype(np.float32)
-    if mk.ndim == 1:
-        mk = np.broadcast_to(mk[None], (bsz, mk.shape[0]))
-    if mk.shape != (bsz, m):
-        raise ValueError(f"{name}: mask must be [M={m}] or [B={bsz}, M={m}], got shape {a.shape}")
-    return np.ascontiguousarray(mk)
+    return np.ascontiguousarray(np.broadcast_to(mk[None] if mk.ndim == 1 else mk, (bsz, m)))
 
 
 def slot_texts(
