@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from sarjax.cli_llm_sar import hide_broken_torchvision  # noqa: E402
+from sarjax.cli.llm_sar import hide_broken_torchvision  # noqa: E402
 
 hide_broken_torchvision()
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

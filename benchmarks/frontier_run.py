@@ -86,7 +86,7 @@ def aoi_vs_budget(src: Path, report: dict, budgets) -> list[dict]:
     the run's cached trajectories (no attack runs)."""
     import numpy as np
 
-    from sarjax.cli_frontier import _safe, load_models
+    from sarjax.experiments.frontier import _safe, load_models
     from sarjax.frontier import PoolEntry, TrajectoryPool, nested_allocations
 
     entries = report["entries"]

@@ -85,7 +85,7 @@ def run_pool(norm: str, *, restarts: int, targeted: int, attacks, cache: Path, c
     import jax.numpy as jnp
 
     from sarjax.attacks.minnorm import top_k_targets
-    from sarjax.cli_frontier import attack_pool, run_entry
+    from sarjax.experiments.frontier import attack_pool, run_entry
 
     nets32 = emd.load_nets(FIXTURES / "exact_nets.npz")
     z = np.load(FIXTURES / "exact_optima.npz")

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sarjax.cli_autoattack import randomized_members
+from sarjax.cli.autoattack import randomized_members
 from sarjax.defenses import self_ensemble as se
 from sarjax.models.checkpoint import save_pool
 from sarjax.models.pool import Pool, Stack

@@ -8,9 +8,9 @@ import jax
 import numpy as np
 import pytest
 
-from sarjax import cli_frontier
 from sarjax.cli import main
 from sarjax.data import mnist
+from sarjax.experiments import frontier as frontier_runner
 from sarjax.frontier import FrontierReport, TrajectoryPool, doi, expand_pool, fixed_eps_curve, nested_allocations
 from sarjax.models.checkpoint import save_pool
 from sarjax.models.pool import Pool, Stack
@@ -57,11 +57,11 @@ ARGS += ["--samples", "4", "--tiers", "100", "200", "--heldout", "0.5", "--no-pr
 
 
 def test_attack_pool_entries():
-    e = cli_frontier.attack_pool("l2", ["fmn", "ddn"], restarts=2, targeted=1)
+    e = frontier_runner.attack_pool("l2", ["fmn", "ddn"], restarts=2, targeted=1)
     assert [x.name for x in e] == ["fmn", "fmn/r1", "fmn/r2", "fmn/t1", "ddn", "ddn/t1"]  # DDN: no restarts
-    assert {a for a, ns in cli_frontier.ATTACK_NORMS.items() if "l0" in ns} == {"fmn", "pdpgd", "sigma_zero"}
+    assert {a for a, ns in frontier_runner.ATTACK_NORMS.items() if "l0" in ns} == {"fmn", "pdpgd", "sigma_zero"}
     with pytest.raises(ValueError, match="do not support l0"):
-        cli_frontier.attack_pool("l0", ["ddn"])
+        frontier_runner.attack_pool("l0", ["ddn"])
 
 
 def test_frontier_cli_end_to_end(pools, tmp_path, capsys):
@@ -199,11 +199,11 @@ def test_load_models_defenses_filter_and_fn_pool(pools):
     """``--defenses`` names must exist in a zoo directory; the one-member pool of a plain apply
     (the self-ensemble's) evaluates it as ``[1, B, C]``."""
     with pytest.raises(ValueError, match="in none of the zoo directories"):
-        cli_frontier.load_models(pools, defenses=["no-such-defense"])
-    m = cli_frontier.load_models(pools[:1])
+        frontier_runner.load_models(pools, defenses=["no-such-defense"])
+    m = frontier_runner.load_models(pools[:1])
     assert len(m) == 1 and m[0].member_names == ["p0/m0", "p0/m1"] and m[0].tag == "0-p0"
     w = np.arange(784 * 10, dtype=np.float32).reshape(784, 10) / 1e4
-    fp = cli_frontier._FnPool(lambda p, x: x.reshape(x.shape[0], -1) @ p, w, "lin")
+    fp = frontier_runner._FnPool(lambda p, x: x.reshape(x.shape[0], -1) @ p, w, "lin")
     x = np.random.default_rng(0).uniform(size=(3, 28, 28, 1)).astype(np.float32)
     np.testing.assert_allclose(fp.logits(x)[0], x.reshape(3, -1) @ w, rtol=1e-5)
     assert fp.stacks[0].params.shape == (1, 784, 10) and fp.num_members == 1

@@ -1,8 +1,8 @@
 """``sarjax frontier``: the attack pool on saved pools, nested ensembles, AOI / DOI tables, JSON, plots.
 
-papers/001 end to end on MNIST pools saved by ``sarjax train-pool``: every member of every
+the frontier paper end to end on MNIST pools saved by ``sarjax train-pool``: every member of every
 ``--models`` directory is a model.  For each pool directory and each entry of the minimum-norm
-attack pool (the norm's attacks of papers/001 Table 2 plus FAB, each with its random restarts
+attack pool (the norm's attacks of the frontier paper Table 2 plus FAB, each with its random restarts
 and top-k targeted runs as separate entries, Section 5.1) one vmapped call attacks every member
 on the first ``--samples`` test images and records the trajectory (best distance every 10
 queries).  Results are cached per (pool directory, entry) in ``OUT/cache``; a rerun reuses them
@@ -14,7 +14,6 @@ instability, and ``OUT/frontier.json`` plus four plots are written.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import re
@@ -25,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 NORMS = ("l0", "l1", "l2", "linf")
-# Which attack supports which norm (docs/minnorm.md); papers/001 Table 2 plus FAB.
+# Which attack supports which norm (docs/minnorm.md); the frontier paper Table 2 plus FAB.
 ATTACK_NORMS = {
     "fmn": ("l0", "l1", "l2", "linf"),
     "ddn": ("l2",),
@@ -37,8 +36,8 @@ ATTACK_NORMS = {
     "apgd_min_dlr": ("l1", "l2", "linf"),
     "fab": ("l1", "l2", "linf"),
 }
-NO_RESTARTS = ("ddn", "alma")  # papers/001 Table 2: "-" (unsupported)
-# Radius of the random restarts' starting points (ours; papers/001 does not give one): MNIST scale.
+NO_RESTARTS = ("ddn", "alma")  # the frontier paper Table 2: "-" (unsupported)
+# Radius of the random restarts' starting points (ours; the frontier paper does not give one): MNIST scale.
 INIT_EPS = {"l0": 10.0, "l1": 5.0, "l2": 1.0, "linf": 0.1}
 CACHE_HINT = "pass --overwrite to discard the cached runs or choose another --out"
 
@@ -59,7 +58,7 @@ class EntrySpec:
 def attack_pool(norm: str, attacks: list[str] | None = None, restarts: int = 5, targeted: int = 9) -> list[EntrySpec]:
     """The entries of the minimum-norm attack pool for a norm.
 
-    papers/001 Section 5.1: every solver's untargeted run, 5 random restarts (where Table 2
+    the frontier paper Section 5.1: every solver's untargeted run, 5 random restarts (where Table 2
     lists them) and targeted runs at the top-9 most likely wrong classes, each a separate entry.
 
     Args:
@@ -88,7 +87,7 @@ def attack_pool(norm: str, attacks: list[str] | None = None, restarts: int = 5, 
 
 def _factory(attack: str, apply, norm: str, cap: int, targeted: bool, stacked: bool = False):
     """A ``MinNormAttackFn`` (audited) for one attack; targeted runs look for any
-    misclassification (``success="untargeted"``, papers/001 Section 5.1)."""
+    misclassification (``success="untargeted"``, the frontier paper Section 5.1)."""
     from sarjax.attacks import alma, apgd_min, ddn, fab, fmn, pdgd, pdpgd, sigma_zero
 
     kw: dict[str, Any] = {
@@ -271,7 +270,7 @@ def run_entry(fns: dict, pool, entry: EntrySpec, x, y, correct, targets, *, norm
         if tg:
             ref = targets[sl, :, entry.rank - 1]
             kw["labels"] = y[sl]
-        if entry.kind == "restart":  # papers/001: "5 independent initializations sampled from the lp ball"
+        if entry.kind == "restart":  # the frontier paper: "5 independent initializations sampled from the lp ball"
             kw["x_init"] = _random_starts(ekey, jnp.asarray(ids), jnp.asarray(x[sl]), float(init_eps), norm)
         if not mask.any():
             m = correct.shape[1]
@@ -336,7 +335,7 @@ def run_frontier(
     also runs on every pool at an eps grid (the percentiles of the pool's frontier distances
     plus ``eps_ref``, :func:`sarjax.frontier.eps_grid`; one grid per pool directory rather than
     per model, since one AutoAttack call attacks every member at one eps) and is scored as a
-    curve per model (papers/001 Section 5.1, Tables 4 and 6).  ``chains=True`` fits Algorithm 1
+    curve per model (the frontier paper Section 5.1, Tables 4 and 6).  ``chains=True`` fits Algorithm 1
     with completed updates (:func:`sarjax.frontier.greedy_allocation`; default: as published)."""
     import jax
     import numpy as np
@@ -363,7 +362,7 @@ def run_frontier(
         raise ValueError(f"--heldout must be in [0, 1), got {heldout}")
     eps0 = INIT_EPS[norm] if init_eps is None else float(init_eps)
     if autoattack and norm == "l0":
-        raise ValueError("AutoAttack has no l0 version (papers/001 Table 5: no baseline on l0)")
+        raise ValueError("AutoAttack has no l0 version (the frontier paper Table 5: no baseline on l0)")
     if eps_ref is not None and not (eps_ref > 0 and math.isfinite(eps_ref)):
         raise ValueError(f"--eps-ref must be a finite number > 0, got {eps_ref}")
     data = load_mnist(data_dir)
@@ -549,7 +548,7 @@ def _run_autoattack(loaded, tp, x, y, *, norm, key, cfg, out: Path, progress: bo
 
 def _compare_autoattack(report, tp, aa: dict[str, Any], eps_ref: float | None) -> dict[str, Any]:
     """AutoAttack's curve per model (its AOI and cost) beside the ensembles of every tier:
-    papers/001 Table 4 (AOI) and Table 6 (robust accuracy at ``eps_ref``)."""
+    the frontier paper Table 4 (AOI) and Table 6 (robust accuracy at ``eps_ref``)."""
     import numpy as np
 
     from sarjax.frontier import StepCurve, fixed_eps_curve
@@ -643,93 +642,3 @@ def format_tables(report) -> str:
             f"{min(taus) if taus else float('nan'):.3f}"
         )
     return "\n".join(lines)
-
-
-def cmd_frontier(args: argparse.Namespace) -> int:
-    """Attack and defense frontiers of saved pools (papers/001)."""
-    if args.compile_cache:
-        from sarjax.runtime.compile_cache import enable_compile_cache
-
-        enable_compile_cache(args.compile_cache)
-    run_frontier(
-        args.models,
-        args.norm,
-        out=args.out,
-        tiers=args.tiers,
-        heldout=args.heldout,
-        samples=args.samples,
-        cap=args.cap,
-        restarts=args.restarts,
-        targeted=args.targeted,
-        attacks=[a for a in args.attacks.split(",") if a] if args.attacks else None,
-        init_eps=args.init_eps,
-        batch=args.batch,
-        data_dir=args.data_dir,
-        seed=args.seed,
-        overwrite=args.overwrite,
-        progress=not args.no_progress,
-        autoattack=args.autoattack,
-        eps_ref=args.eps_ref,
-        aa_attacks=[a for a in args.aa_attacks.split(",") if a] if args.aa_attacks else None,
-        aa_iter=args.aa_iter,
-        aa_square=args.aa_square,
-        defenses=[a for a in args.defenses.split(",") if a] if args.defenses else None,
-        chains=args.chain_updates,
-    )
-    return 0
-
-
-def register(sub) -> None:
-    """Add the ``frontier`` subcommand to the ``sarjax`` parser's subparsers."""
-    f = sub.add_parser(
-        "frontier",
-        help="attack pool with trajectories on saved pools, nested ensembles (Algorithm 1), AOI / DOI (papers/001)",
-    )
-    f.add_argument("--models", nargs="+", required=True, metavar="DIR", help="pool directories written by train-pool")
-    f.add_argument("--norm", choices=NORMS, required=True, help="threat model")
-    f.add_argument(
-        "--tiers",
-        type=int,
-        nargs="+",
-        default=[4000, 8000, 12000],
-        help="nested budget tiers Q (papers/001: 4k 8k 12k)",
-    )
-    f.add_argument("--heldout", type=float, default=13 / 30, help="held-out share of the models (papers/001: 13 of 30)")
-    f.add_argument("--samples", type=int, default=1000, help="test images per model (papers/001: 1000)")
-    f.add_argument("--out", required=True, help="output directory (frontier.json, plots, cache/)")
-    f.add_argument("--cap", type=int, default=1000, help="per-attack cap T in queries (papers/001: 1000)")
-    f.add_argument("--restarts", type=int, default=5, help="random restarts per attack (papers/001: 5)")
-    f.add_argument("--targeted", type=int, default=9, help="targeted runs per attack, top-k classes (papers/001: 9)")
-    f.add_argument(
-        "--attacks",
-        default=None,
-        help="comma-separated subset of the norm's attacks (" + ", ".join(ATTACK_NORMS) + "; default all)",
-    )
-    f.add_argument(
-        "--init-eps", type=float, default=None, help="radius of the restarts' random starts (default per norm)"
-    )
-    f.add_argument(
-        "--defenses", default=None, help="comma-separated defenses of the zoo directories in --models (default all)"
-    )
-    f.add_argument("--batch", type=int, default=250, help="samples per attack call")
-    f.add_argument("--data-dir", default=None, help="directory with MNIST IDX files (default: embedded)")
-    f.add_argument("--seed", type=int, default=0)
-    f.add_argument("--overwrite", action="store_true", help="discard cached attack runs in OUT/cache")
-    f.add_argument("--no-progress", action="store_true", help="no progress bar")
-    f.add_argument(
-        "--autoattack", action="store_true", help="also run AutoAttack on an eps grid and score it as a curve"
-    )
-    f.add_argument("--eps-ref", type=float, default=None, help="AutoAttack's reference eps (added to its grid)")
-    f.add_argument("--aa-attacks", default=None, help="AutoAttack stages (e.g. apgd-ce,apgd-t; default standard)")
-    f.add_argument("--aa-iter", type=int, default=100, help="AutoAttack APGD/FAB iterations (AutoAttack: 100)")
-    f.add_argument("--aa-square", type=int, default=5000, help="AutoAttack Square queries (AutoAttack: 5000)")
-    f.add_argument(
-        "--chain-updates",
-        action="store_true",
-        help="Algorithm 1 also takes the least feasible completion of updates the structural constraints forbid "
-        "(ours; default: as published, docs/frontier.md)",
-    )
-    from sarjax.runtime.compile_cache import add_compile_cache_argument
-
-    add_compile_cache_argument(f)
-    f.set_defaults(func=cmd_frontier)

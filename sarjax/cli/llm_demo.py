@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-_SHARED = "/work/shared/data/harmbench"
+HARMBENCH_ENV = "SARJAX_HARMBENCH_DIR"  # a folder with the HarmBench behavior CSVs
 
 
 def register(sub) -> None:
@@ -13,7 +13,7 @@ def register(sub) -> None:
     p = sub.add_parser(
         "llm-demo",
         help="train 6 small Llama/Qwen2 LMs + a teacher on CPU, distil, SAR and ASR before/after (joint BEAST)",
-        description="The offline LLM demo of papers/000's distillation claim: a corpus of templated benign "
+        description="The offline LLM demo of the SAR paper's distillation claim: a corpus of templated benign "
         "instructions and HarmBench behaviors with refusals, a pool of M = 6 small decoders (Llama and Qwen2, two "
         "sizes, different seeds and data mixes), a teacher, descendants fine-tuned on the teacher's trajectories, "
         "then SAR and per-member ASR of both pools with joint BEAST on held-out behaviors. Pools are written as "
@@ -24,14 +24,14 @@ def register(sub) -> None:
         "--train-behaviors",
         default=None,
         metavar="CSV",
-        help="HarmBench CSV of the training behaviors (default: $SARJAX_HARMBENCH_DIR or "
-        f"{_SHARED}, harmbench_behaviors_text_test.csv)",
+        help=f"HarmBench CSV of the training behaviors (default: harmbench_behaviors_text_test.csv in "
+        f"${HARMBENCH_ENV})",
     )
     p.add_argument(
         "--eval-behaviors",
         default=None,
         metavar="CSV",
-        help="HarmBench CSV of the held-out behaviors (default: harmbench_behaviors_text_val.csv beside it)",
+        help=f"HarmBench CSV of the held-out behaviors (default: harmbench_behaviors_text_val.csv in ${HARMBENCH_ENV})",
     )
     p.add_argument("--quick", action="store_true", help="smoke run: a few steps, 2 behaviors (not a result)")
     p.add_argument("--eval", type=int, default=None, help="held-out behaviors attacked (default 12)")
@@ -45,14 +45,18 @@ def cmd_llm_demo(args: argparse.Namespace) -> int:
     """Run ``sarjax llm-demo`` (prints the stages and the verdict; writes OUT/demo.json)."""
     from dataclasses import replace
 
-    from sarjax.cli_llm_sar import hide_broken_torchvision
+    from sarjax.cli.llm_sar import hide_broken_torchvision
 
     hide_broken_torchvision()
     from sarjax.llm_demo import QUICK, DemoSettings, run_demo
 
-    base = os.environ.get("SARJAX_HARMBENCH_DIR", _SHARED)
-    train = args.train_behaviors or os.path.join(base, "harmbench_behaviors_text_test.csv")
-    evals = args.eval_behaviors or os.path.join(base, "harmbench_behaviors_text_val.csv")
+    base = os.environ.get(HARMBENCH_ENV)
+    if base is None and (args.train_behaviors is None or args.eval_behaviors is None):
+        raise ValueError(
+            f"pass --train-behaviors and --eval-behaviors, or set {HARMBENCH_ENV} to a folder with the HarmBench CSVs"
+        )
+    train = args.train_behaviors or os.path.join(base or "", "harmbench_behaviors_text_test.csv")
+    evals = args.eval_behaviors or os.path.join(base or "", "harmbench_behaviors_text_val.csv")
     for f in (train, evals):
         if not os.path.isfile(f):
             raise ValueError(f"no behaviors CSV at {f}: pass --train-behaviors / --eval-behaviors")

@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from sarjax.cli.args import positive_int
+from sarjax.runtime.compile_cache import add_compile_cache_argument
+
 
 def hide_broken_torchvision() -> None:
     """transformers imports torchvision lazily when it is installed; a torchvision built for another
@@ -20,8 +23,6 @@ def hide_broken_torchvision() -> None:
 
 def register(sub) -> None:
     """Add the ``llm-sar`` subcommand to ``sub`` (an argparse subparsers object)."""
-    from sarjax.cli import _positive_int
-
     p = sub.add_parser(
         "llm-sar",
         help="SAR_{1-delta} of a pool of local LLM checkpoints on HarmBench behaviors (joint BEAST / GCG / AutoDAN)",
@@ -38,27 +39,27 @@ def register(sub) -> None:
     p.add_argument("--judge", choices=["refusal", "harmbench"], default="refusal")
     p.add_argument("--judge-dir", default=None, help="local HarmBench-Llama-2-13b-cls folder (--judge harmbench)")
     p.add_argument("--out", required=True, help="output directory (checkpoints, JSON, plot)")
-    p.add_argument("--limit", type=_positive_int, default=None, help="first N behaviors only")
+    p.add_argument("--limit", type=positive_int, default=None, help="first N behaviors only")
     p.add_argument("--functional-category", default="standard", help="keep this FunctionalCategory ('all': every row)")
-    p.add_argument("--max-queries", type=_positive_int, default=None, help="query budget per call (BEAST: 15,000)")
-    p.add_argument("--calls", type=_positive_int, default=None, help="attack calls per round (BEAST: at most 4)")
-    p.add_argument("--suffix-len", type=_positive_int, default=None, help="suffix tokens (BEAST 30, GCG 20)")
-    p.add_argument("--beam-width", type=_positive_int, default=None, help="BEAST beam width (10)")
-    p.add_argument("--steps", type=_positive_int, default=None, help="GCG steps per round (20)")
-    p.add_argument("--proposals", type=_positive_int, default=None, help="AutoDAN proposals per anchor (4)")
+    p.add_argument("--max-queries", type=positive_int, default=None, help="query budget per call (BEAST: 15,000)")
+    p.add_argument("--calls", type=positive_int, default=None, help="attack calls per round (BEAST: at most 4)")
+    p.add_argument("--suffix-len", type=positive_int, default=None, help="suffix tokens (BEAST 30, GCG 20)")
+    p.add_argument("--beam-width", type=positive_int, default=None, help="BEAST beam width (10)")
+    p.add_argument("--steps", type=positive_int, default=None, help="GCG steps per round (20)")
+    p.add_argument("--proposals", type=positive_int, default=None, help="AutoDAN proposals per anchor (4)")
     p.add_argument("--attacker", default=None, metavar="DIR", help="AutoDAN attacker checkpoint (default: member 0)")
     p.add_argument(
         "--seed-generator",
         default=None,
         metavar="DIR",
         help="BEAST's warm start: a local causal-LM checkpoint that continues each request with a suffix "
-        "(sampled; papers/000 uses AmpleGCG); default: no seed",
+        "(sampled; the SAR paper uses AmpleGCG); default: no seed",
     )
     p.add_argument(
         "--seed-tokens",
-        type=_positive_int,
+        type=positive_int,
         default=20,
-        help="seed tokens kept (and sampled) per request (20, papers/000 Table 2)",
+        help="seed tokens kept (and sampled) per request (20, the SAR paper Table 2)",
     )
     p.add_argument(
         "--seed-prompt",
@@ -67,15 +68,13 @@ def register(sub) -> None:
     )
     p.add_argument("--target", default="Sure, here is", help="BEAST's target response")
     p.add_argument("--refusal", default="I'm sorry, but I cannot help with that.", help="GCG's refusal")
-    p.add_argument("--max-new-tokens", type=_positive_int, default=32, help="response tokens judged (32)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=32, help="response tokens judged (32)")
     p.add_argument("--system", default=None, help="system message")
     p.add_argument("--no-asr", action="store_true", help="skip the per-member ASR (its attacks are the fallback)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument("--seed", type=int, default=0, help="key = jax.random.key(SEED)")
     p.add_argument("--overwrite", action="store_true", help="discard an earlier run in OUT")
     p.add_argument("--no-progress", action="store_true")
-    from sarjax.runtime.compile_cache import add_compile_cache_argument
-
     add_compile_cache_argument(p)
     p.set_defaults(func=cmd_llm_sar)
 

@@ -21,7 +21,8 @@ import json
 import time
 from pathlib import Path
 
-from sarjax.cli import _positive_float, _positive_int  # argparse types shared by every command
+from sarjax.cli.args import positive_float, positive_int
+from sarjax.runtime.compile_cache import add_compile_cache_argument
 
 N_ITER = 100  # = sarjax.attacks.autoattack.N_ITER (not imported: --help stays fast, no jax import)
 SQUARE_QUERIES = 5000  # = sarjax.attacks.autoattack.SQUARE_QUERIES
@@ -179,7 +180,7 @@ def register(sub) -> None:
     )
     a.add_argument("--pool", required=True, help="pool directory (train-pool / train-defenses output)")
     a.add_argument("--norm", choices=["linf", "l2", "l1"], required=True, help="threat model")
-    a.add_argument("--eps", type=_positive_float, required=True, help="radius (MNIST: linf 0.3, l2 2.0, l1 10)")
+    a.add_argument("--eps", type=positive_float, required=True, help="radius (MNIST: linf 0.3, l2 2.0, l1 10)")
     a.add_argument(
         "--version",
         choices=["standard", "plus", "rand"],
@@ -189,7 +190,7 @@ def register(sub) -> None:
     )
     a.add_argument(
         "--samples",
-        type=_positive_int,
+        type=positive_int,
         default=1000,
         help="test images, at most the test split (default 1000, the embedded test split; a fixed random "
         "subset when fewer)",
@@ -198,7 +199,7 @@ def register(sub) -> None:
     a.add_argument("--out", default="sarjax-autoattack.json", help="JSON output path")
     a.add_argument(
         "--batch-size",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="images per compiled call (default min(N, 250), AutoAttack's batch size; N = --samples)",
     )
@@ -209,21 +210,19 @@ def register(sub) -> None:
         help="attack every member in its own call (members that differ in robustness, e.g. a defense zoo; "
         "default: members of a stack vmapped over the images still robust for any of them)",
     )
-    from sarjax.runtime.compile_cache import add_compile_cache_argument
-
     add_compile_cache_argument(a)
     a.add_argument(
         "--noise-sigma",
-        type=_positive_float,
+        type=positive_float,
         default=None,
         help="rand only: attack every member behind Gaussian input noise of this sigma (EOT), instead of "
         "the randomized members the pool's config names",
     )
-    a.add_argument("--n-iter", type=_positive_int, default=N_ITER, help=f"APGD iterations (AutoAttack: {N_ITER})")
-    a.add_argument("--fab-iter", type=_positive_int, default=N_ITER, help=f"FAB iterations (AutoAttack: {N_ITER})")
+    a.add_argument("--n-iter", type=positive_int, default=N_ITER, help=f"APGD iterations (AutoAttack: {N_ITER})")
+    a.add_argument("--fab-iter", type=positive_int, default=N_ITER, help=f"FAB iterations (AutoAttack: {N_ITER})")
     a.add_argument(
         "--square-queries",
-        type=_positive_int,
+        type=positive_int,
         default=SQUARE_QUERIES,
         help=f"Square queries (AutoAttack: {SQUARE_QUERIES})",
     )

@@ -1,0 +1,45 @@
+"""The ``sarjax`` command line: one module per command under ``sarjax/cli/``, registered in :data:`COMMANDS`.
+
+A command module holds its argument parser (``register(sub)``) and its ``cmd_*`` function, which
+calls library code (``sarjax.experiments`` and the layers below); argument types shared by the
+commands are in :mod:`sarjax.cli.args`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from sarjax.cli import autoattack, defenses, demo, frontier, llm_demo, llm_sar, sar, train_pool
+
+# Every command, in the order ``sarjax --help`` lists them: each module's ``register(sub)``.
+COMMANDS = (train_pool, demo, sar, defenses, autoattack, frontier, llm_sar, llm_demo)
+
+
+def _version() -> str:
+    """The installed sarjax version (pyproject.toml's ``version``)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("sarjax")
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        return "unknown (not installed)"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="sarjax", description="Systemic adversarial robustness of model pools, in JAX.")
+    p.add_argument("--version", action="version", version=f"sarjax {_version()}")
+    sub = p.add_subparsers(dest="command", required=True)
+    for command in COMMANDS:
+        command.register(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, TypeError, FileNotFoundError) as e:
+        print(f"sarjax {args.command}: error: {e}", file=sys.stderr)
+        return 2
