@@ -23,12 +23,13 @@ throughput over each (>= 1: at least as fast),
 
 and ``machine_sgemm_peak``: the fastest of PyTorch, JAX and NumPy on a 2048 x 2048 float32 matmul,
 timed in the same round-robin (the best repetition, not the median, so the peak is not
-understated).  With the analytic FLOPs of one member-sample-step (``step_flops``: the forward
-pass plus the gradient to the input, 2 x the forward's multiply-adds, counted as 2 FLOPs each) it
-gives the machine's ceiling, ``peak / step_flops`` member-sample-steps/s, and the largest ratio
-vs the fastest PyTorch baseline that ANY implementation doing the step's arithmetic could reach
-in this run (``ceiling_ratio_vs_faster_torch``); each runner's GFLOP/s and share of the peak are
-reported too,
+understated).  With the analytic FLOPs of one member-sample-step
+(:func:`sarjax.models.flops.step_flops`: the forward pass plus the gradient to the input, 2 x the
+forward's multiply-adds, counted as 2 FLOPs each) it gives the machine's ceiling,
+``peak / step_flops`` member-sample-steps/s, and the largest ratio vs the fastest PyTorch
+baseline that ANY implementation doing the step's arithmetic could reach in this run
+(``ceiling_ratio_vs_faster_torch``); each runner's GFLOP/s and share of the peak are reported
+too,
 
 with identical weights exported from JAX, the same steps, on the same cores
 (PyTorch is run with 1 thread and with all CPU threads, since OpenMP
@@ -64,6 +65,7 @@ import numpy as np
 
 from sarjax.attacks.joint import make_joint_pgd
 from sarjax.models import zoo
+from sarjax.models.flops import step_flops
 from sarjax.models.pool import Pool, Stack
 
 M = 20
@@ -156,35 +158,6 @@ def mlp_matmul_only_steps(pool: Pool, steps: int, evals: bool = False):
         return x + 1e-6 * jnp.sum(forward(x)) if evals else x
 
     return run
-
-
-def step_flops(arch) -> int:
-    """FLOPs of one joint-PGD step for one member on one sample: forward + gradient to the input.
-
-    Counts the multiply-adds of every dense and convolutional layer (2 FLOPs each) of the forward
-    pass; the input gradient runs each layer's transposed product (the same multiply-adds, no
-    weight gradients), so a step is twice the forward.  Activations, pooling, the loss and the
-    projection are not counted (they are O(activations), not O(weights x activations)); the taps of
-    a "same" convolution on the zero padding are (as im2col and PyTorch compute them).  Checked
-    against XLA's cost analysis in tests/attacks/test_benchmark_flops.py.
-    """
-    h, w, c = arch.input_shape
-    macs = 0
-    if arch.family == "mlp":
-        fan = h * w * c
-        for width in arch.widths:
-            macs += fan * width
-            fan = width
-        macs += fan * arch.num_classes
-    elif arch.family == "cnn":
-        cin = c
-        for ch in arch.widths:  # "same" convolution, then a 2x2 pool
-            macs += h * w * arch.kernel * arch.kernel * cin * ch
-            cin, h, w = ch, h // 2, w // 2
-        macs += h * w * cin * arch.dense + arch.dense * arch.num_classes
-    else:
-        raise ValueError(f"step_flops: no FLOP count for family {arch.family!r}")
-    return 2 * (2 * macs)
 
 
 def sgemm_peak_runners(n: int = 2048, calls: int = 3) -> tuple[dict, int]:

@@ -6,7 +6,7 @@ THAT start: every round was within eps of its own start, so each round's check p
 perturbation grew to about ``n * eps`` (160/255 instead of 8/255 after 20 rounds) and the
 reported robust accuracy fell to near zero. This script runs, for ``n`` in {1, 2, 5, 10, 20}:
 
-* (a) ``chained``: the Note's error, reproduced on purpose (:func:`chained_rounds`): round ``r``
+* (a) ``chained``: the Note's error, reproduced on purpose (:func:`sarjax.attacks.rounds.chained_rounds`): round ``r``
   attacks the previous round's output as if it were the clean input. The attack is built with
   ``audit=False`` EXPLICITLY (the script says so when it runs); the audit is then applied by hand
   against the ORIGINAL input, and its verdict reported;
@@ -52,36 +52,9 @@ import jax.numpy as jnp
 import numpy as np
 from _timing import provenance, results_path  # benchmarks/ is on sys.path when run as a script
 
+from sarjax.attacks.rounds import chained_rounds
+
 ROUNDS = (1, 2, 5, 10, 20)
-
-
-def chained_rounds(attack, *, params, x0, y, key, eps, rounds: int) -> list[np.ndarray]:
-    """THE NOTE'S ERROR, reproduced on purpose: ``rounds`` rounds of ``attack``, round ``r``
-    started from, and projected around, round ``r - 1``'s output (never the original ``x0``).
-
-    Args:
-      attack: a sarjax AttackFn built with ``audit=False`` (each round's own audit would compare
-        it with its own start, which it satisfies: the error is invisible round by round).
-      params, y, eps: as the attack's.
-      x0: ``[B, *S]`` the ORIGINAL inputs (round 0's start).
-      key: PRNG key (round ``r`` uses ``fold_in(key, r)``).
-      rounds: number of rounds.
-
-    Returns:
-      The output after each round, ``rounds`` arrays ``[B, *S]``.
-
-    Raises:
-      ValueError: if the attack audits its outputs (build it with ``audit=False``).
-    """
-    if getattr(attack, "audits_bound", False):
-        raise ValueError("chained_rounds reproduces an error on purpose: build the attack with audit=False")
-    x = jnp.asarray(x0)
-    outs = []
-    for r in range(rounds):
-        res = attack(params, x, y, key=jax.random.fold_in(key, r), eps=eps)
-        x = res.x_adv
-        outs.append(np.asarray(x))
-    return outs
 
 
 def _train(objective: str, x, y, *, eps: float, epochs: int, sigma: float = 0.0):

@@ -14,7 +14,8 @@ Each entry's run is cached in ``--cache`` (one npz per norm and entry; a rerun r
 The trajectories at the candidate levels (every 100 queries: all Algorithm 1 reads) are written
 to ``--fixture`` (``tests/frontier/fixtures/pool_runs.npz``: ``"{norm}/traj"`` ``[2, A, 24, 10]``
 float32, ``"{norm}/entries"`` the entry specs as JSON) so the tests can rebuild the allocations
-and their scores without running an attack; the scores go to ``--json``.
+and their scores without running an attack (scored by :mod:`sarjax.frontier.exact`); the scores
+go to ``--json``.
 
 Usage::
 
@@ -34,16 +35,14 @@ from pathlib import Path
 
 import numpy as np
 
+from sarjax.frontier.exact import LEVEL_EVERY, apply_layers, load_nets, pool_from_levels, score_pool
+
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "frontier" / "fixtures"
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import exact_minimal_distances as emd  # noqa: E402
-
-# Restart radius: sarjax frontier's MNIST radii (cli_frontier.INIT_EPS); the fixture images are
+# Restart radius: sarjax frontier's MNIST radii (frontier_runner.INIT_EPS); the fixture images are
 # 2x2 block averages (14x14), which keep linf distances and divide l1 distances by up to 4.
 INIT_EPS = {"linf": 0.1, "l1": 5.0 / 4}
-LEVEL_EVERY = 100  # the frontier paper Section 5.1: candidate levels S = {100, ..., 1000}
 
 
 class FixturePool:
@@ -60,21 +59,7 @@ class FixturePool:
     def apply(params, x):
         import jax.numpy as jnp
 
-        return jnp.stack([emd.apply_layers(L, x) for L in params])
-
-
-def ratio_scores(d, optima, floor: float = 0.999) -> dict:
-    """Per-sample distances ``[N]`` (``inf``: failed) against exact optima ``[N]``: median and
-    worst ratio, failures, count within 1.02x, count below ``floor`` (an impossible beat)."""
-    r = np.asarray(d, np.float64) / np.asarray(optima, np.float64)
-    return dict(
-        median=float(np.median(r)),
-        worst=float(np.max(r)),
-        failures=int(np.sum(~np.isfinite(r))),
-        within_1_02=int(np.sum(r <= 1.02)),
-        below_floor=int(np.sum(r < floor)),
-        n=int(r.size),
-    )
+        return jnp.stack([apply_layers(L, x) for L in params])
 
 
 def run_pool(norm: str, *, restarts: int, targeted: int, attacks, cache: Path, cap: int = 1000, seed: int = 0):
@@ -87,7 +72,7 @@ def run_pool(norm: str, *, restarts: int, targeted: int, attacks, cache: Path, c
     from sarjax.attacks.minnorm import top_k_targets
     from sarjax.experiments.frontier import attack_pool, run_entry
 
-    nets32 = emd.load_nets(FIXTURES / "exact_nets.npz")
+    nets32 = load_nets(FIXTURES / "exact_nets.npz")
     z = np.load(FIXTURES / "exact_optima.npz")
     x, y = np.asarray(z["x0"], np.float32), np.asarray(z["y"], np.int32)
     pool = FixturePool(nets32)
@@ -118,44 +103,6 @@ def run_pool(norm: str, *, restarts: int, targeted: int, attacks, cache: Path, c
         secs[e.name] = dt
     t = np.transpose(np.stack(trajs), (2, 0, 1, 3))  # [M, A, B, L]
     return entries, t, secs
-
-
-def pool_from_levels(traj_levels, entries_json: str, cap: int = 1000):
-    """A :class:`sarjax.frontier.TrajectoryPool` from trajectories at the levels (every 100)."""
-    from sarjax.frontier import PoolEntry, TrajectoryPool
-
-    specs = json.loads(entries_json)
-    entries = tuple(
-        PoolEntry(s["name"], s["kind"], None if s["kind"] == "base" else s["attack"], s["rank"]) for s in specs
-    )
-    return TrajectoryPool(
-        np.asarray(traj_levels, np.float64), entries, cap=cap, every=LEVEL_EVERY, models=("net0", "net1")
-    )
-
-
-def score_pool(pool, optima, tiers=(4000, 8000, 12000)) -> dict:
-    """Nested allocations on both nets and every tier's ratios to the optima (net-major)."""
-    from sarjax.frontier import nested_allocations
-
-    out: dict = {"tiers": [], "entries": {}}
-    for al in nested_allocations(pool, tiers):
-        d = pool.distances(al.q).reshape(-1)
-        out["tiers"].append(
-            dict(budget=al.budget, used=al.used, aoi=al.aoi, ensemble=al.ensemble, **ratio_scores(d, optima))
-        )
-    front = pool.frontier().reshape(-1)
-    out["frontier"] = ratio_scores(front, optima)
-    for a, e in enumerate(pool.entries):
-        if e.kind == "base":
-            out["entries"][e.name] = ratio_scores(pool.column(a, pool.cap).reshape(-1), optima)
-    by_attack: dict[str, list[int]] = {}
-    for a, e in enumerate(pool.entries):
-        by_attack.setdefault(e.name.split("/")[0], []).append(a)
-    out["attack_with_its_runs"] = {
-        k: ratio_scores(np.min([pool.column(a, pool.cap) for a in idx], axis=0).reshape(-1), optima)
-        for k, idx in by_attack.items()
-    }
-    return out
 
 
 def main(argv=None) -> int:

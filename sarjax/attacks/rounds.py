@@ -147,4 +147,36 @@ def make_rounds(attack: Callable, rounds: int, *, norm, warm_start: bool = True,
     return Rounds(attack, rounds, norm=norm, warm_start=warm_start, box=box)
 
 
-__all__ = ["Rounds", "make_rounds"]
+def chained_rounds(attack, *, params, x0, y, key, eps, rounds: int) -> list[np.ndarray]:
+    """THE NOTE'S ERROR (the Note), reproduced on purpose, never used by an attack: ``rounds``
+    rounds of ``attack``, round ``r`` started from, and projected around, round ``r - 1``'s
+    output (never the original ``x0``), so the perturbation grows to about ``rounds * eps``.
+    For benchmarks and tests that show the error next to :func:`make_rounds`, which stays in
+    the ball of ``x0``.
+
+    Args:
+      attack: a sarjax AttackFn built with ``audit=False`` (each round's own audit would compare
+        it with its own start, which it satisfies: the error is invisible round by round).
+      params, y, eps: as the attack's.
+      x0: ``[B, *S]`` the ORIGINAL inputs (round 0's start).
+      key: PRNG key (round ``r`` uses ``fold_in(key, r)``).
+      rounds: number of rounds.
+
+    Returns:
+      The output after each round, ``rounds`` arrays ``[B, *S]``.
+
+    Raises:
+      ValueError: if the attack audits its outputs (build it with ``audit=False``).
+    """
+    if getattr(attack, "audits_bound", False):
+        raise ValueError("chained_rounds reproduces an error on purpose: build the attack with audit=False")
+    x = jnp.asarray(x0)
+    outs = []
+    for r in range(rounds):
+        res = attack(params, x, y, key=jax.random.fold_in(key, r), mask=None, eps=eps)
+        x = res.x_adv
+        outs.append(np.asarray(x))
+    return outs
+
+
+__all__ = ["Rounds", "chained_rounds", "make_rounds"]

@@ -5,10 +5,8 @@ APGD 10 iterations, FAB 10, Square 20 queries); the single-stage runs reuse its 
 The l2 known answer and the non-stacked pool path run with ``SARJAX_AUTOATTACK_FULL=1``.
 """
 
-import importlib.util
 import os
 import warnings
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -390,19 +388,10 @@ def test_autoattack_validates_inputs(small):
 # -- the Note: chained rounds vs the bounded combinator -------------------------------------------
 
 
-def _note_module():
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "note_chained_rounds.py"
-    spec = importlib.util.spec_from_file_location("note_chained_rounds", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_chained_rounds_grow_past_eps_bounded_never(small):
     from sarjax.attacks import make_pgd, make_rounds
+    from sarjax.attacks.rounds import chained_rounds
 
-    note = _note_module()
     params, x, y = small
     # a binary affine model: the loss's gradient sign is constant, so every chained round walks
     # eps further from the previous output (the Note's n * eps)
@@ -411,7 +400,7 @@ def test_chained_rounds_grow_past_eps_bounded_never(small):
     yb = np.asarray(jnp.argmax(linear(pb, x), 1)).astype(np.int32)
     eps = 0.02
     pgd = make_pgd(linear, norm="linf", steps=5, rel_step=0.5, audit=False)
-    xs = note.chained_rounds(pgd, params=pb, x0=x, y=yb, key=jax.random.PRNGKey(0), eps=eps, rounds=3)
+    xs = chained_rounds(pgd, params=pb, x0=x, y=yb, key=jax.random.PRNGKey(0), eps=eps, rounds=3)
     dist = [float(np.abs(np.asarray(xr) - np.asarray(x)).max()) for xr in xs]
     assert dist[0] <= eps * (1 + 1e-6)
     assert dist[1] > 1.5 * eps and dist[2] > 2.5 * eps, dist

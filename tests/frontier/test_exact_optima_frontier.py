@@ -10,19 +10,15 @@ within 1.02x of the exact optimum on every sample.
 """
 
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from sarjax.frontier import exact as eof
 from sarjax.frontier import is_feasible, nested_allocations
 
-ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).parent / "fixtures"
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import exact_optima_frontier as eof  # noqa: E402
 
 NORMS = ("linf", "l1")
 # Measured (scripts/exact_optima_frontier.py, key 0): the worst ratio of each tier over the 48

@@ -1,19 +1,15 @@
 """Known answers: on affine classifiers the minimal perturbation is exact (see _minnorm_ref)."""
 
 import math
-import sys
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _minnorm_ref import affine_min_norm, brute_force_l0, make_affine
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _minnorm_ref import affine_min_norm, brute_force_l0, make_affine  # noqa: E402
-
-from sarjax.attacks import alma, apgd_min, ddn, fab, fmn, pdgd, pdpgd, sigma_zero  # noqa: E402
-from sarjax.attacks import minnorm as mn  # noqa: E402
+from sarjax.attacks import alma, apgd_min, ddn, fab, fmn, pdgd, pdpgd, sigma_zero
+from sarjax.attacks import minnorm as mn
 
 # (batch, input shape) combinations, rotated over the cases so that every attack family
 # meets several and every combination is met by most norms.

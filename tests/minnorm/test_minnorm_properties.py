@@ -1,19 +1,15 @@
 """Trajectory, query cap, determinism, NaN safety, pool vmap, validation and audit."""
 
 import math
-import sys
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _minnorm_ref import affine_min_norm, make_affine
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _minnorm_ref import affine_min_norm, make_affine  # noqa: E402
-
-from sarjax.attacks import alma, apgd_min, ddn, fab, fmn, pdgd, pdpgd, sigma_zero  # noqa: E402
-from sarjax.attacks import minnorm as mn  # noqa: E402
+from sarjax.attacks import alma, apgd_min, ddn, fab, fmn, pdgd, pdpgd, sigma_zero
+from sarjax.attacks import minnorm as mn
 
 # one case per attack, on the norm whose numerics divide by a gradient norm or threshold it
 ALL = [
