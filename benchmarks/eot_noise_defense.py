@@ -30,7 +30,7 @@ import numpy as np
 
 from sarjax.attacks import make_joint_pgd, with_input_noise
 from sarjax.data.mnist import load_mnist
-from sarjax.demo import DemoSettings, get_pool
+from sarjax.experiments.demo import DemoSettings, get_pool
 
 
 def main() -> None:

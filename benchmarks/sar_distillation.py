@@ -26,7 +26,7 @@ import numpy as np
 from sarjax.attacks.joint import make_joint_pgd
 from sarjax.data.augment import transfer_set
 from sarjax.data.mnist import load_idx_dir, load_mnist
-from sarjax.demo import DemoSettings, evaluate_pool, get_pool
+from sarjax.experiments.demo import DemoSettings, evaluate_pool, get_pool
 from sarjax.models import zoo
 from sarjax.models.pool import Pool, Stack
 from sarjax.models.train import MemberConfig, TrainConfig, teacher_targets, train_pool, train_stack

@@ -30,7 +30,7 @@ import jax
 import numpy as np
 
 from sarjax.data.mnist import load_mnist
-from sarjax.demo import COVERAGES, DemoSettings, attack_copy, evaluate_pool, get_pool, shared_joint_pgd
+from sarjax.experiments.demo import COVERAGES, DemoSettings, attack_copy, evaluate_pool, get_pool, shared_joint_pgd
 from sarjax.models.presets import PRESETS
 from sarjax.models.train import LR_SCHEDULES
 

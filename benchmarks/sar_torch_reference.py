@@ -23,7 +23,7 @@ way a careful PyTorch user would write it, and shares no code with sarjax's gree
   reached.
 
 Both run on the same pool (a sarjax checkpoint, or the ``high`` diversity preset trained by
-``sarjax.demo.get_pool`` and cached; members exported to ``torch.nn`` modules whose logits are
+``sarjax.experiments.demo.get_pool`` and cached; members exported to ``torch.nn`` modules whose logits are
 checked against ``pool.apply``) and the same MNIST test images.
 
 (a) **Agreement.** ``same_starts``: both sides with one restart from the SAME uniform start
@@ -526,12 +526,12 @@ def get_pool(args) -> tuple[Pool, str]:
         return Pool.from_members(members, [f"m{i:02d}" for i in range(args.members)]), "high preset, random init"
     else:
         from sarjax.data.mnist import load_mnist
-        from sarjax.demo import DemoSettings
-        from sarjax.demo import get_pool as demo_pool
+        from sarjax.experiments.demo import DemoSettings
+        from sarjax.experiments.demo import get_pool as demo_pool
 
         s = DemoSettings(members=args.members, epochs=args.epochs)
         pool, _ = demo_pool("high", load_mnist(), s, Path(args.cache), progress=False, retrain_on_mismatch=True)
-        source = f"high preset trained by sarjax.demo (members={args.members}, epochs={args.epochs})"
+        source = f"high preset trained by sarjax.experiments.demo (members={args.members}, epochs={args.epochs})"
     if pool.num_members > args.members:  # spread over the architectures
         order = [i for k in range(pool.num_members) for sl in pool.member_slices for i in [sl.start + k] if i < sl.stop]
         pool = pool.select(sorted(order[: args.members]))

@@ -7,9 +7,9 @@ import jax
 import numpy as np
 import pytest
 
-from sarjax import demo
 from sarjax.cli import main
 from sarjax.data.mnist import load_mnist
+from sarjax.experiments import demo
 from sarjax.models.checkpoint import save_pool
 from sarjax.models.pool import Pool, Stack
 from sarjax.models.zoo import mlp

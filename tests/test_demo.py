@@ -11,9 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sarjax import demo
 from sarjax.cover.result import SARResult
 from sarjax.data.mnist import load_mnist
+from sarjax.experiments import demo
 from sarjax.models.pool import Pool, Stack
 from sarjax.models.train import MemberConfig, TrainConfig, lr_scales, train_stack
 from sarjax.models.zoo import mlp

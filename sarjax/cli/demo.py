@@ -10,7 +10,7 @@ from sarjax.runtime.compile_cache import add_compile_cache_argument
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """SAR of the low / medium / high diversity pools on the embedded MNIST."""
-    from sarjax.demo import run_demo
+    from sarjax.experiments.demo import run_demo
 
     if args.compile_cache:
         from sarjax.runtime.compile_cache import enable_compile_cache

@@ -1,4 +1,4 @@
-"""``sarjax llm-demo``: train an offline LLM pool, distil it, SAR before / after (:mod:`sarjax.llm_demo`)."""
+"""``sarjax llm-demo``: train an offline LLM pool, distil it, SAR before / after (:mod:`sarjax.experiments.llm_demo`)."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def cmd_llm_demo(args: argparse.Namespace) -> int:
     from sarjax.cli.llm_sar import hide_broken_torchvision
 
     hide_broken_torchvision()
-    from sarjax.llm_demo import QUICK, DemoSettings, run_demo
+    from sarjax.experiments.llm_demo import QUICK, DemoSettings, run_demo
 
     base = os.environ.get(HARMBENCH_ENV)
     if base is None and (args.train_behaviors is None or args.eval_behaviors is None):

@@ -30,7 +30,7 @@ def cmd_sar(args: argparse.Namespace) -> int:
         from sarjax.runtime.compile_cache import enable_compile_cache
 
         enable_compile_cache(args.compile_cache)
-    from sarjax.demo import run_sar_on_saved_pool
+    from sarjax.experiments.demo import run_sar_on_saved_pool
 
     run_sar_on_saved_pool(
         args.pool,

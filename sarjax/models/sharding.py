@@ -159,8 +159,8 @@ class ShardedPool:
         out = [np.argmax(self.logits(np.asarray(x[i : i + batch])), -1) for i in range(0, len(x), batch)]
         return np.concatenate(out, axis=1).astype(np.int32)
 
-    def attack_members(self, factory, x0, ref, *, key, sample_ids=None, **kwargs):
-        """:func:`sarjax.attacks.members.attack_members` on the sharded pool: every member alone.
+    def attack_members(self, attack_members, factory, x0, ref, *, key, sample_ids=None, **kwargs):
+        """``attack_members`` (:func:`sarjax.attacks.members.attack_members`) on the sharded pool: every member alone.
 
         The padded pool's stacks are attacked member by member (vmapped, the member axis sharded
         on ``pool``), the batch padded and sharded on ``data``; the result is cut to the real
@@ -168,6 +168,9 @@ class ShardedPool:
         id, so each draws the random stream it draws on one device.
 
         Args:
+          attack_members: the member attack, called as ``attack_members(pool, factory, x0, ref, *, key,
+            sample_ids, **kwargs)`` on the padded pool (:func:`sarjax.attacks.members.attack_members`;
+            passed in, so that ``models`` does not import ``attacks``).
           factory: attack factory, e.g. :func:`sarjax.attacks.pgd.make_pgd`.
           x0: ``[B, *S]`` inputs.
           ref: ``[B]`` or ``[B, M]`` int labels (the real members').
@@ -180,8 +183,6 @@ class ShardedPool:
           AttackResult with the member axis second: ``x_adv [B, M, *S]``, ``success [B, M]``,
           ``queries [B, M]``, ...
         """
-        from sarjax.attacks.members import attack_members
-
         x0 = np.asarray(x0, np.float32)
         b = x0.shape[0]
         ids = np.arange(b, dtype=np.int32) if sample_ids is None else np.asarray(sample_ids)

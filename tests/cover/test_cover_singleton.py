@@ -222,7 +222,7 @@ def test_demo_record_table_and_plots(tmp_path, capsys):
     from types import SimpleNamespace
 
     from sarjax.cover.plots import plot_sar
-    from sarjax.demo import plot_demo, pool_record, print_table
+    from sarjax.experiments.demo import plot_demo, pool_record, print_table
 
     m = 4
     sets = np.zeros((3, 2, m), bool)

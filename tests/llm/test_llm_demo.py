@@ -1,4 +1,4 @@
-"""The offline LLM demo's pieces (sarjax.llm_demo): corpus, tokenizer, data mixes, checkpoints."""
+"""The offline LLM demo's pieces (sarjax.experiments.llm_demo): corpus, tokenizer, data mixes, checkpoints."""
 
 import os
 
@@ -6,7 +6,7 @@ import jax
 import numpy as np
 import pytest
 
-from sarjax import llm_demo as D
+from sarjax.experiments import llm_demo as D
 
 HB = os.environ.get("SARJAX_HARMBENCH_DIR", "/work/shared/data/harmbench")
 TRAIN = os.path.join(HB, "harmbench_behaviors_text_test.csv")

@@ -126,7 +126,7 @@ def test_train_pool_cli_on_cifar_files(cifar10, tmp_path):
 def test_sar_reads_cifar_batches_from_data_dir(cifar10, tmp_path):
     """``sarjax sar --data-dir`` takes CIFAR batches: the loader it uses picks CIFAR, and a pool of
     another input shape is refused naming both shapes."""
-    from sarjax import demo
+    from sarjax.experiments import demo
     from sarjax.models.checkpoint import save_pool
     from sarjax.models.pool import Pool
     from sarjax.models.zoo import mlp

@@ -243,7 +243,9 @@ def evaluate_pool(
     rows = distributed.process_rows(len(x))  # all of them in one process
     x = np.asarray(x)[rows]
     clean = pool.predict(x)  # [M, B]
-    members = pool.attack_members if isinstance(pool, ShardedPool) else partial(attack_members, pool)
+    members = (
+        partial(pool.attack_members, attack_members) if isinstance(pool, ShardedPool) else partial(attack_members, pool)
+    )
     clock = clock if clock is not None else PhaseClock()
     with clock("member attacks", label):
         single = _block(
