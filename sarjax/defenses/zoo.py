@@ -41,6 +41,8 @@ from typing import Any
 
 import numpy as np
 
+from sarjax.runtime.fingerprint import array_digest, sarjax_version
+
 ZOO_FORMAT = "sarjax-defense-zoo/1"
 ZOO_INDEX = "zoo.json"
 SELF_ENSEMBLE_FORMAT = "sarjax-self-ensemble/1"
@@ -371,8 +373,6 @@ def _sha(obj: Any) -> str:
 def fingerprint(defense: Defense, settings: ZooSettings, data_digest: str, teacher_sha: str | None = None) -> dict:
     """Everything that changes a trained defense: the entry, the settings, the data, the teacher's
     fingerprint (distillation) and the sarjax version."""
-    from sarjax.runtime.fingerprint import sarjax_version
-
     return {
         "format": ZOO_FORMAT,
         "defense": defense.spec(),
@@ -589,7 +589,6 @@ def train_defenses(
     from sarjax.defenses import self_ensemble as se
     from sarjax.models.checkpoint import load_pool, save_pool
     from sarjax.models.pool import Pool, Stack
-    from sarjax.runtime.fingerprint import array_digest
 
     t_start = time.perf_counter()
     names = list(only) if only else defense_names()

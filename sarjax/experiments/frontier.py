@@ -23,6 +23,10 @@ from functools import cache, partial
 from pathlib import Path
 from typing import Any
 
+from sarjax.runtime import fingerprint as fingerprints
+from sarjax.runtime.compile_cache import release_compiled_near_map_limit
+from sarjax.runtime.progress import progress_bar
+
 NORMS = ("l0", "l1", "l2", "linf")
 # Which attack supports which norm (docs/minnorm.md); the frontier paper Table 2 plus FAB.
 ATTACK_NORMS = {
@@ -287,7 +291,6 @@ def run_entry(fns: dict, pool, entry: EntrySpec, x, y, correct, targets, *, norm
 
 
 def _open_cache(directory: Path, fp: dict[str, Any], overwrite: bool) -> None:
-    from sarjax.runtime import fingerprint as fingerprints
 
     has = directory.is_dir() and any(directory.glob("*.npz"))
     if overwrite and directory.is_dir():
@@ -344,9 +347,6 @@ def run_frontier(
     from sarjax.data.mnist import load_mnist
     from sarjax.frontier import PoolEntry, TrajectoryPool, build_report
     from sarjax.frontier import plots as fplots
-    from sarjax.runtime import fingerprint as fingerprints
-    from sarjax.runtime.compile_cache import release_compiled_near_map_limit
-    from sarjax.runtime.progress import progress_bar
 
     entries = attack_pool(norm, attacks, restarts, targeted)
     if cap < 10 or cap % 10:
@@ -488,8 +488,6 @@ def _run_autoattack(loaded, tp, x, y, *, norm, key, cfg, out: Path, progress: bo
 
     from sarjax.attacks.autoattack import autoattack_pool
     from sarjax.frontier import eps_grid
-    from sarjax.runtime.compile_cache import release_compiled_near_map_limit
-    from sarjax.runtime.progress import progress_bar
 
     front = tp.frontier()  # [M_total, B]
     res: dict[str, Any] = {}

@@ -36,6 +36,8 @@ from typing import Any
 
 import numpy as np
 
+from sarjax.runtime.fingerprint import array_digest, check_fingerprint, remove_paths, write_fingerprint
+
 SPECIALS = ("<pad>", "<s>", "</s>", "<unk>", "[INST]", "[/INST]")
 CHAT_TEMPLATE = (
     "{% for m in messages %}{% if m['role'] == 'user' %}[INST] {{ m['content'] }} [/INST]"
@@ -485,7 +487,6 @@ def run_demo(
     import jax
 
     from sarjax.cover.llm import load_llm_pool, pool_llm_sar
-    from sarjax.runtime.fingerprint import array_digest, check_fingerprint, remove_paths, write_fingerprint
 
     root = Path(out)
     times: dict[str, float] = {}
