@@ -40,6 +40,7 @@ import optax
 
 from sarjax.models.stack import BaseStack, register_kind, stack_trees
 from sarjax.models.zoo import conv2d, max_pool2
+from sarjax.runtime.progress import progress_bar
 
 Params = dict[str, Any]
 
@@ -500,8 +501,6 @@ def train_self_ensemble(
 
         (p, s), losses = jax.lax.scan(body, (p, s), (idx, keys))
         return p, s, losses.mean()
-
-    from sarjax.runtime.progress import progress_bar
 
     xd, yd = jnp.asarray(x), jnp.asarray(y.astype(np.int32))
     hist = []

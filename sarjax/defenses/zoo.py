@@ -41,6 +41,17 @@ from typing import Any
 
 import numpy as np
 
+from sarjax.attacks.eot import with_input_noise
+from sarjax.data.mnist import load_mnist
+from sarjax.defenses import self_ensemble as se
+from sarjax.defenses.objectives import pgd_at, trades
+from sarjax.defenses.self_ensemble import SelfEnsembleConfig
+from sarjax.defenses.zoo_objectives import distillation, gaussian_augmentation, l1_apgd_at
+from sarjax.models.checkpoint import PROBE_RTOL, load_pool, probe_batch, save_pool
+from sarjax.models.pool import Pool, Stack
+from sarjax.models.stack import leaf_signature
+from sarjax.models.train import MemberConfig, TrainConfig, teacher_targets, train_stack
+from sarjax.models.zoo import Arch
 from sarjax.runtime.fingerprint import array_digest, sarjax_version
 
 ZOO_FORMAT = "sarjax-defense-zoo/1"
@@ -306,7 +317,6 @@ class ZooModel:
 
 def arch_of(defense: Defense):
     """The :class:`~sarjax.models.zoo.Arch` of a zoo-architecture defense."""
-    from sarjax.models.zoo import Arch
 
     if defense.arch not in ARCH_SPECS:
         raise ValueError(f"defense {defense.name!r} has no zoo architecture (arch {defense.arch!r})")
@@ -315,7 +325,6 @@ def arch_of(defense: Defense):
 
 def self_ensemble_config(defense: Defense):
     """The :class:`~sarjax.defenses.self_ensemble.SelfEnsembleConfig` of the self-ensemble entry."""
-    from sarjax.defenses.self_ensemble import SelfEnsembleConfig
 
     keys = ("resolutions", "channels", "jitter", "noise_std", "crossmax_k")
     return SelfEnsembleConfig(**{k: defense.get(k) for k in keys if defense.get(k) is not None})
@@ -342,8 +351,6 @@ def group_key(defense: Defense, settings: ZooSettings = ZooSettings()) -> tuple:
 
 def _objective(defense: Defense, settings: ZooSettings):
     """(objective, the member's objective_hp values) of a zoo-architecture defense."""
-    from sarjax.defenses.objectives import pgd_at, trades
-    from sarjax.defenses.zoo_objectives import distillation, gaussian_augmentation, l1_apgd_at
 
     o = defense.objective
     if o in ("standard", "gaussian-augmentation"):
@@ -425,9 +432,6 @@ def save_self_ensemble(path: str | os.PathLike, cfg, params, config: dict | None
     params, deterministic logits on the checkpoint probe batch) written last."""
     import jax
 
-    from sarjax.defenses import self_ensemble as se
-    from sarjax.models.checkpoint import probe_batch
-
     path = Path(path).absolute()
     path.mkdir(parents=True, exist_ok=True)
     np.savez(path / "params.npz", **_flat(params))
@@ -455,9 +459,6 @@ def load_self_ensemble(path: str | os.PathLike):
     """
     import jax
     import jax.numpy as jnp
-
-    from sarjax.defenses import self_ensemble as se
-    from sarjax.models.checkpoint import PROBE_RTOL, probe_batch
 
     path = Path(path).absolute()
     mf = path / "model.json"
@@ -501,8 +502,6 @@ def _eval_acc(fn: Callable, x: np.ndarray, y: np.ndarray, batch: int = 500) -> f
 def _train_group(members: list[Defense], settings: ZooSettings, x, y, teacher_pool, progress: bool, log):
     """Train one group of zoo-architecture defenses as one stack; returns the stack."""
     import jax
-
-    from sarjax.models.train import MemberConfig, TrainConfig, teacher_targets, train_stack
 
     arch = arch_of(members[0])
     objective, _ = _objective(members[0], settings)
@@ -583,12 +582,6 @@ def train_defenses(
         them and what differs) without ``overwrite``.
     """
     import jax
-
-    from sarjax.attacks.eot import with_input_noise
-    from sarjax.data.mnist import load_mnist
-    from sarjax.defenses import self_ensemble as se
-    from sarjax.models.checkpoint import load_pool, save_pool
-    from sarjax.models.pool import Pool, Stack
 
     t_start = time.perf_counter()
     names = list(only) if only else defense_names()
@@ -741,10 +734,6 @@ def load_zoo(path: str | os.PathLike, names: Sequence[str] | None = None) -> dic
     Raises:
       ValueError: no index, an unknown or untrained name, or a checkpoint that fails verification.
     """
-    from sarjax.attacks.eot import with_input_noise
-    from sarjax.defenses import self_ensemble as se
-    from sarjax.models.checkpoint import load_pool
-    from sarjax.models.pool import Pool
 
     path = Path(path).absolute()
     if not (path / ZOO_INDEX).is_file():
@@ -797,7 +786,6 @@ def zoo_pool(models: dict[str, ZooModel], names: Sequence[str] | None = None):
     Raises:
       ValueError: a name that ``models`` lacks, or a model without a pool.
     """
-    from sarjax.models.pool import Pool
 
     names = list(names) if names is not None else list(models)
     missing = [n for n in names if n not in models]
@@ -818,7 +806,6 @@ def zoo_pool(models: dict[str, ZooModel], names: Sequence[str] | None = None):
 
 
 def _stack_key(stack) -> tuple:
-    from sarjax.models.stack import leaf_signature
 
     return (stack.kind, json.dumps(stack.spec(), sort_keys=True), leaf_signature(stack.member(0)))
 
@@ -847,7 +834,6 @@ def save_zoo_pool(zoo_dir: str | os.PathLike, out: str | os.PathLike, names: Seq
     Raises:
       ValueError: as :func:`load_zoo` and :func:`zoo_pool`.
     """
-    from sarjax.models.checkpoint import save_pool
 
     models = load_zoo(zoo_dir, names)
     pool = zoo_pool(models, names)

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sarjax.frontier.optimality import _stats
+from sarjax.frontier.optimality import _stats, aoi_from_distances
 
 DEFAULT_CAP = 1000  # the frontier paper Section 5.1: 500 steps = 1000 queries per attack
 DEFAULT_EVERY = 10  # the frontier paper Section 5.1: distance recorded every 10 queries
@@ -228,7 +228,6 @@ class TrajectoryPool:
 
     def aoi_per_model(self, q) -> np.ndarray:
         """``[M]`` per-model AOI of allocation ``q`` (the frontier paper Eq. 5 with the ensemble's curve)."""
-        from sarjax.frontier.optimality import aoi_from_distances
 
         return aoi_from_distances(self.distances(q), self.frontier())
 

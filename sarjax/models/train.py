@@ -35,6 +35,7 @@ from sarjax.data.augment import random_affine
 from sarjax.models import fused_members
 from sarjax.models.pool import Pool, Stack
 from sarjax.models.zoo import Arch
+from sarjax.runtime.progress import progress_bar
 
 
 @dataclass(frozen=True)
@@ -415,8 +416,6 @@ def train_stack(
     active = np.ones(k, bool)
     hist = TrainHistory(stopped_epoch=[config.epochs] * k)
     base_keys = jnp.stack([jax.random.key(c.seed) for c in cfgs])
-
-    from sarjax.runtime.progress import progress_bar
 
     with progress_bar(progress) as bar:
         task = bar.add_task(f"train {label or arch.name} (K={k})", total=config.epochs)
