@@ -51,7 +51,7 @@ def demo_run(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(demo, "load_mnist", lambda data_dir=None: split)
         mp.setattr(demo, "get_pool", lambda preset, *a, **k: (pools[preset], {}))
-        mp.setattr(joint, "make_joint_pgd", counting)
+        mp.setattr(demo, "make_joint_pgd", counting)  # demo imports it at module level
         import io
         from contextlib import redirect_stdout
 

@@ -32,7 +32,9 @@ from typing import Any
 import jax
 import numpy as np
 
+from sarjax.attacks.core.validate import check_sample_ids
 from sarjax.cover.result import SARResult, concat_results
+from sarjax.cover.vision import run_sar
 
 _META = "__sarjax_meta__"
 _EXTRA = "extra/"
@@ -203,8 +205,6 @@ def run_sar_across_processes(
     Raises:
         ValueError: fewer samples than processes, and whatever ``run_sar`` raises.
     """
-    from sarjax.attacks.core.validate import check_sample_ids
-    from sarjax.cover.vision import run_sar
 
     b = int(np.shape(x)[0])
     rows = process_rows(b)

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
+from sarjax.cover.metrics import theorem1_factor
+
 if TYPE_CHECKING:
     from sarjax.cover.result import SARResult
 
@@ -209,7 +211,6 @@ def exact_check(
     Returns:
         CoverCheck.
     """
-    from sarjax.cover.metrics import theorem1_factor
 
     b, m = result.clean_broken.shape
     if extra_sets is not None:

@@ -17,10 +17,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sarjax.attacks.core.validate import check_sample_ids
 from sarjax.cover.greedy import greedy_sar
 from sarjax.cover.metrics import coverage_target
 from sarjax.cover.result import SARResult, concat_results, rederive
 from sarjax.cover.types import Candidates, JointAttack, SingleAttack
+from sarjax.models.sharding import ShardedPool
 from sarjax.runtime import fingerprint as fingerprints
 
 _JOINT_STREAM = 0
@@ -449,7 +451,6 @@ def run_sar(
             ``[0, 1]``), ``chunk_size`` or ``sample_ids``; a ``checkpoint_dir``
             written with other settings (:class:`sarjax.runtime.fingerprint.FingerprintMismatch`).
     """
-    from sarjax.models.sharding import ShardedPool
 
     sharded = pool if isinstance(pool, ShardedPool) else None
     base: Any = pool.source if sharded is not None else pool  # names, classes, input shape, content hash
@@ -517,7 +518,6 @@ def run_sar(
         attack = make_joint_pgd(apply, eps=float(eps), steps=steps, step_size=step_size, restarts=restarts)
     if sharded is not None:
         attack = _on_mesh(sharded, attack)
-    from sarjax.attacks.core.validate import check_sample_ids
 
     ids = np.asarray(check_sample_ids(sample_ids, b))  # each row's index in the data set
     root = Path(checkpoint_dir) if checkpoint_dir is not None else None

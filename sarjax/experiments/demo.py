@@ -22,14 +22,20 @@ from typing import Any
 import jax
 import numpy as np
 
+from sarjax.attacks.joint import make_joint_pgd
+from sarjax.attacks.members import attack_members
+from sarjax.attacks.pgd import make_pgd
+from sarjax.cover import distributed
 from sarjax.cover.metrics import asr as asr_metric
 from sarjax.cover.plots import plot_sar
 from sarjax.cover.result import SARResult, rederive
 from sarjax.cover.vision import run_sar
+from sarjax.data.cifar import cifar_kind, load_cifar
 from sarjax.data.mnist import Split, load_mnist
 from sarjax.models.checkpoint import CheckpointError, load_pool, save_pool
-from sarjax.models.pool import Pool
+from sarjax.models.pool import Pool, Stack
 from sarjax.models.presets import PRESETS, preset_members, preset_names
+from sarjax.models.sharding import ShardedPool
 from sarjax.models.train import TrainConfig, train_pool
 from sarjax.runtime import fingerprint as fingerprints
 
@@ -234,10 +240,6 @@ def evaluate_pool(
     Returns:
       (SAR result, per-member ASR [M]).
     """
-    from sarjax.attacks.members import attack_members
-    from sarjax.attacks.pgd import make_pgd
-    from sarjax.cover import distributed
-    from sarjax.models.sharding import ShardedPool
 
     validate_sar_args(eps, deltas)
     rows = distributed.process_rows(len(x))  # all of them in one process
@@ -416,7 +418,6 @@ def attack_copy(pool: Pool, conv_impl: str) -> Pool:
     :meth:`Pool.with_conv_impl` would turn a residual CNN's convolutions into XLA's, whose
     gradients are slow on CPU (docs/design.md), so those keep their own formulation.
     """
-    from sarjax.models.pool import Stack
 
     stacks = [
         st.with_conv_impl(conv_impl) if isinstance(st, Stack) and st.arch.family == "cnn" else st for st in pool.stacks
@@ -431,7 +432,6 @@ def shared_joint_pgd(cache: dict[Any, Any], pool: Pool, *, steps: int, restarts:
     get the same attack, built on the first one's ``apply``: it computes from the ``params`` it is
     called with, so the attack's compiled kernel is reused (eps, masks and keys are traced).
     """
-    from sarjax.attacks.joint import make_joint_pgd
 
     key = (tuple((type(st), getattr(st, "arch", None), st.size) for st in pool.stacks), steps, restarts)
     if key not in cache:
@@ -637,7 +637,6 @@ def _open_sar_output(outp: Path, fingerprint: dict[str, Any], overwrite: bool, d
 
 def _load_data(data_dir: str | None) -> Split:
     """The embedded MNIST, an MNIST IDX directory, or CIFAR-10 / CIFAR-100 python batches."""
-    from sarjax.data.cifar import cifar_kind, load_cifar
 
     if data_dir is not None and cifar_kind(data_dir) is not None:
         return load_cifar(data_dir)
@@ -709,7 +708,6 @@ def run_sar_on_saved_pool(
         "restarts": restarts,
         "seed": seed,
     }
-    from sarjax.cover import distributed
 
     lead = jax.process_index() == 0  # the one process that checks and writes OUT
     refusal = None

@@ -36,6 +36,14 @@ from typing import Any
 
 import numpy as np
 
+from sarjax.cover.llm import load_llm_pool, pool_llm_sar
+from sarjax.data.behaviors import load_behaviors
+from sarjax.models.llm.config import config_from_hf
+from sarjax.models.llm.decoder import init_params
+from sarjax.models.llm.finetune import SFTData, sft_loss
+from sarjax.models.llm.generate import greedy_generate
+from sarjax.models.llm.loader import load_model
+from sarjax.models.llm.pool import left_pad, stack_params
 from sarjax.runtime.fingerprint import array_digest, check_fingerprint, remove_paths, write_fingerprint
 
 SPECIALS = ("<pad>", "<s>", "</s>", "<unk>", "[INST]", "[/INST]")
@@ -173,7 +181,6 @@ class Corpus:
 
 def build_corpus(train_csv: str | os.PathLike, eval_csv: str | os.PathLike) -> Corpus:
     """The corpus from two HarmBench behavior CSVs (their ``standard`` rows) and the benign templates."""
-    from sarjax.data.behaviors import load_behaviors
 
     tr = [clip_request(b.behavior) for b in load_behaviors(str(train_csv), functional_categories=["standard"])]
     ev = [clip_request(b.behavior) for b in load_behaviors(str(eval_csv), functional_categories=["standard"])]
@@ -247,7 +254,6 @@ def hf_config(spec: MemberSpec, vocab_size: int) -> Any:
 
 def decoder_config(hf: Any) -> Any:
     """sarjax's :class:`~sarjax.models.llm.config.DecoderConfig` of a transformers config."""
-    from sarjax.models.llm.config import config_from_hf
 
     return config_from_hf(hf.to_dict())
 
@@ -328,7 +334,6 @@ def member_examples(
 def sft_arrays(tok: Any, pairs: Sequence[tuple[str, str]], length: int) -> Any:
     """Left-padded :class:`~sarjax.models.llm.finetune.SFTData` of ``(request, response)`` pairs
     (``response </s>`` is the predicted part); pairs longer than ``length`` are cut from the left."""
-    from sarjax.models.llm.finetune import SFTData
 
     eos = tok.eos_token_id
     n = len(pairs)
@@ -362,8 +367,6 @@ def train_stack(params: Any, cfg: Any, datas: Sequence[Any], steps: int, batch_s
     """
     import jax.numpy as jnp
 
-    from sarjax.models.llm.finetune import SFTData
-
     n = max(d.ids.shape[0] for d in datas)
 
     def pad(a):
@@ -379,8 +382,6 @@ def _train_jit():
     import jax
     import jax.numpy as jnp
     import optax
-
-    from sarjax.models.llm.finetune import sft_loss
 
     @functools.partial(jax.jit, static_argnames=("cfg", "steps", "batch_size"))
     def run(params, cfg, data, counts, steps, batch_size, key, lr):
@@ -416,8 +417,6 @@ def _groups(specs: Sequence[MemberSpec]) -> list[list[MemberSpec]]:
 def _init_stack(cfg: Any, seeds: Sequence[int]) -> Any:
     import jax
 
-    from sarjax.models.llm.decoder import init_params
-
     return jax.vmap(lambda k: init_params(cfg, k))(jnp_keys(seeds))
 
 
@@ -433,8 +432,6 @@ def teacher_trajectories(
     tok: Any, cfg: Any, params: Any, requests: Sequence[str], max_new_tokens: int = 20, batch: int = 128
 ) -> list[tuple[str, str]]:
     """``(request, teacher's greedy response)`` pairs (the distillation data); empty responses dropped."""
-    from sarjax.models.llm.generate import greedy_generate
-    from sarjax.models.llm.pool import left_pad
 
     enc = [prompt_ids(tok, r) for r in requests]
     width = max(len(e) for e in enc)
@@ -485,8 +482,6 @@ def run_demo(
       log: a ``print``-like function for the stage lines.
     """
     import jax
-
-    from sarjax.cover.llm import load_llm_pool, pool_llm_sar
 
     root = Path(out)
     times: dict[str, float] = {}
@@ -549,7 +544,6 @@ def run_demo(
     log(f"teacher trained ({times['train_teacher']:.0f} s): {loss_teacher}")
 
     t = time.perf_counter()
-    from sarjax.models.llm.loader import load_model
 
     traj_path = root / "teacher" / "trajectories.json"
     if traj_path.exists():
@@ -563,7 +557,6 @@ def run_demo(
     times["trajectories"] = time.perf_counter() - t
 
     def from_before(group):
-        from sarjax.models.llm.pool import stack_params
 
         return stack_params([load_model(str(root / "pool_before" / s.name))[1] for s in group])
 

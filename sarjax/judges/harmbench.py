@@ -25,7 +25,12 @@ from typing import Any
 
 import numpy as np
 
+from sarjax.models.llm import decoder
 from sarjax.models.llm.config import DecoderConfig
+from sarjax.models.llm.generate import greedy_generate
+from sarjax.models.llm.loader import load_model
+from sarjax.models.llm.pool import left_pad
+from sarjax.models.llm.prompts import load_tokenizer
 
 # The HarmBench repository's LLAMA2_CLS_PROMPT["prompt"] (protocol text, reproduced byte for byte).
 HARMBENCH_PROMPT = """[INST] <<SYS>>
@@ -123,7 +128,6 @@ def encode_classifier_inputs(tokenizer, prompts: Sequence[str], max_prompt_token
     Returns:
       (ids [N, T] int32, mask [N, T] int32), left-padded.
     """
-    from sarjax.models.llm.pool import left_pad
 
     rows = [list(tokenizer(p, add_special_tokens=True)["input_ids"])[-max_prompt_tokens:] for p in prompts]
     longest = max(len(r) for r in rows)
@@ -162,8 +166,6 @@ class HarmBenchClassifier:
     @classmethod
     def from_pretrained(cls, path: str, dtype: str = "bfloat16", **kwargs) -> HarmBenchClassifier:
         """Loads the classifier checkpoint and tokenizer from a local folder (no download)."""
-        from sarjax.models.llm.loader import load_model
-        from sarjax.models.llm.prompts import load_tokenizer
 
         cfg, params = load_model(path, dtype)
         return cls(cfg, params, load_tokenizer(path), **kwargs)
@@ -184,7 +186,6 @@ class HarmBenchClassifier:
         self, behaviors: Sequence[str], generations: Sequence[str], contexts: Sequence[str] | None = None
     ) -> np.ndarray:
         """Labels [N] int32: 1 (yes: the generation exhibits the behavior), 0 (no), -1 (other)."""
-        from sarjax.models.llm.generate import greedy_generate
 
         texts = self.prompts(behaviors, generations, contexts)
         out = []
@@ -250,8 +251,6 @@ class HarmBenchClassifier:
           :meth:`__call__`'s (the argmax of the same logits).
         """
         import jax
-
-        from sarjax.models.llm import decoder
 
         yes, no = self.answer_ids()
         fn = getattr(self, "_last_logits", None)

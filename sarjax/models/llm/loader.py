@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sarjax.models.llm.config import DecoderConfig, config_from_hf
+from sarjax.models.llm.decoder import init_params
 
 _DTYPES = {"float32": jnp.float32, "f32": jnp.float32, "bfloat16": jnp.bfloat16, "bf16": jnp.bfloat16}
 
@@ -203,8 +204,6 @@ def _lm_head_aware(get, src):
 
 def _check_shapes(cfg: DecoderConfig, tree) -> None:
     import jax
-
-    from sarjax.models.llm.decoder import init_params
 
     want = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
     flat_w = dict(jax.tree_util.tree_flatten_with_path(want)[0])

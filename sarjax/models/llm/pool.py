@@ -17,7 +17,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sarjax.models.llm import generate
 from sarjax.models.llm.config import DecoderConfig
+from sarjax.models.llm.loader import check_tokenizer_vocab, load_model
+from sarjax.models.llm.prompts import load_tokenizer
 from sarjax.models.llm.scoring import stack_target_nll
 
 
@@ -231,9 +234,6 @@ def load_pool(paths: Sequence[str], names: Sequence[str] | None = None, dtype: s
     """
     import os
 
-    from sarjax.models.llm.loader import check_tokenizer_vocab, load_model
-    from sarjax.models.llm.prompts import load_tokenizer
-
     paths = list(paths)
     names = [os.path.basename(os.path.normpath(p)) for p in paths] if names is None else list(names)
     if len(names) != len(paths):
@@ -404,7 +404,6 @@ def pool_generate_text(
       ValueError / TypeError: a stack without a tokenizer, ``do_sample`` without a key, and the
         errors of :func:`render_requests` and the decoders.
     """
-    from sarjax.models.llm import generate
 
     if do_sample and key is None:
         raise TypeError("pool_generate_text: do_sample=True needs a key (a jax.random key)")

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from sarjax.models.llm.loader import check_tokenizer_files
+
 PLACEHOLDER = "\u2063SARJAX_SUFFIX\u2063"
 
 
@@ -27,8 +29,6 @@ def load_tokenizer(path: str, **kwargs):
     import os
 
     from transformers import AutoTokenizer
-
-    from sarjax.models.llm.loader import check_tokenizer_files
 
     if os.path.isdir(path):
         check_tokenizer_files(path)
