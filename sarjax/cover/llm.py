@@ -209,7 +209,7 @@ class PoolResponder:
                     "behaviors in row order) so that each tokenizer renders its own prompt"
                 )
             from sarjax.attacks.text.core import slot_texts
-            from sarjax.models.llm.prompts import _encode
+            from sarjax.models.llm.prompts import encode_text
 
             reqs = list(requests)
             self.blocks = [_request_blocks(t, reqs, system, separator) for t in self.tokenizers]
@@ -217,13 +217,13 @@ class PoolResponder:
             self.clean = []
             for t in self.tokenizers:
                 bt, at = slot_texts(t, reqs, system=system, separator="")
-                self.clean.append([_encode(t, b + a) for b, a in zip(bt, at, strict=True)])
+                self.clean.append([encode_text(t, b + a) for b, a in zip(bt, at, strict=True)])
 
     def prompts(self, ids: Any, mask: Any) -> list[tuple[np.ndarray, np.ndarray]]:
         """Each tokenizer group's left-padded prompts ``(ids [N, L_g], mask [N, L_g])`` (group 0:
         the reference's, compacted to width ``T``)."""
         from sarjax.models.llm.pool import left_pad
-        from sarjax.models.llm.prompts import _encode
+        from sarjax.models.llm.prompts import encode_text
 
         ids, mask = np.asarray(ids), np.asarray(mask)
         out = [compact_left(ids, mask, self.pad_ids[0])]
@@ -258,12 +258,12 @@ class PoolResponder:
                 if text is None:
                     rows.append(self.clean[g][i])
                     continue
-                if tok.decode(_encode(tok, text), **dec) != text:
+                if tok.decode(encode_text(tok, text), **dec) != text:
                     raise ValueError(
                         f"PoolResponder: row {i}'s suffix {text!r} does not survive tokenizer group {g} "
                         "(its ids do not decode back to the text)"
                     )
-                rows.append(_encode(tok, before[i] + text + after[i]))  # the whole text, as it is sent
+                rows.append(encode_text(tok, before[i] + text + after[i]))  # the whole text, as it is sent
             width = -(-max(map(len, rows)) // 16) * 16  # multiples of 16: similar batches share a kernel
             out.append(left_pad(rows, self.pad_ids[g], width))
         return out
@@ -730,10 +730,10 @@ def _request_blocks(
     :func:`~sarjax.attacks.text.core.slot_texts` (the chat template split at the suffix; without a
     template the request and ``separator`` before, nothing after: a base model), each tokenized."""
     from sarjax.attacks.text.core import slot_texts
-    from sarjax.models.llm.prompts import _encode
+    from sarjax.models.llm.prompts import encode_text
 
     bt, at = slot_texts(tokenizer, behaviors, system=system, separator=separator)
-    return [_encode(tokenizer, x) for x in bt], [_encode(tokenizer, x) for x in at]
+    return [encode_text(tokenizer, x) for x in bt], [encode_text(tokenizer, x) for x in at]
 
 
 def clean_prompt_ids(
@@ -744,11 +744,11 @@ def clean_prompt_ids(
     template the request itself). The clean judgement of :func:`run_llm_sar` reads these."""
     from sarjax.attacks.text.core import slot_texts
     from sarjax.models.llm.pool import left_pad
-    from sarjax.models.llm.prompts import _encode
+    from sarjax.models.llm.prompts import encode_text
 
     bt, at = slot_texts(tokenizer, behaviors, system=system, separator="", chat_template=chat_template)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    return left_pad([_encode(tokenizer, b + a) for b, a in zip(bt, at, strict=True)], int(pad))
+    return left_pad([encode_text(tokenizer, b + a) for b, a in zip(bt, at, strict=True)], int(pad))
 
 
 def behavior_batch(
@@ -767,10 +767,10 @@ def behavior_batch(
       separator: text between the request and the suffix.
     """
     from sarjax.attacks.text.core import text_batch
-    from sarjax.models.llm.prompts import _encode
+    from sarjax.models.llm.prompts import encode_text
 
     before, after = _request_blocks(tokenizer, behaviors, system, separator)
-    tgt = _encode(tokenizer, response)
+    tgt = encode_text(tokenizer, response)
     if not tgt:
         raise ValueError(f"behavior_batch: the response {response!r} encodes to no tokens")
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -884,10 +884,10 @@ def _common_start_text(pool: Any, words: int, slots: int) -> str:
     """GCG's start (``"!"`` x ``words``, Zou et al. 2023) when every stack's tokenizer reproduces it;
     else the first allowed token of the first stack's vocabulary whose text, repeated, does."""
     from sarjax.attacks.text.core import suffix_text_violations
-    from sarjax.attacks.text.gcg import _allowed_for
+    from sarjax.attacks.text.gcg import allowed_for
 
     toks = [s.tokenizer for s in pool.stacks]
-    als = [_allowed_for(s.tokenizer, s.cfg.vocab_size, True) for s in pool.stacks]
+    als = [allowed_for(s.tokenizer, s.cfg.vocab_size, True) for s in pool.stacks]
 
     def ok(text: str) -> bool:
         return not suffix_text_violations(text, toks, als, [slots] * len(toks))[1]
@@ -1140,7 +1140,7 @@ def plot_llm_sar(run: LLMSARRun, path: str | os.PathLike, title: str | None = No
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from sarjax.cover.plots import _save_figure
+    from sarjax.cover.plots import save_figure
 
     res = run.result
     m, v = res.num_members, res.valid
@@ -1164,7 +1164,7 @@ def plot_llm_sar(run: LLMSARRun, path: str | os.PathLike, title: str | None = No
     ax1.set_ylabel("SAR / robustness")
     ax1.set_ylim(0, 1.05)
     ax1.legend(fontsize=8)
-    return _save_figure(fig, path, title)
+    return save_figure(fig, path, title)
 
 
 __all__ = [

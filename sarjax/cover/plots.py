@@ -67,10 +67,10 @@ def plot_sar(result: SARResult, path: str | os.PathLike, title: str | None = Non
     for ax in (ax1, ax2):
         ax.set_ylabel("samples")
         ax.legend(fontsize=8)
-    return _save_figure(fig, path, title)
+    return save_figure(fig, path, title)
 
 
-def _save_figure(fig, path: str | os.PathLike, title: str | None = None) -> Path:
+def save_figure(fig, path: str | os.PathLike, title: str | None = None) -> Path:
     """Titles (when given), lays out, writes (parent folders created) and closes ``fig``;
     returns the written path."""
     import matplotlib.pyplot as plt

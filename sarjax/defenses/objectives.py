@@ -35,11 +35,11 @@ ATTACK_STREAM = 3  # the inner attack draws from fold_in(key, 3); the trainer us
 ADV_DROPOUT_STREAM = 4  # TRADES: dropout of the adversarial forward pass
 
 
-def _soft_xent(logits, target):
+def soft_xent(logits, target):
     return -jnp.sum(target * jax.nn.log_softmax(logits), axis=-1).mean()
 
 
-def _perturb(attack, params: Any, x: jax.Array, labels: jax.Array, key: jax.Array, eps) -> jax.Array:
+def perturb_inputs(attack, params: Any, x: jax.Array, labels: jax.Array, key: jax.Array, eps) -> jax.Array:
     """The inner maximisation of every adversarial objective here and in
     :mod:`sarjax.defenses.zoo_objectives`: ``attack``'s jit-safe entry on ``x`` with the params
     held fixed; its ``x_adv [B, *S]``, gradient-free."""
@@ -47,12 +47,12 @@ def _perturb(attack, params: Any, x: jax.Array, labels: jax.Array, key: jax.Arra
     return jax.lax.stop_gradient(res.x_adv)
 
 
-def _adversarial_xent(objective, apply: Callable, params: Any, x: jax.Array, y: jax.Array, key: jax.Array, hp):
+def adversarial_xent(objective, apply: Callable, params: Any, x: jax.Array, y: jax.Array, key: jax.Array, hp):
     """Cross-entropy of the training-mode logits at ``objective.perturb``'s point (soft targets
     ``y [B, C]``; radius ``hp["eps"]``, default ``objective.eps``): PGD-AT's and l1-APGD-AT's loss."""
     eps = hp.get("eps", objective.eps)
     x_adv = objective.perturb(apply, params, x, jnp.argmax(y, axis=-1), jax.random.fold_in(key, ATTACK_STREAM), eps)
-    return _soft_xent(apply(params, x_adv, key=jax.random.fold_in(key, 2)), y)
+    return soft_xent(apply(params, x_adv, key=jax.random.fold_in(key, 2)), y)
 
 
 def _norm(norm) -> str:
@@ -133,13 +133,13 @@ class PGDAT:
           [B, *S], the attack's ``x_adv`` (the final iterate, or ``x`` where its loss is higher),
           inside the ball of ``x`` by construction; gradient-free.
         """
-        return _perturb(self.attack(apply), params, x, labels, key, eps)
+        return perturb_inputs(self.attack(apply), params, x, labels, key, eps)
 
     def __call__(
         self, apply: Callable, params: Any, x: jax.Array, y: jax.Array, key: jax.Array, hp: Mapping[str, jax.Array]
     ) -> jax.Array:
         """The member loss: cross-entropy of the training-mode logits at ``x_adv`` (soft targets ``y``)."""
-        return _adversarial_xent(self, apply, params, x, y, key, hp)
+        return adversarial_xent(self, apply, params, x, y, key, hp)
 
 
 @dataclass(frozen=True)
@@ -198,7 +198,7 @@ class TRADES:
     def perturb(self, apply: Callable, params: Any, x: jax.Array, labels: jax.Array, key: jax.Array, eps) -> jax.Array:
         """``x_adv [B, *S]`` maximising KL(f(x) || f(x_adv)) in the ball, the params held fixed
         (arguments as :meth:`PGDAT.perturb`; ``labels`` are not used by the KL)."""
-        return _perturb(self.attack(apply), params, x, labels, key, eps)
+        return perturb_inputs(self.attack(apply), params, x, labels, key, eps)
 
     def __call__(
         self, apply: Callable, params: Any, x: jax.Array, y: jax.Array, key: jax.Array, hp: Mapping[str, jax.Array]
@@ -211,7 +211,7 @@ class TRADES:
         z_adv = apply(params, x_adv, key=jax.random.fold_in(key, ADV_DROPOUT_STREAM))
         log_p = jax.nn.log_softmax(z_nat, axis=-1)
         kl = jnp.sum(jnp.exp(log_p) * (log_p - jax.nn.log_softmax(z_adv, axis=-1)), axis=-1).mean()
-        return _soft_xent(z_nat, y) + beta * kl
+        return soft_xent(z_nat, y) + beta * kl
 
 
 def pgd_at(*, eps: float, norm="linf", steps: int = 10, rel_step: float = 0.25, random_start: bool = True) -> PGDAT:
@@ -306,4 +306,15 @@ def objective_spec(objective) -> dict:
     return {"objective": str(getattr(objective, "name", getattr(objective, "__name__", type(objective).__name__)))}
 
 
-__all__ = ["OBJECTIVES", "PGDAT", "TRADES", "make_objective", "objective_spec", "pgd_at", "trades"]
+__all__ = [
+    "adversarial_xent",
+    "make_objective",
+    "objective_spec",
+    "OBJECTIVES",
+    "perturb_inputs",
+    "pgd_at",
+    "PGDAT",
+    "soft_xent",
+    "TRADES",
+    "trades",
+]

@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sarjax.attacks.apgd import make_apgd
-from sarjax.defenses.objectives import _adversarial_xent, _perturb, _soft_xent
+from sarjax.defenses.objectives import adversarial_xent, perturb_inputs, soft_xent
 
 NOISE_STREAM = 5  # gaussian_augmentation draws its noise from fold_in(key, 5) (the trainer uses 1 and 2)
 DROPOUT_STREAM = 2  # the trainer's dropout stream
@@ -91,7 +91,7 @@ class GaussianAugmentation:
     ) -> jax.Array:
         """Mean cross-entropy of the training-mode logits at the noisy batch (soft targets ``y [B, C]``)."""
         xn = self.noisy(x, jax.random.fold_in(key, NOISE_STREAM), hp.get("sigma", self.sigma))
-        return _soft_xent(apply(params, xn, key=jax.random.fold_in(key, DROPOUT_STREAM)), y)
+        return soft_xent(apply(params, xn, key=jax.random.fold_in(key, DROPOUT_STREAM)), y)
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,7 @@ class Distillation:
     def loss(self, logits: jax.Array, target: jax.Array, temperature=None) -> jax.Array:
         """``mean_b -sum_c target[b, c] * log softmax(logits[b] / T)[c]``; logits, target: [B, C]."""
         t = self.temperature if temperature is None else temperature
-        return _soft_xent(logits / t, target)
+        return soft_xent(logits / t, target)
 
     def __call__(
         self, apply: Callable, params: Any, x: jax.Array, y: jax.Array, key: jax.Array, hp: Mapping[str, jax.Array]
@@ -169,13 +169,13 @@ class L1APGDAT:
 
     def perturb(self, apply: Callable, params: Any, x: jax.Array, labels: jax.Array, key: jax.Array, eps) -> jax.Array:
         """``x_adv [B, *S]`` of l1-APGD-CE in the l1 ball of radius ``eps`` around ``x`` (params held fixed)."""
-        return _perturb(self.attack(apply), params, x, labels, key, eps)
+        return perturb_inputs(self.attack(apply), params, x, labels, key, eps)
 
     def __call__(
         self, apply: Callable, params: Any, x: jax.Array, y: jax.Array, key: jax.Array, hp: Mapping[str, jax.Array]
     ) -> jax.Array:
         """Cross-entropy of the training-mode logits at ``x_adv`` (soft targets ``y``), as PGD-AT's."""
-        return _adversarial_xent(self, apply, params, x, y, key, hp)
+        return adversarial_xent(self, apply, params, x, y, key, hp)
 
 
 def gaussian_augmentation(sigma: float = 0.25) -> GaussianAugmentation:

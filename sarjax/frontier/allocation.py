@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sarjax.frontier.optimality import _stats, aoi_from_distances
+from sarjax.frontier.optimality import aoi_from_distances, curve_stats
 
 DEFAULT_CAP = 1000  # the frontier paper Section 5.1: 500 steps = 1000 queries per attack
 DEFAULT_EVERY = 10  # the frontier paper Section 5.1: distance recorded every 10 queries
@@ -371,7 +371,7 @@ def greedy_allocation(
     idx = _model_index(models, pool.shape[0])
     traj = pool.trajectories[idx]  # [M, A, B, L]
     front = traj[..., -1].min(axis=1)  # [M, B]
-    e, _, _, den = _stats(front)
+    e, _, _, den = curve_stats(front)
     live = den > 0  # models whose AOI can move
     A = pool.shape[1]
     q = np.zeros(A, np.int64) if start is None else np.asarray(start, np.int64).copy()

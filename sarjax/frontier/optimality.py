@@ -42,7 +42,7 @@ def attack_frontier(distances) -> np.ndarray:
     return d.min(axis=0)
 
 
-def _stats(frontier: np.ndarray):
+def curve_stats(frontier: np.ndarray):
     """Per-model ``(eps_min, rho(0), AUREC*, den)`` of frontier distances ``[..., B]``."""
     fin = np.where(np.isfinite(frontier), frontier, -np.inf)
     e = np.maximum(fin.max(axis=-1), 0.0)
@@ -68,7 +68,7 @@ def aoi_from_distances(distances, frontier) -> np.ndarray:
     f = np.asarray(frontier, np.float64)
     if d.shape[-1:] != f.shape[-1:]:
         raise ValueError(f"distances {d.shape} and frontier {f.shape} must share the sample axis")
-    e, r0, _, den = _stats(f)
+    e, r0, _, den = curve_stats(f)
     num = r0 * e - np.mean(np.minimum(d, np.asarray(e)[..., None]), axis=-1)
     safe = np.where(den > 0, den, 1.0)
     return np.where(den > 0, num / safe, 1.0)
@@ -121,4 +121,4 @@ def global_aoi(distances) -> np.ndarray:
     return per_model_aoi(distances).mean(axis=1)
 
 
-__all__ = ["aoi", "aoi_from_distances", "attack_frontier", "global_aoi", "per_model_aoi"]
+__all__ = ["aoi", "aoi_from_distances", "attack_frontier", "curve_stats", "global_aoi", "per_model_aoi"]

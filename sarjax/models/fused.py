@@ -43,7 +43,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from sarjax.models.zoo import ACTIVATIONS, _input_grad_conv_args, _lax_conv, _same_padding
+from sarjax.models.zoo import ACTIVATIONS, input_grad_conv_args, lax_conv, same_padding
 
 _ELEMENTWISE_TAPS = 32  # first layer: sum of products up to this many taps, one matmul above
 ROUTE_CHUNK = 4  # samples per block when routing the first layer's cotangent
@@ -64,7 +64,7 @@ def phase_taps(x: jax.Array, k: int) -> jax.Array:
     """
     _, h, w, _ = x.shape
     ho, wo = h // 2, w // 2
-    xp = jnp.pad(x, ((0, 0), *_same_padding(k), (0, 0)))
+    xp = jnp.pad(x, ((0, 0), *same_padding(k), (0, 0)))
     phases = []
     for a in (0, 1):
         for b in (0, 1):
@@ -125,12 +125,12 @@ def _unpool(g, idx, dact, h, w):
 
 
 def _conv(x, w):
-    return _lax_conv(x, w, _same_padding(w.shape[0]))
+    return lax_conv(x, w, same_padding(w.shape[0]))
 
 
 def _conv_input_grad(g, w):
-    """Input gradient of :func:`_conv` (:func:`sarjax.models.zoo._input_grad_conv_args`)."""
-    return _lax_conv(g, *_input_grad_conv_args(w, _same_padding(w.shape[0])))
+    """Input gradient of :func:`_conv` (:func:`sarjax.models.zoo.input_grad_conv_args`)."""
+    return lax_conv(g, *input_grad_conv_args(w, same_padding(w.shape[0])))
 
 
 def _first_layer(arch, p0, taps):

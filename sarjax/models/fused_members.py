@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 
 from sarjax.models import fused as F
-from sarjax.models.zoo import Arch, _input_grad_conv_args, _lax_conv
+from sarjax.models.zoo import Arch, input_grad_conv_args, lax_conv
 
 MEMBER_UNROLL = 2
 """Members per iteration of the member scans. Two: both cores can run a member each; unrolling the
@@ -118,7 +118,7 @@ def _first_layer(arch: Arch, p0, x):
     layout (:func:`_phase_kernel`), so the full-resolution map is never written."""
     w, b = p0["w"], p0["b"]
     c0 = w.shape[-1]
-    z = _lax_conv(_space_to_depth(x), _phase_kernel(w), _phase_padding(w.shape[0]))  # [B, h, w, 4 C0]
+    z = lax_conv(_space_to_depth(x), _phase_kernel(w), _phase_padding(w.shape[0]))  # [B, h, w, 4 C0]
     z = z.reshape(*z.shape[:3], 4, c0) + b
     return F._pool([z[..., p, :] for p in range(4)], F._act(arch), arch.act == "relu")
 
@@ -133,7 +133,7 @@ def _first_layer_input_grad(arch: Arch, w0, dh1, idx0, dact0):
     routed = jnp.where(idx0[..., None, :] == phase, g[..., None, :], jnp.zeros((), g.dtype))  # [B, h, w, 4, C0]
     routed = routed.reshape(*routed.shape[:3], -1)
     pad = _phase_padding(w0.shape[0])
-    return _depth_to_space(_lax_conv(routed, *_input_grad_conv_args(_phase_kernel(w0), pad)))
+    return _depth_to_space(lax_conv(routed, *input_grad_conv_args(_phase_kernel(w0), pad)))
 
 
 def _split(params):

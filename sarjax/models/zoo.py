@@ -50,19 +50,19 @@ _DIMS = ("NHWC", "HWIO", "NHWC")
 _MAX_UNROLL = 64  # larger stacked axes fall back to one grouped convolution
 
 
-def _lax_conv(x, w, pad):
+def lax_conv(x, w, pad):
     return jax.lax.conv_general_dilated(x, w, (1, 1), pad, dimension_numbers=_DIMS)
 
 
-def _same_padding(k: int) -> tuple:
+def same_padding(k: int) -> tuple:
     """XLA's SAME padding of a stride-1 ``k x k`` convolution: ``(k - 1) // 2`` before, the rest after."""
     lo = (k - 1) // 2
     return ((lo, k - 1 - lo), (lo, k - 1 - lo))
 
 
-def _input_grad_conv_args(w: jax.Array, pad: tuple) -> tuple:
+def input_grad_conv_args(w: jax.Array, pad: tuple) -> tuple:
     """``(kernel, padding)`` of the convolution that maps an output cotangent of
-    ``_lax_conv(., w, pad)`` to its input cotangent: the flipped kernel with input and output
+    ``lax_conv(., w, pad)`` to its input cotangent: the flipped kernel with input and output
     channels swapped, and the complementary padding."""
     kh, kw = w.shape[:2]
     (lh, hh), (lw, hw) = pad
@@ -85,7 +85,7 @@ def _batched_conv(pad: tuple) -> Any:
 
     @jax.custom_batching.custom_vmap
     def conv(x, w):
-        return _lax_conv(x, w, pad)
+        return lax_conv(x, w, pad)
 
     @conv.def_vmap
     def _rule(axis_size, in_batched, x, w):
@@ -100,7 +100,7 @@ def _batched_conv(pad: tuple) -> Any:
             return jnp.moveaxis(y.reshape(*y.shape[:3], axis_size, cout), 3, 0), True
         if jax.default_backend() == "cpu" and axis_size <= _MAX_UNROLL:
             return jnp.stack([conv(x[i], w[i]) for i in range(axis_size)]), True
-        return jax.vmap(lambda a, b: _lax_conv(a, b, pad))(x, w), True
+        return jax.vmap(lambda a, b: lax_conv(a, b, pad))(x, w), True
 
     return conv
 
@@ -121,7 +121,7 @@ def _conv_with_vjp(pad: tuple) -> Any:
 
     def bwd(res, g):
         x, w = res
-        w_t, pad_t = _input_grad_conv_args(w, pad)
+        w_t, pad_t = input_grad_conv_args(w, pad)
         dx = _batched_conv(pad_t)(g, w_t)
         # kernel gradient dw[i, j, c, o] = sum_{b,h,w} xp[b, h+i, w+j, c] g[b, h, w, o]: a VALID
         # convolution with channels as the batch and the batch as the contracted channel
@@ -157,7 +157,7 @@ def conv2d(x: jax.Array, p: Params, impl: str = "im2col") -> jax.Array:
     w = p["w"]
     k, _, cin, cout = w.shape
     if impl in ("xla", "fused"):  # "fused": one member's convolutions are the "xla" ones
-        return _member_conv(x, w, _same_padding(k)) + p["b"]
+        return _member_conv(x, w, same_padding(k)) + p["b"]
     pad = k // 2
     b, h, wd, _ = x.shape
     xp = jnp.pad(x, ((0, 0), (pad, k - 1 - pad), (pad, k - 1 - pad), (0, 0)))

@@ -44,10 +44,10 @@ def _pool():
 def _prompts(tok, suffixes):
     """``before | encode(suffix) | after`` of each request in ``tok``'s ids, left-padded."""
     from sarjax.models.llm.pool import left_pad
-    from sarjax.models.llm.prompts import _encode
+    from sarjax.models.llm.prompts import encode_text
 
     before, after = _request_blocks(tok, REQUESTS)
-    return left_pad([b + _encode(tok, s) + a for b, s, a in zip(before, suffixes, after)], 0)
+    return left_pad([b + encode_text(tok, s) + a for b, s, a in zip(before, suffixes, after)], 0)
 
 
 def test_mixed_responder_equals_each_tokenizer_groups_responder_alone():
@@ -78,7 +78,7 @@ def test_cross_beast_joint_objective_and_exact_queries():
     from sarjax.attacks.text.beast_cross import make_cross_beast
     from sarjax.models.llm import decoder, scoring
     from sarjax.models.llm.pool import unstack_params
-    from sarjax.models.llm.prompts import _encode
+    from sarjax.models.llm.prompts import encode_text
 
     pool = _pool()
     ta, tb = _tokenizers()
@@ -104,8 +104,8 @@ def test_cross_beast_joint_objective_and_exact_queries():
         for s, m, tok in stacks.values():
             st = pool.stacks[s]
             (before,), (after,) = _request_blocks(tok, [req])
-            ids = np.asarray(before + _encode(tok, r.x_adv[b]) + after, np.int32)
-            tgt = np.asarray(_encode(tok, TARGET), np.int32)
+            ids = np.asarray(before + encode_text(tok, r.x_adv[b]) + after, np.int32)
+            tgt = np.asarray(encode_text(tok, TARGET), np.int32)
             nll = scoring.target_nll(unstack_params(st.params, m), st.cfg, ids, np.ones_like(ids), tgt)
             by_hand.append(float(np.mean(np.asarray(nll))))
         np.testing.assert_allclose(r.member_loss[b], by_hand, rtol=2e-5, err_msg=f"row {b}")
@@ -114,9 +114,9 @@ def test_cross_beast_joint_objective_and_exact_queries():
         for j, (s, m, tok) in enumerate(stacks.values()):
             st = pool.stacks[s]
             (bt,), (at,) = T.slot_texts(tok, [req])
-            sent = _encode(tok, bt + r.x_adv[b] + at)
+            sent = encode_text(tok, bt + r.x_adv[b] + at)
             assert r.sent[s][b][r.sent_mask[s][b] == 1].tolist() == sent
-            tgt = _encode(tok, TARGET)
+            tgt = encode_text(tok, TARGET)
             lg = decoder.logits(unstack_params(st.params, m), st.cfg, np.asarray(sent + tgt[:-1], np.int32))
             assert r.success[b, j] == (np.argmax(np.asarray(lg)[len(sent) - 1 :], -1).tolist() == tgt), (b, j)
         np.testing.assert_allclose(r.loss[b], np.sum(mask[b] * by_hand) / ncov[b], rtol=2e-5)
@@ -124,7 +124,7 @@ def test_cross_beast_joint_objective_and_exact_queries():
         for s, st in enumerate(pool.stacks):
             real = r.ids[s][b][r.mask[s][b] == 1].tolist()
             assert r.x_adv[b] in st.tokenizer.decode(real)
-    assert r.suffix_ids[0] != _encode(tb, r.x_adv[0])  # the proposer's ids are tokenizer A's
+    assert r.suffix_ids[0] != encode_text(tb, r.x_adv[0])  # the proposer's ids are tokenizer A's
     # same key, same result; a cap that allows the first step only
     again = fn(
         pool,

@@ -251,11 +251,11 @@ class AutoDANBatch:
 
     def __init__(self, requests: Sequence[str], encode: Callable, evaluator: "PoolEvaluator | None" = None):
         self.requests = list(requests)
-        self._encode = encode
+        self.encode_text = encode
         self.evaluator = evaluator
 
     def clean_prompts(self):
-        return self._encode(self.requests)
+        return self.encode_text(self.requests)
 
     def judge_clean(self, judge, behaviors: Sequence[str]):
         """``(broken [B, M] bool, generations [M][B])``: every member's greedy response to the
@@ -387,7 +387,7 @@ class PoolEvaluator:
         template (its tokenizer), left-padded to its width: the ids of the WHOLE rendered text
         (what a user sending the request gets). A prompt longer than the width keeps its
         template tail and the start of its request (head and tail tokenized apart, the head cut)."""
-        from sarjax.models.llm.prompts import _encode, split_chat_template
+        from sarjax.models.llm.prompts import encode_text, split_chat_template
 
         tok, width = self.tokenizers[stack], self.widths[stack]
         pad = tok.pad_token_id if tok.pad_token_id is not None else 0
@@ -398,10 +398,10 @@ class PoolEvaluator:
                 head, tail = split_chat_template(tok, r, self.system, separator="")
             else:
                 head, tail = r, ""
-            seq = _encode(tok, head + tail)
+            seq = encode_text(tok, head + tail)
             if len(seq) > width:  # the request is cut: its head and the template's tail apart
-                t = _encode(tok, tail)
-                seq = (_encode(tok, head)[: max(width - len(t), 1)] + t)[-width:]
+                t = encode_text(tok, tail)
+                seq = (encode_text(tok, head)[: max(width - len(t), 1)] + t)[-width:]
             ids[n, width - len(seq) :] = seq
             mask[n, width - len(seq) :] = 1
         return ids, mask
@@ -1023,10 +1023,10 @@ def _template_texts(tokenizer, pre: str, post: str, system: str | None) -> tuple
 
 def _template_ids(tokenizer, pre: str, post: str, system: str | None):
     """Ids of :func:`_template_texts`, each piece tokenized alone (no special tokens added)."""
-    from sarjax.models.llm.prompts import _encode
+    from sarjax.models.llm.prompts import encode_text
 
     head, tail = _template_texts(tokenizer, pre, post, system)
-    return tuple(_encode(tokenizer, head)), tuple(_encode(tokenizer, tail))
+    return tuple(encode_text(tokenizer, head)), tuple(encode_text(tokenizer, tail))
 
 
 def audit_rewrite(name: str, cfg: AutoDANConfig, problem: RewriteProblem, result: AutoDANTokenResult, tokenizer=None):
@@ -1127,7 +1127,7 @@ class AutoDANTokenFn(Entry):
           TypeError: not a non-empty list of strings. ValueError: a request that encodes to no
             token or to more than ``W`` tokens.
         """
-        from sarjax.models.llm.prompts import _encode
+        from sarjax.models.llm.prompts import encode_text
 
         if isinstance(requests, str) or not requests or not all(isinstance(r, str) for r in requests):
             raise TypeError(f"{self.name}: requests must be a non-empty sequence of strings")
@@ -1135,7 +1135,7 @@ class AutoDANTokenFn(Entry):
         ids = np.zeros((len(requests), w), np.int32)
         mask = np.zeros((len(requests), w), np.int32)
         for i, r in enumerate(requests):
-            e = _encode(self.tokenizer, r)
+            e = encode_text(self.tokenizer, r)
             if not 1 <= len(e) <= w:
                 raise ValueError(f"{self.name}: request {i} encodes to {len(e)} tokens; expected 1 to W={w}")
             ids[i, w - len(e) :] = e
@@ -1239,7 +1239,7 @@ class AutoDANTokenFn(Entry):
 
         from sarjax.attacks.core.entry import host
         from sarjax.models.llm.pool import left_pad
-        from sarjax.models.llm.prompts import _encode
+        from sarjax.models.llm.prompts import encode_text
 
         c, tok = self.cfg, self.tokenizer
         rw, rwm = host(result.x_adv), host(result.rewrite_mask)
@@ -1247,7 +1247,7 @@ class AutoDANTokenFn(Entry):
         rows, changed = [], []
         for i in range(rw.shape[0]):
             text = tok.decode(rw[i][rwm[i] > 0].tolist(), skip_special_tokens=False, clean_up_tokenization_spaces=False)
-            sent = _encode(tok, c.target_head_text + text + c.target_tail_text)
+            sent = encode_text(tok, c.target_head_text + text + c.target_tail_text)
             rows.append(sent)
             changed.append(sent != ids[i][mask[i] > 0].tolist())
         t, n = ids.shape[1], max(map(len, rows))
@@ -1336,7 +1336,7 @@ def make_autodan_jit(
     from sarjax.attacks.core.protocol import Attack
     from sarjax.judges.refusal import token_refusal_judge
     from sarjax.models.llm.pool import stack_decoding, tokenizer_fingerprint
-    from sarjax.models.llm.prompts import _encode
+    from sarjax.models.llm.prompts import encode_text
 
     name = "make_autodan_jit"
     _check_search(name, proposals, anchors, num_steps, max_new_tokens, temperature, top_p)
@@ -1354,7 +1354,7 @@ def make_autodan_jit(
     if rewrite_prompt.count("{request}") != 1:
         raise ValueError(f"{name}: rewrite_prompt must hold exactly one {{request}}, got {rewrite_prompt!r}")
     pre, post = rewrite_prompt.split("{request}")
-    longest = max((len(_encode(tok, r)) for r in requests), default=1)
+    longest = max((len(encode_text(tok, r)) for r in requests), default=1)
     w = max(longest, int(max_new_tokens)) if slot is None else int(slot)
     if w < int(max_new_tokens) or w < longest:
         raise ValueError(
@@ -1363,7 +1363,7 @@ def make_autodan_jit(
     unesc = lambda s: s.replace("{{", "{").replace("}}", "}")  # noqa: E731 (format-string escapes)
     a_head, a_tail = _template_ids(tok, unesc(pre), unesc(post), None)
     t_head_text, t_tail_text = _template_texts(tok, "", "", system)
-    t_head, t_tail = tuple(_encode(tok, t_head_text)), tuple(_encode(tok, t_tail_text))
+    t_head, t_tail = tuple(encode_text(tok, t_head_text)), tuple(encode_text(tok, t_tail_text))
     a_stack = att.stacks[0]
     for label, cfg_, need in [("the attacker", a_stack.cfg, len(a_head) + w + len(a_tail) + int(max_new_tokens))] + [
         (f"stack {s.names}", s.cfg, len(t_head) + w + len(t_tail) + int(response_tokens)) for s in stacks

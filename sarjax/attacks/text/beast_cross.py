@@ -46,7 +46,7 @@ import numpy as np
 
 from sarjax.attacks.core.entry import Entry
 from sarjax.attacks.text import core as T
-from sarjax.attacks.text.gcg import _allowed_for, _score, pool_call, pool_requests, sent_prompts
+from sarjax.attacks.text.gcg import allowed_for, pool_call, pool_requests, score_texts, sent_prompts
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
@@ -156,7 +156,7 @@ class CrossBEAST(Entry):
 
     def allowed(self, pool) -> list[np.ndarray]:
         """The default allowed vocabulary of each stack (:func:`~sarjax.attacks.text.core.allowed_vocab`)."""
-        return [_allowed_for(st.tokenizer, st.cfg.vocab_size, self.ascii_only) for st in pool.stacks]
+        return [allowed_for(st.tokenizer, st.cfg.vocab_size, self.ascii_only) for st in pool.stacks]
 
     def seed_violations(self, pool, text: str, allowed=None) -> list[str]:
         """Why ``text`` cannot start the beams (empty: it can): the proposer's ids must decode back to
@@ -209,7 +209,7 @@ class CrossBEAST(Entry):
             and why); an audit failure of the output.
         """
         from sarjax.models.llm.pool import tokenizer_fingerprint
-        from sarjax.models.llm.prompts import _encode
+        from sarjax.models.llm.prompts import encode_text
 
         c = pool_call(self.name, pool, instructions, ref, self.target, key, mask, sample_ids, max_queries)
         stacks, instructions, mk, targets, sid, cap = c
@@ -259,19 +259,19 @@ class CrossBEAST(Entry):
                 cm = np.zeros((bsz, n, slots[s]), np.int32)
                 for b in range(bsz):
                     for j, x in enumerate(texts[b]):
-                        q = _encode(toks[s], x) if x else []
+                        q = encode_text(toks[s], x) if x else []
                         if q:
                             c[b, j, slots[s] - len(q) :] = q
                             cm[b, j, slots[s] - len(q) :] = 1
                 kw = dict(cfg=st.cfg, loss=self.loss)
-                out.append(np.asarray(_score(st.params, jb[s], jnp.asarray(c), jnp.asarray(cm), **kw)))
+                out.append(np.asarray(score_texts(st.params, jb[s], jnp.asarray(c), jnp.asarray(cm), **kw)))
             return np.concatenate(out, axis=1).astype(np.float64)
 
         def joint(ml: np.ndarray) -> np.ndarray:  # [B, M, n] -> [B, n]
             return np.einsum("bm,bmn->bn", mk, ml) / np.maximum(mk.sum(1), 1.0)[:, None]
 
         # start: one beam per request, the seed (proposer ids) or empty
-        beams = [[_encode(tok0, x) if x else []] for x in seeds]
+        beams = [[encode_text(tok0, x) if x else []] for x in seeds]
         best_text, best_loss = [""] * bsz, np.full(bsz, np.inf)
         queries = np.zeros((bsz, m_total), np.int64)  # [B, M]
         seeded = np.array([bool(x) for x in seeds]) & (ncov > 0) & (ncov <= cap)
@@ -335,7 +335,7 @@ class CrossBEAST(Entry):
                     ids = beams[b][j] + [tok_id]
                     text = tok0.decode(ids, **kw_dec)
                     if text not in memo:
-                        ok = _encode(tok0, text) == ids  # the re-tokenization filter, proposer space
+                        ok = encode_text(tok0, text) == ids  # the re-tokenization filter, proposer space
                         memo[text] = ok and not T.suffix_text_violations(text, toks, als, slots)[1]
                     if memo[text]:
                         cand_texts[b][c], cand_ids[b][c] = text, ids
@@ -354,7 +354,7 @@ class CrossBEAST(Entry):
             sf = np.zeros((bsz, slots[s]), np.int32)
             sm = np.zeros((bsz, slots[s]), np.int32)
             for b, x in enumerate(best_text):
-                q = _encode(toks[s], x) if x else []
+                q = encode_text(toks[s], x) if x else []
                 if q:
                     sf[b, slots[s] - len(q) :], sm[b, slots[s] - len(q) :] = q, 1
             bt = batches[s]
@@ -374,7 +374,7 @@ class CrossBEAST(Entry):
         ]
         if why:
             raise ValueError(f"{self.name}: output violates the threat model: " + " | ".join(why))
-        suffix_ids = [_encode(tok0, x) if x else [] for x in best_text]
+        suffix_ids = [encode_text(tok0, x) if x else [] for x in best_text]
         sent, sent_mask, success, retok = sent_prompts(
             self.name, stacks, reqs, best_text, ids_out, mask_out, lambda s: stacks[s].params, self.criterion
         )

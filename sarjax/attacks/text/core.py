@@ -703,9 +703,9 @@ def sent_ids(tokenizer, before_text: str, suffix_text: str, after_text: str) -> 
     """The ids the tokenizer gives for the WHOLE prompt text ``before + suffix + after`` (no special
     tokens added; special tokens written in the template text are kept): what a user sending the
     suffix text gets, as opposed to the three blocks tokenized apart."""
-    from sarjax.models.llm.prompts import _encode
+    from sarjax.models.llm.prompts import encode_text
 
-    return _encode(tokenizer, before_text + suffix_text + after_text)
+    return encode_text(tokenizer, before_text + suffix_text + after_text)
 
 
 def _texts_of(name: str, tokenizer, texts, batch: TextBatch) -> tuple[list[str], list[str]]:
@@ -719,7 +719,7 @@ def _texts_of(name: str, tokenizer, texts, batch: TextBatch) -> tuple[list[str],
             [tokenizer.decode(real(b.before[i], b.before_mask[i]), **_DECODE) for i in range(bsz)],
             [tokenizer.decode(real(b.after[i], b.after_mask[i]), **_DECODE) for i in range(bsz)],
         )
-    from sarjax.models.llm.prompts import _encode
+    from sarjax.models.llm.prompts import encode_text
 
     if not (isinstance(texts, (tuple, list)) and len(texts) == 2):
         raise TypeError(f"{name}: texts must be (before [B] str, after [B] str), got {type(texts).__name__}")
@@ -729,8 +729,8 @@ def _texts_of(name: str, tokenizer, texts, batch: TextBatch) -> tuple[list[str],
     bad = [
         i
         for i in range(bsz)
-        if _encode(tokenizer, before[i]) != real(b.before[i], b.before_mask[i])
-        or _encode(tokenizer, after[i]) != real(b.after[i], b.after_mask[i])
+        if encode_text(tokenizer, before[i]) != real(b.before[i], b.before_mask[i])
+        or encode_text(tokenizer, after[i]) != real(b.after[i], b.after_mask[i])
     ]
     if bad:
         raise ValueError(f"{name}: texts rows {bad} do not encode to the batch's before / after blocks")
@@ -917,13 +917,13 @@ def exchange_suffix(ids: Sequence[int], source, targets: Sequence[Any]) -> list[
       One id list per target, or None when the text does not survive a target: its ids must
       decode back to the same text and re-tokenize to themselves (the re-tokenization filter).
     """
-    from sarjax.models.llm.prompts import _encode, retokenizes
+    from sarjax.models.llm.prompts import encode_text, retokenizes
 
     kw = dict(skip_special_tokens=False, clean_up_tokenization_spaces=False)
     text = source.decode([int(i) for i in ids], **kw)
     out = []
     for tok in targets:
-        enc = _encode(tok, text)
+        enc = encode_text(tok, text)
         if not enc or tok.decode(enc, **kw) != text or not retokenizes(tok, enc):
             return None
         out.append(enc)
@@ -948,12 +948,12 @@ def suffix_text_violations(text: str, tokenizers: Sequence[Any], allowed: Sequen
       ``(ids, reasons)``: one id list per stack (None where encoding failed) and the list of
       violations (empty: valid for every stack).
     """
-    from sarjax.models.llm.prompts import _encode
+    from sarjax.models.llm.prompts import encode_text
 
     kw = dict(skip_special_tokens=False, clean_up_tokenization_spaces=False)
     ids, reasons = [], []
     for s, (tok, al, n) in enumerate(zip(tokenizers, allowed, slots, strict=True)):
-        enc = _encode(tok, text)
+        enc = encode_text(tok, text)
         ids.append(enc)
         if not enc:
             reasons.append(f"stack {s}: the text encodes to no token")

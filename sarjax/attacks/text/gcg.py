@@ -297,7 +297,7 @@ def _propose(params, m, batch: T.TextBatch, suffix, smask, allowed, keys, *, cfg
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "loss"))
-def _score(params, batch: T.TextBatch, cands, cmask, *, cfg, loss):
+def score_texts(params, batch: T.TextBatch, cands, cmask, *, cfg, loss):
     """Every member of a stack on ``N`` candidate suffixes per request: ``[B, M_s, N]``."""
     model = T.llm_text_model(cfg)
     return jax.vmap(lambda r, c, cm: T.member_losses(model, loss, params, r, c, cm))(batch, cands, cmask)
@@ -343,7 +343,7 @@ class JointGCGResult(NamedTuple):
 _ALLOWED_CACHE: dict = {}
 
 
-def _allowed_for(tok, vocab_size: int, ascii_only: bool) -> np.ndarray:
+def allowed_for(tok, vocab_size: int, ascii_only: bool) -> np.ndarray:
     key = (id(tok), vocab_size, ascii_only)
     if key not in _ALLOWED_CACHE:
         _ALLOWED_CACHE[key] = (tok, T.allowed_vocab(tok, vocab_size, ascii_only))
@@ -384,13 +384,13 @@ def pool_requests(name, stack, instructions, targets, system, chat_template) -> 
     Raises:
       ValueError: a block that encodes to no token; some requests with a template tail, others none.
     """
-    from sarjax.models.llm.prompts import _encode
+    from sarjax.models.llm.prompts import encode_text
 
     tok = stack.tokenizer
     bt, at = T.slot_texts(tok, instructions, system=system, chat_template=chat_template)
-    before = [_encode(tok, x) for x in bt]
-    after = [_encode(tok, x) for x in at]
-    target = [_encode(tok, x) for x in targets]
+    before = [encode_text(tok, x) for x in bt]
+    after = [encode_text(tok, x) for x in at]
+    target = [encode_text(tok, x) for x in targets]
     for what, seqs in (("before", before), ("target", target)):
         if any(len(q) == 0 for q in seqs):
             raise ValueError(f"{name}: stack {stack.names}: a request's {what} block encodes to no token")
@@ -615,7 +615,7 @@ class JointGCG(Entry):
             raise ValueError(f"{self.name}: suffix_init must be one string or {bsz}, got {len(init_texts)}")
         toks = [st.tokenizer for st in stacks]
         if allowed is None:
-            als = [_allowed_for(st.tokenizer, st.cfg.vocab_size, self.ascii_only) for st in stacks]
+            als = [allowed_for(st.tokenizer, st.cfg.vocab_size, self.ascii_only) for st in stacks]
         else:
             als = [np.asarray(a, bool) for a in allowed]
             if len(als) != len(stacks) or any(a.shape != (st.cfg.vocab_size,) for a, st in zip(als, stacks)):
@@ -648,7 +648,7 @@ class JointGCG(Entry):
                             c[b, j, slots[s] - len(q) :] = q
                             cm[b, j, slots[s] - len(q) :] = 1
                 kw = dict(cfg=st.cfg, loss=self.loss)
-                out.append(np.asarray(_score(st.params, jb[s], jnp.asarray(c), jnp.asarray(cm), **kw)))
+                out.append(np.asarray(score_texts(st.params, jb[s], jnp.asarray(c), jnp.asarray(cm), **kw)))
             return np.concatenate(out, axis=1).astype(np.float64)
 
         def joint(ml):  # [B, M, n] -> [B, n]
@@ -665,7 +665,7 @@ class JointGCG(Entry):
         nc = self.num_candidates
         proposers = np.full((self.num_steps, bsz), -1, np.int64)
         kw_decode = dict(skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        from sarjax.models.llm.prompts import _encode
+        from sarjax.models.llm.prompts import encode_text
 
         for t in range(self.num_steps):
             active = (ncov > 0) & np.isfinite(best_loss) & (queries.sum(1) + 1 + nc * ncov <= cap)
@@ -692,7 +692,7 @@ class JointGCG(Entry):
                             continue
                         ids = cands[b, j][real].tolist()
                         text = st.tokenizer.decode(ids, **kw_decode)
-                        if _encode(st.tokenizer, text) == ids:  # GCG's re-tokenization filter
+                        if encode_text(st.tokenizer, text) == ids:  # GCG's re-tokenization filter
                             cand_text[b][j] = text
             cand_ids = [[[None] * nc for _ in range(bsz)] for _ in stacks]
             valid = np.zeros((bsz, nc), bool)
@@ -820,14 +820,16 @@ def make_joint_gcg(
 
 
 __all__ = [
+    "allowed_for",
     "GCGConfig",
     "GCGState",
     "JointGCG",
     "JointGCGResult",
-    "PoolRequests",
     "make_gcg",
     "make_joint_gcg",
     "pool_call",
     "pool_requests",
+    "PoolRequests",
+    "score_texts",
     "sent_prompts",
 ]

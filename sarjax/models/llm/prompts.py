@@ -95,7 +95,7 @@ def split_chat_template(
     return before, after
 
 
-def _encode(tokenizer, text: str) -> list[int]:
+def encode_text(tokenizer, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
 
 
@@ -130,10 +130,10 @@ def build_prompt(
         before, after = split_chat_template(tokenizer, instruction, system, separator)
     else:
         before, after = instruction + separator, ""
-    b = _encode(tokenizer, before)
-    s = _encode(tokenizer, suffix) if isinstance(suffix, str) else [int(t) for t in suffix]
-    a = _encode(tokenizer, after)
-    t = _encode(tokenizer, target) if isinstance(target, str) else [int(x) for x in target]
+    b = encode_text(tokenizer, before)
+    s = encode_text(tokenizer, suffix) if isinstance(suffix, str) else [int(t) for t in suffix]
+    a = encode_text(tokenizer, after)
+    t = encode_text(tokenizer, target) if isinstance(target, str) else [int(x) for x in target]
     ids = np.asarray(b + s + a + t, np.int32)
     i1, i2, i3 = len(b), len(b) + len(s), len(b) + len(s) + len(a)
     return PromptSlices(ids, slice(0, i1), slice(i1, i2), slice(i2, i3), slice(i3, len(ids)))
@@ -147,7 +147,7 @@ def retokenizes(tokenizer, ids: Sequence[int]) -> bool:
     """
     ids = [int(i) for i in ids]
     text = tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-    return _encode(tokenizer, text) == ids
+    return encode_text(tokenizer, text) == ids
 
 
 def retokenization_mask(tokenizer, batch: Any) -> np.ndarray:
