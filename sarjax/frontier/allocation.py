@@ -308,7 +308,7 @@ class Allocation:
         return {n: int(v) for n, v in zip(self.names, self.q) if v > 0}
 
 
-def _levels(pool: TrajectoryPool, levels) -> np.ndarray:
+def budget_levels(pool: TrajectoryPool, levels) -> np.ndarray:
     lv = default_levels(pool.cap, every=pool.every) if levels is None else np.unique(np.asarray(levels, np.int64))
     if lv.size == 0 or (lv <= 0).any() or (lv > pool.cap).any() or (lv % pool.every).any():
         raise ValueError(
@@ -364,7 +364,7 @@ def greedy_allocation(
       The :class:`Allocation`, with its AOI on ``models`` and the list of updates (a completed
       update appears as consecutive steps with one gain, its prerequisites first).
     """
-    lv = _levels(pool, levels)
+    lv = budget_levels(pool, levels)
     if isinstance(budget, bool) or int(budget) != budget or budget < 0:
         raise ValueError(f"budget must be an int >= 0, got {budget!r}")
     budget = int(budget)
@@ -474,7 +474,7 @@ def optimal_allocation(pool: TrajectoryPool, budget: int, *, levels=None, models
     Exponential in the pool size (``(|S| + 1)^A`` allocations): for tests and small pools
     (3-4 entries, a few levels).  Ties go to the allocation with fewer queries.
     """
-    lv = _levels(pool, levels)
+    lv = budget_levels(pool, levels)
     A = pool.shape[1]
     if (lv.size + 1) ** A > 2_000_000:
         raise ValueError(f"{(lv.size + 1) ** A} allocations: too many to enumerate (use greedy_allocation)")
@@ -531,19 +531,20 @@ def split_models(n_or_groups, heldout: float = DEFAULT_HELDOUT, seed: int = 0) -
 
 
 __all__ = [
+    "Allocation",
+    "budget_levels",
     "DEFAULT_CAP",
     "DEFAULT_EVERY",
     "DEFAULT_HELDOUT",
-    "DEFAULT_TIERS",
-    "Allocation",
-    "PoolEntry",
-    "TrajectoryPool",
     "default_levels",
+    "DEFAULT_TIERS",
     "expand_pool",
     "greedy_allocation",
     "is_feasible",
     "nested_allocations",
     "optimal_allocation",
+    "PoolEntry",
     "simple_pool",
     "split_models",
+    "TrajectoryPool",
 ]

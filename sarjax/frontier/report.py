@@ -26,7 +26,7 @@ from sarjax.frontier.allocation import (
     DEFAULT_HELDOUT,
     DEFAULT_TIERS,
     TrajectoryPool,
-    _levels,
+    budget_levels,
     nested_allocations,
     split_models,
 )
@@ -214,7 +214,7 @@ def build_report(
     if len(grp) != M:
         raise ValueError(f"{len(grp)} groups for {M} models")
     train, held = split_models(np.asarray(grp), heldout, seed)
-    lv = _levels(pool, levels)
+    lv = budget_levels(pool, levels)
     front = pool.frontier()
     fin = np.where(np.isfinite(front), front, -np.inf)
     e_min = np.maximum(fin.max(axis=1), 0.0)
