@@ -13,7 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sarjax.attacks.autoattack import AutoAttackWarning, autoattack, sanity_checks
+from sarjax.attacks.autoattack import autoattack
+from sarjax.attacks.autoattack_checks import AutoAttackWarning, sanity_checks
 
 FULL = os.environ.get("SARJAX_AUTOATTACK_FULL") == "1"
 C = 5

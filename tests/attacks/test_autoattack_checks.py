@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sarjax.attacks.autoattack import AutoAttackWarning, autoattack, sanity_checks
+from sarjax.attacks.autoattack import autoattack
+from sarjax.attacks.autoattack_checks import AutoAttackWarning, sanity_checks
 
 C = 5
 W = np.random.default_rng(0).normal(size=(16, C)).astype(np.float32)

@@ -234,6 +234,7 @@ def test_autoattack_l1_square_stage_runs_with_exact_queries(monkeypatch):
     the reference's settings, its outputs lie in the l1 ball, and a point robust to the end paid
     ``1 + 1 + (SQ - 1) + 1`` queries (clean, init, proposals, verification) plus the clean 1."""
     import sarjax.attacks.autoattack as aa
+    from sarjax.attacks.autoattack_checks import AutoAttackWarning
 
     seen = []
     real = aa.make_square
@@ -248,7 +249,7 @@ def test_autoattack_l1_square_stage_runs_with_exact_queries(monkeypatch):
     eps = float(np.median(opt))
     sq = 40
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", aa.AutoAttackWarning)
+        warnings.simplefilter("ignore", AutoAttackWarning)
         res = aa.autoattack(
             affine_apply, params, np.asarray(x0), y, norm="l1", eps=eps, key=jax.random.PRNGKey(0),
             attacks=["square"], square_queries=sq, log=False,
