@@ -69,7 +69,7 @@ def _model(a, data):
     from sarjax.models import zoo
 
     if a.zoo:
-        from sarjax.defenses.zoo import load_zoo
+        from sarjax.defenses.zoo_io import load_zoo
 
         zm = load_zoo(a.zoo, [a.defense])[a.defense]
         if zm.pool is None or zm.stochastic:

@@ -1,6 +1,6 @@
 """The defense zoo's table: clean accuracy and AutoAttack robust accuracy at MNIST's standard radii.
 
-Loads a zoo trained by ``sarjax train-defenses --out DIR`` (:func:`sarjax.defenses.zoo.load_zoo`)
+Loads a zoo trained by ``sarjax train-defenses --out DIR`` (:func:`sarjax.defenses.zoo_io.load_zoo`)
 and runs :func:`sarjax.attacks.autoattack.autoattack` on ``--samples`` test images (a seeded random subset) of the
 embedded MNIST split at linf 0.3, linf 0.1, l2 2.0 and l1 10 (the issue's radii):
 
@@ -67,7 +67,8 @@ def main(argv=None) -> int:
 
     from sarjax.attacks.autoattack import autoattack
     from sarjax.data.mnist import load_mnist
-    from sarjax.defenses.zoo import defense_names, load_zoo
+    from sarjax.defenses.zoo import defense_names
+    from sarjax.defenses.zoo_io import load_zoo
 
     load_before = os.getloadavg()
     n = 20 if args.quick else args.samples

@@ -77,7 +77,7 @@ def _train(objective: str, x, y, *, eps: float, epochs: int, sigma: float = 0.0)
 
 def _load(zoos) -> dict:
     """``{name: ZooModel}`` of every defense trained in the ``--zoo`` directories (first one wins)."""
-    from sarjax.defenses.zoo import load_zoo
+    from sarjax.defenses.zoo_io import load_zoo
 
     found: dict = {}
     for z in zoos or ():

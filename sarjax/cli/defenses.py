@@ -53,7 +53,7 @@ def cmd_train_defenses(args: argparse.Namespace) -> int:
     """Run ``sarjax train-defenses`` (prints progress, writes OUT/summary.json, prints the summary)."""
     from dataclasses import replace
 
-    from sarjax.defenses import zoo
+    from sarjax.defenses import zoo, zoo_train
 
     if args.list:
         for d in zoo.DEFENSES:
@@ -64,7 +64,7 @@ def cmd_train_defenses(args: argparse.Namespace) -> int:
         return 0
     if args.out is None:
         raise ValueError("--out is required (the directory to train the zoo into)")
-    settings = zoo.QUICK if args.quick else zoo.ZooSettings()
+    settings = zoo_train.QUICK if args.quick else zoo_train.ZooSettings()
     for flag, fld in (("epochs", "epochs"), ("self_ensemble_epochs", "self_ensemble_epochs")):
         v = getattr(args, flag)
         if v is not None:
@@ -78,7 +78,7 @@ def cmd_train_defenses(args: argparse.Namespace) -> int:
         from sarjax.runtime.compile_cache import enable_compile_cache
 
         enable_compile_cache(Path(args.out, ".jax_cache"))
-    summary = zoo.train_defenses(
+    summary = zoo_train.train_defenses(
         args.out,
         only=args.only,
         data_dir=args.data_dir,
@@ -93,10 +93,10 @@ def cmd_train_defenses(args: argparse.Namespace) -> int:
 
 def cmd_zoo_pool(args: argparse.Namespace) -> int:
     """Run ``sarjax zoo-pool`` (prints the pool's members and which are randomized when deployed)."""
-    from sarjax.defenses import zoo
+    from sarjax.defenses import zoo_io
     from sarjax.models.checkpoint import load_pool_meta
 
-    path = zoo.save_zoo_pool(args.zoo, args.out, args.only)
+    path = zoo_io.save_zoo_pool(args.zoo, args.out, args.only)
     meta = load_pool_meta(path)
     members = meta["config"]["members"]
     print(f"wrote {path}: {len(meta['names'])} member(s)")

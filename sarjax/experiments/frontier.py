@@ -198,7 +198,7 @@ def load_models(models: list[str], defenses: list[str] | None = None) -> list[_M
     model), or a defense zoo written by ``sarjax train-defenses`` (a directory with
     ``zoo.json``: every trained defense a one-member model; the randomized ones are attacked
     deterministically: the noise defense without its inference noise, the self-ensemble through
-    its plain views, :func:`sarjax.defenses.zoo.load_zoo`).  ``defenses``: only these defenses
+    its plain views, :func:`sarjax.defenses.zoo_io.load_zoo`).  ``defenses``: only these defenses
     of the zoo directories (all by default; pool directories are always taken whole)."""
     from sarjax.models.checkpoint import load_pool
 
@@ -207,7 +207,7 @@ def load_models(models: list[str], defenses: list[str] | None = None) -> list[_M
     for i, d in enumerate(models):
         base = Path(d).name
         if (Path(d) / "zoo.json").is_file():
-            from sarjax.defenses.zoo import load_zoo
+            from sarjax.defenses.zoo_io import load_zoo
 
             for name, zm in load_zoo(d).items():
                 seen.add(name)

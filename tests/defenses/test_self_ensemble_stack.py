@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from sarjax.defenses import self_ensemble as se
-from sarjax.defenses import zoo
+from sarjax.defenses import zoo, zoo_io
 from sarjax.models.checkpoint import load_pool, save_pool
 from sarjax.models.pool import Pool, Stack
 from sarjax.models.zoo import mlp
@@ -139,15 +139,15 @@ def test_eot_attack_on_a_self_ensemble_pool(members, stack):
 def test_load_zoo_gives_the_self_ensemble_a_pool_and_save_zoo_pool_saves_it(tmp_path, members):
     ps, x = members
     d = zoo.get_defense("self-ensemble")
-    zoo.save_self_ensemble(tmp_path / "zoo" / d.name, CFG, ps[0], {"defense": d.spec()})
-    idx = {"format": zoo.ZOO_FORMAT, "defenses": {d.name: {"dir": d.name, "defense": d.spec(), "clean_acc": 0.5}}}
-    (tmp_path / "zoo" / zoo.ZOO_INDEX).write_text(json.dumps(idx))
-    m = zoo.load_zoo(tmp_path / "zoo")[d.name]
+    zoo_io.save_self_ensemble(tmp_path / "zoo" / d.name, CFG, ps[0], {"defense": d.spec()})
+    idx = {"format": zoo_io.ZOO_FORMAT, "defenses": {d.name: {"dir": d.name, "defense": d.spec(), "clean_acc": 0.5}}}
+    (tmp_path / "zoo" / zoo_io.ZOO_INDEX).write_text(json.dumps(idx))
+    m = zoo_io.load_zoo(tmp_path / "zoo")[d.name]
     np.testing.assert_allclose(np.asarray(m.pool.logits(x))[0], np.asarray(DET(ps[0], x)), rtol=1e-5, atol=1e-6)
     s0 = m.pool.stacks[0]  # apply and stochastic_apply are the stack's (tested above against se.apply)
     assert m.apply is s0.member_apply and m.stochastic_apply is s0.member_stochastic_apply and m.stochastic
-    assert zoo.zoo_pool({d.name: m}).names == (d.name,)
-    path = zoo.save_zoo_pool(tmp_path / "zoo", tmp_path / "pool")
+    assert zoo_io.zoo_pool({d.name: m}).names == (d.name,)
+    path = zoo_io.save_zoo_pool(tmp_path / "zoo", tmp_path / "pool")
     back, cfg = load_pool(path)
     assert cfg["members"][d.name]["stochastic"] is True and cfg["members"][d.name]["clean_acc"] == 0.5
     assert back.content_hash() == m.pool.content_hash()

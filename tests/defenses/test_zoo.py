@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from sarjax.defenses import self_ensemble as se
-from sarjax.defenses import zoo
+from sarjax.defenses import zoo, zoo_io, zoo_train
 from sarjax.defenses.zoo_objectives import distillation, gaussian_augmentation, l1_apgd_at
 from sarjax.models.train import cross_entropy
 from sarjax.models.zoo import mlp
@@ -204,7 +204,7 @@ def test_zoo_entries_match_their_cited_sources():
     assert {ds["standard-mlp"].arch, ds["standard-cnn"].arch} == {"mlp", "cnn"}
     # grouping: the two PGD-AT linf radii and the two TRADES radii train as one stack each,
     # the standard CNN with the noise-trained one (sigma 0 and 0.25)
-    key = zoo.group_key
+    key = zoo_train.group_key
     assert key(ds["pgd-at-linf-0.1"]) == key(ds["pgd-at-linf-0.3"]) != key(ds["pgd-at-l2-1.5"])
     assert key(ds["trades-linf-0.1"]) == key(ds["trades-linf-0.3"])
     assert key(ds["standard-cnn"]) == key(ds["gaussian-noise-cnn"]) != key(ds["standard-mlp"])
@@ -215,8 +215,8 @@ def test_zoo_entries_match_their_cited_sources():
 
 def test_self_ensemble_checkpoint_round_trip(tmp_path, tiny_models):
     cfg, p, _, _ = tiny_models
-    zoo.save_self_ensemble(tmp_path / "se", cfg, p)
-    cfg2, p2, _ = zoo.load_self_ensemble(tmp_path / "se")
+    zoo_io.save_self_ensemble(tmp_path / "se", cfg, p)
+    cfg2, p2, _ = zoo_io.load_self_ensemble(tmp_path / "se")
     x = jnp.asarray(np.random.default_rng(4).random((3, 28, 28, 1), dtype=np.float32))
     assert cfg2 == cfg
     det = jax.jit(lambda p, x: se.apply(cfg, p, x))
@@ -226,7 +226,7 @@ def test_self_ensemble_checkpoint_round_trip(tmp_path, tiny_models):
     leaves[k] = leaves[k] + 1e-3
     np.savez(tmp_path / "se" / "params.npz", **leaves)
     with pytest.raises(ValueError, match="SHA-256"):
-        zoo.load_self_ensemble(tmp_path / "se")
+        zoo_io.load_self_ensemble(tmp_path / "se")
 
 
 @pytest.mark.skipif(
@@ -234,25 +234,25 @@ def test_self_ensemble_checkpoint_round_trip(tmp_path, tiny_models):
     reason="SARJAX_DEFENSES_FULL=1: a tiny train-defenses run (about 30 s on 2 cores; the suite's 15-minute budget)",
 )
 def test_tiny_train_defenses_saves_loads_resumes_and_refuses_stale(tmp_path):
-    settings = zoo.ZooSettings(epochs=1, self_ensemble_epochs=1, batch_size=32, train_samples=64, attack_steps=1)
+    settings = zoo_train.ZooSettings(epochs=1, self_ensemble_epochs=1, batch_size=32, train_samples=64, attack_steps=1)
     only = ["standard-mlp", "pgd-at-linf-0.1-mlp"]  # two MLP groups: cheap to compile
-    s1 = zoo.train_defenses(tmp_path, only=only, settings=settings, progress=False, log=lambda m: None)
+    s1 = zoo_train.train_defenses(tmp_path, only=only, settings=settings, progress=False, log=lambda m: None)
     assert {n: r["status"] for n, r in s1["defenses"].items()} == dict.fromkeys(only, "trained")
     idx = json.loads((tmp_path / "zoo.json").read_text())
-    models = zoo.load_zoo(tmp_path)
+    models = zoo_io.load_zoo(tmp_path)
     assert list(models) == only
     from sarjax.data.mnist import load_mnist
 
-    xt = load_mnist().x_test[: zoo.N_HEAD]
+    xt = load_mnist().x_test[: zoo_train.N_HEAD]
     for n, m in models.items():
         want = np.asarray(idx["defenses"][n]["test_logits_head"], np.float32)
         np.testing.assert_allclose(np.asarray(m.apply(m.params, xt)), want, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(np.asarray(m.pool.logits(xt))[0], want, rtol=1e-5, atol=1e-5)
     assert not models["standard-mlp"].stochastic and models["pgd-at-linf-0.1-mlp"].stochastic_apply is None
-    assert zoo.zoo_pool(models).names == tuple(only)
-    s2 = zoo.train_defenses(tmp_path, only=only, settings=settings, progress=False, log=lambda m: None)
+    assert zoo_io.zoo_pool(models).names == tuple(only)
+    s2 = zoo_train.train_defenses(tmp_path, only=only, settings=settings, progress=False, log=lambda m: None)
     assert {r["status"] for r in s2["defenses"].values()} == {"cached"}
     with pytest.raises(ValueError, match=r"standard-mlp \(settings\)"):
-        zoo.train_defenses(
-            tmp_path, only=["standard-mlp"], settings=zoo.ZooSettings(epochs=2, train_samples=64), progress=False
+        zoo_train.train_defenses(
+            tmp_path, only=["standard-mlp"], settings=zoo_train.ZooSettings(epochs=2, train_samples=64), progress=False
         )
