@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from _torch_nets import SmallCNN, randomize_bn
 from torch import nn
 
-from sarjax.models import torch_convert
+from sarjax.models import torch_ops
 from sarjax.models.torch_convert import convert, convert_many
 
 warnings.filterwarnings("ignore", category=FutureWarning)
@@ -184,6 +184,6 @@ def test_bad_arguments():
 
 def test_verification_catches_a_wrong_op(monkeypatch):
     m = randomize_bn(SmallCNN(width=2))
-    monkeypatch.setitem(torch_convert._ATEN, "relu", lambda x: x)  # a wrong handler
+    monkeypatch.setitem(torch_ops.ATEN_OPS, "relu", lambda x: x)  # a wrong handler
     with pytest.raises(ValueError, match="disagrees with PyTorch"):
         convert(m, (8, 8, 3))
