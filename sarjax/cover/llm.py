@@ -15,7 +15,7 @@ The adapter sees the pool through three host callables, so any model family, att
   sent, holes allowed; a tuple per stack: the first stack's is read), ``member_loss [B, M]``
   (minimised by the attacker), ``queries [B, M]`` and ``success [B, M]``: a
   :class:`~sarjax.attacks.text.core.TextAttackFn` (joint BEAST, joint GCG), a pool attack
-  (:class:`~sarjax.attacks.text.gcg.JointGCG`, :class:`~sarjax.attacks.text.beast_cross.CrossBEAST`:
+  (:class:`~sarjax.attacks.text.gcg_joint.JointGCG`, :class:`~sarjax.attacks.text.beast_cross.CrossBEAST`:
   ``params`` the pool, ``batch`` the request strings) or the AutoDAN-style rewriter
   (:mod:`sarjax.attacks.text.autodan`). With ``self_judged`` the result's ``success`` is the
   coverage (AutoDAN: the SAR judge's verdict on every member, each in its own tokens); otherwise
@@ -884,7 +884,7 @@ def _common_start_text(pool: Any, words: int, slots: int) -> str:
     """GCG's start (``"!"`` x ``words``, Zou et al. 2023) when every stack's tokenizer reproduces it;
     else the first allowed token of the first stack's vocabulary whose text, repeated, does."""
     from sarjax.attacks.text.core import suffix_text_violations
-    from sarjax.attacks.text.gcg import allowed_for
+    from sarjax.attacks.text.pool import allowed_for
 
     toks = [s.tokenizer for s in pool.stacks]
     als = [allowed_for(s.tokenizer, s.cfg.vocab_size, True) for s in pool.stacks]
@@ -907,7 +907,7 @@ def _common_start_text(pool: Any, words: int, slots: int) -> str:
 def _mixed_tokenizer_parts(pool, behaviors, attack, st, target, refusal, system, seed_fn, seed_tokens):
     """``(attack, params, batch, attack_kwargs, settings)`` of :func:`pool_llm_sar` for a pool
     whose stacks use several tokenizers: joint GCG through
-    :func:`~sarjax.attacks.text.gcg.make_joint_gcg`, BEAST through
+    :func:`~sarjax.attacks.text.gcg_joint.make_joint_gcg`, BEAST through
     :func:`~sarjax.attacks.text.beast_cross.make_cross_beast` (the first stack's tokenizer
     proposes), called with the pool as ``params`` and the request strings as the batch."""
     tok = pool.stacks[0].tokenizer
@@ -917,7 +917,7 @@ def _mixed_tokenizer_parts(pool, behaviors, attack, st, target, refusal, system,
     call: dict[str, Any] = {"system": system, "chat_template": templates.pop()}
     st = dict(st)
     if attack == "gcg":
-        from sarjax.attacks.text.gcg import make_joint_gcg
+        from sarjax.attacks.text.gcg_joint import make_joint_gcg
 
         fn = make_joint_gcg(target=refusal, **st)
         fn.init_text = _common_start_text(pool, fn.suffix_len, fn.slots)
@@ -971,7 +971,7 @@ def pool_llm_sar(
     Args:
       pool: an :class:`~sarjax.models.llm.pool.LLMPool`. Its stacks may use different tokenizers
         (and chat templates) for ``"beast"`` and ``"gcg"``: the suffix then passes between
-        members as TEXT (joint GCG: :func:`~sarjax.attacks.text.gcg.make_joint_gcg`, the proposer
+        members as TEXT (joint GCG: :func:`~sarjax.attacks.text.gcg_joint.make_joint_gcg`, the proposer
         rotating; BEAST: :func:`~sarjax.attacks.text.beast_cross.make_cross_beast`, the first
         stack's tokenizer proposing), every member renders, scores and answers in its own tokens
         (:class:`PoolResponder`), and the recorded prompts are the first stack's ids.

@@ -143,7 +143,7 @@ def test_pool_attacks_judge_every_member_on_its_whole_text(kind):
     """Joint GCG across tokenizers: each stack's sent prompt is the whole text in its tokenizer,
     ``retokenized`` names the members whose ids changed, and ``success`` is the teacher-forced
     greedy check computed by hand on the sent ids."""
-    from sarjax.attacks.text.gcg import make_joint_gcg
+    from sarjax.attacks.text.gcg_joint import make_joint_gcg
     from sarjax.models.llm import decoder
     from sarjax.models.llm.pool import build_pool, unstack_params
 

@@ -11,7 +11,7 @@ import pytest
 from conftest import VOCAB, build_tokenizer, tiny_llama
 
 from sarjax.attacks.text import core as T
-from sarjax.attacks.text.gcg import make_joint_gcg
+from sarjax.attacks.text.gcg_joint import make_joint_gcg
 
 TEMPLATE_A = "{% for m in messages %}[INST] {{ m['content'] }} [/INST]{% endfor %}"
 TEMPLATE_B = "{% for m in messages %}<s> {{ m['content'] }}{% endfor %}{% if add_generation_prompt %} ? {% endif %}"

@@ -6,14 +6,15 @@ holds the request layout, the losses, the success criteria, the pool adapter, th
 audit and the re-tokenization of the prompts that are sent; :mod:`~sarjax.attacks.text.autodan`
 is the black-box AutoDAN-style rewriting (on text, and on token ids with a jit-safe entry);
 :mod:`~sarjax.attacks.text.beast_cross` is joint BEAST on pools whose members use different
-tokenizers, as :func:`~sarjax.attacks.text.gcg.make_joint_gcg` is joint GCG.
+tokenizers, as :func:`~sarjax.attacks.text.gcg_joint.make_joint_gcg` is joint GCG;
+:mod:`~sarjax.attacks.text.pool` holds the host-side helpers both share.
 
 Every attack is an :class:`~sarjax.attacks.core.entry.Entry` called
 ``fn(params, inputs, ref, *, key, mask=None, max_queries=None, sample_ids=None, **family)``;
 every result starts with ``x_adv``, ``success [B, M]`` and ``queries [B, M]``.
 """
 
-from sarjax.attacks.text import autodan, beast, beast_cross, core, gcg
+from sarjax.attacks.text import autodan, beast, beast_cross, core, gcg, gcg_joint, pool
 from sarjax.attacks.text.autodan import (
     AutoDANAttack,
     AutoDANResult,
@@ -42,7 +43,8 @@ from sarjax.attacks.text.core import (
     target_loss,
     text_batch,
 )
-from sarjax.attacks.text.gcg import JointGCG, JointGCGResult, make_gcg, make_joint_gcg
+from sarjax.attacks.text.gcg import make_gcg
+from sarjax.attacks.text.gcg_joint import JointGCG, JointGCGResult, make_joint_gcg
 
 __all__ = [
     "AutoDANAttack",
@@ -65,6 +67,7 @@ __all__ = [
     "core",
     "exchange_suffix",
     "gcg",
+    "gcg_joint",
     "joint_loss",
     "llm_text_model",
     "make_autodan",
@@ -74,6 +77,7 @@ __all__ = [
     "make_gcg",
     "make_joint_gcg",
     "member_success",
+    "pool",
     "refusal_loss",
     "seed_suffixes",
     "sent_ids",

@@ -46,7 +46,7 @@ import numpy as np
 
 from sarjax.attacks.core.entry import Entry
 from sarjax.attacks.text import core as T
-from sarjax.attacks.text.gcg import allowed_for, pool_call, pool_requests, score_texts, sent_prompts
+from sarjax.attacks.text.pool import allowed_for, pool_call, pool_requests, score_texts, sent_prompts
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))

@@ -1,0 +1,441 @@
+"""Joint GCG across tokenizers (the SAR paper; Zou et al. 2023, "Universal and Transferable
+Adversarial Attacks on Aligned Language Models"): GCG on an
+:class:`~sarjax.models.llm.pool.LLMPool` whose members may have different tokenizers.
+
+The proposer rotates within the pool, suffixes pass between members as TEXT, and every candidate
+goes through the re-tokenization filter. Tokenizers run on the host, so a step is a host loop
+around two compiled kernels (the proposer's gradient + candidate sampling, and the batched scoring
+of one stack, :func:`~sarjax.attacks.text.pool.score_texts`) instead of a ``lax.scan``.
+:func:`~sarjax.attacks.text.gcg.make_gcg` is the fully compiled GCG of a pool that shares one
+vocabulary.
+"""
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sarjax.attacks.core.entry import Entry
+from sarjax.attacks.text import core as T
+from sarjax.attacks.text.pool import allowed_for, pool_call, pool_requests, score_texts, sent_prompts
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "loss", "topk", "nc"))
+def _propose(params, m, batch: T.TextBatch, suffix, smask, allowed, keys, *, cfg, loss, topk, nc):
+    """Member ``m`` of a stack proposes ``nc`` single-token substitutions per request.
+
+    Args:
+      params: the stack's stacked parameters ``[M_s, ...]``; m: traced member index.
+      batch: the stack's :class:`~sarjax.attacks.text.core.TextBatch` ``[B, ...]``.
+      suffix, smask: ``[B, Ls]`` current suffix ids and its right-aligned real slots.
+      allowed: ``[V]`` bool; keys: ``[B]`` keys of this step.
+
+    Returns:
+      ``(cands [B, nc, Ls] int32, ok [B, nc] bool)``: ``ok`` is False for a banned id (fewer
+      allowed ids than ``topk``).
+    """
+    from sarjax.models.llm import scoring
+
+    p = jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, m, keepdims=False), params)
+    v = allowed.shape[0]
+    k = min(topk, v)
+    ls = suffix.shape[1]
+    pb = batch.before.shape[1]
+
+    def one(r, s, sm, key):
+        ids, pm = T.assemble(r, s, sm)
+        oh = jax.nn.one_hot(ids, v, dtype=jnp.float32)
+
+        def f(oh_s):
+            x = jax.lax.dynamic_update_slice_in_dim(oh, oh_s, pb, axis=0) @ p["embed"]
+            return loss(scoring.target_nll_from_embeds(p, cfg, x, pm, r.target, r.target_mask), r.target_mask)
+
+        g = jax.grad(f)(jax.lax.dynamic_slice_in_dim(oh, pb, ls, axis=0))  # [Ls, V]
+        score = jnp.where(allowed[None], -g, -jnp.inf)
+        top = jax.lax.top_k(score, k)[1]  # [Ls, k]
+        n = jnp.maximum(jnp.sum(sm), 1)
+        kp, kt = jax.random.split(key)
+        pos = ls - n + jax.random.randint(kp, (nc,), 0, n)  # a uniform real slot
+        tok = top[pos, jax.random.randint(kt, (nc,), 0, k)]
+        cands = jnp.broadcast_to(s, (nc, ls)).at[jnp.arange(nc), pos].set(tok)
+        return cands.astype(jnp.int32), allowed[tok]
+
+    return jax.vmap(one)(batch, suffix, smask, keys)
+
+
+class JointGCGResult(NamedTuple):
+    """The best-so-far suffix of a :func:`make_joint_gcg` call (member axis ``[B, M]``, members in
+    ``pool.names`` order).
+
+    Attributes:
+      x_adv: ``B`` suffix texts (every member reads the same text, in its own tokens).
+      success: ``[B, M]`` bool, member ``m`` broken on request ``b`` by the attack's criterion
+        (``criterion`` of the factory: ``"refusal"``, its greedy response under teacher forcing
+        is not the refusal; ``"target"``, it starts with the target), judged on the ids that are
+        SENT (:attr:`sent`).
+      queries: ``[B, M]`` int64 queries spent on member ``m`` (its gradient passes as the
+        proposer and its forwards on the start and every kept candidate).
+      loss: ``[B]`` float64 joint loss of the best suffix (``inf``: the cap allowed no scoring).
+      member_loss: ``[B, M]`` every member's loss on it (on :attr:`ids`, as searched).
+      ids: one ``[B, T_s]`` int32 array per stack, the searched prompts ``before | suffix | after``
+        (the three blocks tokenized apart); mask: one ``[B, T_s]`` int32 array per stack.
+      sent: one ``[B, S_s]`` int32 array per stack (left-padded), the ids of the whole prompt
+        text ``before + suffix + after`` tokenized by the stack's tokenizer: what a user
+        sending the suffix text gets; sent_mask: idem.
+      retokenized: ``[B, M]`` bool, member ``m``'s :attr:`sent` ids differ from its searched
+        :attr:`ids` on request ``b``.
+      proposers: ``[num_steps, B]`` int64, the member that proposed each step (-1: none).
+    """
+
+    x_adv: list
+    success: Any
+    queries: Any
+    loss: Any
+    member_loss: Any
+    ids: tuple
+    mask: tuple
+    sent: tuple
+    sent_mask: tuple
+    retokenized: Any
+    proposers: Any
+
+
+class JointGCG(Entry):
+    """Joint GCG on an :class:`~sarjax.models.llm.pool.LLMPool` whose members may use different
+    tokenizers (the SAR paper; Zou et al. 2023). Build with :func:`make_joint_gcg`; call
+    ``fn(pool, instructions, ref, *, key, mask=None, max_queries=None, sample_ids=None,
+    system=None, suffix_init=None, chat_template=True, allowed=None) -> JointGCGResult``
+    (``ref``: the refusal, one string or one per request; None: the factory's). Host-driven:
+    there is no ``fn.jit`` (it raises ``TypeError``).
+
+    One step, per request ``b`` with covered members ``C_b`` (in ``pool.names`` order):
+
+    1. the proposer is ``C_b[t mod |C_b|]`` (the rotation of the SAR paper); it encodes the current
+       suffix TEXT with its own tokenizer, takes the one-hot token gradient of its own loss
+       (1 query), and samples ``num_candidates`` single-token substitutions among the ``topk``
+       most negative allowed ids per position (GCG's ``sample_control``);
+    2. each candidate is decoded to text with the proposer's tokenizer; it is kept only when the
+       proposer's tokenizer re-encodes that text to the candidate ids (GCG's re-tokenization
+       filter) and every stack's tokenizer encodes it to ids that decode back to it, fit the
+       suffix slots and lie in that stack's allowed vocabulary
+       (:func:`~sarjax.attacks.text.core.suffix_text_violations`; ids past a tokenizer's
+       vocabulary and special tokens are never allowed);
+    3. every kept candidate is scored by every covered member in its own tokens (1 query per
+       member and candidate); the suffix moves to the candidate of least joint loss (even when it
+       is worse, as GCG) and the best-so-far is kept.
+
+    A request stops when its next step could pass its cap (``1 + num_candidates x |C_b|``); the
+    start suffix costs ``|C_b|``. Same key, same result: request ``b`` draws from
+    ``fold_in(fold_in(key, sample_ids[b]), step)``.
+
+    The search scores the blocks ``before | suffix | after`` tokenized apart; the returned
+    prompts are then re-tokenized as whole texts (:attr:`JointGCGResult.sent`) and every member's
+    success is judged on those ids.
+
+    Compute: the two kernels are compiled once per stack configuration and shapes (requests are
+    padded to multiples of 8 tokens); a step runs one gradient kernel per distinct proposer and
+    one scoring call per stack (all of its members, covered or not; only covered members are
+    counted as queries).
+    """
+
+    apply = None
+
+    def __init__(
+        self, *, num_steps, suffix_len, topk, num_candidates, loss, target, init_text, slots, ascii_only, criterion
+    ):
+        self.name = "joint_gcg"
+        self.__name__ = self.name
+        self.num_steps = num_steps
+        self.suffix_len = suffix_len
+        self.topk = topk
+        self.num_candidates = num_candidates
+        self.loss = loss
+        self.target = target
+        self.init_text = init_text
+        self.slots = slots
+        self.ascii_only = ascii_only
+        self.criterion = criterion
+
+    def __repr__(self) -> str:
+        return f"JointGCG(steps={self.num_steps}, Ls={self.suffix_len}, topk={self.topk}, nc={self.num_candidates})"
+
+    @property
+    def attack(self):
+        raise TypeError(f"{self.name}: a host-driven attack (tokenizers run between steps) has no state machine")
+
+    def jit(self, *args, **kwargs):
+        """No jit-safe entry: the text exchange runs the tokenizers on the host between steps."""
+        raise TypeError(f"{self.name}: no jit-safe entry (the tokenizers run on the host between steps); call fn(...)")
+
+    def _encode_suffixes(self, ids_lists, slots):
+        out = np.zeros((len(ids_lists), slots), np.int32)
+        m = np.zeros((len(ids_lists), slots), np.int32)
+        for i, q in enumerate(ids_lists):
+            if q:
+                out[i, slots - len(q) :] = q
+                m[i, slots - len(q) :] = 1
+        return out, m
+
+    def __call__(  # pyright: ignore[reportIncompatibleMethodOverride]
+        self,
+        pool,
+        instructions: Sequence[str],
+        ref: str | Sequence[str] | None,
+        *,
+        key,
+        mask=None,
+        max_queries=None,
+        sample_ids=None,
+        system: str | None = None,
+        suffix_init: str | Sequence[str] | None = None,
+        chat_template: bool = True,
+        allowed: Sequence[Any] | None = None,
+    ) -> JointGCGResult:
+        """Runs the attack (see the class docstring).
+
+        Args:
+          pool: an :class:`~sarjax.models.llm.pool.LLMPool` (every stack with a tokenizer).
+          instructions: ``B`` requests (e.g. HarmBench behaviors).
+          ref: the fixed refusal (one string, or one per request); None: the factory's.
+          key: PRNG key (keyword-only, required).
+          mask: ``[M]`` or ``[B, M]`` bool or 0/1, the members the objective covers (default all).
+          max_queries: None, a scalar or ``[B]`` per-request cap (summed over members).
+          sample_ids: ``[B]`` non-negative ints (default ``arange(B)``).
+          system: optional system message.
+          suffix_init: the start suffix text (one, or one per request); default the factory's.
+          chat_template: False renders ``instruction + " " + suffix`` (base models).
+          allowed: optional ``[V_s]`` bool per stack (default :func:`~sarjax.attacks.text.core.allowed_vocab`).
+
+        Returns:
+          :class:`JointGCGResult`.
+
+        Raises:
+          TypeError: no key; a stack without a tokenizer.
+          ValueError: bad shapes or values; a start suffix that violates the threat model (naming
+            the row and why); an audit failure of the output.
+        """
+        c = pool_call(self.name, pool, instructions, ref, self.target, key, mask, sample_ids, max_queries)
+        stacks, instructions, mk, targets, sid, cap = c
+        bsz = len(instructions)
+        offsets = np.cumsum([0] + [st.size for st in stacks])[:-1]
+        stack_of = np.concatenate([np.full(st.size, i) for i, st in enumerate(stacks)])
+        cov = mk > 0
+        ncov = cov.sum(1)
+        init = self.init_text if suffix_init is None else suffix_init
+        init_texts = [init] * bsz if isinstance(init, str) else list(init)
+        if len(init_texts) != bsz:
+            raise ValueError(f"{self.name}: suffix_init must be one string or {bsz}, got {len(init_texts)}")
+        toks = [st.tokenizer for st in stacks]
+        if allowed is None:
+            als = [allowed_for(st.tokenizer, st.cfg.vocab_size, self.ascii_only) for st in stacks]
+        else:
+            als = [np.asarray(a, bool) for a in allowed]
+            if len(als) != len(stacks) or any(a.shape != (st.cfg.vocab_size,) for a, st in zip(als, stacks)):
+                raise ValueError(f"{self.name}: allowed must be one [V_s] bool array per stack")
+        slots = [self.slots] * len(stacks)
+        reqs = [pool_requests(self.name, st, instructions, targets, system, chat_template) for st in stacks]
+        batches = [r.batch for r in reqs]
+        jb = [T.TextBatch(*(jnp.asarray(a) for a in b)) for b in batches]
+        bad = []
+        cur_ids = [[None] * bsz for _ in stacks]
+        for i, text in enumerate(init_texts):
+            ids, why = T.suffix_text_violations(text, toks, als, slots)
+            if why:
+                bad.append(f"row {i}: " + "; ".join(why))
+            for s in range(len(stacks)):
+                cur_ids[s][i] = ids[s]
+        if bad:
+            raise ValueError(f"{self.name}: the start suffix violates the threat model: " + " | ".join(bad))
+
+        def score(ids_per_stack, n):
+            """ids_per_stack[s][b][c] (list or None) -> member losses [B, M, n]."""
+            out = []
+            for s, st in enumerate(stacks):
+                c = np.zeros((bsz, n, slots[s]), np.int32)
+                cm = np.zeros((bsz, n, slots[s]), np.int32)
+                for b in range(bsz):
+                    for j in range(n):
+                        q = ids_per_stack[s][b][j]
+                        if q:
+                            c[b, j, slots[s] - len(q) :] = q
+                            cm[b, j, slots[s] - len(q) :] = 1
+                kw = dict(cfg=st.cfg, loss=self.loss)
+                out.append(np.asarray(score_texts(st.params, jb[s], jnp.asarray(c), jnp.asarray(cm), **kw)))
+            return np.concatenate(out, axis=1).astype(np.float64)
+
+        def joint(ml):  # [B, M, n] -> [B, n]
+            return np.einsum("bm,bmn->bn", mk, ml) / np.maximum(mk.sum(1), 1.0)[:, None]
+
+        ml0 = score([[[q] for q in cur_ids[s]] for s in range(len(stacks))], 1)
+        ok0 = (ncov > 0) & (ncov <= cap)
+        queries = np.where(ok0[:, None] & cov, 1, 0).astype(np.int64)  # [B, M]
+        cur_text: list[Any] = list(init_texts)
+        best_text = list(init_texts)
+        best_loss = np.where(ok0, joint(ml0)[:, 0], np.inf)
+        best_ml = ml0[:, :, 0].copy()
+        base_keys = jax.vmap(lambda s: jax.random.fold_in(key, s))(jnp.asarray(sid, jnp.uint32))
+        nc = self.num_candidates
+        proposers = np.full((self.num_steps, bsz), -1, np.int64)
+        kw_decode = dict(skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        from sarjax.models.llm.prompts import encode_text
+
+        for t in range(self.num_steps):
+            active = (ncov > 0) & np.isfinite(best_loss) & (queries.sum(1) + 1 + nc * ncov <= cap)
+            if not active.any():
+                break
+            for b in np.flatnonzero(active):
+                members = np.flatnonzero(cov[b])
+                proposers[t, b] = members[t % len(members)]
+            keys = jax.vmap(lambda k: jax.random.fold_in(k, t))(base_keys)
+            cand_text: list[list[Any]] = [[None] * nc for _ in range(bsz)]
+            for p in np.unique(proposers[t][proposers[t] >= 0]):
+                s = int(stack_of[p])
+                st = stacks[s]
+                sf, sm = self._encode_suffixes(cur_ids[s], slots[s])
+                cands, ok = _propose(
+                    st.params, jnp.int32(p - offsets[s]), jb[s], jnp.asarray(sf), jnp.asarray(sm),
+                    jnp.asarray(als[s]), keys, cfg=st.cfg, loss=self.loss, topk=self.topk, nc=nc,
+                )  # fmt: skip
+                cands, ok = np.asarray(cands), np.asarray(ok)
+                for b in np.flatnonzero(proposers[t] == p):
+                    real = sm[b] == 1
+                    for j in range(nc):
+                        if not ok[b, j]:
+                            continue
+                        ids = cands[b, j][real].tolist()
+                        text = st.tokenizer.decode(ids, **kw_decode)
+                        if encode_text(st.tokenizer, text) == ids:  # GCG's re-tokenization filter
+                            cand_text[b][j] = text
+            cand_ids = [[[None] * nc for _ in range(bsz)] for _ in stacks]
+            valid = np.zeros((bsz, nc), bool)
+            memo: dict = {}
+            for b in range(bsz):
+                for j in range(nc):
+                    text = cand_text[b][j]
+                    if text is None:
+                        continue
+                    if text not in memo:
+                        memo[text] = T.suffix_text_violations(text, toks, als, slots)
+                    ids, why = memo[text]
+                    if why:
+                        continue
+                    valid[b, j] = True
+                    for s in range(len(stacks)):
+                        cand_ids[s][b][j] = ids[s]
+            jl = np.where(valid, joint(ml := score(cand_ids, nc)), np.inf)
+            pick = np.argmin(jl, axis=1)
+            for b in np.flatnonzero(active):
+                j = int(pick[b])
+                if not np.isfinite(jl[b, j]):
+                    continue
+                cur_text[b] = cand_text[b][j]
+                for s in range(len(stacks)):
+                    cur_ids[s][b] = cand_ids[s][b][j]
+                if jl[b, j] < best_loss[b]:
+                    best_loss[b] = jl[b, j]
+                    best_text[b] = cur_text[b]
+                    best_ml[b] = ml[b, :, j]
+            queries += np.where(active[:, None] & cov, valid.sum(1)[:, None], 0)
+            for b in np.flatnonzero(active):
+                queries[b, proposers[t, b]] += 1  # the proposer's gradient pass
+
+        ids_out, mask_out = [], []
+        for s, st in enumerate(stacks):
+            enc = [T.suffix_text_violations(x, [toks[s]], [als[s]], [slots[s]])[0][0] for x in best_text]
+            sf, sm = self._encode_suffixes(enc, slots[s])
+            b = batches[s]
+            ids_out.append(np.concatenate([b.before, sf, b.after], axis=1))
+            mask_out.append(np.concatenate([b.before_mask, sm, b.after_mask], axis=1))
+            problem = T.TextProblem(b, mk, als[s], cap, key, sid, sf, sm.sum(1))
+            q_s = queries[:, offsets[s] : offsets[s] + st.size]
+            res = T.TextAttackResult(ids_out[-1], None, q_s, mask_out[-1], sf, sm, best_loss, best_ml, None, None, None)
+            T.audit_text(
+                f"{self.name} (stack {s})",
+                problem._replace(mask=cov[:, offsets[s] : offsets[s] + st.size]),
+                res,
+                st.tokenizer,
+            )
+        why = [
+            f"row {i}: " + "; ".join(r)
+            for i, x in enumerate(best_text)
+            if (r := T.suffix_text_violations(x, toks, als, slots)[1])
+        ]
+        if why:
+            raise ValueError(f"{self.name}: output violates the threat model: " + " | ".join(why))
+        sent, sent_mask, success, retok = sent_prompts(
+            self.name, stacks, reqs, best_text, ids_out, mask_out, lambda s: stacks[s].params, self.criterion
+        )
+        return JointGCGResult(
+            best_text, success, queries, best_loss, best_ml, tuple(ids_out), tuple(mask_out), sent, sent_mask, retok,
+            proposers,
+        )  # fmt: skip
+
+
+def make_joint_gcg(
+    *,
+    num_steps: int = 20,
+    suffix_len: int = 20,
+    topk: int = 256,
+    num_candidates: int = 64,
+    loss: Callable = T.refusal_loss,
+    target: str = "I'm sorry, but I cannot help with that.",
+    init_text: str | None = None,
+    slots: int | None = None,
+    ascii_only: bool = True,
+    criterion: str | None = None,
+) -> JointGCG:
+    """Joint GCG for pools whose members may have different tokenizers (the SAR paper).
+
+    Args:
+      num_steps: steps per call (20 per round, the SAR paper Table 3).
+      suffix_len: length of the start suffix in words (GCG's ``"! " * 20``, Zou et al. 2023).
+      topk: substitutions per position (256, Zou et al. 2023 / the SAR paper Table 3).
+      num_candidates: candidates per step (64, the SAR paper Table 3).
+      loss: per-member loss, minimised (default
+        :func:`~sarjax.attacks.text.core.refusal_loss`: maximise the fixed refusal's mean NLL,
+        the SAR paper).
+      target: the fixed refusal (the SAR paper does not print its refusal string; this one is ours).
+      init_text: start suffix text (default ``"!"`` repeated ``suffix_len`` times with spaces,
+        GCG's start).
+      slots: suffix token slots of every stack (default ``2 * suffix_len``: the same text may
+        take more tokens in another tokenizer; a candidate that does not fit is filtered).
+      ascii_only: the default allowed vocabulary keeps printable-ASCII tokens only (GCG's
+        reference filter).
+      criterion: the success criterion (:attr:`JointGCGResult.success`; None: ``"refusal"`` for
+        :func:`~sarjax.attacks.text.core.refusal_loss`, else ``"target"``).
+
+    Returns:
+      A :class:`JointGCG`: ``fn(pool, instructions, ref, *, key, mask=None, max_queries=None,
+      sample_ids=None, system=None, suffix_init=None, chat_template=True, allowed=None) ->
+      JointGCGResult`` (``ref`` None: ``target``).
+
+    Raises:
+      ValueError: a non-positive size, an unknown criterion.
+    """
+    for n, val in (
+        ("num_steps", num_steps),
+        ("suffix_len", suffix_len),
+        ("topk", topk),
+        ("num_candidates", num_candidates),
+    ):
+        if int(val) < 1:
+            raise ValueError(f"make_joint_gcg: {n} must be >= 1, got {val}")
+    sl = int(slots) if slots is not None else 2 * int(suffix_len)
+    if sl < 1:
+        raise ValueError(f"make_joint_gcg: slots must be >= 1, got {slots}")
+    init = " ".join(["!"] * int(suffix_len)) if init_text is None else init_text
+    return JointGCG(
+        num_steps=int(num_steps), suffix_len=int(suffix_len), topk=int(topk), num_candidates=int(num_candidates),
+        loss=loss, target=target, init_text=init, slots=sl, ascii_only=bool(ascii_only),
+        criterion=T.check_criterion("make_joint_gcg", criterion, loss),
+    )  # fmt: skip
+
+
+__all__ = [
+    "JointGCG",
+    "JointGCGResult",
+    "make_joint_gcg",
+]

@@ -1,0 +1,183 @@
+"""Host-side helpers of the pool attacks across tokenizers (:mod:`~sarjax.attacks.text.gcg_joint`,
+:mod:`~sarjax.attacks.text.beast_cross`): the checked call, each stack's rendering of the requests,
+the batched scoring of candidate suffixes, the default allowed vocabulary and the prompts as they
+are sent.
+"""
+
+import functools
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sarjax.attacks import queries as Q
+from sarjax.attacks.core.validate import check_sample_ids
+from sarjax.attacks.text import core as T
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "loss"))
+def score_texts(params, batch: T.TextBatch, cands, cmask, *, cfg, loss):
+    """Every member of a stack on ``N`` candidate suffixes per request: ``[B, M_s, N]``."""
+    model = T.llm_text_model(cfg)
+    return jax.vmap(lambda r, c, cm: T.member_losses(model, loss, params, r, c, cm))(batch, cands, cmask)
+
+
+_ALLOWED_CACHE: dict = {}
+
+
+def allowed_for(tok, vocab_size: int, ascii_only: bool) -> np.ndarray:
+    key = (id(tok), vocab_size, ascii_only)
+    if key not in _ALLOWED_CACHE:
+        _ALLOWED_CACHE[key] = (tok, T.allowed_vocab(tok, vocab_size, ascii_only))
+    return _ALLOWED_CACHE[key][1]
+
+
+def _round_up(n: int, k: int = 8) -> int:
+    return max(k, -(-n // k) * k)
+
+
+def _pad_rows(seqs, left: bool, pad_id: int, length: int):
+    ids = np.full((len(seqs), length), pad_id, np.int32)
+    mask = np.zeros((len(seqs), length), np.int32)
+    for i, q in enumerate(seqs):
+        if len(q):
+            sl = slice(length - len(q), length) if left else slice(0, len(q))
+            ids[i, sl] = q
+            mask[i, sl] = 1
+    return ids, mask
+
+
+class PoolRequests(NamedTuple):
+    """One stack's rendering of a pool attack's requests (host side).
+
+    Attributes:
+      batch: the :class:`~sarjax.attacks.text.core.TextBatch` (blocks padded to multiples of 8).
+      before, after: ``B`` texts around each suffix slot (:func:`~sarjax.attacks.text.core.slot_texts`).
+    """
+
+    batch: T.TextBatch
+    before: list
+    after: list
+
+
+def pool_requests(name, stack, instructions, targets, system, chat_template) -> PoolRequests:
+    """Stack ``stack``'s :class:`PoolRequests` (its tokenizer and chat template).
+
+    Raises:
+      ValueError: a block that encodes to no token; some requests with a template tail, others none.
+    """
+    from sarjax.models.llm.prompts import encode_text
+
+    tok = stack.tokenizer
+    bt, at = T.slot_texts(tok, instructions, system=system, chat_template=chat_template)
+    before = [encode_text(tok, x) for x in bt]
+    after = [encode_text(tok, x) for x in at]
+    target = [encode_text(tok, x) for x in targets]
+    for what, seqs in (("before", before), ("target", target)):
+        if any(len(q) == 0 for q in seqs):
+            raise ValueError(f"{name}: stack {stack.names}: a request's {what} block encodes to no token")
+    if any(len(q) == 0 for q in after) and any(len(q) for q in after):
+        raise ValueError(f"{name}: stack {stack.names}: some requests have a template tail, others none")
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    b, bm = _pad_rows(before, True, pad, _round_up(max(map(len, before))))
+    la = max(map(len, after))
+    a, am = _pad_rows(after, True, pad, _round_up(la) if la else 0)
+    t, tm = _pad_rows(target, False, pad, _round_up(max(map(len, target))))
+    return PoolRequests(T.TextBatch(b, bm, a, am, t, tm), bt, at)
+
+
+class PoolCall(NamedTuple):
+    """The checked arguments of a pool attack's call (host side)."""
+
+    stacks: tuple
+    instructions: list
+    mask: Any  # [B, M] float64 0/1
+    targets: list
+    sample_ids: Any  # [B] int64
+    cap: Any  # [B] int64
+
+
+def pool_call(name, pool, instructions, ref, default_target, key, mask, sample_ids, max_queries) -> PoolCall:
+    """Checks a pool attack's call: a key, a pool with a tokenizer per stack, ``B >= 1`` request
+    strings, ``ref`` (None: ``default_target``; one string or ``B``), the member mask (bool or
+    0/1), sample ids and caps.
+
+    Raises:
+      TypeError: no key, a stack without a tokenizer, requests that are not strings.
+      ValueError: an empty batch, bad shapes or values (naming them).
+    """
+    if key is None:
+        raise TypeError(f"{name}: key is required (a jax.random key); sarjax never defaults it")
+    stacks: tuple[Any, ...] = tuple(getattr(pool, "stacks", ()))
+    if not stacks:
+        raise TypeError(
+            f"{name}: params must be an LLMPool (the attack renders each stack's prompts), got {type(pool).__name__}"
+        )
+    for st in stacks:
+        if st.tokenizer is None:
+            raise TypeError(f"{name}: stack {st.names} has no tokenizer; the text exchange needs one")
+    if isinstance(instructions, str) or not all(isinstance(x, str) for x in instructions):
+        raise TypeError(f"{name}: inputs must be a sequence of request strings")
+    instructions = list(instructions)
+    bsz = len(instructions)
+    if bsz == 0:
+        raise ValueError(f"{name}: expected at least one instruction")
+    m_total = sum(st.size for st in stacks)
+    mk = T.check_member_mask(name, mask, bsz, m_total).astype(np.float64)
+    tgt = default_target if ref is None else ref
+    targets = [tgt] * bsz if isinstance(tgt, str) else list(tgt)
+    if len(targets) != bsz or not all(isinstance(x, str) for x in targets):
+        raise ValueError(f"{name}: ref (the target) must be one string or {bsz}, got {len(targets)}")
+    sid = np.asarray(check_sample_ids(sample_ids, bsz)).astype(np.int64)
+    cap = np.asarray(Q.normalize_cap(max_queries, bsz)).astype(np.int64)
+    return PoolCall(stacks, instructions, mk, targets, sid, cap)
+
+
+def sent_prompts(name, stacks, reqs: Sequence[PoolRequests], texts: Sequence[str], ids, masks, params_of, criterion):
+    """Every stack's prompt of each suffix text as it is SENT (the whole text tokenized), every
+    member judged on it, and the rows whose ids changed (host side).
+
+    Args:
+      reqs: each stack's :class:`PoolRequests`.
+      texts: ``B`` suffix texts.
+      ids, masks: each stack's searched prompts ``[B, T_s]``.
+      params_of: ``params_of(s)``, stack ``s``'s stacked parameters.
+      criterion: the success criterion.
+
+    Returns:
+      ``(sent, sent_mask, success [B, M], retokenized [B, M])``: one ``[B, S_s]`` array per stack
+      (``S_s = T_s`` unless a row needs more).
+    """
+    from sarjax.models.llm.pool import left_pad
+
+    sent, smask, success, retok = [], [], [], []
+    for s, st in enumerate(stacks):
+        tok, r = st.tokenizer, reqs[s]
+        rows = [T.sent_ids(tok, r.before[b], x, r.after[b]) for b, x in enumerate(texts)]
+        t = ids[s].shape[1]
+        n = max(map(len, rows))
+        pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+        si, sm = left_pad(rows, int(pad), t if n <= t else _round_up(n))
+        changed = np.array([rows[b] != ids[s][b][masks[s][b] != 0].tolist() for b in range(len(texts))])
+        ok = T.judge_prompts(
+            params_of(s), jnp.asarray(si), jnp.asarray(sm), jnp.asarray(r.batch.target, jnp.int32),
+            jnp.asarray(r.batch.target_mask, jnp.int32), model=T.llm_text_model(st.cfg), criterion=criterion,
+        )  # fmt: skip
+        sent.append(si)
+        smask.append(sm)
+        success.append(np.asarray(ok, bool))
+        retok.append(np.repeat(changed[:, None], st.size, axis=1))
+    return tuple(sent), tuple(smask), np.concatenate(success, axis=1), np.concatenate(retok, axis=1)
+
+
+__all__ = [
+    "allowed_for",
+    "pool_call",
+    "pool_requests",
+    "PoolCall",
+    "PoolRequests",
+    "score_texts",
+    "sent_prompts",
+]
