@@ -88,7 +88,7 @@ from sarjax.attacks import geometry as G
 from sarjax.attacks.apgd import make_apgd
 from sarjax.attacks.audit import check
 from sarjax.attacks.autoattack_checks import N_TARGETS, VERSIONS, AutoAttackWarning, sanity_checks
-from sarjax.attacks.core.entry import Entry
+from sarjax.attacks.core.entry import HostDrivenEntry
 from sarjax.attacks.core.protocol import Problem, run
 from sarjax.attacks.fab import make_fab
 from sarjax.attacks.minnorm import MinNormProblem
@@ -932,7 +932,7 @@ def autoattack_pool(
     )
 
 
-class AutoAttack(Entry):
+class AutoAttack(HostDrivenEntry):
     """AutoAttack with the one call shape of every sarjax attack (build with
     :func:`make_autoattack`).
 
@@ -942,6 +942,8 @@ class AutoAttack(Entry):
     there is no jit-safe entry: ``fn.jit`` raises ``TypeError``. AutoAttack evaluates every member
     on every image with its own fixed budgets, so ``mask`` and ``max_queries`` must be None.
     """
+
+    host_reason = "the cascade runs on the host, stage by stage"
 
     def __init__(self, model, *, norm, eps: float, version: str, kwargs: dict):
         self.model = model
@@ -974,10 +976,6 @@ class AutoAttack(Entry):
         return autoattack(
             self.apply, params, x0, ref, norm=self.norm, eps=self.eps, key=key, version=self.version, **kw
         )
-
-    def jit(self, params, x0, ref, *, key, mask=None, **call):
-        """AutoAttack has no jit-safe entry (a host-driven cascade)."""
-        raise TypeError("autoattack: the cascade is host-driven and has no jit-safe entry; call fn(...) instead")
 
     def __repr__(self) -> str:
         return f"AutoAttack({self.version}, {self.norm}, eps={self.eps:g})"

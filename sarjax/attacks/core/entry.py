@@ -185,4 +185,22 @@ def host(a) -> np.ndarray:
     return np.asarray(jax.device_get(a))
 
 
-__all__ = ["AttackFn", "Entry", "host"]
+class HostDrivenEntry(Entry):
+    """The base of an attack whose loop runs on the host (AutoAttack's cascade, the text attacks
+    that run tokenizers between steps): the one call shape through its own ``__call__``, no state
+    machine and no jit-safe entry (both raise ``TypeError`` naming ``host_reason``)."""
+
+    apply = None
+    host_reason = "its loop runs on the host"
+
+    @property
+    def attack(self):
+        """Raises ``TypeError``: a host-driven attack has no state machine."""
+        raise TypeError(f"{self.name}: a host-driven attack ({self.host_reason}) has no state machine")
+
+    def jit(self, *args, **kwargs):
+        """Raises ``TypeError``: a host-driven attack has no jit-safe entry; call ``fn(...)``."""
+        raise TypeError(f"{self.name}: no jit-safe entry ({self.host_reason}); call fn(...)")
+
+
+__all__ = ["AttackFn", "Entry", "HostDrivenEntry", "host"]

@@ -44,7 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sarjax.attacks.core.entry import Entry
+from sarjax.attacks.core.entry import HostDrivenEntry
 from sarjax.attacks.text import core as T
 from sarjax.attacks.text.pool import allowed_for, pool_call, pool_requests, score_texts, sent_prompts
 
@@ -116,7 +116,7 @@ class CrossBEASTResult(NamedTuple):
     retokenized: Any
 
 
-class CrossBEAST(Entry):
+class CrossBEAST(HostDrivenEntry):
     """Joint BEAST on an :class:`~sarjax.models.llm.pool.LLMPool` whose members may use different
     tokenizers (see the module docstring). Build with :func:`make_cross_beast`; call
     ``fn(pool, instructions, ref, *, key, mask=None, max_queries=None, sample_ids=None,
@@ -125,7 +125,7 @@ class CrossBEAST(Entry):
     Host-driven: there is no ``fn.jit`` (it raises ``TypeError``).
     """
 
-    apply = None
+    host_reason = "the tokenizers run on the host between steps"
 
     def __init__(
         self, *, suffix_len, beam_width, candidates, temperature, sampler, loss, target, slots, ascii_only, criterion
@@ -145,14 +145,6 @@ class CrossBEAST(Entry):
 
     def __repr__(self) -> str:
         return f"CrossBEAST(Ls={self.suffix_len}, k1={self.beam_width}, k2={self.candidates}, {self.sampler})"
-
-    @property
-    def attack(self):
-        raise TypeError(f"{self.name}: a host-driven attack (tokenizers run between steps) has no state machine")
-
-    def jit(self, *args, **kwargs):
-        """No jit-safe entry: the text exchange runs the tokenizers on the host between steps."""
-        raise TypeError(f"{self.name}: no jit-safe entry (the tokenizers run on the host between steps); call fn(...)")
 
     def allowed(self, pool) -> list[np.ndarray]:
         """The default allowed vocabulary of each stack (:func:`~sarjax.attacks.text.core.allowed_vocab`)."""

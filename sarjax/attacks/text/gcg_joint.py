@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sarjax.attacks.core.entry import Entry
+from sarjax.attacks.core.entry import HostDrivenEntry
 from sarjax.attacks.text import core as T
 from sarjax.attacks.text.pool import allowed_for, pool_call, pool_requests, score_texts, sent_prompts
 
@@ -103,7 +103,7 @@ class JointGCGResult(NamedTuple):
     proposers: Any
 
 
-class JointGCG(Entry):
+class JointGCG(HostDrivenEntry):
     """Joint GCG on an :class:`~sarjax.models.llm.pool.LLMPool` whose members may use different
     tokenizers (the SAR paper; Zou et al. 2023). Build with :func:`make_joint_gcg`; call
     ``fn(pool, instructions, ref, *, key, mask=None, max_queries=None, sample_ids=None,
@@ -141,7 +141,7 @@ class JointGCG(Entry):
     counted as queries).
     """
 
-    apply = None
+    host_reason = "the tokenizers run on the host between steps"
 
     def __init__(
         self, *, num_steps, suffix_len, topk, num_candidates, loss, target, init_text, slots, ascii_only, criterion
@@ -161,14 +161,6 @@ class JointGCG(Entry):
 
     def __repr__(self) -> str:
         return f"JointGCG(steps={self.num_steps}, Ls={self.suffix_len}, topk={self.topk}, nc={self.num_candidates})"
-
-    @property
-    def attack(self):
-        raise TypeError(f"{self.name}: a host-driven attack (tokenizers run between steps) has no state machine")
-
-    def jit(self, *args, **kwargs):
-        """No jit-safe entry: the text exchange runs the tokenizers on the host between steps."""
-        raise TypeError(f"{self.name}: no jit-safe entry (the tokenizers run on the host between steps); call fn(...)")
 
     def _encode_suffixes(self, ids_lists, slots):
         out = np.zeros((len(ids_lists), slots), np.int32)
