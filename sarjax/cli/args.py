@@ -27,3 +27,55 @@ def nonnegative_float(s: str) -> float:
     if not (v >= 0 and v != float("inf")):
         raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {s}")
     return v
+
+
+def add_model_argument(parser: argparse.ArgumentParser, *, required: bool = False) -> None:
+    """``--model PKG.MODULE:FUNCTION`` (repeatable, dest ``model``): a function returning a Pool."""
+    parser.add_argument(
+        "--model",
+        action="append",
+        default=None,
+        required=required,
+        metavar="PKG.MODULE:FUNCTION",
+        help="a function returning a sarjax.models.Pool (your own models: flax, nnx, PyTorch, plain "
+        "functions); the module must be importable (installed or on PYTHONPATH); repeat for several pools",
+    )
+
+
+def add_images_argument(parser: argparse.ArgumentParser) -> None:
+    """``--images FILE.npz`` (dest ``images``): the user's images (:mod:`sarjax.data.images`)."""
+    parser.add_argument(
+        "--images",
+        default=None,
+        metavar="FILE.npz",
+        help="attack your own images: an .npz with x [N, H, W, C] in [0, 1], y [N] labels and optional ids [N] "
+        "(instead of the embedded MNIST or --data-dir)",
+    )
+
+
+def add_distributed_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--coordinator HOST:PORT|auto``, ``--num-processes N``, ``--process-id I`` (JAX's distributed runtime)."""
+    parser.add_argument(
+        "--coordinator",
+        default=None,
+        metavar="HOST:PORT",
+        help="multi-process run on JAX's distributed runtime: process 0's address (with --num-processes, "
+        "--process-id), or 'auto' on a TPU pod slice / Slurm / Open MPI job; each process attacks its block "
+        "of the images, process 0 writes OUT",
+    )
+    parser.add_argument("--num-processes", type=positive_int, default=None, help="processes in the run (--coordinator)")
+    parser.add_argument("--process-id", type=int, default=None, help="this process, 0 .. N-1 (--coordinator)")
+
+
+def initialize_distributed(args: argparse.Namespace) -> None:
+    """Join JAX's distributed runtime when any of ``--coordinator / --num-processes / --process-id`` is given.
+
+    ``--coordinator auto`` lets JAX read the cluster's settings (TPU pod slice, Slurm, Open MPI).
+    Call it before any JAX computation.
+    """
+    if args.coordinator is None and args.num_processes is None and args.process_id is None:
+        return
+    from sarjax.runtime.distributed import initialize  # imports jax: kept out of `sarjax --help`
+
+    auto = args.coordinator == "auto"
+    initialize(None if auto else args.coordinator, args.num_processes, args.process_id)

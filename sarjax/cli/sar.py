@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-from sarjax.cli.args import positive_int
+from sarjax.cli.args import (
+    add_distributed_arguments,
+    add_images_argument,
+    add_model_argument,
+    initialize_distributed,
+    positive_int,
+)
 from sarjax.runtime.compile_cache import add_compile_cache_argument
 
 
@@ -20,12 +26,10 @@ def _mesh_shape(s: str) -> tuple[int, int]:
 
 
 def cmd_sar(args: argparse.Namespace) -> int:
-    """SAR of a saved pool."""
-    if args.coordinator is not None or args.num_processes is not None or args.process_id is not None:
-        from sarjax.cover.distributed import initialize
-
-        auto = args.coordinator == "auto"  # TPU pod slice, Slurm, Open MPI: JAX reads the cluster's settings
-        initialize(None if auto else args.coordinator, args.num_processes, args.process_id)  # before any JAX work
+    """SAR of a saved pool (``--pool DIR``) or of the user's pool (``--model PKG.MODULE:FUNCTION``)."""
+    if (args.pool is None) == (not args.model) or (args.model and len(args.model) > 1):
+        raise ValueError("give one pool: --pool DIR or --model PKG.MODULE:FUNCTION")
+    initialize_distributed(args)  # before any JAX work
     if args.compile_cache:
         from sarjax.runtime.compile_cache import enable_compile_cache
 
@@ -45,6 +49,8 @@ def cmd_sar(args: argparse.Namespace) -> int:
         conv_impl=args.conv_impl,
         overwrite=args.overwrite,
         devices=args.devices,
+        model=args.model[0] if args.model else None,
+        images=args.images,
     )
     return 0
 
@@ -52,7 +58,9 @@ def cmd_sar(args: argparse.Namespace) -> int:
 def register(sub) -> None:
     """Add the ``sar`` subcommand to ``sub`` (an argparse subparsers object)."""
     s = sub.add_parser("sar", help="SAR_{1-delta} of a saved pool on MNIST or CIFAR test images (joint PGD greedy)")
-    s.add_argument("--pool", required=True, help="pool directory written by train-pool")
+    s.add_argument("--pool", default=None, help="pool directory written by train-pool or save_pool (or --model)")
+    add_model_argument(s)
+    add_images_argument(s)
     s.add_argument("--eps", type=float, required=True, help="linf budget, a finite float > 0 (the paper: 0.05)")
     s.add_argument("--delta", type=float, required=True, help="allowed uncovered share, in [0, 1)")
     s.add_argument(
@@ -88,15 +96,6 @@ def register(sub) -> None:
         help="shard the pool over P x D of this process's devices: members on P, each attack's batch on D "
         "(same result as one device; docs/cover.md)",
     )
-    s.add_argument(
-        "--coordinator",
-        default=None,
-        metavar="HOST:PORT",
-        help="multi-process run on JAX's distributed runtime: process 0's address (with --num-processes, "
-        "--process-id), or 'auto' on a TPU pod slice / Slurm / Open MPI job; each process attacks its block "
-        "of the images, process 0 writes OUT",
-    )
-    s.add_argument("--num-processes", type=positive_int, default=None, help="processes in the run (--coordinator)")
-    s.add_argument("--process-id", type=int, default=None, help="this process, 0 .. N-1 (--coordinator)")
+    add_distributed_arguments(s)
     add_compile_cache_argument(s)
     s.set_defaults(func=cmd_sar)

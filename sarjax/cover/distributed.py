@@ -24,7 +24,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -36,66 +35,13 @@ from sarjax.attacks.core.validate import check_sample_ids
 from sarjax.cover.result import SARResult, concat_results
 from sarjax.cover.vision import run_sar
 
+# the generic process helpers live in sarjax.runtime.distributed; re-exported for the SAR callers
+from sarjax.runtime.distributed import all_ok as all_ok
+from sarjax.runtime.distributed import initialize as initialize
+from sarjax.runtime.distributed import process_rows
+
 _META = "__sarjax_meta__"
 _EXTRA = "extra/"
-
-
-def initialize(coordinator_address: str | None, num_processes: int | None, process_id: int | None) -> None:
-    """Join JAX's distributed runtime (``jax.distributed.initialize``) after checking the arguments.
-
-    All three None: the runtime detects the cluster itself (TPU pod slices, SLURM, Open MPI,
-    ...; on one machine without a cluster it fails). Otherwise all three are required.
-
-    Args:
-        coordinator_address: ``HOST:PORT`` of process 0 (every process passes the same).
-        num_processes: ``n >= 1``.
-        process_id: this process, in ``[0, n)``.
-
-    Raises:
-        ValueError: a partial or malformed set of arguments, naming what was given.
-    """
-    given = [a is not None for a in (coordinator_address, num_processes, process_id)]
-    if any(given) and not all(given):
-        raise ValueError(
-            "--coordinator, --num-processes and --process-id go together (or none of them, to let "
-            f"JAX detect a TPU / SLURM / MPI cluster), got coordinator={coordinator_address!r}, "
-            f"num_processes={num_processes!r}, process_id={process_id!r}"
-        )
-    if all(given):
-        assert coordinator_address is not None and num_processes is not None and process_id is not None
-        if not re.fullmatch(r"[^\s:]+:\d{1,5}", coordinator_address):
-            raise ValueError(f"coordinator must be HOST:PORT (e.g. localhost:12355), got {coordinator_address!r}")
-        if isinstance(num_processes, bool) or not isinstance(num_processes, (int, np.integer)) or num_processes < 1:
-            raise ValueError(f"num_processes must be an int >= 1, got {num_processes!r}")
-        if isinstance(process_id, bool) or not isinstance(process_id, (int, np.integer)):
-            raise ValueError(f"process_id must be an int in [0, {num_processes}), got {process_id!r}")
-        if not 0 <= process_id < num_processes:
-            raise ValueError(f"process_id must be in [0, {num_processes}), got {process_id}")
-        jax.distributed.initialize(
-            coordinator_address=coordinator_address, num_processes=int(num_processes), process_id=int(process_id)
-        )
-    else:
-        jax.distributed.initialize()
-
-
-def process_rows(n: int, index: int | None = None, count: int | None = None) -> np.ndarray:
-    """The contiguous block of ``arange(n)`` that process ``index`` of ``count`` runs.
-
-    Blocks differ in size by at most one (``np.array_split``), in process order.
-
-    Args:
-        n: number of samples.
-        index: the process (default ``jax.process_index()``).
-        count: the number of processes (default ``jax.process_count()``).
-
-    Raises:
-        ValueError: fewer samples than processes (a process would have none).
-    """
-    count = jax.process_count() if count is None else int(count)
-    index = jax.process_index() if index is None else int(index)
-    if n < count:
-        raise ValueError(f"{n} samples cannot be split over {count} processes (each needs at least one)")
-    return np.array_split(np.arange(n), count)[index]
 
 
 def _pack(result: SARResult, arrays: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -153,15 +99,6 @@ def allgather_parts(
             raise ValueError(f"process {i} sent arrays {sorted(extra)}, this process {names}")
     merged = concat_results([r for r, _ in parts])
     return merged, {k: np.concatenate([extra[k] for _, extra in parts], axis=0) for k in names}
-
-
-def all_ok(ok: bool) -> bool:
-    """Whether every process passed ``ok=True`` (a gathered flag; also a barrier)."""
-    if jax.process_count() == 1:
-        return bool(ok)
-    from jax.experimental.multihost_utils import process_allgather
-
-    return bool(np.asarray(process_allgather(np.array([bool(ok)], np.int32))).all())
 
 
 def process_checkpoint_dir(root: str | os.PathLike | None) -> Path | None:

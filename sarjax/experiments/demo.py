@@ -31,7 +31,9 @@ from sarjax.cover.plots import plot_sar
 from sarjax.cover.result import SARResult, rederive
 from sarjax.cover.vision import run_sar
 from sarjax.data.cifar import cifar_kind, load_cifar
+from sarjax.data.images import load_images
 from sarjax.data.mnist import Split, load_mnist
+from sarjax.models.builders import load_model
 from sarjax.models.checkpoint import CheckpointError, load_pool, save_pool
 from sarjax.models.pool import Pool, Stack
 from sarjax.models.presets import PRESETS, preset_members, preset_names
@@ -220,6 +222,7 @@ def evaluate_pool(
     overwrite: bool = False,
     clock: PhaseClock | None = None,
     label: str = "",
+    sample_ids: np.ndarray | None = None,
 ) -> tuple[SARResult, np.ndarray]:
     """SAR (joint PGD greedy) and per-member ASR (the same PGD on each member alone).
 
@@ -235,7 +238,8 @@ def evaluate_pool(
     ids are the rows of ``x``, so the result is the one-process result.
 
     ``clock`` (optional) times the per-member attacks (phase ``"member attacks"``) and the
-    greedy (``"greedy rounds"``) under ``label``.
+    greedy (``"greedy rounds"``) under ``label``. ``sample_ids`` (default ``0 .. B-1``): the ids
+    that seed each image's random streams (:mod:`sarjax.data.images`).
 
     Returns:
       (SAR result, per-member ASR [M]).
@@ -244,6 +248,7 @@ def evaluate_pool(
     validate_sar_args(eps, deltas)
     rows = distributed.process_rows(len(x))  # all of them in one process
     x = np.asarray(x)[rows]
+    ids = rows if sample_ids is None else np.asarray(sample_ids)[rows]
     clean = pool.predict(x)  # [M, B]
     members = (
         partial(pool.attack_members, attack_members) if isinstance(pool, ShardedPool) else partial(attack_members, pool)
@@ -261,7 +266,7 @@ def evaluate_pool(
                 steps=steps,
                 restarts=restarts,
                 rel_step=1.0 / 16,
-                sample_ids=rows,
+                sample_ids=ids,
             )
         )
     with clock("greedy rounds", label):
@@ -277,7 +282,7 @@ def evaluate_pool(
             attack=attack,
             checkpoint_dir=distributed.process_checkpoint_dir(checkpoint_dir),
             member_attacks=(np.swapaxes(np.asarray(single.x_adv), 0, 1), np.asarray(single.queries).T),  # [M, B]
-            sample_ids=rows,
+            sample_ids=ids,
             overwrite=overwrite,
         )
     result, per_sample = distributed.allgather_parts(result, {"member_success": np.asarray(single.success)})
@@ -644,7 +649,7 @@ def _load_data(data_dir: str | None) -> Split:
 
 
 def run_sar_on_saved_pool(
-    pool_dir: str,
+    pool_dir: str | None,
     eps: float,
     delta: float,
     *,
@@ -658,11 +663,17 @@ def run_sar_on_saved_pool(
     conv_impl: str | None = None,
     overwrite: bool = False,
     devices: tuple[int, int] | None = None,
+    model: str | None = None,
+    images: str | None = None,
 ) -> dict:
     """SAR_{1-delta} of a saved pool on the first ``samples`` test images; writes OUT/results.json.
 
-    The images: the embedded MNIST (default), or ``data_dir`` holding MNIST IDX files or
-    CIFAR-10 / CIFAR-100 python batches (:func:`sarjax.data.cifar.cifar_kind` tells which).
+    The pool: the directory ``pool_dir``, or ``model="PKG.MODULE:FUNCTION"`` (a function returning
+    a Pool, :func:`sarjax.models.builders.load_model`; exactly one of the two). The images: the
+    embedded MNIST (default), ``data_dir`` holding MNIST IDX files or CIFAR-10 / CIFAR-100 python
+    batches (:func:`sarjax.data.cifar.cifar_kind` tells which), or ``images``, an ``.npz`` of the
+    user's images (:func:`sarjax.data.images.load_images`: the first ``samples`` of it are
+    attacked, each seeded by its id; the accuracy is measured on the whole file).
 
     ``devices=(P, D)`` shards the pool over a ``P x D`` mesh of this process's devices
     (:class:`sarjax.models.sharding.ShardedPool`: members on ``pool``, each attack's batch on
@@ -686,22 +697,37 @@ def run_sar_on_saved_pool(
     validate_sar_args(eps, [delta])
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
-    pool, cfg = load_pool(pool_dir)
+    if (pool_dir is None) == (model is None):
+        raise ValueError(
+            "give the pool as a directory (--pool DIR) or an import path (--model PKG.MODULE:FUNCTION), one of them"
+        )
+    if images is not None and data_dir is not None:
+        raise ValueError("give --images FILE.npz or --data-dir DIR, not both")
+    pool = load_model(model) if model is not None else load_pool(pool_dir)[0]
     if conv_impl is not None:
         pool = pool.with_conv_impl(conv_impl)
-    data = _load_data(data_dir)
-    if tuple(pool.input_shape) != data.x_test.shape[1:]:
-        raise ValueError(f"the pool takes inputs of shape {pool.input_shape}, the data has {data.x_test.shape[1:]}")
-    check_samples(samples, data)
-    x = data.x_test[:samples]
+    ids = None
+    if images is not None:
+        mine = load_images(images, input_shape=tuple(pool.input_shape), num_classes=pool.num_classes)
+        if samples > len(mine.x):
+            raise ValueError(f"samples must be at most {len(mine.x)} (the images in {images}), got {samples}")
+        x_acc, y_acc, source = mine.x, mine.y, mine.source
+        x, ids = mine.x[:samples], mine.ids[:samples]
+    else:
+        data = _load_data(data_dir)
+        if tuple(pool.input_shape) != data.x_test.shape[1:]:
+            raise ValueError(f"the pool takes inputs of shape {pool.input_shape}, the data has {data.x_test.shape[1:]}")
+        check_samples(samples, data)
+        x_acc, y_acc, source = data.x_test, data.y_test, data.source
+        x = data.x_test[:samples]
     outp = Path(out)
     fingerprint = {
         "kind": "sar",
         "sarjax_version": fingerprints.sarjax_version(),
         **fingerprints.pool_fingerprint(pool),
-        "data": data.source,
+        "data": source,
         "samples": samples,
-        "images": fingerprints.array_digest(x),
+        "images": fingerprints.array_digest(x) if ids is None else fingerprints.array_digest(x, ids),
         "eps": float(eps),
         "delta": float(delta),
         "steps": steps,
@@ -735,13 +761,15 @@ def run_sar_on_saved_pool(
             progress=progress and lead,
             checkpoint_dir=outp / "checkpoint",
             overwrite=overwrite and not lead,  # process 0's output check cleared OUT already
+            sample_ids=ids,
         )
     except fingerprints.FingerprintMismatch as e:
         raise ValueError(f"{e.reason}; {OUT_HINT}") from None
-    acc = pool.accuracy(data.x_test, data.y_test)
+    acc = pool.accuracy(x_acc, y_acc)
     rec = pool_record(pool, acc, member_asr, res)
+    label = str(pool_dir) if model is None else f"model {model}"
     doc = {
-        "pool": str(pool_dir),
+        "pool": label,
         "eps": eps,
         "delta": delta,
         "samples": samples,
@@ -755,7 +783,7 @@ def run_sar_on_saved_pool(
     if not lead:
         return doc
     res.save(outp / "sar")
-    plot_sar(res, outp / "sar.png", title=f"{pool_dir}: eps={eps}, 1-delta={1 - delta:g}")
+    plot_sar(res, outp / "sar.png", title=f"{label}: eps={eps}, 1-delta={1 - delta:g}")
     (outp / "results.json").write_text(json.dumps(doc, indent=2))
     st = res.sar_stats()[0]
 

@@ -38,6 +38,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from sarjax.models.builders import build as build_from_record
+from sarjax.models.builders import builder_record
 from sarjax.models.pool import Pool, Stack
 from sarjax.models.stack import BaseStack, stack_kind
 from sarjax.models.zoo import Arch
@@ -108,19 +110,35 @@ def _file_sizes(directory: Path) -> dict[str, int]:
 
 
 def save_pool(
-    pool: Pool, path: str | os.PathLike, config: dict[str, Any] | None = None, *, overwrite: bool = True
+    pool: Pool,
+    path: str | os.PathLike,
+    config: dict[str, Any] | None = None,
+    *,
+    overwrite: bool = True,
+    builders: dict[str, str] | None = None,
 ) -> Path:
     """Save a pool: params (orbax), architecture specs, member names, a config and a fingerprint.
+
+    For every stack that is not a zoo stack, ``pool.json`` also records how to rebuild its
+    architecture (:func:`sarjax.models.builders.builder_record`), so that :func:`load_pool` and
+    the commands restore it without code: the path given in ``builders``, else one found by
+    itself (a plain-function stack whose apply is a module-level function; a linen module
+    rebuilt from its class and JSON-able fields). A stack with neither is saved with a warning:
+    loading it then needs ``load_pool(path, builders=...)``.
 
     Args:
       pool: the pool.
       path: directory to write (created; replaced when ``overwrite``).
       config: JSON-able metadata (e.g. the training config and accuracies).
+      builders: ``{stack name: "PKG.MODULE:FUNCTION"}``, a zero-argument function returning what
+        the stack kind restores from (the nnx or torch module of the architecture, the linen
+        module, the apply); importable where the pool will be loaded.
 
     Returns:
       The absolute directory path. ``pool.json`` is written last (a ``pool.json`` means the params
       are complete); its ``fingerprint`` is what :func:`load_pool` verifies.
     """
+    records = _builder_records(pool, builders or {})
     path = Path(path).absolute()
     path.mkdir(parents=True, exist_ok=True)
     with ocp.StandardCheckpointer() as ckptr:
@@ -131,7 +149,7 @@ def save_pool(
     meta = {
         "format": FORMAT,
         "names": list(pool.names),
-        "stacks": [_stack_entry(s) for s in pool.stacks],
+        "stacks": [_stack_entry(s, r) for s, r in zip(pool.stacks, records)],
         "config": config or {},
         "fingerprint": {
             "stacks": [
@@ -162,12 +180,44 @@ def _saved_tree(s: BaseStack):
     return {f"leaf_{j:05d}": np.asarray(leaf) for j, leaf in enumerate(jax.tree.leaves(s.params))}
 
 
-def _stack_entry(s: BaseStack) -> dict:
+def _builder_records(pool: Pool, builders: dict[str, str]) -> list[dict | None]:
+    """Each stack's builder record (None for zoo stacks); warns for stacks left without one."""
+    if not isinstance(builders, dict) or not all(isinstance(k, str) for k in builders):
+        raise TypeError(f"builders must be a dict {{stack name: 'PKG.MODULE:FUNCTION'}}, got {builders!r:.80}")
+    named = {s.name for s in pool.stacks if not isinstance(s, Stack)}
+    unknown = sorted(set(builders) - named)
+    if unknown:
+        raise ValueError(f"builders name stacks {unknown} that the pool lacks (its non-zoo stacks: {sorted(named)})")
+    records: list[dict | None] = []
+    missing = []
+    for s in pool.stacks:
+        if isinstance(s, Stack) or not type(s).needs_builder:
+            records.append(None)
+            continue
+        rec = builder_record(s, builders.get(s.name))
+        if rec is None:
+            missing.append(f"{s.name} ({s.kind})")
+        records.append(rec)
+    if missing:
+        warnings.warn(
+            f"save_pool: no importable builder for stack(s) {missing}; loading the pool will need "
+            "load_pool(path, builders=...), and the commands cannot load it. Pass "
+            "save_pool(..., builders={stack name: 'PKG.MODULE:FUNCTION'}) to record one.",
+            UserWarning,
+            stacklevel=3,
+        )
+    return records
+
+
+def _stack_entry(s: BaseStack, builder: dict | None = None) -> dict:
     if isinstance(s, Stack):
         return {"kind": "zoo", "arch": s.arch.spec(), "names": list(s.names)}
     spec = s.spec()
     json.dumps(spec)  # a kind's spec must be JSON data (raises TypeError naming the value)
-    return {"kind": s.kind, "spec": spec, "names": list(s.names)}
+    entry = {"kind": s.kind, "spec": spec, "names": list(s.names)}
+    if builder is not None:
+        entry["builder"] = builder
+    return entry
 
 
 # ----------------------------------------------------------------------------- load
@@ -349,12 +399,19 @@ def _restore_kind(path: Path, i: int, kind: str, sm: dict, fp: dict | None, buil
     except (ValueError, ImportError) as e:
         raise CheckpointError(f"pool checkpoint {path}: stack {i} ({name}): {e}") from e
     built = None
-    if cls.needs_builder:
+    if cls.needs_builder and name not in builders and sm.get("builder") is not None:
+        record = sm["builder"]
+        try:
+            built = build_from_record(record)
+        except ValueError as e:
+            raise CheckpointError(f"pool checkpoint {path}: stack {i} ({name}): its recorded builder: {e}") from e
+    elif cls.needs_builder:
         if name not in builders:
             raise CheckpointError(
-                f"pool checkpoint {path}: stack {i} is a {kind!r} stack named {name!r}; restoring it needs "
-                f"its builder: load_pool(path, builders={{{name!r}: fn}}) where fn() returns "
-                f"{_BUILDER_RETURNS.get(kind, 'what the kind restores from')} (builders given: {sorted(builders)})"
+                f"pool checkpoint {path}: stack {i} is a {kind!r} stack named {name!r} saved without a builder "
+                f"path; restoring it needs its builder: load_pool(path, builders={{{name!r}: fn}}) where fn() returns "
+                f"{_BUILDER_RETURNS.get(kind, 'what the kind restores from')} (builders given: {sorted(builders)}), "
+                f"or re-save it with save_pool(..., builders={{{name!r}: 'PKG.MODULE:FUNCTION'}})"
             )
         try:
             built = builders[name]()
@@ -419,7 +476,9 @@ def load_pool(path: str | os.PathLike, builders: dict[str, Callable[[], Any]] | 
 
     Args:
       path: the pool directory.
-      builders: ``{stack name: zero-argument function}`` for the stacks that are not zoo stacks
+      builders: ``{stack name: zero-argument function}`` for the stacks that are not zoo stacks;
+        it overrides the builder path that :func:`save_pool` recorded (stacks with a recorded
+        path need no entry)
         (the name is the stack's ``spec()["name"]``, also in ``pool.json``): ``fn()`` returns the
         flax linen module, an nnx module of the architecture, the one-member apply of a plain
         function stack (or ``(apply, example params of one member)``), ...

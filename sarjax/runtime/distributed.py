@@ -1,0 +1,185 @@
+"""Processes on JAX's distributed runtime: joining it, splitting rows, gathering them back.
+
+Every command that spreads over processes (``sarjax sar``, ``sarjax frontier``, ``sarjax
+autoattack``) splits its images into contiguous blocks, one per process, runs its block as one
+process would, and gathers the per-row results in process order. The gather uses the runtime's
+own collective (:func:`jax.experimental.multihost_utils.process_allgather`: gloo on CPU, NCCL /
+ICI on GPU / TPU), so no shared file system is needed.
+
+Example (two processes on one machine, each in its own shell)::
+
+    sarjax frontier --model mypkg.models:make_pool --images mine.npz --norm l2 --out OUT \\
+        --coordinator localhost:12355 --num-processes 2 --process-id 0      # and --process-id 1
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from collections.abc import Mapping
+
+import jax
+import numpy as np
+
+
+def initialize(coordinator_address: str | None, num_processes: int | None, process_id: int | None) -> None:
+    """Join JAX's distributed runtime (``jax.distributed.initialize``) after checking the arguments.
+
+    Call it before any JAX computation. All three None: the runtime detects the cluster itself
+    (TPU pod slices, Slurm, Open MPI, ...; on one machine without a cluster it fails). Otherwise
+    all three are required.
+
+    Args:
+        coordinator_address: ``HOST:PORT`` of process 0 (every process passes the same).
+        num_processes: ``n >= 1``.
+        process_id: this process, in ``[0, n)``.
+
+    Raises:
+        ValueError: a partial or malformed set of arguments, naming what was given.
+    """
+    given = [a is not None for a in (coordinator_address, num_processes, process_id)]
+    if any(given) and not all(given):
+        raise ValueError(
+            "--coordinator, --num-processes and --process-id go together (or none of them, to let "
+            f"JAX detect a TPU / SLURM / MPI cluster), got coordinator={coordinator_address!r}, "
+            f"num_processes={num_processes!r}, process_id={process_id!r}"
+        )
+    if all(given):
+        assert coordinator_address is not None and num_processes is not None and process_id is not None
+        if not re.fullmatch(r"[^\s:]+:\d{1,5}", coordinator_address):
+            raise ValueError(f"coordinator must be HOST:PORT (e.g. localhost:12355), got {coordinator_address!r}")
+        if isinstance(num_processes, bool) or not isinstance(num_processes, (int, np.integer)) or num_processes < 1:
+            raise ValueError(f"num_processes must be an int >= 1, got {num_processes!r}")
+        if isinstance(process_id, bool) or not isinstance(process_id, (int, np.integer)):
+            raise ValueError(f"process_id must be an int in [0, {num_processes}), got {process_id!r}")
+        if not 0 <= process_id < num_processes:
+            raise ValueError(f"process_id must be in [0, {num_processes}), got {process_id}")
+        jax.distributed.initialize(
+            coordinator_address=coordinator_address, num_processes=int(num_processes), process_id=int(process_id)
+        )
+    else:
+        jax.distributed.initialize()
+
+
+def process_count() -> int:
+    """The number of processes in the run (1 without the distributed runtime)."""
+    return jax.process_count()
+
+
+def process_index() -> int:
+    """This process's index in ``[0, process_count())``."""
+    return jax.process_index()
+
+
+def is_main() -> bool:
+    """Whether this is process 0, the one that writes a run's shared outputs."""
+    return jax.process_index() == 0
+
+
+def process_rows(n: int, index: int | None = None, count: int | None = None) -> np.ndarray:
+    """The contiguous block of ``arange(n)`` that process ``index`` of ``count`` runs.
+
+    Blocks differ in size by at most one (``np.array_split``), in process order.
+
+    Args:
+        n: number of samples.
+        index: the process (default ``jax.process_index()``).
+        count: the number of processes (default ``jax.process_count()``).
+
+    Raises:
+        ValueError: fewer samples than processes (a process would have none).
+    """
+    count = jax.process_count() if count is None else int(count)
+    index = jax.process_index() if index is None else int(index)
+    if n < count:
+        raise ValueError(f"{n} samples cannot be split over {count} processes (each needs at least one)")
+    return np.array_split(np.arange(n), count)[index]
+
+
+def process_blocks(n: int, block: int, index: int | None = None, count: int | None = None) -> np.ndarray:
+    """The rows of ``arange(n)`` that process ``index`` of ``count`` runs, in whole blocks of ``block``.
+
+    The ``ceil(n / block)`` blocks (the last may be partial) are dealt out contiguously in process
+    order, block counts differing by at most one. A process therefore runs exactly the
+    ``block``-row batches a one-process run would, so per-batch computations are bit-identical
+    to it. A process gets no rows when there are fewer blocks than processes.
+
+    Args:
+        n: number of rows, ``>= 0``.
+        block: rows per block (an attack's batch size), ``>= 1``.
+        index: the process (default ``jax.process_index()``).
+        count: the number of processes (default ``jax.process_count()``).
+
+    Raises:
+        ValueError: ``block < 1`` or ``n < 0``.
+    """
+    if isinstance(block, bool) or int(block) != block or block < 1:
+        raise ValueError(f"block must be an int >= 1, got {block!r}")
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    count = jax.process_count() if count is None else int(count)
+    index = jax.process_index() if index is None else int(index)
+    nblocks = -(-n // block)
+    mine = np.array_split(np.arange(nblocks), count)[index]
+    if not mine.size:
+        return np.zeros(0, np.int64)
+    return np.arange(int(mine[0]) * block, min(n, (int(mine[-1]) + 1) * block), dtype=np.int64)
+
+
+def _pack(arrays: Mapping[str, np.ndarray]) -> np.ndarray:
+    buf = io.BytesIO()
+    np.savez(buf, **{k: np.asarray(v) for k, v in arrays.items()})  # pyright: ignore[reportArgumentType]
+    return np.frombuffer(buf.getvalue(), np.uint8)
+
+
+def _unpack(blob: np.ndarray) -> dict[str, np.ndarray]:
+    with np.load(io.BytesIO(blob.tobytes()), allow_pickle=False) as z:
+        return {k: z[k] for k in z.files}
+
+
+def allgather_bytes(blob: np.ndarray) -> list[np.ndarray]:
+    """Every process's ``uint8`` buffer (any length), in process order, on every process."""
+    blob = np.asarray(blob, np.uint8).reshape(-1)
+    if jax.process_count() == 1:
+        return [blob]
+    from jax.experimental.multihost_utils import process_allgather  # only with several processes
+
+    sizes = np.asarray(process_allgather(np.array([blob.size], np.int64))).reshape(-1)
+    padded = np.zeros(max(int(sizes.max()), 1), np.uint8)
+    padded[: blob.size] = blob
+    blobs = np.asarray(process_allgather(padded))  # [P, L]
+    return [blobs[i, : int(sizes[i])] for i in range(len(sizes))]
+
+
+def allgather_rows(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Each process's arrays (axis 0 = its rows) concatenated over processes, on every process.
+
+    Every process passes the same names, with the same dtypes and trailing shapes (zero rows are
+    allowed). With one process the arrays come back as they are (as numpy arrays).
+
+    Raises:
+        ValueError: a process sent other names, dtypes or trailing shapes (naming the process).
+    """
+    arrays = {k: np.asarray(v) for k, v in arrays.items()}
+    if jax.process_count() == 1:
+        return arrays
+    parts = [_unpack(b) for b in allgather_bytes(_pack(arrays))]
+    for i, part in enumerate(parts):
+        if sorted(part) != sorted(arrays):
+            raise ValueError(f"process {i} sent arrays {sorted(part)}, this process {sorted(arrays)}")
+        for k, v in part.items():
+            if v.dtype != arrays[k].dtype or v.shape[1:] != arrays[k].shape[1:]:
+                raise ValueError(
+                    f"process {i} sent {k!r} as {v.dtype}{list(v.shape)}, this process "
+                    f"{arrays[k].dtype}{list(arrays[k].shape)} (trailing shapes and dtypes must agree)"
+                )
+    return {k: np.concatenate([p[k] for p in parts], axis=0) for k in arrays}
+
+
+def all_ok(ok: bool) -> bool:
+    """Whether every process passed ``ok=True`` (a gathered flag; also a barrier)."""
+    if jax.process_count() == 1:
+        return bool(ok)
+    from jax.experimental.multihost_utils import process_allgather  # only with several processes
+
+    return bool(np.asarray(process_allgather(np.array([bool(ok)], np.int32))).all())
