@@ -22,18 +22,17 @@ from pathlib import Path
 
 import jax
 
-RESULTS = Path(__file__).resolve().parent / "results"
 
-
-def results_path(name: str, out: str | None, *, quick: bool) -> Path:
-    """Where a benchmark writes its JSON: ``out`` when given; else, for a ``--quick`` run, a fresh
-    temporary folder (a quick run never overwrites a committed result); else
-    ``benchmarks/results/<name>``."""
+def results_path(name: str, out: str | None, *, quick: bool = False) -> Path:
+    """Where a benchmark writes its output ``name`` (a JSON file, or a folder): ``out`` when given;
+    else a fresh temporary folder (``sarjax-<stem>[-quick]-*``), for a full run as for a ``--quick``
+    one. No run writes under ``benchmarks/results/`` unless it is asked to with ``--out``: a
+    committed result is replaced only on purpose (``--out benchmarks/results/<name>``), and then it
+    carries the :func:`provenance` of the run that wrote it."""
     if out:
         return Path(out)
-    if quick:
-        return Path(tempfile.mkdtemp(prefix=f"sarjax-{Path(name).stem}-")) / name
-    return RESULTS / name
+    tag = f"sarjax-{Path(name).stem}-quick-" if quick else f"sarjax-{Path(name).stem}-"
+    return Path(tempfile.mkdtemp(prefix=tag)) / name
 
 
 def provenance() -> dict:

@@ -39,7 +39,9 @@ shared: load averages before and after are recorded; compare ratios from one run
 Usage:
   python benchmarks/adv_training_throughput.py                       # B=64, 8 updates, 5 rounds
   python benchmarks/adv_training_throughput.py --batch 128 --updates 4 --reps 3
-Default output: benchmarks/results/adv_training_throughput.json.
+Output: JSON at ``--out`` (default: a temporary folder; ``--out
+benchmarks/results/adv_training_throughput.json`` replaces the committed result), with the run's
+provenance (command, commit, machine, date, load).
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ import numpy as np
 import optax
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _timing import provenance, results_path  # noqa: E402
 from train_throughput import _numpy_init, load_jax_params, torch_module  # noqa: E402  (the torch twin of an Arch)
 
 from sarjax.attacks import make_pgd  # noqa: E402
@@ -218,11 +221,9 @@ def main(argv=None) -> dict:
         action="store_true",
         help="run XLA's CPU backend single-threaded (as benchmarks/joint_attack_throughput.py)",
     )
-    ap.add_argument(
-        "--out",
-        default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "adv_training_throughput.json"),
-    )
+    ap.add_argument("--out", default=None, help="JSON path (default: a temporary folder, never benchmarks/results/)")
     a = ap.parse_args(argv)
+    a.out = str(results_path("adv_training_throughput.json", a.out))
     if a.batch < 1 or a.updates < 1 or a.reps < 1:
         ap.error(f"--batch, --updates and --reps must be >= 1, got {a.batch}, {a.updates}, {a.reps}")
 
@@ -311,6 +312,7 @@ def main(argv=None) -> dict:
             "wall_seconds": time.time() - t0,
         },
     }
+    res["provenance"] = provenance()  # command, commit, machine, date, load
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2))

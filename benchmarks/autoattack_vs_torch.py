@@ -39,7 +39,7 @@ every row moves with the first row's step size, not its own.
 ``--repeats 0``: the compiling sarjax call is its only round and torchattacks runs once (sarjax's
 wall time then includes compilation).
 
-    python benchmarks/autoattack_vs_torch.py --quick     # 32 images, a minute or two
+    python benchmarks/autoattack_vs_torch.py --quick     # 32 images, a minute or two (JSON to a temporary folder)
     python benchmarks/autoattack_vs_torch.py --zoo /work/zoo/mnist --defense pgd-at-linf-0.3 --eps 0.3
     python benchmarks/autoattack_vs_torch.py --zoo /work/zoo/mnist --defense pgd-at-l2-1.5 --norm l2 --eps 2
 """
@@ -61,7 +61,7 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _timing import add_torch_threads_argument  # noqa: E402
+from _timing import add_torch_threads_argument, provenance, results_path  # noqa: E402
 from train_throughput import load_jax_params, torch_module  # noqa: E402  (the torch twins)
 
 
@@ -246,11 +246,12 @@ def main(argv=None) -> dict:
     )
     ap.add_argument("--quick", action="store_true", help="32 images, 1 repeat, 500 Square queries, 1 epoch, batch 16")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default="benchmarks/results/autoattack_vs_torch.json")
+    ap.add_argument("--out", default=None, help="JSON path (default: a temporary folder, never benchmarks/results/)")
     from sarjax.runtime.compile_cache import add_compile_cache_argument, enable_compile_cache
 
     add_compile_cache_argument(ap)  # a warm cache makes the first sarjax call load, not compile
     a = ap.parse_args(argv)
+    a.out = str(results_path("autoattack_vs_torch.json", a.out, quick=a.quick))
     if a.compile_cache:
         enable_compile_cache(a.compile_cache)
     if a.quick:
@@ -448,6 +449,7 @@ def main(argv=None) -> dict:
         torch=torch.__version__,
         torchattacks=torchattacks.__version__,
         jax=jax.__version__,
+        provenance=provenance(),  # command, commit, machine, date, load
     )
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(out, indent=1))

@@ -15,7 +15,8 @@ second by sarjax vs a transformers (PyTorch) loop over the members.
 The pool: ``--pool-dir OUT/pool_before`` of a finished ``sarjax llm-demo`` (default
 ``sarjax-llm-demo/pool_before``); without it, members of the demo's architectures with random
 weights are written to a temporary folder (the cost per query does not depend on the weights).
-JSON (with the load average) goes to ``benchmarks/results/beast_call.json``.
+JSON (with the run's provenance: command, commit, machine, date, load) goes to ``--out`` (default: a
+temporary folder; ``--out benchmarks/results/beast_call.json`` replaces the committed result).
 
     python benchmarks/beast_call.py --pool-dir sarjax-llm-demo/pool_before
     python benchmarks/beast_call.py --quick      # 2,000 queries, suffix 10, 1 rep
@@ -77,10 +78,10 @@ def main(argv=None):
     ap.add_argument(
         "--out",
         default=None,
-        help="JSON path (default benchmarks/results/beast_call.json; --quick: a temporary folder)",
+        help="JSON path (default: a temporary folder, never benchmarks/results/)",
     )
     a = ap.parse_args(argv)
-    # --quick never overwrites benchmarks/results/
+    # without --out, a run never overwrites benchmarks/results/
     a.out = str(results_path("beast_call.json", a.out, quick=a.quick))
     if a.quick:
         a.max_queries, a.suffix_len, a.reps, a.score_reps = 2_000, 10, 1, 2

@@ -14,9 +14,9 @@ embedded MNIST split at linf 0.3, linf 0.1, l2 2.0 and l1 10 (the issue's radii)
 
 ``--attack apgd-ce`` runs APGD-CE alone (AutoAttack's first stage; an upper bound on AutoAttack's
 robust accuracy), labelled as such. ``--quick``: 20 images, 10 iterations, 200 Square queries.
-Writes JSON (with the load average and the command) and a markdown table:
-``benchmarks/results/defense_zoo_table.{json,md}`` by default, rewritten after every (radius,
-defense) run, so an interrupted run leaves the rows it finished. ``--compile-cache DIR``: XLA's
+Writes JSON (with the run's provenance: command, commit, machine, date, load) and a markdown table:
+``OUT.{json,md}`` for ``--out OUT`` (default: ``defense_zoo_table`` in a temporary folder, never
+``benchmarks/results/``), rewritten after every (radius, defense) run, so an interrupted run leaves the rows it finished. ``--compile-cache DIR``: XLA's
 persistent compilation cache (a rerun skips the compilations).
 
     python benchmarks/defense_zoo_table.py --zoo DIR [--samples 100] [--attack autoattack|apgd-ce]
@@ -35,6 +35,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's sarjax
 
+from _timing import provenance, results_path  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+
 POINTS = (("linf", 0.3), ("linf", 0.1), ("l2", 2.0), ("l1", 10.0))
 
 
@@ -49,11 +51,14 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="20 images, 10 iterations, 200 Square queries")
     ap.add_argument("--only", nargs="+", default=None, help="defenses to evaluate (default: all trained)")
     ap.add_argument("--points", nargs="+", default=None, help="e.g. linf:0.3 l2:2 (default: the four radii)")
-    ap.add_argument("--out", default="benchmarks/results/defense_zoo_table", help="output stem (.json, .md)")
+    ap.add_argument(
+        "--out", default=None, help="output stem (.json, .md; default: a temporary folder, never benchmarks/results/)"
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--batch-size", type=int, default=None, help="rows per compiled call (default: autoattack's)")
     ap.add_argument("--compile-cache", default=None, help="XLA persistent compilation cache directory")
     args = ap.parse_args(argv)
+    args.out = str(results_path("defense_zoo_table", args.out, quick=args.quick))
     if args.merge:
         return merge(args.merge, Path(args.out))
     if not args.zoo:
@@ -116,6 +121,7 @@ def main(argv=None) -> int:
             "loadavg_after": os.getloadavg(),
             "command": cmd,
             "randomized": rand,
+            "provenance": provenance(),  # command, commit, machine, date, load
         }
         stem.with_suffix(".json").write_text(json.dumps(out, indent=1, default=float))
         stem.with_suffix(".md").write_text(_markdown([out]))
@@ -233,7 +239,8 @@ def merge(files: list[str], stem: Path) -> int:
     """Write ``stem.json`` / ``stem.md`` combining the JSON files of earlier runs."""
     outs = [json.loads(Path(f).read_text()) for f in files]
     stem.parent.mkdir(parents=True, exist_ok=True)
-    stem.with_suffix(".json").write_text(json.dumps({"merged": files, "runs": outs}, indent=1, default=float))
+    merged = {"merged": files, "runs": outs, "provenance": provenance()}  # command, commit, machine, date, load
+    stem.with_suffix(".json").write_text(json.dumps(merged, indent=1, default=float))
     md = _markdown(outs)
     stem.with_suffix(".md").write_text(md)
     print(md)

@@ -14,7 +14,7 @@ budget (linf eps, Table 1's step eps/16, ``--steps`` steps, one restart, labels 
 Each output is judged on ``--eval-draws`` FRESH noise draws (keys never seen by any attack): the
 mean share of (member, draw) pairs that misclassify, per attack.  Ratios are against ``one_draw``.
 
-    python benchmarks/eot_noise_defense.py            # writes benchmarks/results/eot_noise_defense.json
+    python benchmarks/eot_noise_defense.py            # JSON to a temporary folder (or --out PATH)
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _timing import provenance, results_path  # benchmarks/ is on sys.path when run as a script
 
 from sarjax.attacks import make_joint_pgd, with_input_noise
 from sarjax.data.mnist import load_mnist
@@ -45,8 +46,9 @@ def main() -> None:
     ap.add_argument("--eot", type=int, default=10)
     ap.add_argument("--eval-draws", type=int, default=32)
     ap.add_argument("--cache", default="sarjax-demo/pools")
-    ap.add_argument("--out", default="benchmarks/results/eot_noise_defense.json")
+    ap.add_argument("--out", default=None, help="JSON path (default: a temporary folder, never benchmarks/results/)")
     a = ap.parse_args()
+    a.out = str(results_path("eot_noise_defense.json", a.out))
 
     data = load_mnist()
     pool, _ = get_pool(a.preset, data, DemoSettings(members=a.members, epochs=a.epochs), Path(a.cache))
@@ -109,6 +111,7 @@ def main() -> None:
         "device": str(jax.devices()[0]),
         "summary": summary,
         "per_sample_fooled_share": {k: v["fooled_share"].tolist() for k, v in res.items()},
+        "provenance": provenance(),  # command, commit, machine, date, load
     }
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(doc, indent=2))

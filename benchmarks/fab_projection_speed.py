@@ -156,10 +156,10 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--out",
         default=None,
-        help="JSON path (default benchmarks/results/fab_projection_speed.json; --quick: a temporary folder)",
+        help="JSON path (default: a temporary folder, never benchmarks/results/)",
     )
     args = ap.parse_args(argv)
-    # --quick never overwrites benchmarks/results/
+    # without --out, a run never overwrites benchmarks/results/
     args.out = str(results_path("fab_projection_speed.json", args.out, quick=args.quick))
     if args.quick:
         args.samples, args.reps = min(args.samples, 8), min(args.reps, 2)

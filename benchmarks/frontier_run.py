@@ -13,7 +13,9 @@ first (``--models ... --out OUT``, the CLI's options) and then summarises it:
 * microseconds per query at the median (queries = cap x images x members per run).
 
 There is no baseline to alternate with (the run is the measurement); the load average before
-and after is recorded, since the machine is shared.
+and after is recorded, since the machine is shared, with the run's provenance (command, commit,
+machine, date, load). The summary JSON goes to ``--json PATH`` (default: a temporary folder,
+never ``benchmarks/results/``).
 
 Usage::
 
@@ -32,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from _timing import provenance, results_path  # benchmarks/ is on sys.path when run as a script
 
 
 def _kind(entry: str) -> str:
@@ -192,8 +194,11 @@ def main(argv=None) -> int:
     ap.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more `sarjax frontier` options")
     ap.add_argument("--budgets", type=int, nargs="*", default=None, help="also the AOI vs budget curve (Figure 2)")
     ap.add_argument("--markdown", action="store_true", help="also print the reproduction tables (markdown)")
-    ap.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "frontier_run.json"))
+    ap.add_argument(
+        "--json", default=None, help="summary JSON path (default: a temporary folder, never benchmarks/results/)"
+    )
     args = ap.parse_args(argv)
+    args.json = str(results_path("frontier_run.json", args.json, quick=args.quick))
     load0 = os.getloadavg()
     t0 = time.time()
     if args.src is None:
@@ -219,6 +224,7 @@ def main(argv=None) -> int:
         load_before=load0,
         load_after=os.getloadavg(),
         **summarise(report),
+        provenance=provenance(),  # command, commit, machine, date, load
     )
     for a, r in out["by_attack"].items():
         print(

@@ -153,10 +153,10 @@ def main(argv=None):
     ap.add_argument(
         "--out",
         default=None,
-        help="JSON path (default benchmarks/results/gcg_throughput.json; --quick: a temporary folder)",
+        help="JSON path (default: a temporary folder, never benchmarks/results/)",
     )
     a = ap.parse_args(argv)
-    # --quick never overwrites benchmarks/results/
+    # without --out, a run never overwrites benchmarks/results/
     a.out = str(results_path("gcg_throughput.json", a.out, quick=a.quick))
     if a.quick:
         a.reps, a.steps = 2, 3

@@ -11,7 +11,8 @@ doing less arithmetic.
 
 Usage:
   python benchmarks/gemm_roofline.py [--batches 64 256] [--reps 21]
-Default output: benchmarks/results/gemm_roofline.json.
+Output: JSON at ``--out`` (default: a temporary folder; ``--out benchmarks/results/gemm_roofline.json``
+replaces the committed result), with the run's provenance (command, commit, machine, date, load).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _timing import provenance, results_path  # benchmarks/ is on sys.path when run as a script
 
 M, D, H = 20, 784, 256
 
@@ -33,10 +35,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--batches", type=int, nargs="+", default=[64, 256])
     ap.add_argument("--reps", type=int, default=21)
-    ap.add_argument(
-        "--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "gemm_roofline.json")
-    )
+    ap.add_argument("--out", default=None, help="JSON path (default: a temporary folder, never benchmarks/results/)")
     args = ap.parse_args()
+    args.out = str(results_path("gemm_roofline.json", args.out))
     import torch
 
     torch.set_num_threads(os.cpu_count() or 1)
@@ -90,6 +91,7 @@ def main():
                 "H": H,
                 "loadavg": os.getloadavg(),
                 "rows": rows,
+                "provenance": provenance(),  # command, commit, machine, date, load
             },
             fh,
             indent=2,

@@ -41,8 +41,10 @@ reported).  Ratios are against the fastest PyTorch baseline.  Writes JSON.
 Usage:
   PYTHONPATH=. python benchmarks/joint_attack_throughput.py --steps 5 --reps 3
   PYTHONPATH=. python benchmarks/joint_attack_throughput.py --jax-single-thread ...   # XLA on one thread
-Default output: benchmarks/results/joint_attack_throughput.json (load averages before
-and after are recorded: the machine is shared, compare only ratios from one run).
+Output: JSON at ``--out`` (default: a temporary folder; ``--out
+benchmarks/results/joint_attack_throughput.json`` replaces the committed result), with the run's
+provenance (command, commit, machine, date, load) and the load averages before and after: the
+machine is shared, compare only ratios from one run.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ if "--jax-single-thread" in sys.argv:  # must be set before JAX initialises its 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _timing import provenance, results_path  # benchmarks/ is on sys.path when run as a script
 
 from sarjax.attacks.joint import make_joint_pgd
 from sarjax.models import zoo
@@ -298,10 +301,7 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--batches", type=int, nargs="+", default=[64, 256])
     ap.add_argument("--families", nargs="+", default=["mlp", "cnn"])
-    ap.add_argument(
-        "--out",
-        default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "joint_attack_throughput.json"),
-    )
+    ap.add_argument("--out", default=None, help="JSON path (default: a temporary folder, never benchmarks/results/)")
     ap.add_argument(
         "--conv-impls",
         nargs="+",
@@ -334,6 +334,7 @@ def main():
         help="run XLA's CPU backend single-threaded (faster on an oversubscribed machine)",
     )
     args = ap.parse_args()
+    args.out = str(results_path("joint_attack_throughput.json", args.out))
 
     import torch
 
@@ -491,6 +492,7 @@ def main():
                 "loadavg_before": load_before,
                 "loadavg_after": os.getloadavg(),
                 "results": results,
+                "provenance": provenance(),  # command, commit, machine, date, load
             },
             fh,
             indent=2,

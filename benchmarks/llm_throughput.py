@@ -11,7 +11,8 @@ Both sides are measured alternately in the same run on the same CPU; PyTorch run
 at every thread count of ``--threads`` (default 1 and 2) in the same rotation,
 and the ratio is taken against the FASTEST of them (the baseline a careful
 PyTorch user would pick). Medians, ratios, the machine and its load average
-are printed and written as JSON.
+are printed and written as JSON (``--out``; default a temporary folder), with the run's provenance
+(command, commit, machine, date, load).
 
     python benchmarks/llm_throughput.py --reps 5 --out benchmarks/results/llm_throughput.json
 """
@@ -43,7 +44,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import jax
 import numpy as np
-from _timing import add_torch_threads_argument  # the shared --threads option (benchmarks/ is on sys.path)
+from _timing import add_torch_threads_argument, provenance, results_path  # benchmarks/ is on sys.path
 
 
 def _build_members(m, layers, d, heads, kv_heads, ffn, vocab, tmp):
@@ -95,8 +96,9 @@ def main(argv=None):
     ap.add_argument("--gen-tokens", type=int, default=32)
     ap.add_argument("--reps", type=int, default=3)
     add_torch_threads_argument(ap, "transformers")
-    ap.add_argument("--out", default="benchmarks/results/llm_throughput.json")
+    ap.add_argument("--out", default=None, help="JSON path (default: a temporary folder, never benchmarks/results/)")
     a = ap.parse_args(argv)
+    a.out = str(results_path("llm_throughput.json", a.out))
 
     import torch
 
@@ -241,6 +243,7 @@ def main(argv=None):
         f"jax {gen['tokens_per_s_jax_stack_greedy']:.0f} tok/s ({gen['ratio_jax_vs_torch']:.2f}x)"
     )
     print(f"load average at the end: {os.getloadavg()} (a quiet machine reads well under its core count)")
+    res["provenance"] = provenance()  # command, commit, machine, date, load
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as fh:
         json.dump(res, fh, indent=2)

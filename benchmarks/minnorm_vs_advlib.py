@@ -38,7 +38,7 @@ import types
 from pathlib import Path
 
 import numpy as np
-from _timing import add_torch_threads_argument  # the shared --threads option (benchmarks/ is on sys.path)
+from _timing import add_torch_threads_argument, provenance, results_path  # benchmarks/ is on sys.path
 
 
 def _import_advlib():
@@ -324,7 +324,7 @@ def main():
         action="store_true",
         help="16 samples, 200 queries, 2 epochs of 10000 images, FMN-l2 / DDN / PDGD / FAB-linf only (a few minutes)",
     )
-    ap.add_argument("--out", default=None, help="JSON (default benchmarks/results/minnorm_vs_advlib[_quick].json)")
+    ap.add_argument("--out", default=None, help="JSON path (default: a temporary folder, never benchmarks/results/)")
     ap.add_argument("--affine", action="store_true", help="also compare on the affine known-answer instances")
     ap.add_argument("--skip-mnist", action="store_true")
     ap.add_argument("--attacks", default="", help="comma-separated subset, e.g. pdpgd,fab (default: all)")
@@ -338,9 +338,8 @@ def main():
             setattr(args, k, v)
     if args.quick and not args.attacks:
         args.attacks = ",".join(QUICK)
-    if args.out is None:
-        name = "minnorm_vs_advlib_quick.json" if args.quick else "minnorm_vs_advlib.json"
-        args.out = str(Path(__file__).parent / "results" / name)
+    name = "minnorm_vs_advlib_quick.json" if args.quick else "minnorm_vs_advlib.json"
+    args.out = str(results_path(name, args.out, quick=args.quick))
     torch, adv = _import_advlib()
     out = dict(
         command=" ".join(sys.argv),
@@ -359,6 +358,7 @@ def main():
     if not args.skip_mnist:
         out["mnist"] = run_mnist(args, torch, adv)
     out["load_end"] = os.getloadavg()
+    out["provenance"] = provenance()  # command, commit, machine, date, load
     Path(args.out).write_text(json.dumps(out, indent=1))
     print(f"wrote {args.out}")
 

@@ -301,7 +301,7 @@ def main(argv=None) -> dict:
     ap.add_argument(
         "--out",
         default=None,
-        help="JSON path (default benchmarks/results/note_chained_rounds.json; with --quick a temporary folder)",
+        help="JSON path (default: a temporary folder, never benchmarks/results/)",
     )
     ap.add_argument("--plot", default=None, help="PNG path (default: --out with .png)")
     ap.add_argument("--replot", default=None, metavar="JSON", help="only draw the plot of a JSON this script wrote")

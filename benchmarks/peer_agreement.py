@@ -12,7 +12,8 @@ not change that) under equal budgets:
   * APGD-DLR linf likewise (``loss="dlr"``).
 
 Target: each sarjax figure within 1 percentage point of torchattacks'.
-Writes JSON.
+Writes JSON (``--out``; default a temporary folder), with the run's provenance (command, commit,
+machine, date, load).
 
 Usage:
   python benchmarks/peer_agreement.py --n 500 --eps 0.06 --out bench_peer.json
@@ -29,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from _timing import provenance, results_path  # benchmarks/ is on sys.path when run as a script
 
 from sarjax.attacks.apgd import make_apgd
 from sarjax.attacks.pgd import make_pgd
@@ -88,8 +90,9 @@ def main():
     ap.add_argument("--pgd-steps", type=int, default=20)
     ap.add_argument("--apgd-iter", type=int, default=100)
     ap.add_argument("--seeds", type=int, default=1, help="attack seeds averaged on both sides")
-    ap.add_argument("--out", default="bench_peer_agreement.json")
+    ap.add_argument("--out", default=None, help="JSON path (default: a temporary folder)")
     args = ap.parse_args()
+    args.out = str(results_path("peer_agreement.json", args.out))
 
     import torch
     import torchattacks
@@ -187,7 +190,8 @@ def main():
             flush=True,
         )
     with open(args.out, "w") as fh:
-        json.dump({"clean_acc": float(clean_j.mean()), "command": " ".join(sys.argv), "rows": rows}, fh, indent=2)
+        res = {"clean_acc": float(clean_j.mean()), "command": " ".join(sys.argv), "rows": rows}
+        json.dump({**res, "provenance": provenance()}, fh, indent=2)  # command, commit, machine, date, load
     print(f"wrote {args.out}")
 
 

@@ -27,7 +27,9 @@ What grows worse than linearly in M is read off the per-M columns: ``seconds`` p
 growth exponent between the smallest and the largest M (``log(t_max / t_min) / log(M_max /
 M_min)``: 1 = linear).
 
-Writes JSON and a PNG (matplotlib) with the load average (the machine may be shared).
+Writes JSON and a PNG (matplotlib) with the load average (the machine may be shared) and the run's
+provenance (command, commit, machine, date, load), to ``--out`` (default: a temporary folder, never
+``benchmarks/results/``).
 
 Results (results/pool_scaling_cnn_packed.json / .png: ``--families cnn --sizes 20 40 64 --batch 16
 --steps 5 --greedy-steps 2 --reps 1 --unpacked``, load falling from 42 to 25 during the run, so the
@@ -66,12 +68,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # sarjax from this
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from _timing import provenance, results_path  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
 from sarjax.attacks.joint import make_joint_pgd  # noqa: E402
 from sarjax.models import zoo  # noqa: E402
 from sarjax.models.pool import Pool, Stack  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
 ARCHS = {"mlp": zoo.mlp((64,)), "cnn": zoo.cnn((4, 8), dense=32)}
 
 
@@ -348,11 +350,15 @@ def main(argv=None) -> dict:
     ap.add_argument("--host-batch", type=int, default=256, help="B of the host-only greedy (synthetic oracles)")
     ap.add_argument("--host-p", type=float, default=0.02, help="per-round cover probability of the synthetic oracle")
     ap.add_argument("--quick", action="store_true", help="M = 4, 8, 16; B = 8; 2 steps; 1 rep")
-    ap.add_argument("--out", default=None, help="JSON path (the PNG goes beside it)")
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="JSON path, the PNG beside it (default: a temporary folder, never benchmarks/results/)",
+    )
     args = ap.parse_args(argv)
     if args.quick:
         args.sizes, args.batch, args.steps, args.greedy_steps, args.reps = [4, 8, 16], 8, 2, 2, 1
-    out = Path(args.out) if args.out else RESULTS / ("pool_scaling_quick.json" if args.quick else "pool_scaling.json")
+    out = results_path("pool_scaling_quick.json" if args.quick else "pool_scaling.json", args.out, quick=args.quick)
     from sarjax.data.mnist import load_mnist
 
     x = jnp.asarray(load_mnist().x_test[: args.batch])
@@ -371,6 +377,7 @@ def main(argv=None) -> dict:
         "cpu_count": os.cpu_count(),
         "load_avg_before": list(os.getloadavg()),
         "families": {},
+        "provenance": provenance(),  # command, commit, machine, date, load (at the start)
     }
 
     def save():

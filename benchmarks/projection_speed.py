@@ -15,6 +15,9 @@ samples start outside the ball (the constraint is active), half inside.
 Usage:
   PYTHONPATH=. python benchmarks/projection_speed.py [--batch 256 4096] [--dim 784] [--reps 7]
       [--inner 20] [--out benchmarks/results/projection_speed.json]
+
+Without ``--out`` the JSON goes to a temporary folder; it records the run's provenance (command,
+commit, machine, date, load).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "attacks"))
 
+from _timing import provenance, results_path  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 from test_attacks_geometry import _ref_project  # noqa: E402  (the old bisection / double argsort)
 
 from sarjax.attacks import geometry  # noqa: E402
@@ -77,8 +81,9 @@ def main():
     ap.add_argument("--dim", type=int, default=784)
     ap.add_argument("--reps", type=int, default=7, help="alternating rounds")
     ap.add_argument("--inner", type=int, default=20, help="calls per round")
-    ap.add_argument("--out", default="benchmarks/results/projection_speed.json")
+    ap.add_argument("--out", default=None, help="JSON path (default: a temporary folder, never benchmarks/results/)")
     args = ap.parse_args()
+    args.out = str(results_path("projection_speed.json", args.out))
     rows = []
     for batch in args.batch:
         for p in (2, 1, 0):
@@ -121,6 +126,7 @@ def main():
             "newton": "piecewise Newton, no sort",
         },
         rows=rows,
+        provenance=provenance(),  # command, commit, machine, date, load
     )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1))

@@ -7,6 +7,7 @@ M members, CNN stacks re-wrapped to conv_impl=fused as the demo does.  For each 
 run_sar's packing uses for a chunk of B, lower + compile the joint-PGD kernel (the demo's: on
 pool.apply; --gate: run_sar's default with StackGate) and report process CPU seconds, plus
 the wall time of --runs executions per size.  Measured on a loaded machine: compare CPU seconds.
+JSON only with ``--out`` (with the run's provenance: command, commit, machine, date, load).
 """
 
 import argparse
@@ -17,6 +18,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _timing import provenance  # benchmarks/ is on sys.path when run as a script
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--members", type=int, default=20)
@@ -90,7 +92,9 @@ for b in sizes:
 tot = dict(compile_cpu=sum(r["compile_cpu"] for r in rows), lower_cpu=sum(r["lower_cpu"] for r in rows))
 print("total", tot)
 if args.out:
-    json.dump(dict(args=vars(args), rows=rows, total=tot, load=os.getloadavg()), open(args.out, "w"), indent=1)
+    res = dict(args=vars(args), rows=rows, total=tot, load=os.getloadavg(), provenance=provenance())
+    with open(args.out, "w") as fh:
+        json.dump(res, fh, indent=1)
 
 if os.environ.get("H3_PARTS"):
     b = sizes[-1]

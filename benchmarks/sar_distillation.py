@@ -10,7 +10,9 @@ individual ASR barely moves.
     python benchmarks/sar_distillation.py --samples 100 --out benchmarks/results/sar_distillation
     python benchmarks/sar_distillation.py --quick
 
-Writes OUT/sar_distillation.json and OUT/sar_along_distillation.png.
+Writes OUT/sar_distillation.json (with the run's provenance: command, commit, machine, date, load)
+and OUT/sar_along_distillation.png; ``--out OUT`` (default: a temporary folder, never
+``benchmarks/results/``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
+from _timing import provenance, results_path  # benchmarks/ is on sys.path when run as a script
 
 from sarjax.attacks.joint import make_joint_pgd
 from sarjax.data.augment import transfer_set
@@ -59,10 +62,13 @@ def main() -> None:
         choices=["default", "high", "highest"],
         help="jax_default_matmul_precision (on GPUs 'default' may use TF32)",
     )
-    ap.add_argument("--out", default="benchmarks/results/sar_distillation")
+    ap.add_argument(
+        "--out", default=None, help="output folder (default: a temporary folder, never benchmarks/results/)"
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true")
     a = ap.parse_args()
+    a.out = str(results_path("sar_distillation", a.out, quick=a.quick))
     if a.quick:
         a.samples, a.members, a.epochs, a.teacher_epochs, a.transfer, a.distill_epochs, a.steps, a.restarts = (
             12,
@@ -131,6 +137,7 @@ def main() -> None:
     print(f"distillation done ({time.time() - t0:.0f}s)", flush=True)
     doc = {
         "settings": vars(a),
+        "provenance": provenance(),  # command, commit, machine, date, load (when the attacks start)
         "device": str(jax.devices()[0]),
         "jax": jax.__version__,
         "teacher": {"arch": teacher_arch.spec(), "test_accuracy": teacher_acc},

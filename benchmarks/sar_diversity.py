@@ -15,7 +15,9 @@ SAR_0.85 needs (the paper's Figure 3 target: a sample stops once 17 of 20 member
 are unbreakable, instead of 11 for SAR_0.5). The JSON records each pool's member accuracies per
 architecture (``accuracy_by_arch``: mean, min, max, count) and the load average.
 
-Writes OUT/sar_diversity.json, OUT/sar_vs_eps.png and OUT/sar_distribution.png.
+Writes OUT/sar_diversity.json (with the run's provenance: command, commit, machine, date, load),
+OUT/sar_vs_eps.png and OUT/sar_distribution.png; ``--out OUT`` (default: a temporary folder, never
+``benchmarks/results/``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
+from _timing import provenance, results_path  # benchmarks/ is on sys.path when run as a script
 
 from sarjax.data.mnist import load_mnist
 from sarjax.experiments.demo import COVERAGES, DemoSettings, attack_copy, evaluate_pool, get_pool, shared_joint_pgd
@@ -97,7 +100,9 @@ def main() -> None:
         choices=["default", "high", "highest"],
         help="jax_default_matmul_precision (on GPUs 'default' may use TF32)",
     )
-    ap.add_argument("--out", default="benchmarks/results/sar_diversity")
+    ap.add_argument(
+        "--out", default=None, help="output folder (default: a temporary folder, never benchmarks/results/)"
+    )
     ap.add_argument("--data-dir", default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true")
@@ -116,6 +121,7 @@ def main() -> None:
         help="with --drop-family: M' (13 = the high pool's 20 members less its 7 MLPs)",
     )
     a = ap.parse_args()
+    a.out = str(results_path("sar_diversity", a.out, quick=a.quick))
     if a.merge:
         merge(a.merge, Path(a.out))
         return
@@ -132,6 +138,7 @@ def main() -> None:
     deltas = [round(1 - c, 10) for c in coverages]
     doc = {
         "settings": vars(a),
+        "provenance": provenance(),  # command, commit, machine, date, load (at the start)
         "data": data.source,
         "samples": int(len(x)),
         "coverages": list(coverages),
@@ -287,6 +294,7 @@ def merge(paths: list[str], out: Path) -> None:
     eps_done = sorted({float(e) for rec in base["pools"].values() for e in rec["eps"]})
     base["eps_done"] = eps_done
     base["merged_from"] = [str(p) for p in paths]
+    base["provenance"] = provenance()  # the merge's command, commit, machine, date, load
     base["seconds"] = sum(d.get("seconds", 0.0) for d in docs)
     base["complete"] = len(eps_done) == 5
     base["claim_check"] = claim_check(base, eps_done)

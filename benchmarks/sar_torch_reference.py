@@ -111,13 +111,13 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # sarjax from this
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from _timing import provenance, results_path  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
 from sarjax.cover.metrics import coverage_target  # noqa: E402
 from sarjax.models.pool import Pool, Stack  # noqa: E402
 from sarjax.models.zoo import Arch  # noqa: E402
 
 COVERAGES = (0.5, 0.75, 0.85, 1.0)  # 1 - delta, as in the demo (the SAR paper)
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -689,16 +689,14 @@ def main(argv=None) -> dict:
     )
     ap.add_argument("--joint-steps", type=int, default=20)
     ap.add_argument("--quick", action="store_true", help="6 random-init members, 6 images, 5 steps, 1 rep")
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--out", default=None, help="JSON path (default: a temporary folder, never benchmarks/results/)")
     args = ap.parse_args(argv)
     if args.quick:
         args.members, args.images, args.steps, args.restarts, args.reps = 6, 6, 5, 1, 1
         args.random_init = args.random_init or args.pool is None
         args.threads = args.threads[:1]
-    out = (
-        Path(args.out)
-        if args.out
-        else RESULTS / ("sar_torch_reference_quick.json" if args.quick else "sar_torch_reference.json")
+    out = results_path(
+        "sar_torch_reference_quick.json" if args.quick else "sar_torch_reference.json", args.out, quick=args.quick
     )
 
     import torch
@@ -752,6 +750,7 @@ def main(argv=None) -> dict:
         "precision": args.precision,
         "cpu_count": os.cpu_count(),
         "quick": bool(args.quick),
+        "provenance": provenance(),  # command, commit, machine, date, load (at the start)
     }
 
     def save():

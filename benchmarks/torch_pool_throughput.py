@@ -26,7 +26,9 @@ with the load averages before and after (the machine is shared: compare ratios f
 Usage:
   PYTHONPATH=. python benchmarks/torch_pool_throughput.py            # B = 64 and 256, 10 steps, 5 reps
   PYTHONPATH=. python benchmarks/torch_pool_throughput.py --quick    # B = 64, 5 steps, 3 reps
-Default output: benchmarks/results/torch_pool_throughput.json
+Output: JSON at ``--out`` (default: a temporary folder; ``--out
+benchmarks/results/torch_pool_throughput.json`` replaces the committed result), with the run's
+provenance (command, commit, machine, date, load).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the torch loops of joint_attack_throughput.py
 
+from _timing import provenance, results_path  # noqa: E402
 from joint_attack_throughput import torch_joint_pgd_loop, torch_joint_pgd_vmap  # noqa: E402
 
 from sarjax.attacks.joint import make_joint_pgd
@@ -115,11 +118,9 @@ def main():
     ap.add_argument("--batches", type=int, nargs="+", default=[64, 256])
     ap.add_argument("--torch-threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--quick", action="store_true", help="B = 64, 5 steps, 3 repetitions")
-    ap.add_argument(
-        "--out",
-        default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "torch_pool_throughput.json"),
-    )
+    ap.add_argument("--out", default=None, help="JSON path (default: a temporary folder, never benchmarks/results/)")
     args = ap.parse_args()
+    args.out = str(results_path("torch_pool_throughput.json", args.out, quick=args.quick))
     if args.quick:
         args.steps, args.reps, args.batches = 5, 3, [64]
 
@@ -231,6 +232,7 @@ def _write(path, rows, convert_s, load_before, torch_version):
         "loadavg_before": load_before,
         "loadavg_after": os.getloadavg(),
         "rows": rows,
+        "provenance": provenance(),  # command, commit, machine, date, load
     }
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as fh:

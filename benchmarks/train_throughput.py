@@ -472,10 +472,10 @@ def main(argv=None) -> dict:
     ap.add_argument(
         "--out",
         default=None,
-        help="JSON path (default benchmarks/results/train_throughput.json; --quick: a temporary folder)",
+        help="JSON path (default: a temporary folder, never benchmarks/results/)",
     )
     a = ap.parse_args(argv)
-    # --quick never overwrites benchmarks/results/
+    # without --out, a run never overwrites benchmarks/results/
     a.out = str(results_path("train_throughput.json", a.out, quick=a.quick))
     if a.quick:
         a.members, a.steps, a.repeats = 4, 16, 2

@@ -11,7 +11,8 @@ default CNN pool (M = 20) for the two convolution formulations that use ``max_po
 * one training gradient (cross-entropy of every member, ``jax.grad`` over the stacked params).
 
 Prints each ratio (``jnp.max`` time / ``window_max`` time: above 1 means the new rule is faster)
-and writes JSON (``--out``).
+and writes JSON (``--out``; none without it), with the run's provenance (command, commit, machine,
+date, load).
 
     python benchmarks/window_max_cost.py --reps 5 --out benchmarks/results/window_max_cost.json
 """
@@ -29,7 +30,7 @@ import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _timing import first_calls, round_robin  # noqa: E402
+from _timing import first_calls, provenance, round_robin  # noqa: E402
 
 from sarjax.attacks.joint import make_joint_pgd  # noqa: E402
 from sarjax.models import zoo  # noqa: E402
@@ -116,6 +117,7 @@ def main() -> None:
         "load_after": os.getloadavg(),
         "M": M,
         "rows": rows,
+        "provenance": provenance(),  # command, commit, machine, date, load
     }
     if args.out:
         Path(args.out).write_text(json.dumps(res, indent=1))
