@@ -73,7 +73,16 @@ def test_missing_and_wrong_builders_name_the_stack(saved):
     builders = {"LinenCNN": lambda: F.LinenCNN(channels=2, dense=4), "plain_apply": lambda: F.plain_apply}
     with pytest.raises(CheckpointError, match=r"stack 2 is a 'nnx' stack named 'NnxMLP'.*builders=\{'NnxMLP': fn\}"):
         load_pool(d, builders=builders)
-    with pytest.raises(CheckpointError, match=r"stack 1 is a 'linen' stack named 'LinenCNN'"):
+    # save_pool recorded the linen module's class and fields and the module-level apply (issue 37),
+    # so without builders those two restore by themselves and the nnx stack (no path) is the one named
+    meta = json.loads((d / "pool.json").read_text())
+    assert [s.get("builder") for s in meta["stacks"]] == [
+        None,
+        {"path": "_flax_nets:LinenCNN", "call": True, "kwargs": {"channels": 2, "dense": 4}},
+        None,
+        {"path": "_flax_nets:plain_apply", "call": False},
+    ]
+    with pytest.raises(CheckpointError, match=r"stack 2 is a 'nnx' stack named 'NnxMLP' saved without a builder"):
         load_pool(d)
     # another architecture under the same name: caught before any logits are compared
     wrong = {**builders, "NnxMLP": lambda: F.nnx_twin(F.zoo_params(zoo.mlp((4,), input_shape=SHAPE), 1, 0), 4)}
