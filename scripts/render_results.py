@@ -1,11 +1,19 @@
-"""Render ``benchmarks/results/*.json`` into one generated page, ``docs/results.md``.
+"""Render ``benchmarks/results/*.json`` and the dated notes into one generated page, ``docs/results.md``.
 
 Every results file is written by its benchmark script; this page only shows what the files hold
-(never edit the page by hand: edit nothing, rerun the benchmark, then this script). One section per
-file, sorted by file name: its provenance (command, commit, machine, date, load: whichever fields
-the script recorded, under whatever name) and a table of its scalar figures (top-level fields, and
-the scalar fields of nested objects up to two levels deep, as dotted names). Lists and deeper
-objects are named, not rendered: open the JSON for them.
+(never edit the page or a results file by hand: rerun the benchmark with ``--out
+benchmarks/results/NAME``, then this script). The page has two parts:
+
+* **Dated reproductions and analyses**: each ``benchmarks/results/notes/YYYY-MM-DD-<slug>.md``
+  (prose written for this page: its first line ``# Title``, links relative to ``docs/``), copied in
+  under its date, oldest first, its headings one level down. Measurements and their reading go
+  there, not into the guides in ``docs/``, which link here.
+* **Results files**: one section per JSON file, sorted by file name: its provenance (command,
+  commit, machine, date, load: whichever fields the script recorded, under whatever name) and a
+  table of its scalar figures (top-level fields, and the scalar fields of nested objects up to two
+  levels deep, as dotted names). Lists and deeper objects are named, not rendered: open the JSON
+  for them. A file that lacks any of the five provenance fields was written before the scripts
+  recorded them: its section says so and names the git commit that added it.
 
     python scripts/render_results.py            # writes docs/results.md
     python scripts/render_results.py --check    # exit 1 when docs/results.md is not up to date
@@ -17,6 +25,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -45,6 +55,8 @@ PROVENANCE: dict[str, tuple[str, ...]] = {
 }
 MAX_ROWS = 60
 MAX_CELL = 160
+NOTE_NAME = re.compile(r"^(\d{4}-\d{2}-\d{2})-[a-z0-9][a-z0-9-]*\.md$")
+LEGACY = "written before the scripts recorded it"
 
 HEADER = """\
 # Benchmark results
@@ -58,7 +70,13 @@ fails when this page is stale. Each section gives the provenance the script reco
 git commit, machine, date, machine load; "not recorded" names what the file lacks) and a table of
 the file's scalar figures (nested objects as dotted names, two levels deep). Lists and deeper
 objects are named only: the JSON file holds them. Figures are measurements of the machine and date
-they name, not promises; read the benchmark's docstring for what each figure means.
+they name, not promises; read the benchmark's docstring for what each figure means. A file whose
+provenance is incomplete was written before the scripts recorded it: its section says so and
+names the commit that added it (the repository's history is its only record).
+
+The dated reproductions and analyses come first: `benchmarks/results/notes/*.md`, copied in under
+their dates. Results files are never edited by hand; a benchmark writes under
+`benchmarks/results/` only when its `--out` says so.
 """
 
 
@@ -106,8 +124,55 @@ def _flatten(obj: dict, prefix: str, depth: int, rows: list, other: list) -> Non
             other.append(f"`{name}` (object of {len(value)} fields)")
 
 
-def render_file(path: Path) -> str:
-    """One section: heading, provenance, figures table."""
+def added_commits(results_dir: Path) -> dict[str, tuple[str, str]]:
+    """``{file name: (commit, date)}`` of the commit that first added each file of ``results_dir``
+    (git history of the checkout; renames count as additions; empty outside a git checkout)."""
+    try:
+        rel = results_dir.resolve().relative_to(ROOT)
+    except ValueError:
+        return {}
+    try:
+        proc = subprocess.run(
+            ["git", "log", "--no-renames", "--diff-filter=A", "--format=@%H %cs", "--name-only", "--", str(rel)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    if proc.returncode != 0:
+        return {}
+    found: dict[str, tuple[str, str]] = {}
+    commit = ("", "")
+    for line in proc.stdout.splitlines():
+        if line.startswith("@"):
+            sha, date = line[1:].split()
+            commit = (sha[:10], date)
+        elif line.strip():
+            path = Path(line.strip())
+            if path.parent == rel:
+                found[path.name] = commit  # git log runs newest first: the last one seen is the first add
+    return found
+
+
+def _legacy_line(name: str, missing: list[str], added: dict[str, tuple[str, str]]) -> str:
+    what = (
+        "Provenance not recorded"
+        if len(missing) == len(PROVENANCE)
+        else f"Provenance incomplete: {', '.join(missing)} not recorded"
+    )
+    if name in added:
+        sha, date = added[name]
+        where = f"added to the repository in commit `{sha}` ({date})"
+    else:
+        where = "not in the repository's history yet"
+    return f"**{what} ({LEGACY}).** The file was {where}."
+
+
+def render_file(path: Path, added: dict[str, tuple[str, str]] | None = None) -> str:
+    """One section: heading, provenance (or what it lacks), figures table."""
+    added = added or {}
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as e:
@@ -116,7 +181,8 @@ def render_file(path: Path) -> str:
     if not isinstance(data, dict):
         kind = type(data).__name__
         size = len(data) if isinstance(data, list) else 1
-        out += [f"A JSON {kind} (not an object; {size} entries): see the file.", "", "Provenance not recorded.", ""]
+        out += [f"A JSON {kind} (not an object; {size} entries): see the file.", ""]
+        out += [_legacy_line(path.name, list(PROVENANCE), added), ""]
         return "\n".join(out)
     prov: dict[str, list[tuple[str, object]]] = {c: [] for c in PROVENANCE}
     figures: dict = {}
@@ -133,15 +199,15 @@ def render_file(path: Path) -> str:
                 cat = _category(sub)
                 if cat is not None and all("." in k for k, _ in prov[cat]):
                     prov[cat].append((f"{key}.{sub}", subvalue))
-    if not any(prov.values()):
-        out += ["Provenance not recorded.", ""]
-    else:
+    missing = [c for c, items in prov.items() if not items]
+    if missing:
+        out += [_legacy_line(path.name, missing, added), ""]
+    if any(prov.values()):
         out.append("Provenance:")
         out.append("")
         for cat, items in prov.items():
             for key, value in items:
                 out.append(f"- {cat} (`{key}`): {_cell(value)}")
-        missing = [c for c, items in prov.items() if not items]
         if missing:
             out.append(f"- not recorded: {', '.join(missing)}")
         out.append("")
@@ -160,15 +226,54 @@ def render_file(path: Path) -> str:
     return "\n".join(out)
 
 
+def render_note(path: Path) -> tuple[str, str]:
+    """A dated note: ``(heading, section)``; the note's ``# Title`` becomes ``## DATE: Title`` and
+    its other headings move one level down."""
+    match = NOTE_NAME.match(path.name)
+    if match is None:
+        raise ValueError(
+            f"{path}: expected a note named YYYY-MM-DD-<lowercase-slug>.md (the date it was measured), got {path.name!r}"
+        )
+    lines = path.read_text().rstrip("\n").splitlines()
+    if not lines or not lines[0].startswith("# "):
+        first = lines[0] if lines else ""
+        raise ValueError(f"{path}: expected the first line to be '# Title', got {first!r}")
+    heading = f"{match.group(1)}: {lines[0][2:].strip()}"
+    body, fenced = [], False
+    for line in lines[1:]:
+        if line.startswith("```"):
+            fenced = not fenced
+        if not fenced and re.match(r"^#{1,5} ", line):
+            line = "#" + line
+        body.append(line)
+    section = [f"## {heading}", "", f"*From `benchmarks/results/notes/{path.name}`.*", *body, ""]
+    return heading, "\n".join(section)
+
+
 def render(results_dir: Path) -> str:
     files = sorted(results_dir.glob("*.json"), key=lambda p: p.name)
+    notes_dir = results_dir / "notes"
+    notes = [render_note(p) for p in sorted(notes_dir.glob("*.md"), key=lambda p: p.name)] if notes_dir.is_dir() else []
+    added = added_commits(results_dir)
+    sections = [render_file(p, added) for p in files]
+    legacy = sum(LEGACY in s for s in sections)
     parts = [HEADER]
+    if notes:
+        parts.append(
+            "Dated reproductions and analyses: " + ", ".join(f"[{h}](#{_anchor(h)})" for h, _ in notes) + ".\n"
+        )
     parts.append("Files: " + ", ".join(f"[{p.name}](#{_anchor(p.name)})" for p in files) + ".\n")
-    parts += [render_file(p) for p in files]
+    parts.append(
+        f"{len(files) - legacy} of {len(files)} files carry the provenance their script wrote (command, commit, "
+        f"machine, date, load); {legacy} were {LEGACY} and say so.\n"
+    )
+    parts += [n for _, n in notes]
+    parts += sections
     return "\n".join(parts).rstrip("\n") + "\n"
 
 
 def _anchor(name: str) -> str:
+    """GitHub's heading anchor: lower case, punctuation but ``-`` and ``_`` dropped, spaces to ``-``."""
     return "".join(c for c in name.lower() if c.isalnum() or c in "-_ ").replace(" ", "-")
 
 

@@ -45,7 +45,8 @@ def test_renders_tables_and_provenance(tmp_path):
     assert text.index("## a_old.json") < text.index("## b_speed.json")
     a = text[text.index("## a_old.json") : text.index("## b_speed.json")]
     b = text[text.index("## b_speed.json") :]
-    assert "Provenance not recorded." in a
+    assert "**Provenance not recorded (written before the scripts recorded it).**" in a
+    assert "not in the repository's history yet" in a  # a folder outside the checkout has no history
     assert "| `seconds` | 12 |" in a
     assert "a \\| b" in a  # a pipe in a value does not break the table
     assert "- command (`command`): python benchmarks/b_speed.py --out x.json" in b
@@ -53,7 +54,8 @@ def test_renders_tables_and_provenance(tmp_path):
     assert "- machine (`machine`): Linux-x86_64" in b
     assert "- date (`date`): 2026-12-04T22:00:00Z" in b
     assert "- load (`load_before`): [1.5, 1.0, 0.5]" in b
-    assert "not recorded" not in b
+    assert "not recorded" not in b and "written before" not in b
+    assert "1 of 2 files carry the provenance their script wrote" in text
     assert "| `ratio` | 2.5 |" in b
     assert "| `robust_accuracy.sarjax` | 0.72 |" in b
     assert "`rows` (list of 2)" in b
@@ -68,3 +70,33 @@ def test_renders_tables_and_provenance(tmp_path):
 def test_committed_results_page_is_up_to_date():
     proc = _run("--check")
     assert proc.returncode == 0, proc.stderr + " (run: python scripts/render_results.py)"
+
+
+def test_dated_notes_are_copied_in_under_their_dates(tmp_path):
+    results = tmp_path / "results"
+    (results / "notes").mkdir(parents=True)
+    (results / "r.json").write_text(json.dumps({"x": 1}))
+    (results / "notes" / "2026-12-04-a-run.md").write_text(
+        "# A run on the zoo\n\nMeasured at load 2.\n\n## Detail\n\n```bash\n# a comment, not a heading\n```\n"
+    )
+    (results / "notes" / "2026-11-30-older.md").write_text("# Older\n\nText.\n")
+    page = tmp_path / "results.md"
+    proc = _run("--results", str(results), "--out", str(page))
+    assert proc.returncode == 0, proc.stderr
+    text = page.read_text()
+    # oldest first, before the results files; the title under its date, headings one level down
+    assert text.index("## 2026-11-30: Older") < text.index("## 2026-12-04: A run on the zoo") < text.index("## r.json")
+    assert "*From `benchmarks/results/notes/2026-12-04-a-run.md`.*" in text
+    assert "\n### Detail\n" in text and "\n# a comment, not a heading\n" in text
+    assert "[2026-12-04: A run on the zoo](#2026-12-04-a-run-on-the-zoo)" in text
+    (results / "notes" / "run.md").write_text("# Undated\n")
+    bad = _run("--results", str(results), "--out", str(page))
+    assert bad.returncode != 0 and "YYYY-MM-DD" in bad.stderr
+
+
+def test_committed_results_without_provenance_are_marked_with_their_commit():
+    text = (ROOT / "docs" / "results.md").read_text()
+    section = text[text.index("## frontier_zoo_linf.json") :]
+    section = section[: section.index("\n## ", 1)]
+    assert "**Provenance not recorded (written before the scripts recorded it).**" in section
+    assert "added to the repository in commit `b01f294" in section
