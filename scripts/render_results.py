@@ -55,6 +55,8 @@ PROVENANCE: dict[str, tuple[str, ...]] = {
 }
 MAX_ROWS = 60
 MAX_CELL = 160
+MAX_RECORDS = 40  # a list of flat records (``rows``) renders as a table up to this many rows ...
+MAX_COLUMNS = 14  # ... and this many fields
 NOTE_NAME = re.compile(r"^(\d{4}-\d{2}-\d{2})-[a-z0-9][a-z0-9-]*\.md$")
 LEGACY = "written before the scripts recorded it"
 
@@ -111,13 +113,40 @@ def _short_list(value: list) -> bool:
     return len(value) <= 8 and all(isinstance(v, (int, float, bool)) or v is None for v in value)
 
 
-def _flatten(obj: dict, prefix: str, depth: int, rows: list, other: list) -> None:
+def _records(value: object) -> list[str] | None:
+    """The columns of a list of flat records (dicts of scalars or short lists) small enough to
+    render as a table, else None."""
+    if not isinstance(value, list) or not value or len(value) > MAX_RECORDS:
+        return None
+    if not all(isinstance(r, dict) for r in value):
+        return None
+    columns: list[str] = []
+    for record in value:
+        for k, v in record.items():
+            if not (_is_scalar(v) or (isinstance(v, list) and _short_list(v))):
+                return None
+            if k not in columns:
+                columns.append(k)
+    return columns if len(columns) <= MAX_COLUMNS else None
+
+
+def _record_table(name: str, value: list, columns: list[str]) -> list[str]:
+    out = [f"`{name}` ({len(value)} rows):", "", "| " + " | ".join(_cell(c) for c in columns) + " |"]
+    out.append("|" + "---|" * len(columns))
+    for record in value:
+        out.append("| " + " | ".join(_cell(record[c]) if c in record else "" for c in columns) + " |")
+    return [*out, ""]
+
+
+def _flatten(obj: dict, prefix: str, depth: int, rows: list, other: list, tables: list | None = None) -> None:
     for key, value in obj.items():
         name = f"{prefix}{key}"
         if _is_scalar(value) or (isinstance(value, list) and _short_list(value)):
             rows.append((name, value))
         elif isinstance(value, dict) and depth < 2:
-            _flatten(value, name + ".", depth + 1, rows, other)
+            _flatten(value, name + ".", depth + 1, rows, other, tables)
+        elif tables is not None and (columns := _records(value)) is not None:
+            tables.append((name, value, columns))
         elif isinstance(value, list):
             other.append(f"`{name}` (list of {len(value)})")
         else:
@@ -213,7 +242,8 @@ def render_file(path: Path, added: dict[str, tuple[str, str]] | None = None) -> 
         out.append("")
     rows: list[tuple[str, object]] = []
     other: list[str] = []
-    _flatten(figures, "", 0, rows, other)
+    tables: list[tuple[str, list, list[str]]] = []
+    _flatten(figures, "", 0, rows, other, tables)
     if rows:
         out += ["| field | value |", "|---|---|"]
         for name, value in rows[:MAX_ROWS]:
@@ -221,6 +251,8 @@ def render_file(path: Path, added: dict[str, tuple[str, str]] | None = None) -> 
         if len(rows) > MAX_ROWS:
             out.append(f"| … | {len(rows) - MAX_ROWS} more scalar fields in the file |")
         out.append("")
+    for name, value, columns in tables:
+        out += _record_table(name, value, columns)
     if other:
         out += ["Also in the file (not rendered): " + ", ".join(other) + ".", ""]
     return "\n".join(out)

@@ -6,6 +6,7 @@ The script runs as a subprocess (as CI runs it), so the test needs no ``sys.path
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -31,7 +32,8 @@ def test_renders_tables_and_provenance(tmp_path):
                 "load_before": [1.5, 1.0, 0.5],
                 "ratio": 2.5,
                 "robust_accuracy": {"sarjax": 0.72, "torch": 0.71},
-                "rows": [{"n": 1}, {"n": 2}],
+                "rows": [{"n": 1, "acc": 0.5}, {"n": 2}],
+                "grid": [[1, 2], [3, 4]],
             }
         )
     )
@@ -58,7 +60,9 @@ def test_renders_tables_and_provenance(tmp_path):
     assert "1 of 2 files carry the provenance their script wrote" in text
     assert "| `ratio` | 2.5 |" in b
     assert "| `robust_accuracy.sarjax` | 0.72 |" in b
-    assert "`rows` (list of 2)" in b
+    # a list of flat records renders as a table; other lists are named
+    assert "`rows` (2 rows):\n\n| n | acc |\n|---|---|\n| 1 | 0.5 |\n| 2 |  |\n" in b
+    assert "`grid` (list of 2)" in b
     # --check: up to date now, stale after a results file changes
     assert _run("--results", str(results), "--out", str(page), "--check").returncode == 0
     (results / "a_old.json").write_text(json.dumps({"seconds": 13.0}))
@@ -100,3 +104,20 @@ def test_committed_results_without_provenance_are_marked_with_their_commit():
     section = section[: section.index("\n## ", 1)]
     assert "**Provenance not recorded (written before the scripts recorded it).**" in section
     assert "added to the repository in commit `b01f294" in section
+
+
+def test_links_into_the_results_page_resolve():
+    """Every ``results.md#anchor`` link of README.md and docs/*.md names a heading of the page
+    (GitHub's anchors: lower case, punctuation but - and _ dropped, spaces to -)."""
+    page = (ROOT / "docs" / "results.md").read_text()
+    anchors = set()
+    for line in page.splitlines():
+        if line.startswith("#"):
+            heading = line.lstrip("#").strip().lower()
+            anchors.add("".join(c for c in heading if c.isalnum() or c in "-_ ").replace(" ", "-"))
+    broken = []
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for anchor in re.findall(r"results\.md#([A-Za-z0-9_-]+)", doc.read_text()):
+            if anchor not in anchors:
+                broken.append(f"{doc.name}: #{anchor}")
+    assert not broken, broken
