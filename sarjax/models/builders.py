@@ -4,7 +4,7 @@ Two uses:
 
 - ``--model PKG.MODULE:FUNCTION`` on the commands (``sarjax sar``, ``frontier``, ``autoattack``):
   :func:`load_model` imports ``FUNCTION``, calls it with no arguments and checks that it returned
-  a :class:`~sarjax.models.pool.Pool`.
+  a :class:`~sarjax.models.Pool`.
 - :func:`sarjax.models.checkpoint.save_pool` records, for each stack that is not a zoo stack, how
   to rebuild its architecture (:func:`builder_record`), so that :func:`~sarjax.models.checkpoint.load_pool`
   and every command restore function, linen, nnx and PyTorch pools without code. A record is
@@ -64,7 +64,7 @@ def load_model(spec: str) -> Any:
 
     Raises:
         ValueError: the path does not import, ``FUNCTION`` is not callable, raises, or returns
-            something other than a :class:`~sarjax.models.pool.Pool` (naming the path and the type).
+            something other than a :class:`~sarjax.models.Pool` (naming the path and the type).
     """
     from sarjax.models.pool import Pool  # pool imports the stack kinds; keep this module light
 
