@@ -4,20 +4,34 @@ from __future__ import annotations
 
 import argparse
 
-from sarjax.experiments.frontier import ATTACK_NORMS, NORMS, run_frontier
+from sarjax.cli.args import (
+    add_distributed_arguments,
+    add_images_argument,
+    add_model_argument,
+    initialize_distributed,
+    positive_int,
+)
+from sarjax.experiments.frontier import ATTACK_NORMS, NORMS, run_frontier_on_dirs
 from sarjax.runtime.compile_cache import add_compile_cache_argument
 
 
 def cmd_frontier(args: argparse.Namespace) -> int:
     """Attack and defense frontiers of saved pools (the frontier paper)."""
+    if not args.models and not args.model:
+        raise ValueError("no models: give --models DIR ... and / or --model PKG.MODULE:FUNCTION")
+    if args.images is not None and args.data_dir is not None:
+        raise ValueError(f"--images {args.images} and --data-dir {args.data_dir} both name the images: give one")
+    initialize_distributed(args)  # before any JAX computation
     if args.compile_cache:
         from sarjax.runtime.compile_cache import enable_compile_cache
 
         enable_compile_cache(args.compile_cache)
-    run_frontier(
-        args.models,
+    run_frontier_on_dirs(
+        args.models or [],
         args.norm,
         out=args.out,
+        model_specs=args.model,
+        images=args.images,
         tiers=args.tiers,
         heldout=args.heldout,
         samples=args.samples,
@@ -38,6 +52,7 @@ def cmd_frontier(args: argparse.Namespace) -> int:
         aa_square=args.aa_square,
         defenses=[a for a in args.defenses.split(",") if a] if args.defenses else None,
         chains=args.chain_updates,
+        keep_points=not args.no_points,
     )
     return 0
 
@@ -48,7 +63,14 @@ def register(sub) -> None:
         "frontier",
         help="attack pool with trajectories on saved pools, nested ensembles (Algorithm 1), AOI / DOI (the frontier paper)",
     )
-    f.add_argument("--models", nargs="+", required=True, metavar="DIR", help="pool directories written by train-pool")
+    f.add_argument(
+        "--models",
+        nargs="+",
+        default=None,
+        metavar="DIR",
+        help="pool directories written by train-pool or defense zoos (and / or --model)",
+    )
+    add_model_argument(f)
     f.add_argument("--norm", choices=NORMS, required=True, help="threat model")
     f.add_argument(
         "--tiers",
@@ -60,7 +82,12 @@ def register(sub) -> None:
     f.add_argument(
         "--heldout", type=float, default=13 / 30, help="held-out share of the models (the frontier paper: 13 of 30)"
     )
-    f.add_argument("--samples", type=int, default=1000, help="test images per model (the frontier paper: 1000)")
+    f.add_argument(
+        "--samples",
+        type=positive_int,
+        default=None,
+        help="the first N images (default: 1000 MNIST test images, the frontier paper; every image of --images)",
+    )
     f.add_argument("--out", required=True, help="output directory (frontier.json, plots, cache/)")
     f.add_argument("--cap", type=int, default=1000, help="per-attack cap T in queries (the frontier paper: 1000)")
     f.add_argument("--restarts", type=int, default=5, help="random restarts per attack (the frontier paper: 5)")
@@ -80,6 +107,7 @@ def register(sub) -> None:
     )
     f.add_argument("--batch", type=int, default=250, help="samples per attack call")
     f.add_argument("--data-dir", default=None, help="directory with MNIST IDX files (default: embedded)")
+    add_images_argument(f)
     f.add_argument("--seed", type=int, default=0)
     f.add_argument("--overwrite", action="store_true", help="discard cached attack runs in OUT/cache")
     f.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -96,5 +124,11 @@ def register(sub) -> None:
         help="Algorithm 1 also takes the least feasible completion of updates the structural constraints forbid "
         "(ours; default: as published, docs/frontier.md)",
     )
+    f.add_argument(
+        "--no-points",
+        action="store_true",
+        help="do not keep the adversarial points in the cache (huge runs; load_points then has nothing to read)",
+    )
+    add_distributed_arguments(f)
     add_compile_cache_argument(f)
     f.set_defaults(func=cmd_frontier)

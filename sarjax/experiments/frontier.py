@@ -1,15 +1,26 @@
-"""``sarjax frontier``: the attack pool on saved pools, nested ensembles, AOI / DOI tables, JSON, plots.
+"""``sarjax frontier``: the attack pool on pools, nested ensembles, AOI / DOI tables, JSON, plots.
 
-the frontier paper end to end on MNIST pools saved by ``sarjax train-pool``: every member of every
-``--models`` directory is a model.  For each pool directory and each entry of the minimum-norm
-attack pool (the norm's attacks of the frontier paper Table 2 plus FAB, each with its random restarts
-and top-k targeted runs as separate entries, Section 5.1) one vmapped call attacks every member
-on the first ``--samples`` test images and records the trajectory (best distance every 10
-queries).  Results are cached per (pool directory, entry) in ``OUT/cache``; a rerun reuses them
-and a cache written with other settings is refused (a fingerprint, as ``sarjax sar`` does).
-Then Algorithm 1 is fitted on the train models at the nested tiers (``--tiers``), the held-out
-AOI is reported beside the train AOI, the DOI of every model at every tier, the rank
-instability, and ``OUT/frontier.json`` plus four plots are written.
+the frontier paper end to end. :func:`run_frontier` takes pools in memory and the images as
+arrays; :func:`run_frontier_on_dirs` (the command) loads the ``--models`` directories (pools saved
+by ``sarjax train-pool``, defense zoos), the ``--model PKG.MODULE:FUNCTION`` builders and the
+images (the first ``--samples`` MNIST test images, or ``--images FILE.npz``) and calls it. For each
+pool and each entry of the minimum-norm attack pool (the norm's attacks of the frontier paper
+Table 2 plus FAB, each with its random restarts and top-k targeted runs as separate entries,
+Section 5.1) one vmapped call attacks every member on the images and records the trajectory
+(best distance every 10 queries) and the best adversarial point per (sample, member). Results
+are cached per (pool, entry) in ``OUT/cache``; a rerun reuses them and a cache written with other
+settings is refused (a fingerprint, as ``sarjax sar`` does). Then Algorithm 1 is fitted on the
+train models at the nested tiers (``--tiers``), the held-out AOI is reported beside the train
+AOI, the DOI of every model at every tier, the rank instability, and ``OUT/frontier.json`` plus
+four plots are written; :func:`load_points` reads the adversarial points back.
+
+Across processes (JAX's distributed runtime, ``--coordinator``): every process runs every
+(pool, entry) on its share of the samples, in whole attack batches
+(:func:`sarjax.runtime.distributed.process_blocks`), so every batch is the one a single process
+would run and the results are bit-identical to one process. Each process caches its rows in its
+own folder ``OUT/cache/<pool>/rows-<a>-<b>/`` (resumable per process); the rows are gathered
+after every entry and process 0 writes the merged cache files (the one-process layout), the
+report and the plots.
 """
 
 from __future__ import annotations
@@ -17,12 +28,15 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache, partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+from sarjax.runtime import distributed
 from sarjax.runtime import fingerprint as fingerprints
 from sarjax.runtime.compile_cache import release_compiled_near_map_limit
 from sarjax.runtime.progress import progress_bar
@@ -183,8 +197,8 @@ class _FnPool:
 
 
 @dataclass
-class _Model:
-    """One ``--models`` item after loading: a saved pool, or one defense of a defense zoo."""
+class FrontierModel:
+    """One pool of a frontier run: a saved pool, a pool in memory, or one defense of a defense zoo."""
 
     label: str  # display prefix of its members' names
     tag: str  # cache folder name under OUT/cache
@@ -193,7 +207,50 @@ class _Model:
     member_names: list[str]
 
 
-def load_models(models: list[str], defenses: list[str] | None = None) -> list[_Model]:
+def _member_names(pool) -> list[str]:
+    names = [n for s in pool.stacks for n in s.names] if hasattr(pool, "stacks") else []
+    if len(names) != pool.num_members:
+        names = [f"m{j}" for j in range(pool.num_members)]
+    return names
+
+
+def _is_pool(p) -> bool:
+    return all(hasattr(p, a) for a in ("apply", "params", "num_members", "input_shape", "num_classes", "logits"))
+
+
+def as_models(pools) -> list[FrontierModel]:
+    """The pools of :func:`run_frontier` as :class:`FrontierModel` items.
+
+    ``pools``: a list of :class:`sarjax.models.Pool` (labels ``pool0``, ``pool1``, ...), a dict
+    ``label -> Pool``, or a list of :class:`FrontierModel` (what :func:`load_models` returns).
+    Member ``n`` of the pool labelled ``L`` is the model ``L/n``; pool ``i``'s cache folder is
+    ``OUT/cache/<i>-<L>``.
+    """
+    if isinstance(pools, Mapping):
+        items = [(str(k), v) for k, v in pools.items()]
+    elif isinstance(pools, (list, tuple)):
+        items = [(None, v) for v in pools]
+    else:
+        raise TypeError(f"pools must be a list of Pool or a dict label -> Pool, got {type(pools).__name__}")
+    if not items:
+        raise ValueError("pools is empty: give at least one pool")
+    out = []
+    for i, (label, p) in enumerate(items):
+        if isinstance(p, FrontierModel):
+            out.append(p)
+            continue
+        if not _is_pool(p):
+            raise TypeError(
+                f"pool {label or i}: expected a sarjax.models.Pool (apply, params, num_members, input_shape, "
+                f"num_classes, logits), got {type(p).__name__}"
+            )
+        label = f"pool{i}" if label is None else label
+        names = [f"{label}/{n}" for n in _member_names(p)]
+        out.append(FrontierModel(label, f"{i}-{_safe(label)}", f"{i}-{label}", p, names))
+    return out
+
+
+def load_models(models: list[str], defenses: list[str] | None = None) -> list[FrontierModel]:
     """``--models`` directories as pools: a pool saved by ``sarjax train-pool`` (every member a
     model), or a defense zoo written by ``sarjax train-defenses`` (a directory with
     ``zoo.json``: every trained defense a one-member model; the randomized ones are attacked
@@ -202,7 +259,7 @@ def load_models(models: list[str], defenses: list[str] | None = None) -> list[_M
     of the zoo directories (all by default; pool directories are always taken whole)."""
     from sarjax.models.checkpoint import load_pool
 
-    out: list[_Model] = []
+    out: list[FrontierModel] = []
     seen: set[str] = set()
     for i, d in enumerate(models):
         base = Path(d).name
@@ -214,14 +271,11 @@ def load_models(models: list[str], defenses: list[str] | None = None) -> list[_M
                 if defenses is not None and name not in defenses:
                     continue
                 pool = zm.pool if zm.pool is not None else _FnPool(zm.apply, zm.params, name)
-                out.append(_Model(name, f"zoo-{_safe(base)}-{_safe(name)}", f"{i}-{base}", pool, [name]))
+                out.append(FrontierModel(name, f"zoo-{_safe(base)}-{_safe(name)}", f"{i}-{base}", pool, [name]))
             continue
         pool, _ = load_pool(d)
-        member_names = [n for s in pool.stacks for n in s.names] if hasattr(pool, "stacks") else []
-        if len(member_names) != pool.num_members:
-            member_names = [f"m{j}" for j in range(pool.num_members)]
-        names = [f"{base}/{n}" for n in member_names]
-        out.append(_Model(base, f"{i}-{_safe(base)}", f"{i}-{base}", pool, names))
+        names = [f"{base}/{n}" for n in _member_names(pool)]
+        out.append(FrontierModel(base, f"{i}-{_safe(base)}", f"{i}-{base}", pool, names))
     missing = sorted(set(defenses or ()) - seen)
     if missing:
         raise ValueError(f"--defenses {missing} are in none of the zoo directories (they hold: {sorted(seen)})")
@@ -249,9 +303,30 @@ def _random_starts_jit():
     return f
 
 
-def run_entry(fns: dict, pool, entry: EntrySpec, x, y, correct, targets, *, norm, cap, init_eps, key, batch):
+def run_entry(
+    fns: dict,
+    pool,
+    entry: EntrySpec,
+    x,
+    y,
+    correct,
+    targets,
+    *,
+    norm,
+    cap,
+    init_eps,
+    key,
+    batch,
+    ids=None,
+    points=False,
+):
     """Run one entry on every member of ``pool``: ``(norm [B, M], trajectory [B, M, cap // 10],
-    queries [B, M])`` as numpy, misclassified (sample, member) pairs at distance 0."""
+    queries [B, M])`` as numpy, misclassified (sample, member) pairs at distance 0; with
+    ``points=True`` also the best adversarial points ``x_adv [B, M, *S]`` (float32; the clean
+    image where the pair is misclassified clean or no point was found).
+
+    ``ids``: the samples' ids ``[B]`` (they seed the per-sample random streams; default
+    ``arange(B)``)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -263,31 +338,37 @@ def run_entry(fns: dict, pool, entry: EntrySpec, x, y, correct, targets, *, norm
         fns[k] = _factory(entry.attack, apply, norm, cap, tg, stacked)
     fn = fns[k]
     B = x.shape[0]
+    sid = np.arange(B) if ids is None else np.asarray(ids)
     ekey = jax.random.fold_in(key, {"base": 0, "restart": 1000, "targeted": 2000}[entry.kind] + entry.rank)
     outs = []
     for s in range(0, B, batch):
         sl = slice(s, min(B, s + batch))
-        ids = np.arange(sl.start, sl.stop, dtype=np.int32)
+        ids_b = sid[sl].astype(np.int32)
         mask = correct[sl].astype(np.float32)  # [b, M]: misclassified pairs need no attack
-        kw: dict[str, Any] = {"sample_ids": ids}
+        kw: dict[str, Any] = {"sample_ids": ids_b}
         ref = y[sl]
         if tg:
             ref = targets[sl, :, entry.rank - 1]
             kw["labels"] = y[sl]
         if entry.kind == "restart":  # the frontier paper: "5 independent initializations sampled from the lp ball"
-            kw["x_init"] = _random_starts(ekey, jnp.asarray(ids), jnp.asarray(x[sl]), float(init_eps), norm)
+            kw["x_init"] = _random_starts(ekey, jnp.asarray(ids_b), jnp.asarray(x[sl]), float(init_eps), norm)
+        m = correct.shape[1]
         if not mask.any():
-            m = correct.shape[1]
-            outs.append(
-                (np.zeros((len(ids), m)), np.zeros((len(ids), m, cap // 10)), np.zeros((len(ids), m), np.int64))
-            )
+            b = len(ids_b)
+            o = (np.zeros((b, m)), np.zeros((b, m, cap // 10)), np.zeros((b, m), np.int64))
+            if points:
+                o += (np.broadcast_to(np.asarray(x[sl], np.float32)[:, None], (b, m, *x.shape[1:])),)
+            outs.append(o)
             continue
         res = fn(params, x[sl], ref, key=ekey, mask=mask, **kw)
         ok = correct[sl]
         n = np.where(ok, np.asarray(res.norm, np.float64), 0.0)
         t = np.where(ok[..., None], np.asarray(res.trajectory, np.float64), 0.0)
-        outs.append((n, t, np.asarray(res.queries, np.int64)))
-    return tuple(np.concatenate([o[i] for o in outs]) for i in range(3))
+        o = (n, t, np.asarray(res.queries, np.int64))
+        if points:  # the attacks return x0 for masked (misclassified) pairs and where nothing was found
+            o += (np.asarray(res.x_adv, np.float32),)
+        outs.append(o)
+    return tuple(np.concatenate([o[i] for o in outs]) for i in range(len(outs[0])))
 
 
 def _open_cache(directory: Path, fp: dict[str, Any], overwrite: bool) -> None:
@@ -304,21 +385,136 @@ def _open_cache(directory: Path, fp: dict[str, Any], overwrite: bool) -> None:
         fingerprints.write_fingerprint(directory, fp)
 
 
+class FrontierPoints(NamedTuple):
+    """The adversarial points of one (pool, entry) of a frontier run (:func:`load_points`).
+
+    Attributes:
+      members: the models (member names as in ``frontier.json``), ``M`` of them.
+      x_adv: ``[B, M, *S]`` float32: member m's best adversarial point for sample b found by the
+        entry; the clean image where the pair was misclassified clean (``norm`` 0) or the entry
+        found nothing (``norm`` inf).
+      norm: ``[B, M]`` the lp distance of ``x_adv`` to the clean image (as the attack measured it in
+        float32), 0 on misclassified pairs, inf where nothing was found.
+      queries: ``[B, M]`` queries the entry spent.
+    """
+
+    members: tuple[str, ...]
+    x_adv: Any
+    norm: Any
+    queries: Any
+
+
+def load_points(out: str | Path, model: str, entry: str) -> FrontierPoints:
+    """The adversarial points an entry found on a pool (or one member) of a finished frontier run.
+
+    Args:
+      out: the run's ``--out`` directory (reads ``frontier.json`` and ``cache/``).
+      model: a pool label (a ``--models`` directory's name, a ``--model`` spec, a key of the
+        ``pools`` dict) for all its members, or one member's name (e.g. ``"p0/m1"``).
+      entry: a pool entry's name (``"fmn"``, ``"fmn/r1"``, ``"fmn/t3"``: ``frontier.json``'s
+        ``entry_names``).
+
+    Raises:
+      ValueError: no such run, pool, member or entry, or the run kept no points (``--no-points``).
+    """
+    import numpy as np
+
+    outp = Path(out)
+    fj = outp / "frontier.json"
+    if not fj.is_file():
+        raise ValueError(f"{fj} does not exist: load_points reads a finished sarjax frontier run")
+    rep = json.loads(fj.read_text())
+    pools = rep.get("extra", {}).get("pools")
+    if not pools:
+        raise ValueError(f"{fj} lists no cache folders (written by an older sarjax): run sarjax frontier again")
+    cols: slice | list[int] = slice(None)
+    if model in pools:
+        info = pools[model]
+        members = tuple(info["members"])
+    else:
+        hit = [(lab, p) for lab, p in pools.items() if model in p["members"]]
+        if not hit:
+            raise ValueError(f"{model!r} is neither a pool ({', '.join(pools)}) nor a member of one in {fj}")
+        info = hit[0][1]
+        cols = [info["members"].index(model)]
+        members = (model,)
+    entry_names = [e["name"] for e in rep["entries"]]
+    if entry not in entry_names:
+        raise ValueError(f"{entry!r} is not an entry of {fj} (entries: {', '.join(entry_names)})")
+    f = outp / "cache" / info["cache"] / f"{_safe(entry)}.npz"
+    if not f.is_file():
+        raise ValueError(f"{f} does not exist (the cache of {model!r}, entry {entry!r})")
+    with np.load(f) as z:
+        if "x_adv" not in z.files:
+            raise ValueError(f"{f} holds no adversarial points (run with --no-points / keep_points=False)")
+        return FrontierPoints(members, z["x_adv"][:, cols], z["norm"][:, cols], z["queries"][:, cols])
+
+
+def _check_ids(ids, n: int):
+    """``(ids as int64, whether they are the default arange(n))``."""
+    import numpy as np
+
+    from sarjax.data.images import check_ids
+
+    if ids is None:
+        return np.arange(n, dtype=np.int64), True
+    a = check_ids(ids, n, what="ids")
+    if n and a.max() > np.iinfo(np.int32).max:
+        raise ValueError(f"ids must be below 2**31 (the attacks take int32 sample ids), got {a.max()}")
+    return a, bool(np.array_equal(a, np.arange(n)))
+
+
+def _log(bar, progress: bool, msg: str) -> None:
+    if progress:
+        bar.console.print(msg)
+    else:
+        print(msg, file=sys.stderr)
+
+
+def _read_entry(f: Path, spec: str, name: str, points: bool, arrays: bool):
+    """A cached entry: ``(dict of its arrays and seconds, None)``, ``(None, reason)`` when it must run
+    again, ``(None, None)`` when there is none. ``arrays``: read norm / queries / points too."""
+    import numpy as np
+
+    if not f.is_file():
+        return None, None
+    with np.load(f) as z:
+        if str(z["entry"]) != spec:
+            raise ValueError(f"{f} holds another entry ({z['entry']}); {CACHE_HINT}")
+        if points and "x_adv" not in z.files:
+            return None, f"{f} holds no adversarial points (written before the cache kept them): running {name} again"
+        keys = ["trajectory"] + (["norm", "queries"] + (["x_adv"] if points else []) if arrays else [])
+        got = {k: z[k] for k in keys}
+        got["seconds"] = float(z["seconds"])
+    return got, None
+
+
+def _save_entry(f: Path, spec: str, seconds: float, arrays: dict) -> None:
+    import numpy as np
+
+    f.parent.mkdir(parents=True, exist_ok=True)
+    tmp = f.with_suffix(".tmp.npz")
+    np.savez_compressed(tmp, **arrays, entry=np.array(spec), seconds=np.array(seconds))  # pyright: ignore[reportArgumentType]
+    tmp.replace(f)
+
+
 def run_frontier(
-    models: list[str],
+    pools,
+    x,
+    y,
     norm: str,
     *,
     out: str,
+    ids=None,
+    source: str = "arrays",
     tiers=(4000, 8000, 12000),
     heldout: float = 13 / 30,
-    samples: int = 1000,
     cap: int = 1000,
     restarts: int = 5,
     targeted: int = 9,
     attacks: list[str] | None = None,
     init_eps: float | None = None,
     batch: int = 250,
-    data_dir: str | None = None,
     seed: int = 0,
     overwrite: bool = False,
     progress: bool = True,
@@ -327,24 +523,49 @@ def run_frontier(
     aa_attacks: list[str] | None = None,
     aa_iter: int = 100,
     aa_square: int = 5000,
-    defenses: list[str] | None = None,
     chains: bool = False,
+    keep_points: bool = True,
+    meta: dict[str, Any] | None = None,
 ):
-    """The whole ``sarjax frontier`` run (see the module doc); returns the
-    :class:`~sarjax.frontier.report.FrontierReport`.
+    """The frontier of pools in memory on images given as arrays (see the module doc); returns the
+    :class:`~sarjax.frontier.report.FrontierReport` (on every process).
+
+    Args:
+      pools: a list of :class:`sarjax.models.Pool`, a dict ``label -> Pool`` or the
+        :class:`FrontierModel` items of :func:`load_models` (:func:`as_models`); every member of
+        every pool is a model.
+      x: ``[N, H, W, C]`` images in ``[0, 1]``; y: ``[N]`` labels (checked against every pool
+        with :func:`sarjax.data.images.check_images`).
+      norm: ``"l0" | "l1" | "l2" | "linf"``.
+      out: output directory (``frontier.json``, plots, ``cache/``).
+      ids: ``[N]`` distinct sample ids seeding each sample's random streams (default
+        ``arange(N)``: the first N images of a data set keep their streams in any subset).
+      source: where the images come from (recorded in the cache fingerprint and the report).
+      keep_points: store each entry's best adversarial points ``x_adv [N, M, *S]`` in its cache
+        file (:func:`load_points`); False for huge runs. A cache file without points is run
+        again when points are wanted.
+      meta: entries put first into the report's ``extra`` (the directory form records its
+        directories; default ``{"models": [pool labels]}``).
+      tiers, heldout, cap, restarts, targeted, attacks, init_eps, batch, seed, overwrite,
+        progress: as the ``sarjax frontier`` options.
 
     With ``autoattack=True`` AutoAttack (:mod:`sarjax.attacks.autoattack`, standard version or
     the ``aa_attacks`` stages, ``aa_iter`` APGD/FAB iterations, ``aa_square`` Square queries)
     also runs on every pool at an eps grid (the percentiles of the pool's frontier distances
-    plus ``eps_ref``, :func:`sarjax.frontier.eps_grid`; one grid per pool directory rather than
+    plus ``eps_ref``, :func:`sarjax.frontier.eps_grid`; one grid per pool rather than
     per model, since one AutoAttack call attacks every member at one eps) and is scored as a
     curve per model (the frontier paper Section 5.1, Tables 4 and 6).  ``chains=True`` fits Algorithm 1
-    with completed updates (:func:`sarjax.frontier.greedy_allocation`; default: as published)."""
+    with completed updates (:func:`sarjax.frontier.greedy_allocation`; default: as published).
+
+    Across processes (after :func:`sarjax.runtime.distributed.initialize`), every process calls
+    this with the same arguments; each runs its whole ``batch``-row blocks of the samples and
+    only process 0 writes ``frontier.json``, the plots and the merged cache files.
+    """
     import jax
     import numpy as np
 
     from sarjax.attacks.minnorm import top_k_targets
-    from sarjax.data.mnist import load_mnist
+    from sarjax.data.images import check_images
     from sarjax.frontier import PoolEntry, TrajectoryPool, build_report
     from sarjax.frontier import plots as fplots
 
@@ -353,8 +574,8 @@ def run_frontier(
         raise ValueError(
             f"--cap must be a positive multiple of 10 (the trajectory records every 10 queries), got {cap}"
         )
-    if samples < 1:
-        raise ValueError(f"--samples must be >= 1, got {samples}")
+    if batch < 1:
+        raise ValueError(f"--batch must be >= 1, got {batch}")
     ts = [int(t) for t in tiers]
     if not ts or any(b <= a for a, b in zip(ts, ts[1:])) or ts[0] < 1:
         raise ValueError(f"--tiers must be increasing positive budgets, got {ts}")
@@ -365,72 +586,122 @@ def run_frontier(
         raise ValueError("AutoAttack has no l0 version (the frontier paper Table 5: no baseline on l0)")
     if eps_ref is not None and not (eps_ref > 0 and math.isfinite(eps_ref)):
         raise ValueError(f"--eps-ref must be a finite number > 0, got {eps_ref}")
-    data = load_mnist(data_dir)
-    if samples > len(data.x_test):
-        raise ValueError(f"--samples must be at most {len(data.x_test)} (the test images in {data.source})")
-    x = np.asarray(data.x_test[:samples], np.float32)
-    y = np.asarray(data.y_test[:samples], np.int32)
+    loaded = as_models(pools)
+    for mdl in loaded:
+        pool = mdl.pool
+        x, y = check_images(
+            x, y, input_shape=tuple(pool.input_shape), num_classes=int(pool.num_classes), what=f"images for {mdl.label}"
+        )
+        if targeted > pool.num_classes - 1:
+            raise ValueError(f"--targeted {targeted} exceeds the {pool.num_classes - 1} wrong classes of {mdl.label}")
+    N = len(x)
+    sample_ids, default_ids = _check_ids(ids, N)
+    nproc = distributed.process_count()
+    multi = nproc > 1
+    if autoattack and multi:
+        raise ValueError(
+            "--autoattack runs in one process: run the frontier across processes first, then once more in one "
+            "process with --autoattack (it reads the merged cache process 0 wrote)"
+        )
+    main_proc = distributed.is_main()
+    rows = np.asarray(distributed.process_blocks(N, batch)) if multi else np.arange(N)
+    if multi and len(rows) and not np.array_equal(rows, np.arange(rows[0], rows[-1] + 1)):
+        raise ValueError(f"process_blocks gave non-contiguous rows {rows.tolist()}")
+    part = f"rows-{rows[0]}-{rows[-1] + 1}" if len(rows) else None
     outp = Path(out)
     outp.mkdir(parents=True, exist_ok=True)
     key = jax.random.key(seed)
-    names, groups, trajs, timings, ran = [], [], [], {}, []
-    loaded = load_models(models, defenses)
-    for mdl in loaded:
-        pool = mdl.pool
-        if tuple(pool.input_shape) != x.shape[1:]:
-            raise ValueError(
-                f"{mdl.label}: the pool takes inputs of shape {pool.input_shape}, the data has {x.shape[1:]}"
-            )
-        if targeted > pool.num_classes - 1:
-            raise ValueError(f"--targeted {targeted} exceeds the {pool.num_classes - 1} wrong classes of {mdl.label}")
-    pools = [mdl.pool for mdl in loaded]
-    total = len(pools) * len(entries)
-    fns: dict = {}
-    with progress_bar(progress) as bar:
-        task = bar.add_task(f"frontier {norm}", total=total)
+    digest = fingerprints.array_digest(x, y)
+    fps, err = [], None
+    try:  # every fingerprint is checked before anything runs
         for mdl in loaded:
-            pool, tag = mdl.pool, mdl.tag
-            cdir = outp / "cache" / tag
             fp = {
                 "kind": "frontier",
                 "sarjax_version": fingerprints.sarjax_version(),
-                **fingerprints.pool_fingerprint(pool),
-                "data": data.source,
-                "samples": samples,
-                "images": fingerprints.array_digest(x, y),
+                **fingerprints.pool_fingerprint(mdl.pool),
+                "data": source,
+                "samples": N,
+                "images": digest,
                 "norm": norm,
                 "cap": cap,
                 "init_eps": eps0,
                 "seed": seed,
             }
-            _open_cache(cdir, fp, overwrite)
+            if not default_ids:
+                fp["ids"] = fingerprints.array_digest(sample_ids)
+            fps.append(fp)
+            cdir = outp / "cache" / mdl.tag
+            if main_proc or not multi:
+                _open_cache(cdir, fp, overwrite)
+            if multi and part is not None:
+                _open_cache(cdir / part, {**fp, "rows": [int(rows[0]), int(rows[-1]) + 1]}, overwrite)
+    except ValueError as e:
+        err = e
+    if multi and not distributed.all_ok(err is None):
+        raise err or ValueError("another process refused its cache folder (see its log); " + CACHE_HINT)
+    if err is not None:
+        raise err
+    names, groups, trajs, timings, ran = [], [], [], {}, []
+    total = len(loaded) * len(entries)
+    fns: dict = {}
+    L = cap // 10
+    with progress_bar(progress) as bar:
+        task = bar.add_task(
+            f"frontier {norm}" + (f" (process {distributed.process_index()} of {nproc})" if multi else ""), total=total
+        )
+        for mdl in loaded:
+            pool, tag = mdl.pool, mdl.tag
+            cdir = outp / "cache" / tag
+            pdir = cdir / part if multi and part is not None else cdir
+            M = pool.num_members
             logits = np.asarray(pool.logits(x))  # [M, B, C]
             correct = (logits.argmax(-1) == y[None]).T  # [B, M]
-            tk = np.stack([np.asarray(top_k_targets(lg, y, max(targeted, 1))) for lg in logits], axis=1)  # [B, M, k]
+            tk = [np.asarray(top_k_targets(lg, y, max(targeted, 1))) for lg in logits]  # pyright: ignore[reportArgumentType]
+            tk = np.stack(tk, axis=1)  # [B, M, k]
+            xr, yr, cr, tkr, idr = x[rows], y[rows], correct[rows], tk[rows], sample_ids[rows]
             per_entry = []
             for e in entries:
-                f = cdir / f"{_safe(e.name)}.npz"
+                f = pdir / f"{_safe(e.name)}.npz"
                 spec = json.dumps(e.as_dict(), sort_keys=True)
-                if f.is_file():
-                    z = np.load(f)
-                    if str(z["entry"]) != spec:
-                        raise ValueError(f"{f} holds another entry ({z['entry']}); {CACHE_HINT}")
-                    traj = z["trajectory"]
-                    timings[f"{tag}:{e.name}"] = float(z["seconds"])  # as measured when it ran
-                else:
+                got, why = _read_entry(f, spec, e.name, keep_points, arrays=multi) if len(rows) else (None, None)
+                if why:
+                    _log(bar, progress, why)
+                ran_here = False
+                if got is not None:
+                    dt = got.pop("seconds")  # as measured when it ran
+                elif len(rows):
                     bar.update(task, description=f"{mdl.label}: {e.name}")
                     t0 = time.time()
-                    n, traj, q = run_entry(
-                        fns, pool, e, x, y, correct, tk, norm=norm, cap=cap, init_eps=eps0, key=key, batch=batch
-                    )
+                    res = run_entry(
+                        fns, pool, e, xr, yr, cr, tkr, norm=norm, cap=cap, init_eps=eps0, key=key, batch=batch,
+                        ids=idr, points=keep_points,
+                    )  # fmt: skip
                     dt = time.time() - t0
-                    tmp = f.with_suffix(".tmp.npz")
-                    np.savez(tmp, norm=n, trajectory=traj, queries=q, entry=np.array(spec), seconds=np.array(dt))
-                    tmp.replace(f)
-                    timings[f"{tag}:{e.name}"] = dt
-                    ran.append(f"{tag}:{e.name}")
+                    got = dict(zip(("norm", "trajectory", "queries", "x_adv"), res))
+                    _save_entry(f, spec, dt, got)
+                    ran_here = True
                     release_compiled_near_map_limit(log=bar.console.print if progress else None)
-                per_entry.append(traj)  # [B, M, L]
+                else:  # a process without rows
+                    dt = 0.0
+                    got = {
+                        "norm": np.zeros((0, M)),
+                        "trajectory": np.zeros((0, M, L)),
+                        "queries": np.zeros((0, M), np.int64),
+                    }
+                    if keep_points:
+                        got["x_adv"] = np.zeros((0, M, *x.shape[1:]), np.float32)
+                if multi:
+                    arrays = {k: got[k] for k in ("norm", "trajectory", "queries", "x_adv") if k in got}
+                    got = distributed.allgather_rows(arrays)
+                    s = distributed.allgather_rows({"seconds": np.array([dt]), "ran": np.array([ran_here])})
+                    dt, ran_here = float(s["seconds"].sum()), bool(s["ran"].any())  # the work of all processes
+                    merged = cdir / f"{_safe(e.name)}.npz"
+                    if main_proc and (ran_here or _read_entry(merged, spec, e.name, keep_points, False)[0] is None):
+                        _save_entry(merged, spec, dt, got)
+                timings[f"{tag}:{e.name}"] = dt
+                if ran_here:
+                    ran.append(f"{tag}:{e.name}")
+                per_entry.append(got["trajectory"])  # [B, M, L]
                 bar.advance(task)
             arr = np.stack(per_entry)  # [A, B, M, L]
             trajs.append(np.transpose(arr, (2, 0, 1, 3)))  # [M, A, B, L]
@@ -440,12 +711,15 @@ def run_frontier(
     tp = TrajectoryPool(np.concatenate(trajs), pool_entries, cap=cap, every=10, models=tuple(names))
     report = build_report(tp, norm=norm, tiers=ts, heldout=heldout, groups=groups, seed=seed, chains=chains)
     report.extra = {
-        "models_dirs": [str(m) for m in models],
-        "data": data.source,
+        **(meta if meta is not None else {"models": [m.label for m in loaded]}),
+        "data": source,
         "init_eps": eps0,
         "attack_seconds": timings,  # every entry's run time (read back from the cache for cached entries)
         "ran": ran,  # the entries this invocation ran (the others came from the cache)
         "attack_seconds_by_attack": _by_attack(timings),
+        "pools": {m.label: {"cache": m.tag, "members": list(m.member_names)} for m in loaded},  # load_points
+        "points": bool(keep_points),
+        "processes": nproc,
     }
     aa_aoi = None
     if autoattack:
@@ -454,6 +728,8 @@ def run_frontier(
         report.extra["autoattack"] = _compare_autoattack(report, tp, aa, eps_ref)
         report.extra["autoattack"]["seconds"] = aa_secs  # per pool directory or zoo defense
         aa_aoi = [report.extra["autoattack"]["models"][n]["aoi"] for n in names]
+    if not main_proc:
+        return report
     report.to_json(outp / "frontier.json")
     last = report.tiers[-1]
     fplots.plot_curves(tp.distances(last.q), names, last.doi, outp / "curves.png", norm=norm[1:])
@@ -475,6 +751,75 @@ def run_frontier(
     print(format_tables(report))
     print(f"wrote {outp / 'frontier.json'} and plots to {outp}")
     return report
+
+
+def run_frontier_on_dirs(
+    models: Sequence[str],
+    norm: str,
+    *,
+    out: str,
+    model_specs: Sequence[str] | None = None,
+    images: str | None = None,
+    samples: int | None = None,
+    data_dir: str | None = None,
+    defenses: list[str] | None = None,
+    **settings,
+):
+    """The whole ``sarjax frontier`` run: loads the pools and the images and calls :func:`run_frontier`.
+
+    Args:
+      models: ``--models`` directories (pools saved by ``sarjax train-pool``, defense zoos;
+        :func:`load_models`).
+      model_specs: ``--model PKG.MODULE:FUNCTION`` builders, each a function returning a
+        :class:`sarjax.models.Pool` (:func:`sarjax.models.builders.load_model`); pool label and
+        member prefix: the spec.
+      images: ``--images FILE.npz`` (``x`` [N, H, W, C] in [0, 1], ``y`` [N], optional ``ids``;
+        :func:`sarjax.data.images.load_images`) instead of MNIST.
+      samples: the first ``samples`` images (default: 1000 MNIST test images; every image of
+        ``images``).
+      data_dir: MNIST IDX directory (default: the embedded split).
+      defenses: only these defenses of the zoo directories.
+      settings: the keyword arguments of :func:`run_frontier`.
+    """
+    import numpy as np
+
+    specs = list(model_specs or ())
+    if not models and not specs:
+        raise ValueError("no models: give --models DIR ... and / or --model PKG.MODULE:FUNCTION")
+    if images is not None and data_dir is not None:
+        raise ValueError(f"--images {images} and --data-dir {data_dir} both name the images to attack: give one")
+    if samples is not None and samples < 1:
+        raise ValueError(f"--samples must be >= 1, got {samples}")
+    if images is not None:
+        from sarjax.data.images import load_images
+
+        data = load_images(images)
+        n = len(data.x) if samples is None else samples
+        if n > len(data.x):
+            raise ValueError(f"--samples {n} is more than the {len(data.x)} images in {images}")
+        x, y, ids, source = data.x[:n], data.y[:n], data.ids[:n], data.source
+    else:
+        from sarjax.data.mnist import load_mnist
+
+        split = load_mnist(data_dir)
+        n = 1000 if samples is None else samples
+        if n > len(split.x_test):
+            raise ValueError(f"--samples must be at most {len(split.x_test)} (the test images in {split.source})")
+        x, y, ids = np.asarray(split.x_test[:n], np.float32), np.asarray(split.y_test[:n], np.int32), None
+        source = split.source
+    loaded = load_models(list(models), defenses)
+    if specs:
+        from sarjax.models.builders import load_model
+
+        for j, spec in enumerate(specs):
+            pool = load_model(spec)
+            i = len(models) + j
+            names = [f"{spec}/{m}" for m in _member_names(pool)]
+            loaded.append(FrontierModel(spec, f"{i}-{_safe(spec)}", f"{i}-{spec}", pool, names))
+    meta: dict[str, Any] = {"models_dirs": [str(m) for m in models]}
+    if specs:
+        meta["model_specs"] = specs
+    return run_frontier(loaded, x, y, norm, out=out, ids=ids, source=source, meta=meta, **settings)
 
 
 def _run_autoattack(loaded, tp, x, y, *, norm, key, cfg, out: Path, progress: bool) -> tuple[dict[str, Any], dict]:
