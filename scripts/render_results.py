@@ -310,7 +310,7 @@ def _anchor(name: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "Render docs/results.md.").splitlines()[0])
     ap.add_argument("--results", type=Path, default=RESULTS, help="folder of results JSON files")
     ap.add_argument("--out", type=Path, default=PAGE, help="the page to write (or check)")
     ap.add_argument("--check", action="store_true", help="exit 1 when --out differs from what would be written")
