@@ -13,7 +13,11 @@ their nested dict).  Any other kind (``{"kind": "linen", "spec": {...}, "names":
 saved as a flat ``{"leaf_00000": ...}`` dict in ``jax.tree.leaves`` order) needs the user's
 builder at load time: ``load_pool(path, builders={spec_name: fn})``, where ``fn()`` returns what
 the kind's ``restore`` takes (the module for linen and nnx, the apply for a plain function); a
-missing builder raises :class:`CheckpointError` naming it.  Format ``sarjax-pool/3``;
+missing builder raises :class:`CheckpointError` naming it.  :func:`save_pool` records, per such
+stack, an import path that rebuilds it (``"builder"`` in the stack's entry,
+:mod:`sarjax.models.builders`: found by itself for module-level applies and linen modules, given
+with ``save_pool(..., builders={name: "PKG.MODULE:FUNCTION"})`` for nnx and PyTorch modules), so
+that ``load_pool(path)`` needs no ``builders=``.  Format ``sarjax-pool/3``;
 ``sarjax-pool/2`` (zoo stacks only) still loads, fully verified.
 
 The fingerprint (``pool.json["fingerprint"]``) holds, per stack, every params leaf's path, shape
