@@ -94,6 +94,7 @@ from sarjax.attacks.fab import make_fab
 from sarjax.attacks.minnorm import MinNormProblem
 from sarjax.attacks.square import make_square
 from sarjax.attacks.threat import Threat, canonical_norm, check_labels, norm_name
+from sarjax.runtime.distributed import all_ok, allgather_rows, process_count, process_index
 
 ATTACKS = ("apgd-ce", "apgd-dlr", "apgd-t", "fab", "fab-t", "square")
 
@@ -504,6 +505,8 @@ def autoattack(
     attacks=None,
     box=(0.0, 1.0),
     square_rescale_schedule: bool = SQUARE_RESCALE,
+    progress: Callable[[str, int, int], None] | None = None,
+    distribute: bool = False,
 ) -> AutoAttackResult:
     """AutoAttack on a single model or on every member of a pool, as a cascade (module docstring).
 
@@ -543,6 +546,19 @@ def autoattack(
       attacks: a custom list from ``ATTACKS`` (AutoAttack's ``version='custom'``); None: the
         version's list.
       box: input bounds.
+      progress: optional ``progress(stage, done, total)``, called at the start of every stage
+        that runs (``done = 0``) and after every chunk: ``total`` is the rows still robust for
+        some member when the stage starts times its runs (restarts, targets), ``done`` the rows
+        attacked so far plus, at the start of each later run, the rows it no longer needs
+        (broken by an earlier run); ``done`` reaches ``total`` when the stage ends. It only
+        observes: results are the same with or without it.
+      distribute: spread every run's chunks over the processes of JAX's distributed runtime
+        (:mod:`sarjax.runtime.distributed`): every process calls ``autoattack`` with the same
+        arguments, runs its share of each run's chunks (chunk ``j`` of a run on process ``j mod
+        P``), and the chunks' results are gathered after each run, so every process returns the
+        whole result. Each chunk is the one-process chunk (same rows, same padded shape, same
+        keys), so the result is bit-identical to one process on the same kind of device. With
+        one process it changes nothing.
 
     Returns:
       An :class:`AutoAttackResult` (``robust [B, M]``, ``x_adv [B, M, *S]``, ``queries [B, M]``,
@@ -601,6 +617,11 @@ def autoattack(
     bs = min(B, BATCH) if batch_size is None else int(batch_size)
     if bs < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
+    if not isinstance(distribute, bool):
+        raise TypeError(f"distribute must be a bool, got {distribute!r}")
+    if progress is not None and not callable(progress):
+        raise TypeError(f"progress must be a callable progress(stage, done, total) or None, got {progress!r}")
+    share = (process_index(), process_count()) if distribute and process_count() > 1 else None
 
     found: list[str] = []
     if checks:
@@ -625,15 +646,18 @@ def autoattack(
     m = mem.m
     sizes = _buckets(bs)
 
-    def chunks_of(rows, square=False):
+    def chunks_of(rows, square=False, mine=False):
+        """The padded chunks of ``rows`` (``mine``: only this process's share when distributed)."""
         full = len(rows) - len(rows) % bs
         n_tail = len(rows) - full
         tail = (_square_tail(n_tail, bs) if square else _tail_plan(n_tail, sizes)) if n_tail else []
         plan = [bs] * (full // bs) + tail
         c0 = 0
-        for size in plan:
+        for j, size in enumerate(plan):
             idx = rows[c0 : c0 + size]
             c0 += len(idx)
+            if mine and share is not None and j % share[1] != share[0]:
+                continue
             pad_idx = np.concatenate([idx, np.repeat(idx[:1], size - len(idx))])
             valid = np.arange(size) < len(idx)
             yield idx, pad_idx, valid, (jnp.asarray(xp[pad_idx]), yp[pad_idx], jnp.asarray(sp[pad_idx]))
@@ -674,21 +698,42 @@ def autoattack(
             for idx, _, _, chunk in chunks_of(np.flatnonzero(robust.any(axis=1))):
                 ranked[idx] = _ranked(ctx, chunk, jax.random.fold_in(skey, 0xA11))[: len(idx)]
                 q[idx] += eot * robust[idx]  # the ranking forward
-        for run_one in _runs(name, ctx, skey):
+        runs = list(_runs(name, ctx, skey))
+        n_stage = int(robust.any(axis=1).sum())
+        total, done = n_stage * len(runs), 0
+        if progress is not None:
+            progress(name, 0, total)
+        for run_one in runs:
             rows = np.flatnonzero(robust.any(axis=1))
             if not rows.size:  # nothing left to attack: no kernel call
                 break
-            for idx, pad_idx, valid, chunk in chunks_of(rows, square=name == "square"):
-                n = len(idx)
-                mk = robust[pad_idx] & valid[:, None]
-                xc, qc = run_one(chunk, mk.astype(np.float32), None if ranked is None else ranked[pad_idx])
-                q[idx] += qc[:n].astype(np.int64)
-                wrong = (verify(chunk[1], xc) & mk)[:n]
-                q[idx] += eot * mk[:n]
-                upd = x_adv[idx]
-                upd[wrong] = np.asarray(xc)[:n][wrong]
-                x_adv[idx] = upd
-                robust[idx] = robust[idx] & ~wrong
+            done += n_stage - rows.size  # rows an earlier run of the stage broke: nothing to do for them
+            # a run's chunks hold disjoint rows and each chunk's result depends on its own rows only:
+            # they can run in any order, on any process, and be applied after the run
+            found_run = []
+            error = None
+            try:
+                for idx, pad_idx, valid, chunk in chunks_of(rows, square=name == "square", mine=True):
+                    n = len(idx)
+                    mk = robust[pad_idx] & valid[:, None]
+                    xc, qc = run_one(chunk, mk.astype(np.float32), None if ranked is None else ranked[pad_idx])
+                    wrong = (verify(chunk[1], xc) & mk)[:n]
+                    found_run.append((idx, qc[:n].astype(np.int64) + eot * mk[:n], wrong, np.asarray(xc)[:n]))
+                    if share is None:  # one process: applied at once (as it always was)
+                        _apply_chunk(found_run.pop(), q, x_adv, robust)
+                    done += n
+                    if progress is not None:
+                        progress(name, done, total)
+            except Exception as e:  # noqa: BLE001 - re-raised below, after the other processes know
+                if share is None:
+                    raise
+                error = e
+            if share is not None:
+                done = _gather_run(found_run, error, q, x_adv, robust, done, m, xp.shape[1:])
+                if progress is not None:
+                    progress(name, done, total)
+        if progress is not None and done < total:  # the stage broke every row before its last run
+            progress(name, total, total)
         _audit(xp[:B], np.swapaxes(x_adv[:B], 0, 1), p, eps, ctx.box, f"after {name} (x_adv)")
         dt = time.perf_counter() - t0
         logs.append(
@@ -788,6 +833,40 @@ def _runs(name: str, ctx: _Ctx, skey):
         yield lambda chunk, mask, _: _square_run(ctx, chunk, mask, skey)
 
 
+def _apply_chunk(found, q, x_adv, robust) -> None:
+    """Applies one chunk's result ``(rows [n], queries [n, M], wrong [n, M], x_cand [n, M, *S])``:
+    its queries, the points of the pairs it broke, the robust flags."""
+    idx, qadd, wrong, xc = found
+    q[idx] += qadd
+    upd = x_adv[idx]
+    upd[wrong] = xc[wrong]
+    x_adv[idx] = upd
+    robust[idx] = robust[idx] & ~wrong
+
+
+def _gather_run(found, error, q, x_adv, robust, done: int, m: int, shape: tuple) -> int:
+    """``distribute=True``: every process's chunks of one run, gathered in process order and
+    applied on every process (the rows, their queries and broken flags, and the points of the
+    broken pairs only). Returns ``done`` plus the other processes' rows. Raises on every process
+    when one of them failed (its own error there, a one-line error naming it elsewhere)."""
+    if not all_ok(error is None):
+        if error is not None:
+            raise error
+        raise RuntimeError("autoattack (distribute=True): another process failed during this run (see its log)")
+    idx = np.concatenate([f[0] for f in found]).astype(np.int64) if found else np.zeros(0, np.int64)
+    qadd = np.concatenate([f[1] for f in found]) if found else np.zeros((0, m), np.int64)
+    wrong = np.concatenate([f[2] for f in found]) if found else np.zeros((0, m), bool)
+    xc = np.concatenate([f[3] for f in found]) if found else np.zeros((0, m, *shape), np.float32)
+    rows = allgather_rows({"idx": idx, "queries": qadd, "wrong": wrong})
+    r, k = np.nonzero(wrong)
+    pairs = allgather_rows({"row": idx[r], "member": k.astype(np.int64), "x": xc[r, k].astype(np.float32)})
+    mine = len(idx)
+    q[rows["idx"]] += rows["queries"]
+    robust[rows["idx"]] &= ~rows["wrong"]
+    x_adv[pairs["row"], pairs["member"]] = pairs["x"]
+    return done + len(rows["idx"]) - mine
+
+
 def _fab_restart(ctx: _Ctx, k, r: int, chunk, mask, _ranked=None):
     """FAB (untargeted) restart ``r``: restarts > 0 start at a random point of radius eps / 2 (AutoAttack)."""
     x0, _, sid = chunk
@@ -836,7 +915,10 @@ def autoattack_pool(
         only its own robust images. Results are identical (a member's draws do not depend on the
         other members); pick per member for pools whose members differ in robustness (a defense
         zoo), vmapped for members alike.
-      **kw: the other :func:`autoattack` keywords (``batch_size``, ``n_iter``, ...).
+      **kw: the other :func:`autoattack` keywords (``batch_size``, ``n_iter``, ``progress``,
+        ``distribute``, ...). ``progress`` is called by each :func:`autoattack` call in turn (one
+        per stack, or per member with ``per_member`` / ``stochastic``): a call's stage starts with
+        ``done = 0``.
 
     Returns:
       One :class:`AutoAttackResult` over all members (the per-stage log's robust accuracies

@@ -1,13 +1,21 @@
-"""``sarjax autoattack``: AutoAttack (Croce & Hein 2020) on every member of a saved pool.
+"""``sarjax autoattack``: AutoAttack (Croce & Hein 2020) on every member of a pool.
 
-    sarjax autoattack --pool DIR --norm linf --eps 0.3 [--version standard|plus|rand]
-                      [--samples N] [--data-dir D] [--out OUT.json]
+    sarjax autoattack (--pool DIR | --model PKG.MODULE:FUNCTION) --norm linf --eps 0.3
+                      [--version standard|plus|rand] [--samples N] [--data-dir D | --images FILE.npz]
+                      [--out OUT.json] [--no-progress]
+                      [--coordinator HOST:PORT --num-processes P --process-id I]
 
-Loads the pool (:func:`sarjax.models.checkpoint.load_pool`), takes ``--samples`` MNIST test images
-(a fixed random subset, ``default_rng(0)``; chosen while the embedded test split was still
-class-sorted, kept so that results stay comparable), runs :func:`sarjax.attacks.autoattack.autoattack_pool` (every member attacked on its
-own, members vmapped per stack), prints AutoAttack's log and each member's clean and robust
-accuracy, and writes the result as JSON (docs/autoattack.md).
+Loads the pool (a saved one, :func:`sarjax.models.checkpoint.load_pool`, or the one a function
+returns, :func:`sarjax.models.builders.load_model`), takes ``--samples`` MNIST test images (a
+fixed random subset, ``default_rng(0)``; chosen while the embedded test split was still
+class-sorted, kept so that results stay comparable) or the first ``--samples`` images of
+``--images FILE.npz`` (all by default), and runs
+:func:`sarjax.experiments.autoattack.run_autoattack` (every member attacked on its own, members
+vmapped per stack): it prints AutoAttack's log, a progress bar per stage, and each member's clean
+and robust accuracy, and writes the JSON report and ``OUT.npz`` beside it (per image and member:
+robust flags, adversarial points; docs/autoattack.md). With ``--coordinator`` every process runs
+its share of each attack run's chunks and process 0 writes the outputs (bit-identical to one
+process).
 
 ``--version rand`` attacks the pool's randomized members as deployed (:func:`randomized_members`:
 a self-ensemble's stochastic views, a noise defense's Gaussian input noise at the sigma its saved
@@ -17,11 +25,15 @@ config records), or, with ``--noise-sigma S``, every member behind Gaussian inpu
 from __future__ import annotations
 
 import argparse
-import json
-import time
 from pathlib import Path
 
-from sarjax.cli.args import positive_float, positive_int
+from sarjax.cli.args import (
+    add_distributed_arguments,
+    add_images_argument,
+    add_model_argument,
+    positive_float,
+    positive_int,
+)
 from sarjax.runtime.compile_cache import add_compile_cache_argument
 
 N_ITER = 100  # = sarjax.attacks.autoattack.N_ITER (not imported: --help stays fast, no jax import)
@@ -85,11 +97,43 @@ def randomized_members(pool, config: dict) -> dict:
     return out
 
 
-def cmd_autoattack(args: argparse.Namespace) -> int:
-    """AutoAttack on a saved pool; prints the log, writes JSON."""
-    import jax
-    import numpy as np
+def _sources(args: argparse.Namespace) -> None:
+    """One-line errors for the model and image options given together or not at all."""
+    if args.pool is not None and args.model:
+        raise ValueError("give --pool DIR or --model PKG.MODULE:FUNCTION, not both")
+    if args.pool is None and not args.model:
+        raise ValueError("give the models to attack: --pool DIR (a saved pool) or --model PKG.MODULE:FUNCTION")
+    if args.model and len(args.model) > 1:
+        raise ValueError(f"autoattack attacks one pool: give --model once, got {len(args.model)}: {args.model}")
+    if args.images is not None and args.data_dir is not None:
+        raise ValueError("give --images FILE.npz or --data-dir D (MNIST IDX files), not both")
 
+
+def _progress_callback(bar, groups: list[tuple[str, ...]]):
+    """``progress(stage, done, total)`` drawing one bar per stage of each AutoAttack call
+    (``groups``: the members of each call, in order; labelled when there are several)."""
+    state = {"task": None, "call": -1}
+
+    def on_progress(stage: str, done: int, total: int) -> None:
+        if done == 0 or state["task"] is None:
+            if stage == "apgd-ce" or state["task"] is None:  # every version starts with APGD-CE
+                state["call"] += 1
+            label = stage
+            if len(groups) > 1:
+                names = ", ".join(groups[min(state["call"], len(groups) - 1)])
+                label = f"{names if len(names) <= 32 else names[:29] + '...'}: {stage}"
+            state["task"] = bar.add_task(label, total=total)
+        bar.update(state["task"], completed=done, total=total)  # a stage with no rows left: 0/0
+
+    return on_progress
+
+
+def cmd_autoattack(args: argparse.Namespace) -> int:
+    """AutoAttack on a saved pool or a ``--model``; prints the log, writes OUT.json and OUT.npz."""
+    from sarjax.cli.args import initialize_distributed
+
+    initialize_distributed(args)  # before any JAX computation
+    _sources(args)
     if args.compile_cache:
         # XLA's persistent compilation cache: a rerun (another eps, version or pool of the same
         # architecture and batch shape) loads the compiled kernels instead of compiling them again
@@ -97,78 +141,112 @@ def cmd_autoattack(args: argparse.Namespace) -> int:
 
         enable_compile_cache(args.compile_cache)
 
-    from sarjax.attacks.autoattack import autoattack_pool
-    from sarjax.attacks.eot import with_input_noise
-    from sarjax.data.mnist import load_mnist
-    from sarjax.models.checkpoint import load_pool
+    import numpy as np
 
+    from sarjax.attacks.eot import with_input_noise
+    from sarjax.experiments.autoattack import output_paths, run_autoattack
+    from sarjax.runtime.distributed import is_main, process_count
+    from sarjax.runtime.progress import progress_bar
+
+    main = is_main()
+    say = print if main else (lambda *a, **k: None)
     if args.noise_sigma is not None and args.version != "rand":
         raise ValueError("--noise-sigma makes the pool randomized: it needs --version rand")
-    data = load_mnist(args.data_dir)
-    n = len(data.x_test)
-    if not 1 <= args.samples <= n:  # before any model work (the pool, its kernels)
-        raise ValueError(f"samples must be in [1, {n}] (the test images in {data.source}), got {args.samples}")
-    n = args.samples
-    pool, config = load_pool(args.pool)
+    json_path, npz_path = output_paths(args.out)
+    ids = None
+    if args.images is not None:
+        from sarjax.data.images import load_images
+
+        images = load_images(args.images)
+        n = len(images.x) if args.samples is None else args.samples
+        if not 1 <= n <= len(images.x):  # before any model work (the pool, its kernels)
+            raise ValueError(f"samples must be in [1, {len(images.x)}] (the images in {args.images}), got {n}")
+        x, y, ids = images.x[:n], images.y[:n], images.ids[:n]
+        source, sample_indices = images.source, list(range(n))
+    else:
+        from sarjax.data.mnist import load_mnist
+
+        data = load_mnist(args.data_dir)
+        n = len(data.x_test)
+        samples = 1000 if args.samples is None else args.samples
+        if not 1 <= samples <= n:  # before any model work (the pool, its kernels)
+            raise ValueError(f"samples must be in [1, {n}] (the test images in {data.source}), got {samples}")
+        n = samples
+        # a fixed random subset; the embedded split was class-sorted when it was chosen
+        idx = np.sort(np.random.default_rng(0).permutation(len(data.x_test))[:n])
+        x, y = np.asarray(data.x_test[idx]), np.asarray(data.y_test[idx])
+        source, sample_indices = data.source, idx.tolist()
+    if args.model:
+        from sarjax.models.builders import load_model
+
+        pool, config, where = load_model(args.model[0]), {}, {"pool": None, "model": args.model[0]}
+        what = f"--model {args.model[0]}"
+    else:
+        from sarjax.models.checkpoint import load_pool
+
+        pool, config = load_pool(args.pool)
+        where, what = {"pool": str(Path(args.pool).absolute())}, f"pool {args.pool}"
     stochastic, randomized = None, {}
     if args.version == "rand" and args.noise_sigma is None:
         randomized = randomized_members(pool, config)
         if not randomized:
             raise ValueError(
-                f"--version rand needs a randomized model, and no member of {args.pool} is randomized (no stack "
+                f"--version rand needs a randomized model, and no member of {what} is randomized (no stack "
                 "with stochastic views, no saved inference_sigma): give --noise-sigma S to attack the pool behind "
                 "Gaussian input noise at inference (EOT), or run --version standard"
             )
         stochastic = {n: f for n, (f, _) in randomized.items()}
-    if tuple(pool.input_shape) != tuple(data.x_test.shape[1:]):
-        raise ValueError(f"the pool takes inputs {pool.input_shape}, the data has {data.x_test.shape[1:]}")
-    idx = np.sort(np.random.default_rng(0).permutation(len(data.x_test))[:n])  # the embedded split is class-sorted
-    x, y = np.asarray(data.x_test[idx]), np.asarray(data.y_test[idx])
+    if tuple(pool.input_shape) != tuple(x.shape[1:]):
+        src = f"--images {args.images}" if args.images is not None else "the data"
+        raise ValueError(f"the pool takes inputs {tuple(pool.input_shape)}, {src} has {tuple(x.shape[1:])}")
     wrap = None if args.noise_sigma is None else (lambda a: with_input_noise(a, args.noise_sigma))
-    print(f"pool {args.pool}: {pool.num_members} member(s); data: {data.source}, {n} test images (random subset)")
+    kind = "images (the file's first)" if args.images is not None else "test images (random subset)"
+    say(f"{what}: {pool.num_members} member(s); data: {source}, {n} {kind}")
     skipped = [m for m in pool.names if m not in randomized] if randomized else []
     for name, (_, how) in randomized.items():
-        print(f"  {name}: randomized, attacked as deployed ({how}), EOT over 20 draws")
+        say(f"  {name}: randomized, attacked as deployed ({how}), EOT over 20 draws")
     if skipped:
-        print(f"  deterministic, not attacked by the rand version (run --version standard): {', '.join(skipped)}")
-    t0 = time.perf_counter()
-    res = autoattack_pool(
-        pool,
-        x,
-        y,
-        norm=args.norm,
-        eps=args.eps,
-        key=jax.random.PRNGKey(args.seed),
-        version=args.version,
-        batch_size=args.batch_size,
-        n_iter=args.n_iter,
-        fab_iter=args.fab_iter,
-        square_queries=args.square_queries,
-        wrap=wrap,
-        stochastic=stochastic,
-        per_member=args.per_member,
-    )
-    seconds = time.perf_counter() - t0
+        say(f"  deterministic, not attacked by the rand version (run --version standard): {', '.join(skipped)}")
+    if stochastic is not None:
+        groups = [(nm,) for st in pool.stacks for nm in st.names if nm in stochastic]
+    elif args.per_member:
+        groups = [(nm,) for st in pool.stacks for nm in st.names]
+    else:
+        groups = [tuple(st.names) for st in pool.stacks]
+    with progress_bar(main and not args.no_progress) as bar:
+        res = run_autoattack(
+            pool,
+            x,
+            y,
+            norm=args.norm,
+            eps=args.eps,
+            out=json_path,
+            version=args.version,
+            seed=args.seed,
+            ids=ids,
+            batch_size=args.batch_size,
+            n_iter=args.n_iter,
+            fab_iter=args.fab_iter,
+            square_queries=args.square_queries,
+            wrap=wrap,
+            stochastic=stochastic,
+            per_member=args.per_member,
+            log=main,
+            progress=None if args.no_progress or not main else _progress_callback(bar, groups),
+            distribute=process_count() > 1,
+            meta=dict(
+                where,
+                sample_indices=sample_indices,
+                data=source,
+                noise_sigma=args.noise_sigma,
+                randomized_members={n: how for n, (_, how) in randomized.items()},
+                deterministic_members_skipped=skipped,
+            ),
+        )
     for s in res.log:
         if not s.skipped:
-            print(f"{s.name}: {s.broken} of {s.attacked} (image, member) pairs broken, {s.queries} queries")
-    out = dict(
-        res.to_json(),
-        pool=str(Path(args.pool).absolute()),
-        samples=n,
-        sample_indices=idx.tolist(),
-        data=data.source,
-        seed=args.seed,
-        seconds=seconds,
-        budget=dict(n_iter=args.n_iter, fab_iter=args.fab_iter, square_queries=args.square_queries),
-        noise_sigma=args.noise_sigma,
-        randomized_members={n: how for n, (_, how) in randomized.items()},
-        deterministic_members_skipped=skipped,
-    )
-    path = Path(args.out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=1))
-    print(f"wrote {path}")
+            say(f"{s.name}: {s.broken} of {s.attacked} (image, member) pairs broken, {s.queries} queries")
+    say(f"wrote {json_path} and {npz_path}")
     return 0
 
 
@@ -176,9 +254,11 @@ def register(sub) -> None:
     """Adds the ``autoattack`` subcommand to ``sarjax``'s subparsers."""
     a = sub.add_parser(
         "autoattack",
-        help="AutoAttack (standard / plus / rand) on every member of a saved pool (robust accuracy per member)",
+        help="AutoAttack (standard / plus / rand) on every member of a saved pool or a --model (robust accuracy "
+        "per member, adversarial points per image)",
     )
-    a.add_argument("--pool", required=True, help="pool directory (train-pool / train-defenses output)")
+    a.add_argument("--pool", default=None, help="pool directory (train-pool / train-defenses output); or --model")
+    add_model_argument(a)
     a.add_argument("--norm", choices=["linf", "l2", "l1"], required=True, help="threat model")
     a.add_argument("--eps", type=positive_float, required=True, help="radius (MNIST: linf 0.3, l2 2.0, l1 10)")
     a.add_argument(
@@ -191,12 +271,21 @@ def register(sub) -> None:
     a.add_argument(
         "--samples",
         type=positive_int,
-        default=1000,
-        help="test images, at most the test split (default 1000, the embedded test split; a fixed random "
-        "subset when fewer)",
+        default=None,
+        help="images to attack: MNIST test images, at most the test split (1000 when not given, the embedded "
+        "test split; a fixed random subset when fewer); with --images the file's first N (every image of the "
+        "file when not given)",
     )
     a.add_argument("--data-dir", default=None, help="directory with MNIST IDX files (default: the embedded digits)")
-    a.add_argument("--out", default="sarjax-autoattack.json", help="JSON output path")
+    add_images_argument(a)
+    a.add_argument(
+        "--out",
+        default="sarjax-autoattack.json",
+        help="JSON report path; the per-image arrays (robust, clean, queries, x_adv, ids, y, members) go to "
+        "the .npz of the same stem beside it",
+    )
+    a.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_distributed_arguments(a)
     a.add_argument(
         "--batch-size",
         type=positive_int,
