@@ -612,7 +612,7 @@ def run_frontier(
     outp.mkdir(parents=True, exist_ok=True)
     key = jax.random.key(seed)
     digest = fingerprints.array_digest(x, y)
-    fps, err = [], None
+    err = None
     try:  # every fingerprint is checked before anything runs
         for mdl in loaded:
             fp = {
@@ -629,7 +629,6 @@ def run_frontier(
             }
             if not default_ids:
                 fp["ids"] = fingerprints.array_digest(sample_ids)
-            fps.append(fp)
             cdir = outp / "cache" / mdl.tag
             if main_proc or not multi:
                 _open_cache(cdir, fp, overwrite)

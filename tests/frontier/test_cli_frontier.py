@@ -163,6 +163,14 @@ def test_frontier_cli_rejects_bad_arguments(pools, tmp_path, capsys):
     assert "multiple of 10" in capsys.readouterr().err
     assert main(["frontier", "--models", pools[0], "--norm", "l0", "--attacks", "ddn", "--out", str(tmp_path)]) == 2
     assert "do not support l0" in capsys.readouterr().err
+    # the models and the images: one of --models / --model, not both --images and --data-dir
+    assert main(["frontier", "--norm", "l2", "--out", str(tmp_path)]) == 2
+    assert "no models: give --models DIR ... and / or --model PKG.MODULE:FUNCTION" in capsys.readouterr().err
+    both = ["--images", str(tmp_path / "x.npz"), "--data-dir", str(tmp_path)]
+    assert main(["frontier", "--models", pools[0], *both, "--norm", "l2", "--out", str(tmp_path)]) == 2
+    assert "both name the images: give one" in capsys.readouterr().err
+    assert main(["frontier", "--model", "no_such_module_xyz:make", "--norm", "l2", "--out", str(tmp_path)]) == 2
+    assert "no_such_module_xyz:make" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(

@@ -127,3 +127,18 @@ def test_two_processes_give_the_one_process_frontier_bit_for_bit(runs):
     # process 0 printed the tables and wrote OUT; process 1 neither
     assert "wrote" in outs[1] and "wrote" not in outs[2] and "train AOI" not in outs[2]
     assert sorted(p.name for p in (two / "cache" / tag).iterdir() if p.is_dir()) == ["rows-0-4", "rows-4-8"]
+
+
+def test_one_process_rerun_reads_the_merged_cache(runs, monkeypatch):
+    # the recipe for --autoattack after a multi-process run: one process on process 0's OUT runs nothing
+    from sarjax.experiments.frontier import run_frontier_on_dirs
+
+    one, two, _, _, _ = runs
+    monkeypatch.syspath_prepend(str(two.parent))
+    rep = run_frontier_on_dirs(
+        [], "l2", out=str(two), model_specs=[SPEC], images=str(two.parent / "imgs.npz"), samples=8, cap=30,
+        tiers=(30, 60), heldout=0.34, batch=4, attacks=["fmn"], restarts=1, targeted=1, progress=False,
+    )  # fmt: skip
+    assert rep.extra["ran"] == [] and rep.extra["processes"] == 1
+    ja = json.loads((one / "frontier.json").read_text())
+    assert [t["q"] for t in ja["tiers"]] == [t.q for t in rep.tiers]
