@@ -176,7 +176,7 @@ def bench_joint(pool: Pool, x, steps: int, reps: int, eps: float) -> dict:
 
 def bench_greedy(pool: Pool, x, steps: int, eps: float, deltas, pack: bool = True) -> dict:
     """``run_sar`` timed with its kernel calls (packed unless ``pack=False``), after an untimed first run."""
-    from sarjax.cover.vision import PACK_LEVELS, run_sar
+    from sarjax.sar.vision import PACK_LEVELS, run_sar
 
     m = pool.num_members
     inner = make_joint_pgd(pool.apply, eps=eps, steps=steps, restarts=1)
@@ -230,7 +230,7 @@ def bench_greedy(pool: Pool, x, steps: int, eps: float, deltas, pack: bool = Tru
 def bench_fallback_table(pool: Pool, x) -> dict:
     """``precomputed_single`` on stand-in member attacks (the clean inputs): built and looked up once
     for every sample (``B`` inputs through ``M`` members)."""
-    from sarjax.cover.vision import precomputed_single
+    from sarjax.sar.vision import precomputed_single
 
     m, b = pool.num_members, len(x)
     x_adv = np.broadcast_to(np.asarray(x)[None], (m, *x.shape)).copy()

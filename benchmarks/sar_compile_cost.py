@@ -33,9 +33,9 @@ args = ap.parse_args()
 
 from sarjax.attacks.core.protocol import run_jit
 from sarjax.attacks.joint import make_joint_pgd
-from sarjax.cover.vision import PACK_LEVELS, StackGate, pack_sizes
 from sarjax.models import presets
 from sarjax.models.pool import Pool, Stack
+from sarjax.sar.vision import PACK_LEVELS, StackGate, pack_sizes
 
 archs = presets.HIGH_ARCHS
 groups = {}

@@ -421,7 +421,7 @@ def sarjax_fixed_start_attack(pool: Pool, key, eps: float, steps: int, starts, n
     """A ``run_sar`` ``attack`` (joint PGD, one restart) that starts every call from ``starts``.
 
     ``run_sar``'s oracles call the attack with ``fold_in(fold_in(key, stream), round)``
-    (:func:`sarjax.cover.vision.make_attack_oracles`: stream 0 joint, 1 fallback); the key is
+    (:func:`sarjax.sar.vision.make_attack_oracles`: stream 0 joint, 1 fallback); the key is
     mapped back to ``(stream, round)`` and ``x_init = starts(stream, round, 0)`` (NHWC numpy).
     """
     from sarjax.attacks.joint import make_joint_pgd
@@ -448,9 +448,9 @@ def sarjax_work(res, stacks: list[slice], sizes: tuple[int, ...]) -> dict:
     """The member x sample pairs sarjax's attack calls ran per step, read off a ``run_sar`` result.
 
     Per call (the joint attack of each round, the fallback where some sample needs it): the batch
-    (the smallest of ``sizes``, :func:`sarjax.cover.vision.pack_sizes`, holding the call's samples)
+    (the smallest of ``sizes``, :func:`sarjax.sar.vision.pack_sizes`, holding the call's samples)
     times the members run forward (every member: each step tracks every member's success) and
-    the members whose stack runs its backward pass (:class:`sarjax.cover.vision.StackGate`: the
+    the members whose stack runs its backward pass (:class:`sarjax.sar.vision.StackGate`: the
     stacks holding a member some sample of the call attacks).
     """
     r_n, b, m = res.new_covered.shape
@@ -701,8 +701,8 @@ def main(argv=None) -> dict:
 
     import torch
 
-    from sarjax.cover.vision import PACK_LEVELS, pack_sizes, run_sar
     from sarjax.data.mnist import load_mnist
+    from sarjax.sar.vision import PACK_LEVELS, pack_sizes, run_sar
 
     if args.precision:
         jax.config.update("jax_default_matmul_precision", args.precision)

@@ -109,9 +109,9 @@ def cmd_llm_sar(args: argparse.Namespace) -> int:
     hide_broken_torchvision()
     import jax
 
-    from sarjax.cover.llm import harmbench_judge_fn, load_llm_pool, pool_llm_sar, refusal_judge_fn
     from sarjax.data.behaviors import load_behaviors
     from sarjax.runtime.fingerprint import FingerprintMismatch
+    from sarjax.sar import harmbench_judge_fn, load_llm_pool, pool_llm_sar, refusal_judge_fn
 
     st = _settings(args)
     cats = None if args.functional_category == "all" else [args.functional_category]
@@ -134,10 +134,10 @@ def cmd_llm_sar(args: argparse.Namespace) -> int:
     key = jax.random.key(args.seed)
     seed_fn = None
     if args.seed_generator is not None:
-        from sarjax.cover.llm import sampled_seed_fn
         from sarjax.models.llm.pool import load_pool
+        from sarjax.sar import sampled_seed_fn
 
-        # stream 3 of the run's key (streams 0-2 are the greedy's and the ASR's, sarjax.cover.llm)
+        # stream 3 of the run's key (streams 0-2 are the greedy's and the ASR's, sarjax.sar.llm)
         seed_fn = sampled_seed_fn(
             load_pool([args.seed_generator], dtype=args.dtype), [r.behavior for r in rows],
             key=jax.random.fold_in(key, 3), max_new_tokens=args.seed_tokens, prompt=args.seed_prompt,

@@ -1,7 +1,9 @@
 """sarjax.cover: host-side SAR greedy, exact partial covers and pool metrics.
 
 The cover layer drives attacks through host callables with fixed shapes
-(:class:`JointAttack`, :class:`SingleAttack`) and never touches parameters.
+(:class:`JointAttack`, :class:`SingleAttack`) and never touches parameters. The pipelines that
+build those callables from a pool and an attack (vision, LLM, across processes) are in
+:mod:`sarjax.sar`.
 
 The narrative page (docs/cover.md) follows.
 
@@ -10,16 +12,13 @@ The narrative page (docs/cover.md) follows.
 
 # the submodules, so that the API reference has a page for each (pdoc follows __all__)
 from sarjax.cover import (  # noqa: E402
-    distributed,
     exact,
     greedy,
-    llm,
     metrics,
     plots,
     result,
     synthetic,
     types,
-    vision,
 )
 from sarjax.cover.exact import (
     CoverCheck,
@@ -35,16 +34,13 @@ from sarjax.cover.synthetic import SetSystemOracle
 from sarjax.cover.types import Candidates, JointAttack, SingleAttack
 
 __all__ = [
-    "distributed",
     "exact",
     "greedy",
-    "llm",
     "metrics",
     "plots",
     "result",
     "synthetic",
     "types",
-    "vision",
     "Candidates",
     "CoverCheck",
     "ExactCover",

@@ -25,11 +25,9 @@ import numpy as np
 from sarjax.attacks.joint import make_joint_pgd
 from sarjax.attacks.members import attack_members
 from sarjax.attacks.pgd import make_pgd
-from sarjax.cover import distributed
 from sarjax.cover.metrics import asr as asr_metric
 from sarjax.cover.plots import plot_sar
 from sarjax.cover.result import SARResult, rederive
-from sarjax.cover.vision import run_sar
 from sarjax.data.cifar import cifar_kind, load_cifar
 from sarjax.data.images import load_images
 from sarjax.data.mnist import Split, load_mnist
@@ -40,6 +38,8 @@ from sarjax.models.presets import PRESETS, preset_members, preset_names
 from sarjax.models.sharding import ShardedPool
 from sarjax.models.train import TrainConfig, train_pool
 from sarjax.runtime import fingerprint as fingerprints
+from sarjax.sar import distributed
+from sarjax.sar.vision import run_sar
 
 COVERAGES = (0.5, 0.75, 0.85, 1.0)  # 1 - delta
 

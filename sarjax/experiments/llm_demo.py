@@ -13,7 +13,7 @@ No model hub is reachable here, so the demo builds everything on the CPU, in JAX
 5. descendants: each member fine-tuned on the teacher's greedy trajectories (the SAR paper's
    distillation: students of one shared teacher);
 6. SAR and per-member ASR of both pools with joint BEAST on the held-out behaviors
-   (:func:`sarjax.cover.llm.pool_llm_sar`), and whether the paper's claim holds here: SAR falls
+   (:func:`sarjax.sar.pool_llm_sar`), and whether the paper's claim holds here: SAR falls
    after distillation from a shared teacher, and falls more than individual robustness
    ``1 - ASR`` (the SAR paper, Table 6 and Figure 5).
 
@@ -36,7 +36,6 @@ from typing import Any
 
 import numpy as np
 
-from sarjax.cover.llm import load_llm_pool, pool_llm_sar
 from sarjax.data.behaviors import load_behaviors
 from sarjax.models.llm.config import config_from_hf
 from sarjax.models.llm.decoder import init_params
@@ -45,6 +44,7 @@ from sarjax.models.llm.generate import greedy_generate
 from sarjax.models.llm.loader import load_model
 from sarjax.models.llm.pool import left_pad, stack_params
 from sarjax.runtime.fingerprint import array_digest, check_fingerprint, remove_paths, write_fingerprint
+from sarjax.sar import load_llm_pool, pool_llm_sar
 
 SPECIALS = ("<pad>", "<s>", "</s>", "<unk>", "[INST]", "[/INST]")
 CHAT_TEMPLATE = (
@@ -129,7 +129,7 @@ class DemoSettings:
       batch_size: sequences per step; lr: Adam learning rate.
       eval_behaviors: held-out behaviors attacked.
       suffix_len, beam_width, max_queries, calls: joint BEAST (reduced from the SAR paper's
-        30 / 10 / 15,000 / 4 to fit the CPU budget; the paper's are :data:`sarjax.cover.llm.ATTACK_DEFAULTS`).
+        30 / 10 / 15,000 / 4 to fit the CPU budget; the paper's are :data:`sarjax.sar.llm_adapters.ATTACK_DEFAULTS`).
       max_new_tokens: response tokens judged.
       deltas: SAR deltas.
     """

@@ -31,7 +31,7 @@ def make_mesh(pool: int | None = None, data: int | None = None, *, local: bool =
       data: devices on the data axis (default 1).
       local: use only this process's devices (``jax.local_devices()``) instead of every
         process's (``jax.devices()``). A multi-process run that splits the SAMPLES across
-        processes (:func:`sarjax.cover.distributed.run_sar_across_processes`) gives each
+        processes (:func:`sarjax.sar.distributed.run_sar_across_processes`) gives each
         process its own mesh over its local devices; with one process both are the same.
 
     Both axes are ``AxisType.Auto``: XLA propagates shardings through the model code, which

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from sarjax.attacks import attack_members, fmn, make_apgd, make_joint_pgd, make_pgd, make_square
-from sarjax.cover.vision import run_sar
 from sarjax.models.pool import Pool, Stack
 from sarjax.models.zoo import mlp
+from sarjax.sar.vision import run_sar
 
 ARCH = mlp((8,), input_shape=(4, 4, 1), num_classes=4)
 B = 8

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from sarjax.attacks.joint import make_joint_pgd
-from sarjax.cover.vision import StackGate, make_attack_oracles, pack_sizes, run_sar
 from sarjax.models.pool import Pool, Stack
 from sarjax.models.zoo import mlp
+from sarjax.sar.vision import StackGate, make_attack_oracles, pack_sizes, run_sar
 
 SHAPE = (4, 4, 1)
 ARCHS = (mlp((8,), input_shape=SHAPE, num_classes=3), mlp((6,), act="tanh", input_shape=SHAPE, num_classes=3))

@@ -1,4 +1,4 @@
-"""The fallback oracle that looks up per-member attacks (sarjax.cover.vision.precomputed_single)."""
+"""The fallback oracle that looks up per-member attacks (sarjax.sar.vision.precomputed_single)."""
 
 import jax
 import numpy as np
@@ -6,9 +6,9 @@ import numpy as np
 from sarjax.attacks.joint import make_joint_pgd
 from sarjax.attacks.members import attack_members
 from sarjax.attacks.pgd import make_pgd
-from sarjax.cover.vision import precomputed_single, run_sar
 from sarjax.models.pool import Pool, Stack
 from sarjax.models.zoo import mlp
+from sarjax.sar.vision import precomputed_single, run_sar
 
 ARCH = mlp((8,), input_shape=(4, 4, 1), num_classes=3)
 

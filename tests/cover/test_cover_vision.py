@@ -9,9 +9,9 @@ from sarjax.cover import SARResult, greedy_sar
 pytest.importorskip("sarjax.attacks.joint")
 
 from sarjax.attacks.joint import make_joint_pgd  # noqa: E402
-from sarjax.cover.vision import make_attack_oracles, run_sar  # noqa: E402
 from sarjax.models.pool import Pool, Stack  # noqa: E402
 from sarjax.models.zoo import mlp  # noqa: E402
+from sarjax.sar.vision import make_attack_oracles, run_sar  # noqa: E402
 
 ARCH = mlp((8,), input_shape=(4, 4, 1), num_classes=3)
 

@@ -19,9 +19,9 @@ from sarjax.runtime.fingerprint import (
 pytest.importorskip("sarjax.attacks.joint")
 
 from sarjax.attacks.joint import make_joint_pgd
-from sarjax.cover.vision import run_sar
 from sarjax.models.pool import Pool, Stack
 from sarjax.models.zoo import mlp
+from sarjax.sar.vision import run_sar
 
 ARCH = mlp((8,), input_shape=(4, 4, 1), num_classes=3)
 

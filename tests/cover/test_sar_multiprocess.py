@@ -125,7 +125,7 @@ def test_two_processes_give_the_one_process_sar_bit_for_bit(runs):
 
 
 def test_process_rows_split_contiguously_and_refuse_empty_blocks():
-    from sarjax.cover.distributed import process_rows
+    from sarjax.runtime.distributed import process_rows
 
     blocks = [process_rows(7, i, 3).tolist() for i in range(3)]
     assert blocks == [[0, 1, 2], [3, 4], [5, 6]]
@@ -135,7 +135,7 @@ def test_process_rows_split_contiguously_and_refuse_empty_blocks():
 
 
 def test_initialize_checks_its_arguments_before_joining():
-    from sarjax.cover.distributed import initialize
+    from sarjax.runtime.distributed import initialize
 
     with pytest.raises(ValueError, match="go together"):
         initialize("localhost:1234", None, 0)
@@ -150,9 +150,9 @@ def test_packed_parts_come_back_and_concatenate_like_chunks():
     # the same as run_sar's own chunks. Known answer: run_sar on the whole batch (in chunks of 2,
     # the parts' size: one compiled kernel for the test).
     from sarjax.attacks.joint import make_joint_pgd
-    from sarjax.cover.distributed import _pack, _unpack, run_sar_across_processes
     from sarjax.cover.result import concat_results
-    from sarjax.cover.vision import run_sar
+    from sarjax.sar.distributed import _pack, _unpack, run_sar_across_processes
+    from sarjax.sar.vision import run_sar
 
     arch = zoo.mlp((6,), input_shape=(4, 4, 1), num_classes=4)
     shapes = jax.eval_shape(jax.vmap(arch.init), jax.random.split(jax.random.key(0), 3))

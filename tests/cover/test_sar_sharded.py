@@ -12,15 +12,15 @@ import jax
 import numpy as np
 import pytest
 
-from sarjax.cover.vision import run_sar
 from sarjax.models.pool import Pool, Stack
 from sarjax.models.zoo import mlp
+from sarjax.sar.vision import run_sar
 
 
 def test_run_sar_on_a_sharded_pool_equals_one_device_on_8_fake_devices(run_on_fake_devices):
     run_on_fake_devices("""
         import dataclasses
-        from sarjax.cover.vision import run_sar
+        from sarjax.sar.vision import run_sar
         from sarjax.models.sharding import ShardedPool, make_mesh
         pool = Pool([stack(zoo.mlp((8,)), 0, 3), stack(zoo.mlp((6,)), 1, 2)])
         x = np.random.default_rng(0).random((6, 28, 28, 1)).astype(np.float32)

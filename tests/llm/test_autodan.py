@@ -11,7 +11,8 @@ import jax
 import numpy as np
 import pytest
 
-from sarjax.attacks.text.autodan import AutoDANAttack, rank_key, refusal_confidence
+from sarjax.attacks.text.autodan import AutoDANAttack
+from sarjax.attacks.text.autodan_judge import rank_key, refusal_confidence
 
 M = 4
 
@@ -121,8 +122,8 @@ def test_autodan_on_a_tiny_pool_with_a_sampling_attacker():
     from conftest import build_tokenizer, scaled_init, tiny_llama
 
     from sarjax.attacks.text.autodan import make_autodan
-    from sarjax.cover.llm import PoolResponder, refusal_judge_fn
     from sarjax.models.llm.pool import build_pool
+    from sarjax.sar.llm import PoolResponder, refusal_judge_fn
 
     tok = build_tokenizer("{% for m in messages %}[INST] {{ m['content'] }} [/INST]{% endfor %}")
     cfg = tiny_llama(96, hidden_size=16, num_heads=2, num_kv_heads=1, head_dim=8, intermediate_size=24)

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sarjax.attacks.text.autodan import judge_generations, judge_labels
+from sarjax.attacks.text.autodan_judge import judge_generations, judge_labels
 from sarjax.judges import harmbench
 from sarjax.judges.refusal import TokenRefusalJudge, refusal_judge, token_refusal_judge
 

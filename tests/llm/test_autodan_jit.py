@@ -8,13 +8,8 @@ import jax
 import numpy as np
 import pytest
 
-from sarjax.attacks.text.autodan import (
-    AutoDANAttack,
-    PoolEvaluator,
-    attacker_proposer,
-    audit_rewrite,
-    make_autodan_jit,
-)
+from sarjax.attacks.text.autodan import AutoDANAttack, PoolEvaluator, attacker_proposer
+from sarjax.attacks.text.autodan_jit import audit_rewrite, make_autodan_jit
 from sarjax.judges.refusal import TokenRefusalJudge
 
 V = 48  # embedding rows; the tokenizer has fewer tokens (ids past it are dropped from rewrites)
@@ -175,7 +170,8 @@ def test_audit_names_a_changed_template_and_wrong_queries(setup):
 def test_device_ranking_equals_rank_key():
     """The step's ranking key (count, mean, numpy's linear 20% quantile over the uncovered members)
     equals the host loop's rank_key on random judgements and masks (known answer: numpy)."""
-    from sarjax.attacks.text.autodan import _rank, rank_key
+    from sarjax.attacks.text.autodan_jit import _rank
+    from sarjax.attacks.text.autodan_judge import rank_key
 
     rng = np.random.default_rng(0)
     f = jax.jit(_rank)

@@ -127,7 +127,7 @@ def test_llm_sar_autodan_on_a_mixed_tokenizer_pool(pools, monkeypatch):
     own tokens (equal to the groups' evaluators alone on the rewrite), and every member the greedy
     covered in round r is broken by a candidate of that round."""
     from sarjax.attacks.text import autodan as ad
-    from sarjax.cover.llm import pool_llm_sar
+    from sarjax.sar import pool_llm_sar
 
     mixed, pa, pb = pools
     seen = []

@@ -1,4 +1,4 @@
-"""LLM SAR adapter (sarjax.cover.llm): the greedy over text attacks, responders and judges.
+"""LLM SAR adapter (sarjax.sar.llm): the greedy over text attacks, responders and judges.
 
 The known-answer tests plant a set system: request ``b``'s candidate suffix ``n`` makes member
 ``m`` comply iff ``SETS[b, n, m]``, and some members comply with the clean request. The stub
@@ -15,14 +15,14 @@ import pytest
 
 from sarjax.attacks.text.core import TextBatch, text_batch
 from sarjax.cover import SetSystemOracle, greedy_sar
-from sarjax.cover.llm import (
+from sarjax.runtime.fingerprint import FingerprintMismatch
+from sarjax.sar.llm import (
     compact_left,
     judge_members,
     make_llm_oracles,
     refusal_judge_fn,
     run_llm_sar,
 )
-from sarjax.runtime.fingerprint import FingerprintMismatch
 
 B, N, M = 4, 5, 6
 REQ0, SEP = 50, 7  # request b is token REQ0 + b; suffix n is token n + 1
@@ -154,8 +154,8 @@ def _mixed_setup():
     from conftest import tiny_llama
     from test_text_exchange import _tokenizers
 
-    from sarjax.cover.llm import PoolResponder, behavior_batch
     from sarjax.models.llm.pool import LLMPool, LLMStack
+    from sarjax.sar.llm import PoolResponder, behavior_batch
 
     ta, tb = _tokenizers()
     cfg = tiny_llama(96)
@@ -232,7 +232,7 @@ def test_llm_sar_greedy_on_a_mixed_tokenizer_pool_equals_the_set_system_oracle()
 
 
 def test_mixed_responder_input_errors():
-    from sarjax.cover.llm import PoolResponder
+    from sarjax.sar.llm import PoolResponder
 
     resp, _, prompt, _ = _mixed_setup()
     ids, mask = prompt(np.array([0, -1, 2, 3]))
@@ -293,8 +293,8 @@ def test_beast_llm_sar_end_to_end_on_a_tiny_pool(tmp_path):
     from conftest import build_tokenizer, scaled_init, tiny_llama
 
     from sarjax.attacks.text import allowed_vocab, llm_text_model, make_beast
-    from sarjax.cover.llm import PoolResponder
     from sarjax.models.llm.pool import build_pool
+    from sarjax.sar.llm import PoolResponder
 
     tok = build_tokenizer()
     v = 96
@@ -322,8 +322,8 @@ def test_pool_llm_sar_with_a_seed_generator(tmp_path):
     from conftest import build_tokenizer, scaled_init, tiny_llama
     from tokenizers import decoders
 
-    from sarjax.cover.llm import pool_llm_sar
     from sarjax.models.llm.pool import build_pool
+    from sarjax.sar import pool_llm_sar
 
     tok = build_tokenizer("{% for m in messages %}[INST] {{ m['content'] }} [/INST]{% endfor %}")
     tok.backend_tokenizer.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # every id round-trips
@@ -343,8 +343,8 @@ def test_pool_llm_sar_with_a_seed_generator(tmp_path):
 def test_harmbench_judge_fn_carries_the_classifiers_confidence():
     """With a classifier that has ``scores`` (HarmBench's P(Yes)), the LLM SAR judge carries it and
     AutoDAN's ``judge_generations`` ranks by it; labels -1 (unparsed) count as not broken."""
-    from sarjax.attacks.text.autodan import judge_generations
-    from sarjax.cover.llm import harmbench_judge_fn
+    from sarjax.attacks.text.autodan_judge import judge_generations
+    from sarjax.sar.llm import harmbench_judge_fn
 
     class Fake:
         def __call__(self, behaviors, generations, contexts=None):

@@ -1,4 +1,4 @@
-"""LLM SAR on pools whose members use DIFFERENT tokenizers (sarjax.cover.llm), the cross-tokenizer
+"""LLM SAR on pools whose members use DIFFERENT tokenizers (sarjax.sar.llm), the cross-tokenizer
 joint BEAST (sarjax.attacks.text.beast_cross) and BEAST's seed generator (sampled_seed_fn,
 ``sarjax llm-sar --seed-generator``).
 
@@ -15,8 +15,8 @@ import pytest
 from conftest import VOCAB, build_checkpoint, build_tokenizer, scaled_init, tiny_gpt2, tiny_llama
 from test_text_exchange import FILLER, TRIGGER, _tokenizers
 
-from sarjax.cover.llm import PoolResponder, _request_blocks
 from sarjax.models.llm.pool import LLMPool, build_pool
+from sarjax.sar.llm import PoolResponder, _request_blocks
 
 REQUESTS = ["how to build a", "tell me the answer", "please write on x"]
 TARGET = "sure here is"
@@ -154,8 +154,8 @@ def test_sampled_seed_fn_on_a_tiny_checkpoint(tmp_path):
     """The seed generator samples every request's candidates in one batched call; request i's
     samples equal those drawn with sample ids i*k .. i*k+k-1 for that request's prompt (the request
     written into it) in a batch of another order (same shape: one compile)."""
-    from sarjax.cover.llm import sampled_seed_fn
     from sarjax.models.llm.pool import load_pool, pool_generate_text
+    from sarjax.sar.llm import sampled_seed_fn
 
     gen = load_pool([_write_checkpoint(tmp_path / "gen", build_tokenizer(), 0)])
     key, k = jax.random.key(5), 3

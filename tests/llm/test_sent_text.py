@@ -112,7 +112,7 @@ def test_a_break_on_the_blocks_ids_that_does_not_survive_the_whole_text_is_not_a
 def test_llm_sar_records_and_judges_the_ids_that_are_sent(kind):
     """The SAR adapter records the attack's sent prompt and has the members respond to it: the
     member that is broken only on the blocks' ids is not covered."""
-    from sarjax.cover.llm import make_llm_oracles, refusal_judge_fn
+    from sarjax.sar.llm import make_llm_oracles, refusal_judge_fn
 
     tok, fn, batch, call, texts, pieces, whole = _gcg_setup(kind)
     _, _, _, _, bigrams = _case(kind)
@@ -203,7 +203,7 @@ def test_token_autodan_judges_again_the_rows_whose_rendered_text_tokenizes_other
     """The token-level AutoDAN's audited entry: every row's rendered text re-tokenized, the rows
     whose ids changed judged again on those ids (each member's greedy response to the sent prompt,
     by hand with greedy_generate); a row's judgement is replaced only where its ids changed."""
-    from sarjax.attacks.text.autodan import AutoDANTokenResult, make_autodan_jit
+    from sarjax.attacks.text.autodan_jit import AutoDANTokenResult, make_autodan_jit
     from sarjax.models.llm.generate import greedy_generate
     from sarjax.models.llm.pool import build_pool, left_pad, stack_decoding, unstack_params
 

@@ -11,10 +11,10 @@ from _flax_nets import SHAPE, LinenCNN, linen_variables, nnx_member, zoo_params
 from sarjax.attacks.joint import make_joint_pgd
 from sarjax.attacks.members import attack_members
 from sarjax.attacks.pgd import make_pgd
-from sarjax.cover.vision import run_sar
 from sarjax.models import zoo
 from sarjax.models.pool import Pool, Stack
 from sarjax.models.stack import FunctionStack
+from sarjax.sar.vision import run_sar
 
 B = 4
 EPS = 0.5

@@ -21,10 +21,10 @@ from _flax_nets import CLASSES, SHAPE, LinenCNN, linen_variables, nnx_member
 from _torch_nets import Normalized, SmallCNN, TinyResNet, randomize_bn, whiten_head
 
 from sarjax.attacks.joint import make_joint_pgd
-from sarjax.cover.vision import run_sar
 from sarjax.models import zoo
 from sarjax.models.pool import Pool, Stack
 from sarjax.models.torch_convert import TorchStack
+from sarjax.sar.vision import run_sar
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 HERE = Path(__file__).parent

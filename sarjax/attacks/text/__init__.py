@@ -4,7 +4,9 @@ attack protocol (state machines, query counting, a required key), model-agnostic
 :class:`~sarjax.attacks.text.core.TextModel` and member masks; :mod:`~sarjax.attacks.text.core`
 holds the request layout, the losses, the success criteria, the pool adapter, the threat-model
 audit and the re-tokenization of the prompts that are sent; :mod:`~sarjax.attacks.text.autodan`
-is the black-box AutoDAN-style rewriting (on text, and on token ids with a jit-safe entry);
+is the black-box AutoDAN-style rewriting on text (:mod:`~sarjax.attacks.text.autodan_jit`: on
+token ids with a jit-safe entry; :mod:`~sarjax.attacks.text.autodan_judge`: how both judge and
+rank a candidate);
 :mod:`~sarjax.attacks.text.beast_cross` is joint BEAST on pools whose members use different
 tokenizers, as :func:`~sarjax.attacks.text.gcg_joint.make_joint_gcg` is joint GCG;
 :mod:`~sarjax.attacks.text.pool` holds the host-side helpers both share.
@@ -14,15 +16,9 @@ Every attack is an :class:`~sarjax.attacks.core.entry.Entry` called
 every result starts with ``x_adv``, ``success [B, M]`` and ``queries [B, M]``.
 """
 
-from sarjax.attacks.text import autodan, beast, beast_cross, core, gcg, gcg_joint, pool
-from sarjax.attacks.text.autodan import (
-    AutoDANAttack,
-    AutoDANResult,
-    AutoDANTokenFn,
-    AutoDANTokenResult,
-    make_autodan,
-    make_autodan_jit,
-)
+from sarjax.attacks.text import autodan, autodan_jit, autodan_judge, beast, beast_cross, core, gcg, gcg_joint, pool
+from sarjax.attacks.text.autodan import AutoDANAttack, AutoDANBatch, AutoDANResult, PoolEvaluator, make_autodan
+from sarjax.attacks.text.autodan_jit import AutoDANTokenFn, AutoDANTokenResult, make_autodan_jit
 from sarjax.attacks.text.beast import make_beast, seed_suffixes
 from sarjax.attacks.text.beast_cross import CrossBEAST, CrossBEASTResult, make_cross_beast
 from sarjax.attacks.text.core import (
@@ -48,6 +44,7 @@ from sarjax.attacks.text.gcg_joint import JointGCG, JointGCGResult, make_joint_g
 
 __all__ = [
     "AutoDANAttack",
+    "AutoDANBatch",
     "AutoDANResult",
     "AutoDANTokenFn",
     "AutoDANTokenResult",
@@ -55,6 +52,7 @@ __all__ = [
     "CrossBEASTResult",
     "JointGCG",
     "JointGCGResult",
+    "PoolEvaluator",
     "TextAttackFn",
     "TextAttackResult",
     "TextBatch",
@@ -62,6 +60,8 @@ __all__ = [
     "allowed_vocab",
     "audit_text",
     "autodan",
+    "autodan_jit",
+    "autodan_judge",
     "beast",
     "beast_cross",
     "core",

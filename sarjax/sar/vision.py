@@ -9,8 +9,8 @@ uncovered set is a ``[B, M]`` mask, the round enters the PRNG key as data.
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -18,12 +18,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from sarjax.attacks.core.validate import check_sample_ids
-from sarjax.cover.greedy import greedy_sar
+from sarjax.attacks.joint import make_joint_pgd
+from sarjax.attacks.threat import check_labels
 from sarjax.cover.metrics import coverage_target
-from sarjax.cover.result import SARResult, concat_results, rederive
+from sarjax.cover.result import SARResult, concat_results
 from sarjax.cover.types import Candidates, JointAttack, SingleAttack
 from sarjax.models.sharding import ShardedPool
 from sarjax.runtime import fingerprint as fingerprints
+from sarjax.sar.driver import ResumableRun
 
 _JOINT_STREAM = 0
 _SINGLE_STREAM = 1
@@ -71,8 +73,6 @@ class StackGate:
     @classmethod
     def of(cls, pool: Any) -> StackGate:
         """The gate of ``pool`` (one per pool object, so that kernels built on it are reused)."""
-        import weakref
-
         if cls._instances is None:
             cls._instances = weakref.WeakKeyDictionary()
         gate = cls._instances.get(pool)
@@ -316,31 +316,6 @@ _CKPT_HINT = "pass overwrite=True to discard it or choose another checkpoint_dir
 _CKPT_FILES = (fingerprints.FINGERPRINT_FILE, "chunk_*")  # what run_sar writes under checkpoint_dir
 
 
-def _open_checkpoint(root: Path, fingerprint: dict, overwrite: bool, num_chunks: int) -> None:
-    """Check (or write) ``root/fingerprint.json`` before a run reads or writes checkpoints.
-
-    ``overwrite`` first deletes what run_sar wrote there (the fingerprint and ``chunk_*``, nothing
-    else). A stored run with other settings raises; other deltas are accepted only when the stored
-    run finished (each chunk's result is then re-derived from its coverage order).
-    """
-    if overwrite and root.is_dir():
-        fingerprints.remove_paths(root, _CKPT_FILES)
-    holds = root.is_dir() and any(root.glob("chunk_*"))
-    stored = fingerprints.check_fingerprint(root, fingerprint, hint=_CKPT_HINT, holds_results=holds, allow=("deltas",))
-    if stored is None:
-        fingerprints.write_fingerprint(root, fingerprint)
-        return
-    finished = all((root / f"chunk_{i}" / "result" / "result.json").exists() for i in range(num_chunks))
-    if fingerprints.differing_fields(stored, {**stored, "deltas": fingerprint["deltas"]}) and not finished:
-        raise fingerprints.FingerprintMismatch(
-            fingerprints.mismatch_reason(root, stored, fingerprint, ["deltas"]) + ", and other deltas are read "
-            f"off a finished run only (rerun with deltas={stored['deltas']} to finish it first)",
-            _CKPT_HINT,
-            ["deltas"],
-            stored,
-        )
-
-
 def run_sar(
     pool: Any,
     x: Any,
@@ -487,8 +462,6 @@ def run_sar(
         y = np.asarray(labels)
         if not np.issubdtype(y.dtype, np.integer) or y.shape != (b,):
             raise ValueError(f"labels must be int [{b}], got {y.dtype} {y.shape}")
-        from sarjax.attacks.threat import check_labels  # the one label-range check of sarjax
-
         check_labels(y, int(base.num_classes))
     custom_attack = attack is not None
     clean_pred = pool.predict(x).T.astype(np.int32)  # [B, M] (a ShardedPool predicts sharded)
@@ -510,8 +483,6 @@ def run_sar(
         raise ValueError(f"pack_levels must be an int >= 0, got {pack_levels!r}")
     gate = None
     if attack is None:
-        from sarjax.attacks.joint import make_joint_pgd
-
         if gate_stacks and sharded is None and len(getattr(base, "stacks", ())) > 1:
             gate = StackGate.of(pool)
         apply = pool.apply if gate is None else gate.apply
@@ -520,8 +491,9 @@ def run_sar(
         attack = _on_mesh(sharded, attack)
 
     ids = np.asarray(check_sample_ids(sample_ids, b))  # each row's index in the data set
-    root = Path(checkpoint_dir) if checkpoint_dir is not None else None
-    if root is not None:
+    run = ResumableRun(checkpoint_dir, hint=_CKPT_HINT)
+    num_chunks = -(-b // chunk_size)
+    if run.root is not None:
         fingerprint = {
             "kind": "run_sar",
             "sarjax_version": fingerprints.sarjax_version(),
@@ -545,7 +517,13 @@ def run_sar(
             "store_inputs": bool(store_inputs),
             "member_attacks": member_attacks is not None,
         }
-        _open_checkpoint(root, fingerprint, overwrite, -(-b // chunk_size))
+        run.open(
+            fingerprint,
+            overwrite=overwrite,
+            files=_CKPT_FILES,
+            results=("chunk_*",),
+            parts=[f"chunk_{i}/result" for i in range(num_chunks)],
+        )
     parts = []
     for i, start in enumerate(range(0, b, chunk_size)):
         stop = min(start + chunk_size, b)
@@ -553,15 +531,8 @@ def run_sar(
         pad = chunk_size - n
         idx = np.concatenate([np.arange(start, stop), np.full(pad, start)])  # rows of x (padding: a real row)
         valid = np.arange(chunk_size) < n
-        done_dir = root / f"chunk_{i}" / "result" if root is not None else None
-        if done_dir is not None and (done_dir / "result.json").exists():
-            part = SARResult.load(done_dir)
-            if tuple(part.deltas) != deltas:  # a finished run asked for other deltas
-                try:
-                    part = rederive(part, deltas)
-                except ValueError as e:
-                    raise ValueError(f"{root}: {e}; {_CKPT_HINT}") from None
-        else:
+
+        def oracles(idx: np.ndarray = idx) -> tuple[JointAttack, SingleAttack]:
             joint, single = make_attack_oracles(
                 attack,
                 pool.params,
@@ -578,19 +549,19 @@ def run_sar(
                 single = precomputed_single(
                     pool, np.asarray(member_attacks[0])[:, idx], np.asarray(member_attacks[1])[:, idx], ref[idx]
                 )
-            part = greedy_sar(
-                joint,
-                single,
-                clean_broken[idx],
-                deltas,
-                valid=valid,
-                count_clean_input=count_clean_input,
-                stop_when_unreachable=stop_when_unreachable,
-                store_inputs=store_inputs,
-                checkpoint_dir=None if root is None else root / f"chunk_{i}",
-                progress=progress,
-            )
-            if done_dir is not None:
-                part.save(done_dir)
+            return joint, single
+
+        part = run.greedy(
+            oracles,
+            clean_broken[idx],
+            deltas,
+            checkpoint=f"chunk_{i}",
+            result=f"chunk_{i}/result",
+            valid=valid,
+            count_clean_input=count_clean_input,
+            stop_when_unreachable=stop_when_unreachable,
+            store_inputs=store_inputs,
+            progress=progress,
+        )
         parts.append(part.select(np.flatnonzero(valid)))
     return concat_results(parts)

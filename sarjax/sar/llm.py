@@ -33,24 +33,33 @@ the greedy decoding used to judge a candidate is not charged to the attack's bud
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 
-from sarjax.cover.greedy import greedy_sar
+from sarjax.attacks.text.autodan_judge import judge_labels
+from sarjax.attacks.text.core import slot_texts, text_batch
 from sarjax.cover.metrics import coverage_target
-from sarjax.cover.result import SARResult, rederive
+from sarjax.cover.plots import save_figure
+from sarjax.cover.result import SARResult
 from sarjax.cover.types import Candidates, JointAttack, SingleAttack
+from sarjax.judges.refusal import GCG_REFUSAL_PHRASES, refusal_judge
+from sarjax.models.llm.generate import stack_greedy_generate
+from sarjax.models.llm.loader import check_tokenizer_vocab, load_model
+from sarjax.models.llm.pool import LLMPool, LLMStack, build_pool, left_pad, pool_generate_text, tokenizer_fingerprint
+from sarjax.models.llm.prompts import encode_text, load_tokenizer
 from sarjax.runtime import fingerprint as fingerprints
+from sarjax.sar.driver import ResumableRun
 
 _JOINT_STREAM = 0
 _SINGLE_STREAM = 1
 _ASR_STREAM = 2
-_CKPT_FILES = ("fingerprint.json", "clean.json", "greedy", "result", "asr.npz")
+_CKPT_FILES = ("fingerprint.json", "clean.json", "greedy", "result", "asr.npz")  # what run_llm_sar writes
+_CKPT_HINT = "pass overwrite=True (--overwrite) to discard it or choose another output directory"
 
 Judge = Callable[[Sequence[str], Sequence[str]], np.ndarray]
 Respond = Callable[[Any, Any], list[list[str]]]
@@ -70,8 +79,6 @@ def refusal_judge_fn(phrases: Sequence[str] | None = None, case_sensitive: bool 
     Returns:
       ``judge(behaviors [N], generations [N]) -> [N] bool`` (True: no refusal phrase, broken).
     """
-    from sarjax.judges.refusal import GCG_REFUSAL_PHRASES, refusal_judge
-
     ph = tuple(GCG_REFUSAL_PHRASES if phrases is None else phrases)
 
     def judge(behaviors: Sequence[str], generations: Sequence[str]) -> np.ndarray:
@@ -180,8 +187,6 @@ class PoolResponder:
         system: str | None = None,
         separator: str = " ",
     ):
-        from sarjax.models.llm.pool import tokenizer_fingerprint
-
         fps = [tokenizer_fingerprint(s.tokenizer) for s in pool.stacks]
         if None in fps:
             raise ValueError(f"PoolResponder: every stack needs a tokenizer, stack {fps.index(None)} has none")
@@ -208,9 +213,6 @@ class PoolResponder:
                     f"PoolResponder: the pool's stacks use {len(order)} tokenizers; pass requests= (the "
                     "behaviors in row order) so that each tokenizer renders its own prompt"
                 )
-            from sarjax.attacks.text.core import slot_texts
-            from sarjax.models.llm.prompts import encode_text
-
             reqs = list(requests)
             self.blocks = [_request_blocks(t, reqs, system, separator) for t in self.tokenizers]
             self.texts = [slot_texts(t, reqs, system=system, separator=separator) for t in self.tokenizers]
@@ -222,9 +224,6 @@ class PoolResponder:
     def prompts(self, ids: Any, mask: Any) -> list[tuple[np.ndarray, np.ndarray]]:
         """Each tokenizer group's left-padded prompts ``(ids [N, L_g], mask [N, L_g])`` (group 0:
         the reference's, compacted to width ``T``)."""
-        from sarjax.models.llm.pool import left_pad
-        from sarjax.models.llm.prompts import encode_text
-
         ids, mask = np.asarray(ids), np.asarray(mask)
         out = [compact_left(ids, mask, self.pad_ids[0])]
         if not self.mixed:
@@ -270,8 +269,6 @@ class PoolResponder:
 
     def tokens(self, ids: Any, mask: Any) -> np.ndarray:
         """``[M, N, max_new_tokens]`` int32 greedy continuations (each member in its own vocabulary)."""
-        from sarjax.models.llm.generate import stack_greedy_generate
-
         per_group = self.prompts(ids, mask)
         outs = []
         for s, g in zip(self.pool.stacks, self.group_of, strict=True):
@@ -303,8 +300,6 @@ def judge_members(respond: Respond, judge: Judge, behaviors: Sequence[str], ids:
     answer, is not broken; :func:`~sarjax.attacks.text.autodan.judge_labels`); another dtype or
     length raises.
     """
-    from sarjax.attacks.text.autodan import judge_labels
-
     gens = respond(ids, mask)
     n = np.shape(ids)[0]
     cols = []
@@ -379,8 +374,6 @@ def make_llm_oracles(
       ValueError: a result whose ``success`` / ``queries`` are not ``[B, M]``, or whose prompt
         holds more tokens than the recorded width (naming the row).
     """
-    import jax
-
     kw = dict(attack_kwargs or {})
     if int(calls) < 1:
         raise ValueError(f"calls must be >= 1, got {calls}")
@@ -563,8 +556,6 @@ def run_llm_sar(
     Raises:
       TypeError: no key. ValueError: bad deltas, a mismatching checkpoint.
     """
-    import jax
-
     if key is None:
         raise TypeError("run_llm_sar: key is required (a jax.random key); sarjax never defaults it")
     if isinstance(deltas, (int, float)):
@@ -576,8 +567,8 @@ def run_llm_sar(
     for d in deltas:
         coverage_target(d, m)
     behaviors = list(behaviors)
-    root = Path(checkpoint_dir) if checkpoint_dir is not None else None
-    if root is not None:
+    run = ResumableRun(checkpoint_dir, hint=_CKPT_HINT)
+    if run.root is not None:
         fp = {
             "kind": "llm_sar",
             "sarjax_version": fingerprints.sarjax_version(),
@@ -590,21 +581,7 @@ def run_llm_sar(
             "calls": int(calls),
             "with_asr": bool(with_asr),
         }
-        hint = "pass overwrite=True (--overwrite) to discard it or choose another output directory"
-        if overwrite and root.is_dir():
-            fingerprints.remove_paths(root, _CKPT_FILES)
-        holds = (root / "greedy").exists() or (root / "result").exists()
-        stored = fingerprints.check_fingerprint(root, fp, hint=hint, holds_results=holds, allow=("deltas",))
-        if stored is None:
-            fingerprints.write_fingerprint(root, fp)
-        elif stored["deltas"] != list(deltas) and not (root / "result" / "result.json").exists():
-            raise fingerprints.FingerprintMismatch(
-                fingerprints.mismatch_reason(root, stored, fp, ["deltas"])
-                + f", and other deltas are read off a finished run only (rerun with deltas={stored['deltas']})",
-                hint,
-                ["deltas"],
-                stored,
-            )
+        run.open(fp, overwrite=overwrite, files=_CKPT_FILES, results=("greedy", "result"), parts=("result",))
 
     def oracles(fn: Callable, k: Any, **kw: Any) -> tuple[JointAttack, SingleAttack]:
         return make_llm_oracles(
@@ -622,51 +599,34 @@ def run_llm_sar(
             **kw,
         )
 
-    # clean judgement (deterministic decoding of the unmodified request)
-    clean_path = root / "clean.json" if root is not None else None
-    if clean_path is not None and clean_path.exists():
-        saved = json.loads(clean_path.read_text())
-        clean_broken = np.asarray(saved["broken"], bool)
-        clean_gens = saved["generations"]
-    else:
-        judge_clean = getattr(batch, "judge_clean", None)
-        if judge_clean is not None:  # each member on its own rendering (AutoDAN's batch)
-            clean_broken, clean_gens = judge_clean(judge, behaviors)
+    def judge_clean() -> dict[str, Any]:  # deterministic decoding of the unmodified request
+        judge_batch = getattr(batch, "judge_clean", None)
+        if judge_batch is not None:  # each member on its own rendering (AutoDAN's batch)
+            broken, gens = judge_batch(judge, behaviors)
         else:
             cids, cmask = _clean_prompts(batch) if clean_prompts is None else clean_prompts
-            clean_broken, clean_gens = judge_members(respond, judge, behaviors, cids, cmask)
-        if clean_path is not None:
-            clean_path.write_text(json.dumps({"broken": clean_broken.tolist(), "generations": clean_gens}))
+            broken, gens = judge_members(respond, judge, behaviors, cids, cmask)
+        return {"broken": np.asarray(broken).tolist(), "generations": gens}
+
+    clean = run.cached_json("clean.json", judge_clean)
+    clean_broken = np.asarray(clean["broken"], bool)
+    clean_gens = clean["generations"]
     single_runs = None
     if with_asr:
-        asr_path = root / "asr.npz" if root is not None else None
-        if asr_path is not None and asr_path.exists():
-            with np.load(asr_path) as z:
-                single_runs = {k: z[k] for k in z.files}
-        else:
+
+        def per_member() -> dict[str, np.ndarray]:
             asr_joint, _ = oracles(single_attack or attack, jax.random.fold_in(key, _ASR_STREAM))
-            single_runs = member_asr(asr_joint, clean_broken)
-            if asr_path is not None:
-                np.savez(asr_path, **single_runs)  # pyright: ignore[reportArgumentType]  (numpy's stub)
-    done = root / "result" if root is not None else None
-    if done is not None and (done / "result.json").exists():
-        result = SARResult.load(done)
-        if tuple(result.deltas) != deltas:
-            result = rederive(result, deltas)
-    else:
+            return member_asr(asr_joint, clean_broken)
+
+        single_runs = run.cached_arrays("asr.npz", per_member)
+
+    def greedy_oracles() -> tuple[JointAttack, SingleAttack]:
         joint, single = oracles(attack, key, single_attack=single_attack)
         if single_runs is not None:
             single = precomputed_single(single_runs)
-        result = greedy_sar(
-            joint,
-            single,
-            clean_broken,
-            deltas,
-            checkpoint_dir=None if root is None else root / "greedy",
-            progress=progress,
-        )
-        if done is not None:
-            result.save(done)
+        return joint, single
+
+    result = run.greedy(greedy_oracles, clean_broken, deltas, checkpoint="greedy", result="result", progress=progress)
     asr = None if single_runs is None else single_runs["asr"]
     broken_single = None if single_runs is None else single_runs["broken"]
     return LLMSARRun(result, behaviors, [list(g) for g in clean_gens], asr, broken_single)
@@ -678,7 +638,7 @@ def precomputed_single(single_runs: dict[str, np.ndarray]) -> SingleAttack:
     The fallback of Algorithm 1 attacks one uncovered member alone on the request; those
     attacks ARE the per-member ASR attacks, so the fallback for member ``j`` on request ``b``
     returns ``prompts[j, b]`` with its whole-pool coverage ``covered[j, b]`` and its queries, at
-    no new attack cost (as :func:`sarjax.cover.vision.precomputed_single` does for images).
+    no new attack cost (as :func:`sarjax.sar.vision.precomputed_single` does for images).
 
     Args:
       single_runs: the dict of :func:`member_asr` (``covered [M, B, M]``, ``prompts [M, B, T]``,
@@ -711,16 +671,7 @@ def _clean_prompts(batch: Any) -> tuple[np.ndarray, np.ndarray]:
 
 
 # ---------------------------------------------------------------------------------------------
-# pools of sarjax decoders: requests, attacks, the whole run
-
-ATTACK_DEFAULTS: dict[str, dict[str, Any]] = {
-    # the SAR paper Table 2 (joint BEAST): beam 10, suffix 30, temperature 1, 15,000 queries per call,
-    # at most 4 calls
-    "beast": {"suffix_len": 30, "beam_width": 10, "max_queries": 15_000, "calls": 4},
-    # the SAR paper Table 3 (joint GCG): 20 steps per round, 64 candidates, top-256; suffix of 20
-    # tokens (Zou et al. 2023); one call per round
-    "gcg": {"suffix_len": 20, "num_steps": 20, "topk": 256, "num_candidates": 64, "max_queries": None, "calls": 1},
-}
+# requests and pools of sarjax decoders
 
 
 def _request_blocks(
@@ -729,9 +680,6 @@ def _request_blocks(
     """``(before, after)`` id lists of each request around the suffix slot: the texts of
     :func:`~sarjax.attacks.text.core.slot_texts` (the chat template split at the suffix; without a
     template the request and ``separator`` before, nothing after: a base model), each tokenized."""
-    from sarjax.attacks.text.core import slot_texts
-    from sarjax.models.llm.prompts import encode_text
-
     bt, at = slot_texts(tokenizer, behaviors, system=system, separator=separator)
     return [encode_text(tokenizer, x) for x in bt], [encode_text(tokenizer, x) for x in at]
 
@@ -742,10 +690,6 @@ def clean_prompt_ids(
     """``(ids [B, T], mask [B, T])`` int32, left-padded: each unmodified request as it is sent (the
     chat template rendered around the request alone, the whole text tokenized at once; without a
     template the request itself). The clean judgement of :func:`run_llm_sar` reads these."""
-    from sarjax.attacks.text.core import slot_texts
-    from sarjax.models.llm.pool import left_pad
-    from sarjax.models.llm.prompts import encode_text
-
     bt, at = slot_texts(tokenizer, behaviors, system=system, separator="", chat_template=chat_template)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     return left_pad([encode_text(tokenizer, b + a) for b, a in zip(bt, at, strict=True)], int(pad))
@@ -766,9 +710,6 @@ def behavior_batch(
       system: optional system message.
       separator: text between the request and the suffix.
     """
-    from sarjax.attacks.text.core import text_batch
-    from sarjax.models.llm.prompts import encode_text
-
     before, after = _request_blocks(tokenizer, behaviors, system, separator)
     tgt = encode_text(tokenizer, response)
     if not tgt:
@@ -780,10 +721,6 @@ def behavior_batch(
 def load_llm_pool(dirs: Sequence[str | os.PathLike], dtype: str = "float32") -> Any:
     """An :class:`~sarjax.models.llm.pool.LLMPool` from local Hugging Face checkpoint folders
     (``config.json``, safetensors, tokenizer files); members are named by folder name."""
-    from sarjax.models.llm.loader import check_tokenizer_vocab, load_model
-    from sarjax.models.llm.pool import build_pool
-    from sarjax.models.llm.prompts import load_tokenizer
-
     members = []
     for d in dirs:
         path = str(Path(d).resolve())
@@ -799,10 +736,6 @@ def load_llm_pool(dirs: Sequence[str | os.PathLike], dtype: str = "float32") -> 
 
 def pool_digest(pool: Any) -> str:
     """SHA-256 over the member names, configurations and parameter bytes of an LLM pool."""
-    import jax
-
-    from sarjax.models.llm.pool import tokenizer_fingerprint
-
     parts = [
         np.frombuffer(repr((s.names, s.cfg, tokenizer_fingerprint(s.tokenizer))).encode(), np.uint8)
         for s in pool.stacks
@@ -851,16 +784,12 @@ def sampled_seed_fn(
     Raises:
       TypeError: no key. ValueError: ``prompt`` without ``{request}``, non-positive sizes.
     """
-    from sarjax.models.llm.pool import LLMPool, LLMStack, pool_generate_text
-
     if key is None:
         raise TypeError("sampled_seed_fn: key is required (a jax.random key); sarjax never defaults it")
     if "{request}" not in prompt:
         raise ValueError(f"sampled_seed_fn: prompt must contain '{{request}}', got {prompt!r}")
     if int(max_new_tokens) < 1 or int(num_samples) < 1:
         raise ValueError(f"sampled_seed_fn: need max_new_tokens, num_samples >= 1, got {max_new_tokens}, {num_samples}")
-    import jax
-
     s = generator.stacks[0]
     one = LLMPool((LLMStack(s.cfg, jax.tree.map(lambda a: a[:1], s.params), s.names[:1], s.tokenizer, s.generation),))
     reqs = list(dict.fromkeys(requests))
@@ -878,231 +807,6 @@ def sampled_seed_fn(
         return list(table[request])
 
     return seed_fn
-
-
-def _common_start_text(pool: Any, words: int, slots: int) -> str:
-    """GCG's start (``"!"`` x ``words``, Zou et al. 2023) when every stack's tokenizer reproduces it;
-    else the first allowed token of the first stack's vocabulary whose text, repeated, does."""
-    from sarjax.attacks.text.core import suffix_text_violations
-    from sarjax.attacks.text.pool import allowed_for
-
-    toks = [s.tokenizer for s in pool.stacks]
-    als = [allowed_for(s.tokenizer, s.cfg.vocab_size, True) for s in pool.stacks]
-
-    def ok(text: str) -> bool:
-        return not suffix_text_violations(text, toks, als, [slots] * len(toks))[1]
-
-    if ok(text := " ".join(["!"] * words)):
-        return text
-    for i in np.flatnonzero(als[0])[:5000]:
-        piece = toks[0].decode([int(i)]).strip()
-        if piece and ok(text := " ".join([piece] * words)):
-            return text
-    raise ValueError(
-        "pool_llm_sar: no start suffix for joint GCG that every tokenizer reproduces ('!' and the first 5,000 "
-        "allowed tokens of the first stack fail)"
-    )
-
-
-def _mixed_tokenizer_parts(pool, behaviors, attack, st, target, refusal, system, seed_fn, seed_tokens):
-    """``(attack, params, batch, attack_kwargs, settings)`` of :func:`pool_llm_sar` for a pool
-    whose stacks use several tokenizers: joint GCG through
-    :func:`~sarjax.attacks.text.gcg_joint.make_joint_gcg`, BEAST through
-    :func:`~sarjax.attacks.text.beast_cross.make_cross_beast` (the first stack's tokenizer
-    proposes), called with the pool as ``params`` and the request strings as the batch."""
-    tok = pool.stacks[0].tokenizer
-    templates = {getattr(s.tokenizer, "chat_template", None) is not None for s in pool.stacks}
-    if len(templates) != 1:
-        raise ValueError("pool_llm_sar: some stacks' tokenizers have a chat template and others none")
-    call: dict[str, Any] = {"system": system, "chat_template": templates.pop()}
-    st = dict(st)
-    if attack == "gcg":
-        from sarjax.attacks.text.gcg_joint import make_joint_gcg
-
-        fn = make_joint_gcg(target=refusal, **st)
-        fn.init_text = _common_start_text(pool, fn.suffix_len, fn.slots)
-        st["init_text"] = fn.init_text
-    else:
-        from sarjax.attacks.text.beast import seed_suffixes
-        from sarjax.attacks.text.beast_cross import make_cross_beast
-
-        fn = make_cross_beast(target=target, **st)
-        if seed_fn is not None:
-            ids, lens = seed_suffixes(seed_fn, list(behaviors), tok, fn.suffix_len, seed_tokens)
-            kw_dec = dict(skip_special_tokens=False, clean_up_tokenization_spaces=False)
-            texts = [
-                tok.decode(ids[b, fn.suffix_len - n :].tolist(), **kw_dec) if n else "" for b, n in enumerate(lens)
-            ]
-            # a seed that another tokenizer cannot reproduce (or that does not re-tokenize) is dropped:
-            # that request's beams start empty, and the report lists it
-            dropped = [b for b, x in enumerate(texts) if x and fn.seed_violations(pool, x)]
-            call["suffix_init"] = ["" if b in dropped else x for b, x in enumerate(texts)]
-            st["seeds"] = {
-                "tokens": int(seed_tokens),
-                "digest": fingerprints.array_digest(ids, lens),
-                "dropped": dropped,
-            }
-    return fn, pool, list(behaviors), call, st
-
-
-def pool_llm_sar(
-    pool: Any,
-    behaviors: Sequence[str],
-    deltas: Sequence[float],
-    *,
-    key: Any,
-    attack: str = "beast",
-    judge: Judge | None = None,
-    target: str = "Sure, here is",
-    refusal: str = "I'm sorry, but I cannot help with that.",
-    settings: dict[str, Any] | None = None,
-    max_new_tokens: int = 32,
-    with_asr: bool = True,
-    system: str | None = None,
-    out: str | os.PathLike | None = None,
-    overwrite: bool = False,
-    progress: bool = False,
-    attacker: Any = None,
-    seed_fn: Callable[[str], Sequence[str]] | None = None,
-    seed_tokens: int = 20,
-) -> tuple[LLMSARRun, dict[str, Any]]:
-    """SAR (and per-member ASR) of a pool of sarjax decoders on text requests, end to end.
-
-    Args:
-      pool: an :class:`~sarjax.models.llm.pool.LLMPool`. Its stacks may use different tokenizers
-        (and chat templates) for ``"beast"`` and ``"gcg"``: the suffix then passes between
-        members as TEXT (joint GCG: :func:`~sarjax.attacks.text.gcg_joint.make_joint_gcg`, the proposer
-        rotating; BEAST: :func:`~sarjax.attacks.text.beast_cross.make_cross_beast`, the first
-        stack's tokenizer proposing), every member renders, scores and answers in its own tokens
-        (:class:`PoolResponder`), and the recorded prompts are the first stack's ids.
-        ``"autodan"`` works on both: with several tokenizers each stack renders the rewritten
-        request in its own tokenizer and chat template (and the unmodified request for the
-        clean judgement), and a candidate's coverage is AutoDAN's own judgement of every member
-        (:func:`~sarjax.attacks.text.autodan.autodan_llm_sar_parts`).
-      behaviors: ``[B]`` requests (HarmBench behaviors).
-      deltas: allowed uncovered shares.
-      key: PRNG key (required).
-      attack: ``"beast"`` (target ``target``, mean per-token NLL minimised), ``"gcg"`` (the
-        refusal ``refusal``'s NLL maximised) or ``"autodan"`` (the request rewritten by
-        ``attacker``; :mod:`sarjax.attacks.text.autodan`).
-      judge: default :func:`refusal_judge_fn`.
-      target, refusal: the scored responses of BEAST and GCG.
-      settings: overrides of :data:`ATTACK_DEFAULTS` (``suffix_len``, ``beam_width``,
-        ``max_queries``, ``calls``, ``num_steps``, ``topk``, ``num_candidates``, ...).
-      max_new_tokens: greedy response length judged.
-      with_asr: measure the per-member ASR too (its attacks serve as the greedy's fallback).
-      system: optional system message of the chat template.
-      out: directory for the checkpoint, ``llm_sar.json`` and ``llm_sar.png`` (None: nothing written).
-      overwrite, progress: see :func:`run_llm_sar`.
-      attacker: AutoDAN's attacker: an LLM pool whose first member rewrites (None: the target
-        pool's first member; see :func:`sarjax.attacks.text.autodan.make_autodan`) or a proposer
-        ``propose(anchors, key, sample_ids) -> rewrites``.
-      seed_fn: BEAST's warm start: ``seed_fn(request) -> suffix texts`` (the SAR paper uses
-        AmpleGCG; any callable); every call starts its beams from the first ``seed_tokens``
-        tokens (20, the SAR paper Table 2) of the first usable candidate
-        (:func:`~sarjax.attacks.text.beast.seed_suffixes`; with several tokenizers the seed is
-        cut in the first stack's tokens, and a seed that another tokenizer cannot reproduce is
-        dropped for its request, listed in ``settings["seeds"]["dropped"]``). None: no seed.
-        :func:`sampled_seed_fn` makes one from a local checkpoint.
-
-    Returns:
-      ``(run, report)``: the :class:`LLMSARRun` and the JSON report (also written to ``out``).
-    """
-    from sarjax.attacks.text.core import allowed_vocab, llm_text_model, refusal_loss, slot_texts, target_loss
-    from sarjax.models.llm.pool import tokenizer_fingerprint
-
-    if attack not in ("beast", "gcg", "autodan"):
-        raise ValueError(f"attack must be 'beast', 'gcg' or 'autodan', got {attack!r}")
-    fps = [tokenizer_fingerprint(s.tokenizer) for s in pool.stacks]
-    if None in fps:
-        raise ValueError(f"pool_llm_sar: every stack needs a tokenizer, stack {fps.index(None)} has none")
-    mixed = len(set(fps)) > 1
-    tok = pool.stacks[0].tokenizer
-    judge = judge or refusal_judge_fn()
-    respond = PoolResponder(
-        pool, max_new_tokens=max_new_tokens, requests=list(behaviors) if mixed else None, system=system
-    )
-    params: Any = None
-    clean = None
-    if attack == "autodan":
-        from sarjax.attacks.text.autodan import autodan_llm_sar_parts
-
-        st = {**(settings or {})}
-        fn, batch, kw, calls, st = autodan_llm_sar_parts(
-            pool, behaviors, respond, judge, attacker, st, system, response_tokens=max_new_tokens
-        )
-    else:
-        st = {**ATTACK_DEFAULTS[attack], **(settings or {})}
-        unknown = set(st) - set(ATTACK_DEFAULTS[attack]) - {"candidates", "temperature"}
-        if unknown:
-            raise ValueError(f"unknown {attack} settings {sorted(unknown)}; known: {sorted(ATTACK_DEFAULTS[attack])}")
-        calls = int(st.pop("calls"))
-        mq = st.pop("max_queries")
-        if seed_fn is not None and attack != "beast":
-            raise ValueError(f"seed_fn is BEAST's warm start, got attack={attack!r}")
-        if mixed:
-            fn, params, batch, kw, st = _mixed_tokenizer_parts(
-                pool, behaviors, attack, st, target, refusal, system, seed_fn, seed_tokens
-            )
-            kw["max_queries"] = mq
-            clean = clean_prompt_ids(tok, behaviors, system, chat_template=kw["chat_template"])
-        else:
-            cfgs = tuple(s.cfg for s in pool.stacks)
-            params = pool.stacks[0].params if len(cfgs) == 1 else tuple(s.params for s in pool.stacks)
-            model = llm_text_model(cfgs[0] if len(cfgs) == 1 else cfgs)
-            vocab = cfgs[0].vocab_size
-            allowed = allowed_vocab(tok, vocab)
-            if attack == "beast":
-                from sarjax.attacks.text.beast import make_beast
-
-                fn = make_beast(model, vocab_size=vocab, loss=target_loss, tokenizer=tok, **st)
-                batch = behavior_batch(tok, behaviors, target, system)
-            else:
-                from sarjax.attacks.text.gcg import make_gcg
-
-                bang = tok("!", add_special_tokens=False)["input_ids"]
-                # GCG starts from "!" x 20; a vocabulary without "!" starts from its first allowed id
-                init = int(bang[0]) if len(bang) == 1 and allowed[bang[0]] else None
-                fn = make_gcg(model, vocab_size=vocab, loss=refusal_loss, tokenizer=tok, init_id=init, **st)
-                batch = behavior_batch(tok, behaviors, refusal, system)
-            # the rendered text around each suffix slot: the audited entry re-tokenizes the whole
-            # prompt (the ids that are sent) and the adapter records and judges those
-            kw = {"allowed": allowed, "max_queries": mq, "texts": slot_texts(tok, behaviors, system=system)}
-            clean = clean_prompt_ids(tok, behaviors, system)
-            if seed_fn is not None:
-                from sarjax.attacks.text.beast import seed_suffixes
-
-                kw["suffix_init"], kw["init_len"] = seed_suffixes(
-                    seed_fn, list(behaviors), tok, st["suffix_len"], seed_tokens
-                )
-                st["seeds"] = {
-                    "tokens": int(seed_tokens),
-                    "digest": fingerprints.array_digest(kw["suffix_init"], kw["init_len"]),
-                }
-        st = {**st, "calls": calls, "max_queries": mq}
-    fp = {
-        "pool": pool_digest(pool),
-        "members": list(pool.names),
-        "attack": attack,
-        "settings": st,
-        "judge": getattr(judge, "name", "custom"),
-        "response": target if attack == "beast" else refusal if attack == "gcg" else None,
-        "max_new_tokens": int(max_new_tokens),
-        "system": system,
-    }
-    if mixed:  # (absent for one tokenizer: earlier checkpoints keep their fingerprint)
-        fp["tokenizers"] = len(set(fps))
-    m = pool.size
-    run = run_llm_sar(
-        fn, params, batch, behaviors, respond, judge, deltas, key=key, num_members=m, calls=calls,
-        attack_kwargs=kw, with_asr=with_asr, checkpoint_dir=out, fingerprint=fp, overwrite=overwrite,
-        progress=progress, self_judged=attack == "autodan", clean_prompts=clean,
-    )  # fmt: skip
-    report = {"settings": fp, **llm_sar_report(run, tok, pool.names)}
-    if out is not None:
-        Path(out, "llm_sar.json").write_text(json.dumps(report, indent=1))
-        plot_llm_sar(run, Path(out, "llm_sar.png"), title=f"LLM SAR, {attack}, M={m}, {len(behaviors)} requests")
-    return run, report
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1140,8 +844,6 @@ def plot_llm_sar(run: LLMSARRun, path: str | os.PathLike, title: str | None = No
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from sarjax.cover.plots import save_figure
-
     res = run.result
     m, v = res.num_members, res.valid
     fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(11, 4))
@@ -1168,21 +870,19 @@ def plot_llm_sar(run: LLMSARRun, path: str | os.PathLike, title: str | None = No
 
 
 __all__ = [
-    "ATTACK_DEFAULTS",
     "LLMSARRun",
-    "behavior_batch",
-    "load_llm_pool",
-    "pool_digest",
-    "pool_llm_sar",
     "PoolResponder",
+    "behavior_batch",
     "clean_prompt_ids",
     "compact_left",
     "harmbench_judge_fn",
     "judge_members",
     "llm_sar_report",
+    "load_llm_pool",
     "make_llm_oracles",
     "member_asr",
     "plot_llm_sar",
+    "pool_digest",
     "precomputed_single",
     "refusal_judge_fn",
     "run_llm_sar",

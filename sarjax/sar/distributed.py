@@ -1,15 +1,19 @@
 """SAR across processes on JAX's distributed runtime: the samples split, the results gathered.
 
+The generic process helpers (``initialize``, ``process_rows``, ``all_ok``, ``allgather_rows``)
+live in :mod:`sarjax.runtime.distributed`; this module holds the SAR part.
+
 Every sample's attack draws its random stream from its index in the data set (``fold_in(key,
 sample_id)``) and the greedy treats every sample alone, so a sample's SAR does not depend on
 which other samples run with it. A multi-process run therefore splits the SAMPLES: process ``i``
-of ``n`` runs the greedy on its contiguous block of rows (:func:`process_rows`), with its own
+of ``n`` runs the greedy on its contiguous block of rows (:func:`sarjax.runtime.distributed.process_rows`), with its own
 checkpoint directory, on a mesh over its own devices when it shards the pool
 (:func:`sarjax.models.sharding.make_mesh` with ``local=True``); :func:`allgather_parts` then
 hands every process the per-sample results of all of them, in sample order. The merged result
 is the one-process result, array for array (round logs padded as for ``chunk_size``).
 
-The gather uses the runtime's own collective (:func:`jax.experimental.multihost_utils.process_allgather`,
+The gather uses the runtime's own collective (:func:`jax.experimental.multihost_utils.process_allgather`
+through :func:`sarjax.runtime.distributed.allgather_bytes`,
 gloo on CPU, NCCL / ICI on GPU / TPU): no shared file system is needed, so hosts with local
 disks (a TPU pod slice) work as well as one machine.
 
@@ -33,12 +37,9 @@ import numpy as np
 
 from sarjax.attacks.core.validate import check_sample_ids
 from sarjax.cover.result import SARResult, concat_results
-from sarjax.cover.vision import run_sar
-
-# the generic process helpers live in sarjax.runtime.distributed; re-exported for the SAR callers
-from sarjax.runtime.distributed import all_ok as all_ok
-from sarjax.runtime.distributed import initialize as initialize
-from sarjax.runtime.distributed import process_rows
+from sarjax.runtime.distributed import all_ok as all_ok  # the SAR callers' barrier, from the runtime
+from sarjax.runtime.distributed import allgather_bytes, process_rows
+from sarjax.sar.vision import run_sar
 
 _META = "__sarjax_meta__"
 _EXTRA = "extra/"
@@ -85,14 +86,7 @@ def allgather_parts(
     arrays = {k: np.asarray(v) for k, v in (arrays or {}).items()}
     if jax.process_count() == 1:
         return result, arrays
-    from jax.experimental.multihost_utils import process_allgather
-
-    blob = _pack(result, arrays)
-    sizes = np.asarray(process_allgather(np.array([blob.size], np.int64))).reshape(-1)
-    padded = np.zeros(int(sizes.max()), np.uint8)
-    padded[: blob.size] = blob
-    blobs = np.asarray(process_allgather(padded))  # [P, L]
-    parts = [_unpack(blobs[i, : int(sizes[i])]) for i in range(len(sizes))]
+    parts = [_unpack(blob) for blob in allgather_bytes(_pack(result, arrays))]
     names = sorted(arrays)
     for i, (_, extra) in enumerate(parts):
         if sorted(extra) != names:
@@ -122,10 +116,10 @@ def run_sar_across_processes(
     checkpoint_dir: str | os.PathLike | None = None,
     **kwargs: Any,
 ) -> SARResult:
-    """:func:`sarjax.cover.vision.run_sar` with the samples split over the JAX processes.
+    """:func:`sarjax.sar.vision.run_sar` with the samples split over the JAX processes.
 
     Every process passes the same arguments (the whole batch); each runs ``run_sar`` on its
-    block of rows (:func:`process_rows`) with those rows' sample ids, checkpointing under
+    block of rows (:func:`sarjax.runtime.distributed.process_rows`) with those rows' sample ids, checkpointing under
     ``checkpoint_dir/process_<i>_of_<n>``; the blocks are then gathered (:func:`allgather_parts`).
     The result, on every process, equals ``run_sar`` on the whole batch in one process. With one
     process it is ``run_sar``.
