@@ -83,17 +83,18 @@ def test_sar_on_the_saved_pool_and_by_import_path(user):
         assert a[k] == b[k], k
 
 
-def test_frontier_and_autoattack_on_the_saved_pool(user):
+def test_frontier_and_autoattack_on_the_saved_pool_and_images(user):
     tmp, env, pool_dir, images, acc = user
     out = tmp / "frontier"
     args = ["--norm", "l2", "--attacks", "fmn", "--restarts", "0", "--targeted", "0", "--cap", "20"]
-    args += ["--samples", "4", "--tiers", "20", "40", "--heldout", "0", "--no-progress"]
+    args += ["--samples", "4", "--tiers", "20", "40", "--heldout", "0", "--no-progress", "--images", str(images)]
     _run([sys.executable, "-m", "sarjax.cli", "frontier", "--models", str(pool_dir), "--out", str(out), *args], env)
     report = json.loads((out / "frontier.json").read_text())
     assert report["models"] == [f"pool/{n}" for n in ("fn0", "fn1", "linen0", "nnx0", "torch0")]
     aa = tmp / "aa.json"
-    args = ["--norm", "linf", "--eps", "0.05", "--samples", "4", "--n-iter", "3", "--fab-iter", "3"]
-    args += ["--square-queries", "10"]
+    args = ["--norm", "linf", "--eps", "0.05", "--samples", "6", "--n-iter", "3", "--fab-iter", "3"]
+    args += ["--square-queries", "10", "--images", str(images), "--no-progress"]
     _run([sys.executable, "-m", "sarjax.cli", "autoattack", "--pool", str(pool_dir), "--out", str(aa), *args], env)
     got = json.loads(aa.read_text())
     assert got["members"] == ["fn0", "fn1", "linen0", "nnx0", "torch0"]
+    np.testing.assert_array_equal(got["clean_accuracy"], acc)  # all 6 images of the file
