@@ -718,9 +718,11 @@ def autoattack(
                     mk = robust[pad_idx] & valid[:, None]
                     xc, qc = run_one(chunk, mk.astype(np.float32), None if ranked is None else ranked[pad_idx])
                     wrong = (verify(chunk[1], xc) & mk)[:n]
-                    found_run.append((idx, qc[:n].astype(np.int64) + eot * mk[:n], wrong, np.asarray(xc)[:n]))
+                    part = (idx, qc[:n].astype(np.int64) + eot * mk[:n], wrong, np.asarray(xc)[:n])
                     if share is None:  # one process: applied at once (as it always was)
-                        _apply_chunk(found_run.pop(), q, x_adv, robust)
+                        _apply_chunk(part, q, x_adv, robust)
+                    else:  # kept until the run's gather: the points of the broken pairs only
+                        found_run.append((*part[:3], part[3][wrong]))
                     done += n
                     if progress is not None:
                         progress(name, done, total)
@@ -845,10 +847,11 @@ def _apply_chunk(found, q, x_adv, robust) -> None:
 
 
 def _gather_run(found, error, q, x_adv, robust, done: int, m: int, shape: tuple) -> int:
-    """``distribute=True``: every process's chunks of one run, gathered in process order and
-    applied on every process (the rows, their queries and broken flags, and the points of the
-    broken pairs only). Returns ``done`` plus the other processes' rows. Raises on every process
-    when one of them failed (its own error there, a one-line error naming it elsewhere)."""
+    """``distribute=True``: every process's chunks of one run (``found``: ``(rows, queries, wrong,
+    x_cand[wrong])`` per chunk), gathered in process order and applied on every process (the rows,
+    their queries and broken flags, and the points of the broken pairs only). Returns ``done``
+    plus the other processes' rows. Raises on every process when one of them failed (its own
+    error there, a one-line error naming it elsewhere)."""
     if not all_ok(error is None):
         if error is not None:
             raise error
@@ -856,10 +859,10 @@ def _gather_run(found, error, q, x_adv, robust, done: int, m: int, shape: tuple)
     idx = np.concatenate([f[0] for f in found]).astype(np.int64) if found else np.zeros(0, np.int64)
     qadd = np.concatenate([f[1] for f in found]) if found else np.zeros((0, m), np.int64)
     wrong = np.concatenate([f[2] for f in found]) if found else np.zeros((0, m), bool)
-    xc = np.concatenate([f[3] for f in found]) if found else np.zeros((0, m, *shape), np.float32)
+    xw = np.concatenate([f[3] for f in found]) if found else np.zeros((0, *shape), np.float32)  # row-major pairs
     rows = allgather_rows({"idx": idx, "queries": qadd, "wrong": wrong})
-    r, k = np.nonzero(wrong)
-    pairs = allgather_rows({"row": idx[r], "member": k.astype(np.int64), "x": xc[r, k].astype(np.float32)})
+    r, k = np.nonzero(wrong)  # row-major, as the chunks' x_cand[wrong]
+    pairs = allgather_rows({"row": idx[r], "member": k.astype(np.int64), "x": xw.astype(np.float32)})
     mine = len(idx)
     q[rows["idx"]] += rows["queries"]
     robust[rows["idx"]] &= ~rows["wrong"]
