@@ -36,9 +36,8 @@ from functools import cache, partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from sarjax.runtime import distributed
+from sarjax.runtime import compile_cache, distributed  # the modules: tests replace their functions
 from sarjax.runtime import fingerprint as fingerprints
-from sarjax.runtime.compile_cache import release_compiled_near_map_limit
 from sarjax.runtime.progress import progress_bar
 
 NORMS = ("l0", "l1", "l2", "linf")
@@ -679,7 +678,7 @@ def run_frontier(
                     got = dict(zip(("norm", "trajectory", "queries", "x_adv"), res))
                     _save_entry(f, spec, dt, got)
                     ran_here = True
-                    release_compiled_near_map_limit(log=bar.console.print if progress else None)
+                    compile_cache.release_compiled_near_map_limit(log=bar.console.print if progress else None)
                 else:  # a process without rows
                     dt = 0.0
                     got = {
@@ -868,7 +867,7 @@ def _run_autoattack(loaded, tp, x, y, *, norm, key, cfg, out: Path, progress: bo
                     )
                     rob.append(np.asarray(r.robust))
                     qs.append(np.asarray(r.queries))
-                    release_compiled_near_map_limit(log=bar.console.print if progress else None)
+                    compile_cache.release_compiled_near_map_limit(log=bar.console.print if progress else None)
                 robust, queries = np.stack(rob), np.stack(qs)  # [E, B, M]
                 secs[mdl.tag] = time.time() - t0
                 tmp = f.with_suffix(".tmp.npz")
