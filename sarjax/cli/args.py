@@ -38,7 +38,8 @@ def add_model_argument(parser: argparse.ArgumentParser, *, required: bool = Fals
         required=required,
         metavar="PKG.MODULE:FUNCTION",
         help="a function returning a sarjax.models.Pool (your own models: flax, nnx, PyTorch, plain "
-        "functions); the module must be importable (installed or on PYTHONPATH); repeat for several pools",
+        "functions); the module must be importable (installed or on PYTHONPATH); frontier takes it repeated "
+        "for several pools",
     )
 
 
@@ -60,8 +61,8 @@ def add_distributed_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="HOST:PORT",
         help="multi-process run on JAX's distributed runtime: process 0's address (with --num-processes, "
-        "--process-id), or 'auto' on a TPU pod slice / Slurm / Open MPI job; each process attacks its block "
-        "of the images, process 0 writes OUT",
+        "--process-id), or 'auto' on a TPU pod slice / Slurm / Open MPI job; every process runs the same command "
+        "and its share of the work, results are gathered (bit-identical to one process), process 0 writes OUT",
     )
     parser.add_argument("--num-processes", type=positive_int, default=None, help="processes in the run (--coordinator)")
     parser.add_argument("--process-id", type=int, default=None, help="this process, 0 .. N-1 (--coordinator)")

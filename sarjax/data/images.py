@@ -2,7 +2,7 @@
 
 ``x`` is ``[N, H, W, C]`` in ``[0, 1]`` (any float or integer dtype; read as float32), ``y`` the
 ``[N]`` integer labels and ``ids`` (optional) ``[N]`` distinct non-negative integers naming the
-images: the attacks seed each image's random stream from its id (default ``0 .. N-1``), so an
+images (below 2**31): the attacks seed each image's random stream from its id (default ``0 .. N-1``), so an
 image keeps its draws when it is attacked in another subset. Write one with::
 
     np.savez("mine.npz", x=x, y=y)          # x [N, 28, 28, 1] in [0, 1], y [N]
@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
+
+_MAX_ID = 2**31 - 1  # the attacks fold sample ids into their keys as int32
 
 
 class ImageSet(NamedTuple):
@@ -86,8 +88,9 @@ def check_ids(ids: Any, n: int, *, what: str = "images") -> np.ndarray:
     ids = np.asarray(ids)
     if ids.dtype == bool or not np.issubdtype(ids.dtype, np.integer) or ids.shape != (n,):
         raise ValueError(f"{what}: ids must be [N] = [{n}] integers, got {ids.dtype} of shape {list(ids.shape)}")
-    if (ids < 0).any():
-        raise ValueError(f"{what}: ids must be >= 0, got {int(ids.min())}")
+    if (ids < 0).any() or (ids > _MAX_ID).any():
+        bad = int(ids.min()) if (ids < 0).any() else int(ids.max())
+        raise ValueError(f"{what}: ids must be in [0, 2**31 - 1] (the attacks' int32 sample ids), got {bad}")
     if len(np.unique(ids)) != n:
         vals, counts = np.unique(ids, return_counts=True)
         raise ValueError(f"{what}: ids must be distinct, id {int(vals[counts > 1][0])} repeats")

@@ -73,6 +73,10 @@ def test_bad_files_and_ids(tmp_path):
         load_images(tmp_path / "d.npz")
     with pytest.raises(ValueError, match="id 3 repeats"):
         load_images(_write(tmp_path / "e.npz", x=x, y=y, ids=np.array([0, 3, 3, 1, 2])))
+    with pytest.raises(ValueError, match=r"ids must be in \[0, 2\*\*31 - 1\].*got 2147483648"):
+        load_images(_write(tmp_path / "g.npz", x=x, y=y, ids=np.array([0, 1, 2, 3, 2**31])))
+    with pytest.raises(ValueError, match=r"got -1"):
+        load_images(_write(tmp_path / "h.npz", x=x, y=y, ids=np.array([0, 1, 2, 3, -1])))
     with pytest.raises(ValueError, match=r"ids must be \[N\] = \[5\] integers"):
         load_images(_write(tmp_path / "f.npz", x=x, y=y, ids=np.arange(4)))
 
