@@ -12,15 +12,13 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 from sarjax.cover.metrics import theorem1_factor
-
-if TYPE_CHECKING:
-    from sarjax.cover.result import SARResult
+from sarjax.cover.result import SARResult
 
 
 @dataclass(frozen=True)

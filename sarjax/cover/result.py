@@ -467,7 +467,7 @@ class SARResult:
     def from_parts(cls, header: dict[str, Any], arrays: dict[str, np.ndarray]) -> SARResult:
         """The result of :meth:`header` (or the same keys of ``result.json``) and :meth:`arrays`.
 
-        Used by :meth:`load` and by :func:`sarjax.cover.distributed.allgather_parts`; ``arrays``
+        Used by :meth:`load` and by :func:`sarjax.sar.distributed.allgather_parts`; ``arrays``
         is not modified.
         """
         arrays = dict(arrays)

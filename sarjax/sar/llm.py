@@ -297,7 +297,7 @@ def judge_members(respond: Respond, judge: Judge, behaviors: Sequence[str], ids:
       ids, mask: ``[N, T]`` prompts.
 
     The judge's labels are bools, or integers broken only when 1 (HarmBench's -1, an unparsed
-    answer, is not broken; :func:`~sarjax.attacks.text.autodan.judge_labels`); another dtype or
+    answer, is not broken; :func:`~sarjax.attacks.text.autodan_judge.judge_labels`); another dtype or
     length raises.
     """
     gens = respond(ids, mask)

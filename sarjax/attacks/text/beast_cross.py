@@ -47,6 +47,9 @@ import numpy as np
 from sarjax.attacks.core.entry import HostDrivenEntry
 from sarjax.attacks.text import core as T
 from sarjax.attacks.text.pool import allowed_for, pool_call, pool_requests, score_texts, sent_prompts
+from sarjax.models.llm import decoder
+from sarjax.models.llm.pool import tokenizer_fingerprint
+from sarjax.models.llm.prompts import encode_text
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
@@ -63,8 +66,6 @@ def _mixture(params, before, before_mask, beams, beam_mask, weights, temperature
     Returns:
       ``[B, K, V_s]`` float32.
     """
-    from sarjax.models.llm import decoder
-
     pb, ls = before.shape[1], beams.shape[2]
 
     def one(bf, bfm, bms, bmm, w):
@@ -200,9 +201,6 @@ class CrossBEAST(HostDrivenEntry):
           ValueError: bad shapes or values; a seed that violates the threat model (naming the row
             and why); an audit failure of the output.
         """
-        from sarjax.models.llm.pool import tokenizer_fingerprint
-        from sarjax.models.llm.prompts import encode_text
-
         c = pool_call(self.name, pool, instructions, ref, self.target, key, mask, sample_ids, max_queries)
         stacks, instructions, mk, targets, sid, cap = c
         bsz, m_total = len(instructions), sum(st.size for st in stacks)

@@ -34,8 +34,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from sarjax.attacks import queries as Q
-from sarjax.attacks.core.entry import Entry
+from sarjax.attacks.core.entry import Entry, host
 from sarjax.attacks.core.validate import check_mask, check_sample_ids
+from sarjax.models.llm import decoder, nll_batch, scoring
+from sarjax.models.llm.pool import left_pad
+from sarjax.models.llm.prompts import encode_text, retokenizes, split_chat_template
 
 
 class TextBatch(NamedTuple):
@@ -275,8 +278,6 @@ def llm_text_model(cfgs) -> TextModel:
     Raises:
       ValueError: stacks with different vocabulary sizes.
     """
-    from sarjax.models.llm import decoder, nll_batch, scoring
-
     single = not isinstance(cfgs, tuple)
     cs = (cfgs,) if single else cfgs
     if len({c.vocab_size for c in cs}) != 1:
@@ -343,8 +344,6 @@ def llm_text_model(cfgs) -> TextModel:
 def _decoder_hits(p, cfg, ids, mask, target, target_mask):
     """``[Tt]`` bool: the argmax next token equals the target token after ``ids`` (one member;
     the logits of :func:`~sarjax.models.llm.scoring.target_nll` at the target positions only)."""
-    from sarjax.models.llm import decoder
-
     t, tt = ids.shape[0], target.shape[0]
     x = decoder.embed_tokens(p, jnp.concatenate([ids, target]).astype(jnp.int32))
     fm = jnp.concatenate([mask, target_mask]).astype(jnp.int32)
@@ -560,8 +559,6 @@ def slot_texts(
     Args:
       chat_template: True / False; None: the tokenizer's template when it has one.
     """
-    from sarjax.models.llm.prompts import split_chat_template
-
     use = getattr(tokenizer, "chat_template", None) is not None if chat_template is None else chat_template
     before, after = [], []
     for instr in instructions:
@@ -581,8 +578,6 @@ def sent_ids(tokenizer, before_text: str, suffix_text: str, after_text: str) -> 
     """The ids the tokenizer gives for the WHOLE prompt text ``before + suffix + after`` (no special
     tokens added; special tokens written in the template text are kept): what a user sending the
     suffix text gets, as opposed to the three blocks tokenized apart."""
-    from sarjax.models.llm.prompts import encode_text
-
     return encode_text(tokenizer, before_text + suffix_text + after_text)
 
 
@@ -597,8 +592,6 @@ def _texts_of(name: str, tokenizer, texts, batch: TextBatch) -> tuple[list[str],
             [tokenizer.decode(real(b.before[i], b.before_mask[i]), **_DECODE) for i in range(bsz)],
             [tokenizer.decode(real(b.after[i], b.after_mask[i]), **_DECODE) for i in range(bsz)],
         )
-    from sarjax.models.llm.prompts import encode_text
-
     if not (isinstance(texts, (tuple, list)) and len(texts) == 2):
         raise TypeError(f"{name}: texts must be (before [B] str, after [B] str), got {type(texts).__name__}")
     before, after = list(texts[0]), list(texts[1])
@@ -739,8 +732,6 @@ def audit_text(name: str, problem: TextProblem, result: TextAttackResult, tokeni
     Raises:
       ValueError: naming every offending row and why.
     """
-    from sarjax.attacks.core.entry import host
-
     b = TextBatch(*(host(a) for a in problem.batch))
     al = host(problem.allowed)
     ids, mask = host(result.x_adv), host(result.mask)
@@ -772,8 +763,6 @@ def audit_text(name: str, problem: TextProblem, result: TextAttackResult, tokeni
                 f"queries {q[i].tolist()} are negative, charged to uncovered members or above the cap {int(cap[i])}"
             )
         if tokenizer is not None and not why:
-            from sarjax.models.llm.prompts import retokenizes
-
             if not retokenizes(tokenizer, real.tolist()):
                 why.append("the suffix ids do not re-tokenize to themselves")
         if why:
@@ -795,8 +784,6 @@ def exchange_suffix(ids: Sequence[int], source, targets: Sequence[Any]) -> list[
       One id list per target, or None when the text does not survive a target: its ids must
       decode back to the same text and re-tokenize to themselves (the re-tokenization filter).
     """
-    from sarjax.models.llm.prompts import encode_text, retokenizes
-
     kw = dict(skip_special_tokens=False, clean_up_tokenization_spaces=False)
     text = source.decode([int(i) for i in ids], **kw)
     out = []
@@ -826,8 +813,6 @@ def suffix_text_violations(text: str, tokenizers: Sequence[Any], allowed: Sequen
       ``(ids, reasons)``: one id list per stack (None where encoding failed) and the list of
       violations (empty: valid for every stack).
     """
-    from sarjax.models.llm.prompts import encode_text
-
     kw = dict(skip_special_tokens=False, clean_up_tokenization_spaces=False)
     ids, reasons = [], []
     for s, (tok, al, n) in enumerate(zip(tokenizers, allowed, slots, strict=True)):
@@ -986,9 +971,6 @@ def resend(name, model, criterion, tokenizer, params, batch, result: TextAttackR
     the ids of ``before text + decode(suffix) + after text``, :attr:`~TextAttackResult.retokenized`
     the rows whose ids changed, and those rows' :attr:`~TextAttackResult.success` judged again on
     the new ids (:func:`judge_prompts`; the search's loss fields are left as they are)."""
-    from sarjax.attacks.core.entry import host
-    from sarjax.models.llm.pool import left_pad
-
     before, after = _texts_of(name, tokenizer, texts, batch)
     x, xm = host(result.x_adv), host(result.mask)
     suf, sm = host(result.suffix), host(result.suffix_mask)

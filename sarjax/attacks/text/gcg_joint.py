@@ -21,6 +21,8 @@ import numpy as np
 from sarjax.attacks.core.entry import HostDrivenEntry
 from sarjax.attacks.text import core as T
 from sarjax.attacks.text.pool import allowed_for, pool_call, pool_requests, score_texts, sent_prompts
+from sarjax.models.llm import scoring
+from sarjax.models.llm.prompts import encode_text
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "loss", "topk", "nc"))
@@ -37,8 +39,6 @@ def _propose(params, m, batch: T.TextBatch, suffix, smask, allowed, keys, *, cfg
       ``(cands [B, nc, Ls] int32, ok [B, nc] bool)``: ``ok`` is False for a banned id (fewer
       allowed ids than ``topk``).
     """
-    from sarjax.models.llm import scoring
-
     p = jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, m, keepdims=False), params)
     v = allowed.shape[0]
     k = min(topk, v)
@@ -272,7 +272,6 @@ class JointGCG(HostDrivenEntry):
         nc = self.num_candidates
         proposers = np.full((self.num_steps, bsz), -1, np.int64)
         kw_decode = dict(skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        from sarjax.models.llm.prompts import encode_text
 
         for t in range(self.num_steps):
             active = (ncov > 0) & np.isfinite(best_loss) & (queries.sum(1) + 1 + nc * ncov <= cap)

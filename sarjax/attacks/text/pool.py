@@ -15,6 +15,8 @@ import numpy as np
 from sarjax.attacks import queries as Q
 from sarjax.attacks.core.validate import check_sample_ids
 from sarjax.attacks.text import core as T
+from sarjax.models.llm.pool import left_pad
+from sarjax.models.llm.prompts import encode_text
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "loss"))
@@ -68,8 +70,6 @@ def pool_requests(name, stack, instructions, targets, system, chat_template) -> 
     Raises:
       ValueError: a block that encodes to no token; some requests with a template tail, others none.
     """
-    from sarjax.models.llm.prompts import encode_text
-
     tok = stack.tokenizer
     bt, at = T.slot_texts(tok, instructions, system=system, chat_template=chat_template)
     before = [encode_text(tok, x) for x in bt]
@@ -150,8 +150,6 @@ def sent_prompts(name, stacks, reqs: Sequence[PoolRequests], texts: Sequence[str
       ``(sent, sent_mask, success [B, M], retokenized [B, M])``: one ``[B, S_s]`` array per stack
       (``S_s = T_s`` unless a row needs more).
     """
-    from sarjax.models.llm.pool import left_pad
-
     sent, smask, success, retok = [], [], [], []
     for s, st in enumerate(stacks):
         tok, r = st.tokenizer, reqs[s]
