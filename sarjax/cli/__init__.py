@@ -3,6 +3,11 @@
 A command module holds its argument parser (``register(sub)``) and its ``cmd_*`` function, which
 calls library code (``sarjax.experiments`` and the layers below); argument types shared by the
 commands are in :mod:`sarjax.cli.args`.
+
+:func:`main` turns XLA's persistent compilation cache on before a command that takes
+``--compile-cache`` runs: that directory when given, else ``$XDG_CACHE_HOME/sarjax/jax``
+(``SARJAX_NO_COMPILE_CACHE=1``: none; :mod:`sarjax.runtime.compile_cache`). Importing sarjax
+never does.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import argparse
 import sys
 
 from sarjax.cli import autoattack, defenses, demo, frontier, llm_demo, llm_sar, sar, train_pool
+from sarjax.runtime.compile_cache import enable_command_compile_cache
 
 # Every command, in the order ``sarjax --help`` lists them: each module's ``register(sub)``.
 COMMANDS = (train_pool, demo, sar, defenses, autoattack, frontier, llm_sar, llm_demo)
@@ -39,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if hasattr(args, "compile_cache"):  # the commands with --compile-cache: on by default
+            enable_command_compile_cache(args.compile_cache)
         return int(args.func(args) or 0)
     except (ValueError, TypeError, FileNotFoundError) as e:
         print(f"sarjax {args.command}: error: {e}", file=sys.stderr)

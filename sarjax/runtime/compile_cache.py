@@ -13,16 +13,44 @@ depend on whether the cache is on. On this project's 2-core CPU a packed SAR sha
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 ENV_MIN_SECONDS = "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"
+ENV_OFF = "SARJAX_NO_COMPILE_CACHE"  # set (to anything but "" or "0"): the commands use no default cache
+
+
+def default_compile_cache_dir(environ: Mapping[str, str] | None = None) -> Path | None:
+    """The commands' default cache directory: ``$XDG_CACHE_HOME/sarjax/jax`` (``~/.cache/sarjax/jax``
+    when ``XDG_CACHE_HOME`` is unset, empty or relative, as the XDG base directory specification
+    says), or ``None`` when ``SARJAX_NO_COMPILE_CACHE`` is set to anything but ``""`` or ``"0"``.
+
+    Args:
+      environ: the environment to read (default ``os.environ``).
+    """
+    env = os.environ if environ is None else environ
+    if env.get(ENV_OFF, "") not in ("", "0"):
+        return None
+    xdg = env.get("XDG_CACHE_HOME", "")
+    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path("~/.cache").expanduser()
+    return base / "sarjax" / "jax"
+
+
+def _current_dir() -> str | None:
+    """JAX's ``jax_compilation_cache_dir`` option now."""
+    import jax  # deferred: the commands import this module, and sarjax --help should not load jax
+
+    return jax.config.jax_compilation_cache_dir  # pyright: ignore[reportAttributeAccessIssue]
 
 
 def enable_compile_cache(path: str | os.PathLike, min_compile_seconds: float | None = None) -> Path:
     """Turns on XLA's persistent compilation cache in ``path`` for this process.
 
     Call it before the first compilation you want cached (programs compiled earlier are not
-    written). The directory is created if needed.
+    written). The directory is created if needed. Idempotent: calling it again with the same
+    directory changes nothing; another directory replaces the first (for the programs compiled
+    from then on).
 
     Args:
       path: cache directory (shared safely between runs; not between jax versions, which JAX
@@ -37,7 +65,7 @@ def enable_compile_cache(path: str | os.PathLike, min_compile_seconds: float | N
     Raises:
       ValueError: ``path`` exists and is not a directory; a negative ``min_compile_seconds``.
     """
-    import jax
+    import jax  # deferred: the commands import this module, and sarjax --help should not load jax
 
     p = Path(path).expanduser().absolute()
     if p.exists() and not p.is_dir():
@@ -48,10 +76,51 @@ def enable_compile_cache(path: str | os.PathLike, min_compile_seconds: float | N
     if not min_compile_seconds >= 0:
         raise ValueError(f"min_compile_seconds must be >= 0, got {min_compile_seconds}")
     p.mkdir(parents=True, exist_ok=True)
+    current = _current_dir()
+    if current is not None and current != str(p):
+        # JAX opens its cache at the first compilation and keeps that directory: start it afresh
+        # (deferred import: as jax above)
+        from jax.experimental.compilation_cache.compilation_cache import reset_cache
+
+        reset_cache()
     jax.config.update("jax_compilation_cache_dir", str(p))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_compile_seconds))
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     return p
+
+
+def enable_command_compile_cache(explicit: str | os.PathLike | None) -> Path | None:
+    """The commands' cache, turned on once in ``sarjax``'s entry point before the command runs:
+    ``explicit`` (``--compile-cache DIR``) when given, else a directory already set in JAX's
+    options (``JAX_COMPILATION_CACHE_DIR``), else :func:`default_compile_cache_dir` (``None``: no
+    cache, with ``SARJAX_NO_COMPILE_CACHE=1``). Returns the directory in use.
+
+    Only the commands turn the cache on by default; ``import sarjax`` and the library functions
+    never do (call :func:`enable_compile_cache` for that). Setting JAX's options starts no
+    backend, so ``sarjax sar --coordinator`` still initializes JAX's distributed runtime first.
+    A default directory that cannot be created (a read-only home) is reported on stderr and the
+    command runs without the cache; an explicit one that cannot be used raises.
+
+    Raises:
+      ValueError: ``explicit`` exists and is not a directory.
+    """
+    if explicit is not None:
+        return enable_compile_cache(explicit)
+    current = _current_dir()
+    if current is not None:  # the user's own (JAX_COMPILATION_CACHE_DIR)
+        return Path(current)
+    default = default_compile_cache_dir()
+    if default is None:
+        return None
+    try:
+        return enable_compile_cache(default)
+    except (OSError, ValueError) as e:
+        print(
+            f"sarjax: no compilation cache (the default directory {default} is unusable: {e}); "
+            f"set --compile-cache DIR, or {ENV_OFF}=1 to silence this",
+            file=sys.stderr,
+        )
+        return None
 
 
 def add_compile_cache_argument(parser) -> None:
@@ -61,7 +130,8 @@ def add_compile_cache_argument(parser) -> None:
         default=None,
         metavar="DIR",
         help="XLA persistent compilation cache directory: a rerun with the same shapes loads the compiled "
-        "programs instead of compiling them (results unchanged; default: none)",
+        "programs instead of compiling them (results unchanged; default: $XDG_CACHE_HOME/sarjax/jax, "
+        f"~/.cache/sarjax/jax without XDG_CACHE_HOME; {ENV_OFF}=1 turns the default off)",
     )
 
 
@@ -107,9 +177,7 @@ def release_compiled_near_map_limit(fraction: float = MAP_FRACTION, *, log=None)
     Raises:
       ValueError: ``fraction`` outside (0, 1].
     """
-    import sys
-
-    import jax
+    import jax  # deferred: the commands import this module, and sarjax --help should not load jax
 
     if not 0 < fraction <= 1:
         raise ValueError(f"fraction must be in (0, 1], got {fraction}")
