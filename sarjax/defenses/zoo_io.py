@@ -21,6 +21,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from sarjax.attacks.eot import with_input_noise
@@ -95,8 +97,6 @@ def write_zoo_index(out: Path, idx: dict) -> None:
 
 
 def _flat(params) -> dict[str, np.ndarray]:
-    import jax
-
     return {jax.tree_util.keystr(p): np.asarray(leaf) for p, leaf in jax.tree_util.tree_flatten_with_path(params)[0]}
 
 
@@ -112,8 +112,6 @@ def _params_sha(params) -> str:
 def save_self_ensemble(path: str | os.PathLike, cfg, params, config: dict | None = None) -> Path:
     """Save a self-ensemble: ``params.npz`` (leaves by path), ``model.json`` (config, SHA-256 of the
     params, deterministic logits on the checkpoint probe batch) written last."""
-    import jax
-
     path = Path(path).absolute()
     path.mkdir(parents=True, exist_ok=True)
     np.savez(path / "params.npz", **_flat(params))
@@ -139,9 +137,6 @@ def load_self_ensemble(path: str | os.PathLike):
     Raises:
       ValueError: missing or corrupt files, params whose SHA-256 or probe logits differ.
     """
-    import jax
-    import jax.numpy as jnp
-
     path = Path(path).absolute()
     mf = path / "model.json"
     if not mf.is_file() or not (path / "params.npz").is_file():
@@ -206,15 +201,11 @@ def load_zoo(path: str | os.PathLike, names: Sequence[str] | None = None) -> dic
             d = replace(d, hp=tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in spec.get("hp", {}).items()))
         if d.arch == "self-ensemble":
             cfg, params, _ = load_self_ensemble(path / rec["dir"])
-            import jax
-
             stack = se.SelfEnsembleStack(cfg, jax.tree.map(lambda a: a[None], params), (n,))
             out[n] = ZooModel(n, d, stack.member_apply, params, Pool([stack]), stack.member_stochastic_apply, rec)
             continue
         pool, _ = load_pool(path / rec["dir"])
         stack = pool.stacks[0]
-        import jax
-
         params = jax.tree.map(lambda a: a[0], stack.params)
         sigma = d.get("inference_sigma")
         rand = with_input_noise(stack.arch.apply, float(sigma)) if sigma is not None else None
@@ -264,9 +255,6 @@ def _stack_key(stack) -> tuple:
 
 
 def _stack_params(params: list):
-    import jax
-    import jax.numpy as jnp
-
     return jax.tree.map(lambda *a: jnp.concatenate(a, axis=0), *params)
 
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 
 from sarjax.attacks.eot import with_input_noise
@@ -150,8 +151,6 @@ def _eval_acc(fn: Callable, x: np.ndarray, y: np.ndarray, batch: int = 500) -> f
 
 def _train_group(members: list[Defense], settings: ZooSettings, x, y, teacher_pool, progress: bool, log):
     """Train one group of zoo-architecture defenses as one stack; returns the stack."""
-    import jax
-
     arch = arch_of(members[0])
     objective, _ = _objective(members[0], settings)
     hps = [_objective(d, settings)[1] for d in members]
@@ -230,8 +229,6 @@ def train_defenses(
       ValueError: an unknown name, or defenses in ``out`` trained with other settings (naming
         them and what differs) without ``overwrite``.
     """
-    import jax
-
     t_start = time.perf_counter()
     names = list(only) if only else defense_names()
     for n in names:

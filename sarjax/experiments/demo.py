@@ -21,6 +21,8 @@ from typing import Any
 
 import jax
 import numpy as np
+from rich.console import Console
+from rich.table import Table
 
 from sarjax.attacks.joint import make_joint_pgd
 from sarjax.attacks.members import attack_members
@@ -35,7 +37,7 @@ from sarjax.models.builders import load_model
 from sarjax.models.checkpoint import CheckpointError, load_pool, save_pool
 from sarjax.models.pool import Pool, Stack
 from sarjax.models.presets import PRESETS, preset_members, preset_names
-from sarjax.models.sharding import ShardedPool
+from sarjax.models.sharding import ShardedPool, make_mesh
 from sarjax.models.train import TrainConfig, train_pool
 from sarjax.runtime import fingerprint as fingerprints
 from sarjax.sar import distributed
@@ -339,10 +341,10 @@ def pool_record(pool: Pool, acc: np.ndarray, member_asr: np.ndarray, result: SAR
 def plot_demo(records: dict[str, dict], out: Path) -> Path:
     """Mean SAR (solid) and singleton-completed SAR (dashed) per coverage target for each pool,
     with standard-error bars, and 1 - ASR as a dotted reference line."""
-    import matplotlib
+    import matplotlib  # heavy optional dependency: imported only to plot
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after matplotlib.use("Agg")
 
     def err(rec: dict, key: str) -> list[float] | None:
         return [0.0 if v is None else v for v in rec.get(key, {}).values()] or None
@@ -378,9 +380,6 @@ def plot_demo(records: dict[str, dict], out: Path) -> Path:
 
 
 def print_table(records: dict[str, dict], eps: float) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     def cell(r: dict, key: str, c: float) -> str:
         mean = r.get(key, {}).get(f"{c:g}")
         if mean is None:
@@ -746,8 +745,6 @@ def run_sar_on_saved_pool(
         raise refusal or ValueError(f"process 0 refused the run in {outp} (its error says why)")
     run_pool: Any = pool  # a Pool, or a ShardedPool of it
     if devices is not None:
-        from sarjax.models.sharding import ShardedPool, make_mesh
-
         run_pool = ShardedPool(pool, make_mesh(*devices, local=True))
     try:
         res, member_asr = evaluate_pool(

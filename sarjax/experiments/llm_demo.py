@@ -34,7 +34,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 
 from sarjax.data.behaviors import load_behaviors
 from sarjax.models.llm.config import config_from_hf
@@ -200,6 +203,7 @@ def build_tokenizer(corpus: Corpus) -> Any:
     """A word-level tokenizer over every word of the corpus (plus the refusals and a few filler
     words), with the ``[INST] ... [/INST]`` chat template; decoding joins tokens with spaces, so
     every token sequence re-tokenizes to itself."""
+    # heavy optional dependencies, imported only to build the tokenizer
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -229,7 +233,7 @@ def build_tokenizer(corpus: Corpus) -> Any:
 
 def hf_config(spec: MemberSpec, vocab_size: int) -> Any:
     """The transformers config of a member (Llama or Qwen2)."""
-    from transformers import LlamaConfig, Qwen2Config
+    from transformers import LlamaConfig, Qwen2Config  # heavy optional dependency, imported only here
 
     common = dict(
         vocab_size=vocab_size,
@@ -291,7 +295,7 @@ def hf_state_dict(cfg: Any, params: Any) -> dict[str, np.ndarray]:
 
 def save_checkpoint(path: str | os.PathLike, hf: Any, params: Any, tokenizer: Any) -> Path:
     """Writes a Hugging Face checkpoint folder: ``config.json``, ``model.safetensors``, tokenizer."""
-    from safetensors.numpy import save_file
+    from safetensors.numpy import save_file  # optional dependency, imported only to write checkpoints
 
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
@@ -365,8 +369,6 @@ def train_stack(params: Any, cfg: Any, datas: Sequence[Any], steps: int, batch_s
       ``(params [M, ...], losses [M, steps])`` (the loss is
       :func:`~sarjax.models.llm.finetune.sft_loss`, the mean response-token NLL).
     """
-    import jax.numpy as jnp
-
     n = max(d.ids.shape[0] for d in datas)
 
     def pad(a):
@@ -379,10 +381,6 @@ def train_stack(params: Any, cfg: Any, datas: Sequence[Any], steps: int, batch_s
 
 @functools.cache
 def _train_jit():
-    import jax
-    import jax.numpy as jnp
-    import optax
-
     @functools.partial(jax.jit, static_argnames=("cfg", "steps", "batch_size"))
     def run(params, cfg, data, counts, steps, batch_size, key, lr):
         opt = optax.adam(lr)
@@ -415,16 +413,11 @@ def _groups(specs: Sequence[MemberSpec]) -> list[list[MemberSpec]]:
 
 
 def _init_stack(cfg: Any, seeds: Sequence[int]) -> Any:
-    import jax
-
     return jax.vmap(lambda k: init_params(cfg, k))(jnp_keys(seeds))
 
 
 def jnp_keys(seeds: Sequence[int]) -> Any:
     """``[n]`` typed keys ``jax.random.key(seed)``."""
-    import jax
-    import jax.numpy as jnp
-
     return jax.vmap(jax.random.key)(jnp.asarray(list(seeds), jnp.uint32))
 
 
@@ -481,8 +474,6 @@ def run_demo(
       progress: progress bars of the SAR greedy.
       log: a ``print``-like function for the stage lines.
     """
-    import jax
-
     root = Path(out)
     times: dict[str, float] = {}
     t_all = time.perf_counter()

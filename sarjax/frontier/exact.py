@@ -434,7 +434,7 @@ def load_nets(path: str | os.PathLike) -> list[list[tuple[np.ndarray, np.ndarray
 
 def apply_layers(layers, x):
     """Logits ``[B, C]`` of ``x: [B, *S]`` for a list of ``(W, b)`` jax arrays (ReLU MLP)."""
-    import jax
+    import jax  # deferred: sarjax.frontier is host-side numpy; jax (about 2 s) only for this helper
 
     z = x.reshape(x.shape[0], -1)
     for W, b in layers[:-1]:

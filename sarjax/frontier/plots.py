@@ -24,10 +24,10 @@ from sarjax.frontier.defense import defense_frontier
 
 
 def _plt():
-    import matplotlib
+    import matplotlib  # heavy optional dependency: imported only to plot
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after matplotlib.use("Agg")
 
     return plt
 
@@ -61,6 +61,7 @@ def plot_curves(
       title: optional title.
     """
     plt = _plt()
+    # heavy optional dependency: imported only to plot
     import matplotlib
     from matplotlib import cm, colors
 

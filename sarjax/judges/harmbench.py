@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 import numpy as np
 
 from sarjax.models.llm import decoder
@@ -250,8 +251,6 @@ class HarmBenchClassifier:
           ``(labels [N] int32, confidence [N] float64 in [0, 1])``; the labels are
           :meth:`__call__`'s (the argmax of the same logits).
         """
-        import jax
-
         yes, no = self.answer_ids()
         fn = getattr(self, "_last_logits", None)
         if fn is None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
+import jax.numpy as jnp
 import numpy as np
 
 GCG_REFUSAL_PHRASES: tuple[str, ...] = (
@@ -102,8 +103,6 @@ class TokenRefusalJudge(NamedTuple):
         Returns:
           ``(bool scalar, float32 scalar)``.
         """
-        import jax.numpy as jnp
-
         r = tokens.shape[0]
         lp = max(len(p) for p in self.phrases)
         ph = jnp.asarray([tuple(p) + (-1,) * (lp - len(p)) for p in self.phrases], jnp.int32)  # [K, Lp]

@@ -27,6 +27,8 @@ import json
 import re
 from typing import Any
 
+from sarjax.models.pool import Pool
+
 _SPEC = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*")
 
 
@@ -66,8 +68,6 @@ def load_model(spec: str) -> Any:
         ValueError: the path does not import, ``FUNCTION`` is not callable, raises, or returns
             something other than a :class:`~sarjax.models.Pool` (naming the path and the type).
     """
-    from sarjax.models.pool import Pool  # pool imports the stack kinds; keep this module light
-
     fn = import_path(spec)
     if not callable(fn):
         raise ValueError(f"--model {spec}: {type(fn).__name__} is not callable (expected a function returning a Pool)")

@@ -84,7 +84,7 @@ class _LinenApply:
 
 def _plain(tree: PyTree) -> PyTree:
     """Variables as plain nested dicts (a FrozenDict unfrozen) so that a checkpoint restores the same tree."""
-    from flax.core import unfreeze
+    from flax.core import unfreeze  # flax only for flax pools: keeps sarjax.models light
 
     return unfreeze(tree)
 
@@ -183,7 +183,7 @@ class LinenStack(StoredStack):
     @classmethod
     def restore(cls, spec, leaves, paths, names, built) -> LinenStack:
         """``built``: the linen module (variables come back as the nested dicts they were)."""
-        import flax.linen as nn
+        import flax.linen as nn  # flax only for flax pools: keeps sarjax.models light
 
         if not isinstance(built, nn.Module):
             raise TypeError(f"a 'linen' stack's builder must return a flax.linen.Module, got {type(built).__name__}")
@@ -205,14 +205,14 @@ class _NnxApply:
         self.graphdef, self.rng_state = graphdef, rng_state
 
     def __call__(self, state: PyTree, x: jax.Array) -> jax.Array:
-        from flax import nnx
+        from flax import nnx  # flax only for flax pools: keeps sarjax.models light
 
         return nnx.merge(self.graphdef, self.rng_state, state)(x)
 
 
 def _nnx_eval_split(module: Any) -> Any:
     """(graphdef, rng state, state) of an eval-mode COPY of ``module`` (the user's module is not changed)."""
-    from flax import nnx
+    from flax import nnx  # flax only for flax pools: keeps sarjax.models light
 
     if not isinstance(module, nnx.Module):
         raise TypeError(f"expected a flax.nnx.Module, got {type(module).__name__}")

@@ -11,6 +11,7 @@ recompiles anything.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -22,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sarjax.models import fused
+from sarjax.models.flax_stacks import LinenStack, NnxStack
 from sarjax.models.stack import (
     BaseStack,
     FunctionStack,
@@ -30,6 +32,7 @@ from sarjax.models.stack import (
     stack_trees,
     unstack_tree,
 )
+from sarjax.models.torch_convert import torch_stacks
 from sarjax.models.zoo import ACTIVATIONS, CONV_IMPLS, Arch
 
 PyTree = Any
@@ -333,8 +336,6 @@ class Pool:
           apply_kwargs: keyword arguments of every ``module.apply`` call.
           name: the architecture's name (checkpoint builder key; default: the module's class name).
         """
-        from sarjax.models.flax_stacks import LinenStack
-
         return cls(
             [
                 LinenStack.from_members(
@@ -363,8 +364,6 @@ class Pool:
           input_shape: one input's shape.
           name: the architecture's name for every stack (checkpoint builder key; default: the class name).
         """
-        from sarjax.models.flax_stacks import NnxStack
-
         return cls(NnxStack.group(modules, names, input_shape=input_shape, name=name))
 
     @classmethod
@@ -392,8 +391,6 @@ class Pool:
           channels_last: see :func:`sarjax.models.torch_convert.convert` (default: True for 3-axis shapes).
           verify: compare every member's converted logits with PyTorch's on two random inputs.
         """
-        from sarjax.models.torch_convert import torch_stacks
-
         return cls(torch_stacks(modules, input_shape, names, channels_last=channels_last, verify=verify))
 
     @classmethod
@@ -434,8 +431,6 @@ class Pool:
         convolution is computed, not its result), and every params leaf's path, shape, dtype and
         bytes, for stacks of every kind. Used to fingerprint checkpoints and resumable runs.
         """
-        import hashlib
-
         h = hashlib.sha256()
         for s in self.stacks:
             spec = s.hash_spec()

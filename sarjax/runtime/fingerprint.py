@@ -21,10 +21,13 @@ import os
 import re
 import shutil
 from collections.abc import Iterable, Sequence
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+import sarjax
 
 FINGERPRINT_FILE = "fingerprint.json"
 FORMAT = "sarjax-run/1"
@@ -50,12 +53,8 @@ class FingerprintMismatch(ValueError):
 def sarjax_version() -> str:
     """The installed sarjax version (``importlib.metadata``), or ``sarjax.__version__``."""
     try:
-        from importlib.metadata import PackageNotFoundError, version
-
         return version("sarjax")
     except PackageNotFoundError:  # running from a source tree that is not installed
-        import sarjax
-
         return str(sarjax.__version__)
 
 
@@ -74,7 +73,7 @@ def array_digest(*arrays: Any) -> str:
 
 def key_fingerprint(key: Any) -> list[int]:
     """The raw data of a PRNG key (typed ``jax.random.key`` or legacy ``PRNGKey``) as a list."""
-    import jax
+    import jax  # deferred: keeps runtime (imported by the CLI for --help) free of jax's 2 s import
 
     k = key
     dtype = getattr(k, "dtype", None)
@@ -91,7 +90,7 @@ def pool_fingerprint(pool: Any) -> dict[str, Any]:
     the stacks' convolution formulations (None for a pool without convolutional stacks); it is
     recorded separately because it changes floating-point rounding, not the model.
     """
-    import jax
+    import jax  # deferred: keeps runtime (imported by the CLI for --help) free of jax's 2 s import
 
     if hasattr(pool, "content_hash"):
         digest = pool.content_hash()

@@ -320,18 +320,31 @@ def test_trainer_rejects_bad_objective_hp(mnist):
 # ------------------------------------------------------------------ robust accuracy after training
 
 
+def _train_seed0(arch, mnist, members: int, epochs: int, **objective):
+    """``members`` members of seed 0 trained as one stack on the embedded MNIST (batch 50, no early
+    stopping); ``objective``: train_stack's ``objective`` / ``objective_hp``."""
+    stack, _ = train_stack(
+        arch,
+        [MemberConfig(seed=0) for _ in range(members)],
+        mnist.x_train,
+        mnist.y_train,
+        config=TrainConfig(epochs=epochs, batch_size=50, patience=0),
+        progress=False,
+        **objective,
+    )
+    return stack
+
+
+def _pgd_at_and_standard(arch, mnist, epochs: int):
+    """One program, two members of seed 0: PGD-AT at eps EPS (member 0) and at eps 0, i.e. trained
+    normally (member 1; per-member eps)."""
+    return _train_seed0(arch, mnist, 2, epochs, objective=pgd_at(eps=EPS), objective_hp={"eps": [EPS, 0.0]})
+
+
 @pytest.fixture(scope="module")
 def standard_mlp(mnist):
     arch = zoo.mlp((64,))
-    stack, _ = train_stack(
-        arch,
-        [MemberConfig(seed=0)],
-        mnist.x_train,
-        mnist.y_train,
-        config=TrainConfig(epochs=2, batch_size=50, patience=0),
-        progress=False,
-    )
-    return arch, stack
+    return arch, _train_seed0(arch, mnist, 1, epochs=2)
 
 
 def test_pgd_at_linf_mnist_robust_accuracy(mnist, standard_mlp):
@@ -341,16 +354,7 @@ def test_pgd_at_linf_mnist_robust_accuracy(mnist, standard_mlp):
     class-sorted split). Member 1 of the same program trains at eps 0 and equals the
     normally trained model (per-member eps)."""
     arch, std = standard_mlp
-    stack, _ = train_stack(
-        arch,
-        [MemberConfig(seed=0), MemberConfig(seed=0)],
-        mnist.x_train,
-        mnist.y_train,
-        config=TrainConfig(epochs=2, batch_size=50, patience=0),
-        progress=False,
-        objective=pgd_at(eps=EPS),
-        objective_hp={"eps": [EPS, 0.0]},
-    )
+    stack = _pgd_at_and_standard(arch, mnist, epochs=2)
     for a, b in zip(jax.tree.leaves(stack.params), jax.tree.leaves(std.params)):
         np.testing.assert_allclose(np.asarray(a[1]), np.asarray(b[0]), atol=1e-4)
     x, y = jnp.asarray(mnist.x_test[:300]), jnp.asarray(mnist.y_test[:300])
@@ -368,15 +372,7 @@ def test_trades_linf_mnist_improves_robust_accuracy(mnist, standard_mlp):
     the normally trained MLP (measured 73% vs 20% on the digits 0-2 of the former class-sorted
     split; clean accuracy 0.84 on the class-balanced split's first 300 images, all ten digits)."""
     arch, std = standard_mlp
-    stack, _ = train_stack(
-        arch,
-        [MemberConfig(seed=0)],
-        mnist.x_train,
-        mnist.y_train,
-        config=TrainConfig(epochs=2, batch_size=50, patience=0),
-        progress=False,
-        objective=trades(eps=EPS),
-    )
+    stack = _train_seed0(arch, mnist, 1, epochs=2, objective=trades(eps=EPS))
     x, y = jnp.asarray(mnist.x_test[:300]), jnp.asarray(mnist.y_test[:300])
     clean, robust = _robust_accuracy(stack, x, y, n_iter=50)
     _, robust_std = _robust_accuracy(std, x, y, n_iter=50)
@@ -389,17 +385,7 @@ def test_trades_linf_mnist_improves_robust_accuracy(mnist, standard_mlp):
 def test_pgd_at_cnn_mnist_robust_accuracy_full(mnist):
     """The presets' CNN (cnn-8x16, dense 64), 3 epochs: PGD-AT vs standard in one program (members at
     eps 0.1 and 0), APGD-CE (100 iterations) on the 1,000 test images."""
-    arch = zoo.cnn((8, 16), dense=64)
-    stack, _ = train_stack(
-        arch,
-        [MemberConfig(seed=0), MemberConfig(seed=0)],
-        mnist.x_train,
-        mnist.y_train,
-        config=TrainConfig(epochs=3, batch_size=50, patience=0),
-        progress=False,
-        objective=pgd_at(eps=EPS),
-        objective_hp={"eps": [EPS, 0.0]},
-    )
+    stack = _pgd_at_and_standard(zoo.cnn((8, 16), dense=64), mnist, epochs=3)
     clean, robust = _robust_accuracy(stack, jnp.asarray(mnist.x_test), jnp.asarray(mnist.y_test), n_iter=100)
     print(
         f"CNN PGD-AT: clean {clean[0]:.3f} robust {robust[0]:.3f}; standard: clean {clean[1]:.3f} robust {robust[1]:.3f}"

@@ -156,7 +156,7 @@ _DEFAULT_OPT = optax.adamw(1e-3)
 
 def save_params(path: str, params) -> None:
     """Saves a (stacked) parameter tree with orbax to the absolute folder ``path``."""
-    import orbax.checkpoint as ocp
+    import orbax.checkpoint as ocp  # heavy (about 2 s): imported only to save / restore params
 
     with ocp.StandardCheckpointer() as ckpt:
         ckpt.save(path, params)
@@ -164,7 +164,7 @@ def save_params(path: str, params) -> None:
 
 def restore_params(path: str, like=None):
     """Restores a tree saved by ``save_params`` (``like``: optional target tree for shapes/dtypes)."""
-    import orbax.checkpoint as ocp
+    import orbax.checkpoint as ocp  # heavy (about 2 s): imported only to save / restore params
 
     with ocp.StandardCheckpointer() as ckpt:
         if like is None:

@@ -14,8 +14,10 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+from safetensors import safe_open
 
 from sarjax.models.llm.config import DecoderConfig, config_from_hf
 from sarjax.models.llm.decoder import init_params
@@ -41,8 +43,6 @@ class _TensorSource:
     """Lazy name -> numpy array access over one or several safetensors files."""
 
     def __init__(self, path: str):
-        from safetensors import safe_open
-
         single = os.path.join(path, "model.safetensors")
         index = os.path.join(path, "model.safetensors.index.json")
         if os.path.isfile(index):
@@ -184,8 +184,6 @@ def load_params(path: str, cfg: DecoderConfig | None = None, dtype: str | Any = 
         get = _resolver(src, ("model.", "", "model.language_model."), path)
         tree = _llama_params(cfg, _lm_head_aware(get, src))
     _check_shapes(cfg, tree)
-    import jax
-
     return jax.tree.map(lambda a: jnp.asarray(a).astype(dtype), tree)
 
 
@@ -203,8 +201,6 @@ def _lm_head_aware(get, src):
 
 
 def _check_shapes(cfg: DecoderConfig, tree) -> None:
-    import jax
-
     want = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
     flat_w = dict(jax.tree_util.tree_flatten_with_path(want)[0])
     flat_t = dict(jax.tree_util.tree_flatten_with_path(tree)[0])

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -86,9 +88,6 @@ def load_generation_config(path: str) -> GenerationDefaults:
     """Reads ``<path>/generation_config.json`` (plain JSON; no transformers); a folder without
     one gets the defaults, with the end token of ``config.json`` when it names one (what
     transformers falls back to)."""
-    import json
-    import os
-
     f = os.path.join(path, "generation_config.json")
     if os.path.isfile(f):
         with open(f) as fh:
@@ -232,8 +231,6 @@ def load_pool(paths: Sequence[str], names: Sequence[str] | None = None, dtype: s
         tokenizer files (named, with the files expected), or a tokenizer with more tokens than the
         model's vocabulary (naming the member and both sizes).
     """
-    import os
-
     paths = list(paths)
     names = [os.path.basename(os.path.normpath(p)) for p in paths] if names is None else list(names)
     if len(names) != len(paths):

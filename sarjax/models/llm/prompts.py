@@ -11,6 +11,7 @@ is checked by ``retokenizes``.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,9 +27,7 @@ def load_tokenizer(path: str, **kwargs):
 
     A local folder without tokenizer files raises ValueError naming it and the files expected
     (:func:`sarjax.models.llm.loader.check_tokenizer_files`)."""
-    import os
-
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # heavy (about 3 s): imported only to load a tokenizer
 
     if os.path.isdir(path):
         check_tokenizer_files(path)
