@@ -4,7 +4,8 @@
 - :mod:`~sarjax.sar.llm`: LLM pools with a text attack, a responder and a judge
   (:func:`run_llm_sar`); :mod:`~sarjax.sar.llm_pool`: the whole run on a pool of sarjax decoders
   (:func:`pool_llm_sar`), each text attack through its pool adapter
-  (:mod:`~sarjax.sar.llm_adapters`, one table: :data:`POOL_ADAPTERS`);
+  (:mod:`~sarjax.sar.llm_adapters`, one table: :data:`POOL_ADAPTERS`); :mod:`~sarjax.sar.llm_report`:
+  the report and plots;
 - :mod:`~sarjax.sar.driver`: the resumable run both pipelines share (fingerprint, cached steps,
   the greedy per part, finished results re-derived for other deltas);
 - :mod:`~sarjax.sar.distributed`: :func:`run_sar` with the samples split over JAX processes.
@@ -13,7 +14,7 @@
 attack or model; this layer sits between it and :mod:`sarjax.experiments`.
 """
 
-from sarjax.sar import distributed, driver, llm, llm_adapters, llm_pool, vision
+from sarjax.sar import distributed, driver, llm, llm_adapters, llm_pool, llm_report, vision
 from sarjax.sar.distributed import allgather_parts, process_checkpoint_dir, run_sar_across_processes
 from sarjax.sar.driver import ResumableRun
 from sarjax.sar.llm import (
@@ -24,11 +25,9 @@ from sarjax.sar.llm import (
     compact_left,
     harmbench_judge_fn,
     judge_members,
-    llm_sar_report,
     load_llm_pool,
     make_llm_oracles,
     member_asr,
-    plot_llm_sar,
     pool_digest,
     refusal_judge_fn,
     run_llm_sar,
@@ -36,6 +35,7 @@ from sarjax.sar.llm import (
 )
 from sarjax.sar.llm_adapters import ATTACK_DEFAULTS, POOL_ADAPTERS, PoolAttack, PoolRequest
 from sarjax.sar.llm_pool import pool_llm_sar
+from sarjax.sar.llm_report import llm_sar_report, plot_llm_sar
 from sarjax.sar.vision import PACK_LEVELS, StackGate, make_attack_oracles, pack_sizes, run_sar
 
 __all__ = [
@@ -44,6 +44,7 @@ __all__ = [
     "llm",
     "llm_adapters",
     "llm_pool",
+    "llm_report",
     "vision",
     "ATTACK_DEFAULTS",
     "LLMSARRun",

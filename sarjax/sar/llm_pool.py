@@ -18,13 +18,12 @@ from sarjax.sar.llm import (
     Judge,
     LLMSARRun,
     PoolResponder,
-    llm_sar_report,
-    plot_llm_sar,
     pool_digest,
     refusal_judge_fn,
     run_llm_sar,
 )
 from sarjax.sar.llm_adapters import POOL_ADAPTERS, PoolRequest
+from sarjax.sar.llm_report import llm_sar_report, plot_llm_sar
 
 
 def pool_llm_sar(
