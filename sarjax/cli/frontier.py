@@ -11,8 +11,10 @@ from sarjax.cli.args import (
     initialize_distributed,
     positive_int,
 )
+
+# NORMS / ATTACK_NORMS build the parser, so sarjax --help loads this module (its heavy imports wait)
 from sarjax.experiments.frontier import ATTACK_NORMS, NORMS, run_frontier_on_dirs
-from sarjax.runtime.compile_cache import add_compile_cache_argument
+from sarjax.runtime.compile_cache import add_compile_cache_argument, enable_compile_cache
 
 
 def cmd_frontier(args: argparse.Namespace) -> int:
@@ -23,8 +25,6 @@ def cmd_frontier(args: argparse.Namespace) -> int:
         raise ValueError(f"--images {args.images} and --data-dir {args.data_dir} both name the images: give one")
     initialize_distributed(args)  # before any JAX computation
     if args.compile_cache:
-        from sarjax.runtime.compile_cache import enable_compile_cache
-
         enable_compile_cache(args.compile_cache)
     run_frontier_on_dirs(
         args.models or [],

@@ -30,6 +30,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
+from sarjax.attacks import autoattack as aa  # the module: autoattack_pool is looked up at call time (tests replace it)
 from sarjax.attacks.autoattack import N_ITER, SQUARE_QUERIES, AutoAttackResult
 from sarjax.data.images import check_ids, check_images
 from sarjax.runtime.distributed import is_main
@@ -111,8 +112,6 @@ def run_autoattack(
         ``N`` distinct non-negative ints, an ``out`` ending in ``.npz``, ``meta`` clashing with
         a result field; the attack's own errors (bad eps, norm, version, ...).
     """
-    from sarjax.attacks.autoattack import autoattack_pool  # looked up at call time (tests replace it)
-
     xf, yi = check_images(x, y, input_shape=tuple(pool.input_shape), num_classes=int(pool.num_classes))
     sample_ids = np.arange(len(xf), dtype=np.int64) if ids is None else check_ids(ids, len(xf))
     paths = output_paths(out) if out is not None else None
@@ -120,7 +119,7 @@ def run_autoattack(
     if clash:
         raise ValueError(f"meta may not replace the report's own fields, got {clash}")
     t0 = time.perf_counter()
-    res = autoattack_pool(
+    res = aa.autoattack_pool(
         pool,
         xf,
         yi,

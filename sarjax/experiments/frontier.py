@@ -34,8 +34,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache, partial
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, NamedTuple
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sarjax.data import mnist  # the module: tests replace load_mnist
+from sarjax.data.images import check_ids, check_images, load_images
+from sarjax.frontier import PoolEntry, StepCurve, TrajectoryPool, build_report, eps_grid, fixed_eps_curve
+from sarjax.frontier import plots as fplots
+from sarjax.models.builders import load_model
 from sarjax.runtime import compile_cache, distributed  # the modules: tests replace their functions
 from sarjax.runtime import fingerprint as fingerprints
 from sarjax.runtime.progress import progress_bar
@@ -105,6 +115,7 @@ def attack_pool(norm: str, attacks: list[str] | None = None, restarts: int = 5, 
 def _factory(attack: str, apply, norm: str, cap: int, targeted: bool, stacked: bool = False):
     """A ``MinNormAttackFn`` (audited) for one attack; targeted runs look for any
     misclassification (``success="untargeted"``, the frontier paper Section 5.1)."""
+    # deferred: sarjax --help imports this module (cli/frontier's NORMS); sarjax.attacks adds 0.23 s, measured
     from sarjax.attacks import alma, apgd_min, ddn, fab, fmn, pdgd, pdpgd, sigma_zero
 
     kw: dict[str, Any] = {
@@ -161,10 +172,6 @@ class _FnStack:
     kind = "fn"
 
     def __init__(self, apply, params, name: str):
-        from types import SimpleNamespace
-
-        import jax
-
         self.member_apply = apply
         self.arch = SimpleNamespace(apply=apply)
         self.params = jax.tree.map(lambda a: a[None], params)
@@ -183,13 +190,9 @@ class _FnPool:
         self._one = apply
 
     def apply(self, params, x):
-        import jax
-
         return jax.vmap(self._one, (0, None))(params, x)
 
     def logits(self, x, batch: int = 500):
-        import numpy as np
-
         return np.concatenate(
             [np.asarray(self.apply(self.params, x[s : s + batch])) for s in range(0, len(x), batch)], axis=1
         )
@@ -256,6 +259,7 @@ def load_models(models: list[str], defenses: list[str] | None = None) -> list[Fr
     deterministically: the noise defense without its inference noise, the self-ensemble through
     its plain views, :func:`sarjax.defenses.zoo_io.load_zoo`).  ``defenses``: only these defenses
     of the zoo directories (all by default; pool directories are always taken whole)."""
+    # deferred: sarjax --help imports this module (cli/frontier's NORMS); orbax adds 0.34 s, measured
     from sarjax.models.checkpoint import load_pool
 
     out: list[FrontierModel] = []
@@ -263,7 +267,7 @@ def load_models(models: list[str], defenses: list[str] | None = None) -> list[Fr
     for i, d in enumerate(models):
         base = Path(d).name
         if (Path(d) / "zoo.json").is_file():
-            from sarjax.defenses.zoo_io import load_zoo
+            from sarjax.defenses.zoo_io import load_zoo  # deferred: as load_pool above (orbax, optax)
 
             for name, zm in load_zoo(d).items():
                 seen.add(name)
@@ -289,8 +293,7 @@ def _random_starts(key, ids, x, radius: float, norm: str):
 
 @cache
 def _random_starts_jit():
-    import jax
-
+    # deferred: sarjax --help imports this module (cli/frontier's NORMS); sarjax.attacks adds 0.23 s, measured
     from sarjax.attacks import geometry
     from sarjax.attacks.threat import canonical_norm
 
@@ -326,10 +329,6 @@ def run_entry(
 
     ``ids``: the samples' ids ``[B]`` (they seed the per-sample random streams; default
     ``arange(B)``)."""
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-
     tg = entry.kind == "targeted"
     apply, params, stacked, arch_key = _apply_of(pool)
     k = (entry.attack, tg, arch_key)
@@ -416,8 +415,6 @@ def load_points(out: str | Path, model: str, entry: str) -> FrontierPoints:
     Raises:
       ValueError: no such run, pool, member or entry, or the run kept no points (``--no-points``).
     """
-    import numpy as np
-
     outp = Path(out)
     fj = outp / "frontier.json"
     if not fj.is_file():
@@ -451,10 +448,6 @@ def load_points(out: str | Path, model: str, entry: str) -> FrontierPoints:
 
 def _check_ids(ids, n: int):
     """``(ids as int64, whether they are the default arange(n))``."""
-    import numpy as np
-
-    from sarjax.data.images import check_ids
-
     if ids is None:
         return np.arange(n, dtype=np.int64), True
     a = check_ids(ids, n, what="ids")
@@ -473,8 +466,6 @@ def _log(bar, progress: bool, msg: str) -> None:
 def _read_entry(f: Path, spec: str, name: str, points: bool, arrays: bool):
     """A cached entry: ``(dict of its arrays and seconds, None)``, ``(None, reason)`` when it must run
     again, ``(None, None)`` when there is none. ``arrays``: read norm / queries / points too."""
-    import numpy as np
-
     if not f.is_file():
         return None, None
     with np.load(f) as z:
@@ -489,8 +480,6 @@ def _read_entry(f: Path, spec: str, name: str, points: bool, arrays: bool):
 
 
 def _save_entry(f: Path, spec: str, seconds: float, arrays: dict) -> None:
-    import numpy as np
-
     f.parent.mkdir(parents=True, exist_ok=True)
     tmp = f.with_suffix(".tmp.npz")
     np.savez_compressed(tmp, **arrays, entry=np.array(spec), seconds=np.array(seconds))  # pyright: ignore[reportArgumentType]
@@ -560,13 +549,8 @@ def run_frontier(
     this with the same arguments; each runs its whole ``batch``-row blocks of the samples and
     only process 0 writes ``frontier.json``, the plots and the merged cache files.
     """
-    import jax
-    import numpy as np
-
+    # deferred: sarjax --help imports this module (cli/frontier's NORMS); sarjax.attacks adds 0.23 s, measured
     from sarjax.attacks.minnorm import top_k_targets
-    from sarjax.data.images import check_images
-    from sarjax.frontier import PoolEntry, TrajectoryPool, build_report
-    from sarjax.frontier import plots as fplots
 
     entries = attack_pool(norm, attacks, restarts, targeted)
     if cap < 10 or cap % 10:
@@ -779,8 +763,6 @@ def run_frontier_on_dirs(
       defenses: only these defenses of the zoo directories.
       settings: the keyword arguments of :func:`run_frontier`.
     """
-    import numpy as np
-
     specs = list(model_specs or ())
     if not models and not specs:
         raise ValueError("no models: give --models DIR ... and / or --model PKG.MODULE:FUNCTION")
@@ -789,17 +771,13 @@ def run_frontier_on_dirs(
     if samples is not None and samples < 1:
         raise ValueError(f"--samples must be >= 1, got {samples}")
     if images is not None:
-        from sarjax.data.images import load_images
-
         data = load_images(images)
         n = len(data.x) if samples is None else samples
         if n > len(data.x):
             raise ValueError(f"--samples {n} is more than the {len(data.x)} images in {images}")
         x, y, ids, source = data.x[:n], data.y[:n], data.ids[:n], data.source
     else:
-        from sarjax.data.mnist import load_mnist
-
-        split = load_mnist(data_dir)
+        split = mnist.load_mnist(data_dir)
         n = 1000 if samples is None else samples
         if n > len(split.x_test):
             raise ValueError(f"--samples must be at most {len(split.x_test)} (the test images in {split.source})")
@@ -807,8 +785,6 @@ def run_frontier_on_dirs(
         source = split.source
     loaded = load_models(list(models), defenses)
     if specs:
-        from sarjax.models.builders import load_model
-
         for j, spec in enumerate(specs):
             pool = load_model(spec)
             i = len(models) + j
@@ -826,11 +802,8 @@ def _run_autoattack(loaded, tp, x, y, *, norm, key, cfg, out: Path, progress: bo
     Returns ``({model name: (eps [E], accuracy [E], queries [E, B], frontier distances [B])},
     {pool tag: wall seconds of its AutoAttack runs (as measured when they ran; None for caches
     written before the time was recorded)})``."""
-    import jax
-    import numpy as np
-
+    # deferred: sarjax --help imports this module (cli/frontier's NORMS); sarjax.attacks adds 0.23 s, measured
     from sarjax.attacks.autoattack import autoattack_pool
-    from sarjax.frontier import eps_grid
 
     front = tp.frontier()  # [M_total, B]
     res: dict[str, Any] = {}
@@ -890,10 +863,6 @@ def _run_autoattack(loaded, tp, x, y, *, norm, key, cfg, out: Path, progress: bo
 def _compare_autoattack(report, tp, aa: dict[str, Any], eps_ref: float | None) -> dict[str, Any]:
     """AutoAttack's curve per model (its AOI and cost) beside the ensembles of every tier:
     the frontier paper Table 4 (AOI) and Table 6 (robust accuracy at ``eps_ref``)."""
-    import numpy as np
-
-    from sarjax.frontier import StepCurve, fixed_eps_curve
-
     per: dict[str, Any] = {}
     for name, (grid, acc, queries, front) in aa.items():
         fc = fixed_eps_curve(grid, acc, front, queries=queries, eps_ref=eps_ref)
