@@ -47,9 +47,6 @@ UNCHECKED = (
     "cli/__init__.py",
     "cli/__main__.py",
     "runtime/compile_cache.py",
-    "cover/*",
-    "sar/*",
-    "attacks/text/*",
 )
 
 _PRAGMA = re.compile(

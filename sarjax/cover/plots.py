@@ -29,10 +29,10 @@ def plot_sar(result: SARResult, path: str | os.PathLike, title: str | None = Non
     Returns:
         The written path.
     """
-    import matplotlib
+    import matplotlib  # heavy dependency: imported only to plot
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after matplotlib.use("Agg")
 
     m = result.num_members
     v = result.valid
@@ -73,7 +73,7 @@ def plot_sar(result: SARResult, path: str | os.PathLike, title: str | None = Non
 def save_figure(fig, path: str | os.PathLike, title: str | None = None) -> Path:
     """Titles (when given), lays out, writes (parent folders created) and closes ``fig``;
     returns the written path."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # heavy dependency: imported only to plot
 
     if title:
         fig.suptitle(title)

@@ -235,7 +235,7 @@ def evaluate_pool(
 
     ``pool`` may be a :class:`sarjax.models.sharding.ShardedPool`. Under JAX's distributed
     runtime (``jax.process_count() > 1``) each process attacks its block of the samples
-    (:func:`sarjax.cover.distributed.process_rows`, checkpoints under
+    (:func:`sarjax.runtime.distributed.process_rows`, checkpoints under
     ``checkpoint_dir/process_<i>_of_<n>``) and every process gets the gathered result; sample
     ids are the rows of ``x``, so the result is the one-process result.
 
@@ -678,7 +678,7 @@ def run_sar_on_saved_pool(
     (:class:`sarjax.models.sharding.ShardedPool`: members on ``pool``, each attack's batch on
     ``data``); the result is the one-device result. Under JAX's distributed runtime
     (``sarjax sar --coordinator ...``) every process runs this function with the same arguments:
-    each attacks its block of the images (:mod:`sarjax.cover.distributed`), the results are
+    each attacks its block of the images (:mod:`sarjax.sar.distributed`), the results are
     gathered, and process 0 alone checks and writes OUT (the others write only their checkpoints,
     ``OUT/checkpoint/process_<i>_of_<n>``).
 

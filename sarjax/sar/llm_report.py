@@ -43,7 +43,7 @@ def plot_llm_sar(run: LLMSARRun, path: str | os.PathLike, title: str | None = No
     import matplotlib  # here: the Agg backend must be chosen before pyplot is first imported
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after matplotlib.use("Agg")
 
     res = run.result
     m, v = res.num_members, res.valid
