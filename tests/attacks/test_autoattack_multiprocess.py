@@ -13,22 +13,15 @@ later): the processes spend their time importing and compiling, not attacking.
 
 import json
 import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from _aa_tiny import BUDGET, EPS, images
+from _procs import coordinator_args, free_port, run_at_once
 
 HERE = Path(__file__).parent
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -43,24 +36,10 @@ def runs(tmp_path_factory):
     common += ["--square-queries", str(BUDGET["square_queries"]), "--seed", "3", "--no-progress"]
     path = os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": path}
-    port = _free_port()
-    cmds = [[*common, "--out", str(tmp / "one.json")]]
-    for i in range(2):
-        cmds.append(
-            [*common, "--out", str(tmp / "two.json")]
-            + ["--coordinator", f"localhost:{port}", "--num-processes", "2", "--process-id", str(i)]
-        )
-    procs = [subprocess.Popen(c, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for c in cmds]
-    outs = []
-    for p in procs:
-        try:
-            out, _ = p.communicate(timeout=300)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise
-        outs.append(out)
-        assert p.returncode == 0, out[-3000:]
+    port = free_port()
+    cmds = [([*common, "--out", str(tmp / "one.json")], env)]
+    cmds += [([*common, "--out", str(tmp / "two.json"), *coordinator_args(port, 2, i)], env) for i in range(2)]
+    outs = run_at_once(cmds)
     return tmp / "one.json", tmp / "two.json", outs
 
 

@@ -14,14 +14,13 @@ three processes spend their time importing and compiling, not attacking.
 
 import json
 import os
-import socket
-import subprocess
 import sys
 from dataclasses import fields
 
 import jax
 import numpy as np
 import pytest
+from _procs import coordinator_args, free_port, run_at_once
 
 from sarjax.cover.result import SARResult
 from sarjax.models import zoo
@@ -55,12 +54,6 @@ def _tiny_pool(d):
     return save_pool(Pool([Stack(arch, params, tuple(f"m{i}" for i in range(3)))]), d)
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """(one-process OUT, two-process OUT, the processes' outputs), the three run at once."""
@@ -69,34 +62,12 @@ def runs(tmp_path_factory):
     common += ["--data-dir", str(_tiny_mnist(tmp / "mnist")), "--eps", "0.3", "--delta", "0.25"]
     common += ["--samples", "5", "--steps", "3", "--restarts", "1", "--seed", "3"]
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    port = _free_port()
-    procs = [
-        subprocess.Popen(
-            [*common, "--out", str(tmp / "one")], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
-    ]
+    port = free_port()
+    cmds = [([*common, "--out", str(tmp / "one")], env)]
     for i, mesh in enumerate(["pool=2", "data=2"]):  # each process's own mesh over its own devices
-        cmd = [*common, "--out", str(tmp / "two"), "--devices", mesh]
-        cmd += ["--coordinator", f"localhost:{port}", "--num-processes", "2", "--process-id", str(i)]
-        procs.append(
-            subprocess.Popen(
-                cmd,
-                env={**env, "JAX_NUM_CPU_DEVICES": "2"},
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        )
-    outs = []
-    for p in procs:
-        try:
-            out, _ = p.communicate(timeout=300)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise
-        outs.append(out)
-        assert p.returncode == 0, out[-3000:]
+        cmd = [*common, "--out", str(tmp / "two"), "--devices", mesh, *coordinator_args(port, 2, i)]
+        cmds.append((cmd, {**env, "JAX_NUM_CPU_DEVICES": "2"}))
+    outs = run_at_once(cmds)
     return tmp / "one", tmp / "two", outs
 
 

@@ -11,13 +11,12 @@ rows in its own cache folder.
 
 import json
 import os
-import socket
-import subprocess
 import sys
 import textwrap
 
 import numpy as np
 import pytest
+from _procs import coordinator_args, free_port, run_at_once
 
 from sarjax.experiments.frontier import load_points
 
@@ -38,12 +37,6 @@ def make_pool():
 """
 SPEC = "tinyfrontier_models:make_pool"
 ENTRIES = ("fmn", "fmn_r1", "fmn_t1")
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -69,22 +62,10 @@ def runs(tmp_path_factory):
         "JAX_PLATFORMS": "cpu",
         "PYTHONPATH": os.pathsep.join([str(tmp), os.environ.get("PYTHONPATH", "")]),
     }
-    port = _free_port()
-    cmds = [[*common, "--out", str(tmp / "one")]]
-    for i in range(2):
-        cmds.append([*common, "--out", str(tmp / "two"), "--coordinator", f"localhost:{port}"])
-        cmds[-1] += ["--num-processes", "2", "--process-id", str(i)]
-    procs = [subprocess.Popen(c, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for c in cmds]
-    outs = []
-    for p in procs:
-        try:
-            out, _ = p.communicate(timeout=300)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise
-        outs.append(out)
-        assert p.returncode == 0, out[-3000:]
+    port = free_port()
+    cmds = [([*common, "--out", str(tmp / "one")], env)]
+    cmds += [([*common, "--out", str(tmp / "two"), *coordinator_args(port, 2, i)], env) for i in range(2)]
+    outs = run_at_once(cmds)
     return tmp / "one", tmp / "two", outs, x[:8], y[:8]
 
 
