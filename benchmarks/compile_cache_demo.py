@@ -97,6 +97,7 @@ def run_cmd(argv: list[str], env: dict, cache: Path | None, log: Path) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--full-demo", action="store_true", help="time the full demo instead of `sarjax demo --quick`")
+    ap.add_argument("--samples", type=int, default=None, help="the demo's --samples (default: its own)")
     ap.add_argument("--rounds", type=int, default=1, help="rounds of (without, with) x (first, second) demo runs")
     ap.add_argument("--pools", default=None, help="shared trained-pool cache (default: a fresh one, trained first)")
     ap.add_argument("--sar-eps", type=float, nargs=2, default=[0.05, 0.1], help="eps of the first run and the rerun")
@@ -116,6 +117,8 @@ def main() -> None:
     demo = ["demo", "--cache", str(pools)] + ([] if args.full_demo else ["--quick"])
     if args.quick:
         demo += ["--samples", "2"]
+    elif args.samples is not None:
+        demo += ["--samples", str(args.samples)]
     records: dict = {"demo": {"warmup": None, "runs": []}, "sar": {"runs": []}}
     path = results_path("compile_cache_demo.json", args.out, quick=args.quick)
     path.parent.mkdir(parents=True, exist_ok=True)
