@@ -6,12 +6,23 @@ process). The snippet sees ``jax``, ``np``, ``zoo``, ``Pool``, ``Stack`` and ``s
 n)`` (a stack of random params from the init's shapes: no init compile) and must print ``OK``.
 """
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 import pytest
+
+# The commands keep XLA's compiled programs in $XDG_CACHE_HOME/sarjax/jax by default (issue 37):
+# the test session points XDG_CACHE_HOME at a temporary folder, set before any test runs so that
+# xdist workers and the fresh processes the tests start inherit it, so the suite leaves the user's
+# cache alone and runs cold, as on a fresh machine (tests of the default set their own).
+_TEST_CACHE = tempfile.mkdtemp(prefix="sarjax-test-xdg-")
+os.environ["XDG_CACHE_HOME"] = _TEST_CACHE
+atexit.register(shutil.rmtree, _TEST_CACHE, True)
 
 # Most of the suite's time is XLA compiling small kernels that then run for milliseconds.
 # SARJAX_TEST_FAST_COMPILE=1 compiles at XLA's lowest backend optimisation level without LLVM's
