@@ -74,10 +74,13 @@ The narrative page (docs/autoattack.md) follows.
 """
 
 import functools
+import json
 import math
+import os
 import time
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import jax
@@ -483,6 +486,64 @@ def _audit(x0, xs, p, eps, box, what):
         check(x0, np.asarray(xs[k]), threat, what=f"autoattack {what}, member {k}")
 
 
+# -- resume -------------------------------------------------------------------------------------
+
+STATE_FORMAT = "sarjax-autoattack-state/1"
+
+
+def _save_state(path, arrays: dict, info: dict, keep_prev: bool) -> None:
+    """Writes the cascade's state to ``path`` atomically (``path.tmp``, then renamed); with
+    ``keep_prev`` the state it replaces is kept as ``path.prev`` (distributed resume: processes one
+    run apart agree on the older one)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        np.savez(f, info=np.asarray(json.dumps({"format": STATE_FORMAT, **info})), **arrays)
+    if keep_prev and path.exists():
+        os.replace(path, path.with_name(path.name + ".prev"))
+    os.replace(tmp, path)
+
+
+def _load_state(path) -> tuple[dict, dict] | None:
+    """``(arrays, info)`` of a state :func:`_save_state` wrote, or None when there is none."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    with np.load(path, allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    info = json.loads(str(arrays.pop("info")))
+    if info.get("format") != STATE_FORMAT:
+        raise ValueError(f"{path} is not an AutoAttack checkpoint ({STATE_FORMAT}), got format {info.get('format')!r}")
+    return arrays, info
+
+
+def _resume_state(path, share, want: dict) -> tuple[dict, dict] | None:
+    """The state to resume from (None: start over). ``want``: what must match the stored state
+    (batch size, members, stages); distributed (``share``), every process resumes at the same run:
+    the earliest of the processes' latest states (a process one run ahead takes its previous one)."""
+    got = _load_state(path)
+    if got is not None:
+        bad = {k: (got[1].get(k), v) for k, v in want.items() if got[1].get(k) != v}
+        if bad:
+            k, (old, new) = next(iter(bad.items()))
+            raise ValueError(f"{path}: the checkpoint was written with {k}={old}, this run has {k}={new}")
+    if share is None:
+        return got
+    prev = _load_state(Path(path).with_name(Path(path).name + ".prev"))
+
+    def pos(s):
+        return [-1, -1] if s is None else [int(s[1]["next_stage"]), int(s[1]["next_run"])]
+
+    every = allgather_rows({"pos": np.asarray([pos(got)], np.int64)})["pos"]
+    target = min(tuple(int(v) for v in r) for r in every)
+    pick = next((s for s in (got, prev) if s is not None and tuple(pos(s)) == target), None)
+    # every process resumes at the same run, or all start over (the cascade is deterministic)
+    if target == (-1, -1) or not all_ok(pick is not None):
+        return None
+    return pick
+
+
 def autoattack(
     apply: Callable,
     params,
@@ -507,6 +568,7 @@ def autoattack(
     square_rescale_schedule: bool = SQUARE_RESCALE,
     progress: Callable[[str, int, int], None] | None = None,
     distribute: bool = False,
+    checkpoint_file: str | os.PathLike | None = None,
 ) -> AutoAttackResult:
     """AutoAttack on a single model or on every member of a pool, as a cascade (module docstring).
 
@@ -547,7 +609,8 @@ def autoattack(
         version's list.
       box: input bounds.
       progress: optional ``progress(stage, done, total)``, called at the start of every stage
-        that runs (``done = 0``) and after every chunk: ``total`` is the rows still robust for
+        that runs (``done = 0``; a stage resumed from ``checkpoint_file`` starts at its saved
+        ``done``) and after every chunk: ``total`` is the rows still robust for
         some member when the stage starts times its runs (restarts, targets), ``done`` the rows
         attacked so far plus, at the start of each later run, the rows it no longer needs
         (broken by an earlier run); ``done`` reaches ``total`` when the stage ends. It only
@@ -559,6 +622,14 @@ def autoattack(
         whole result. Each chunk is the one-process chunk (same rows, same padded shape, same
         keys), so the result is bit-identical to one process on the same kind of device. With
         one process it changes nothing.
+      checkpoint_file: resume: after every completed run (after its gather when distributed) the
+        cascade's state (robust flags, ``x_adv``, queries, the per-stage logs, the next run) is
+        written to this file atomically; a call that finds the file skips the runs it records and
+        restores the state, so its result is bit-identical to an uninterrupted call (the keys
+        depend on the stage, run and sample only). The caller checks that the file was written
+        with the same settings (:func:`sarjax.experiments.autoattack.run_autoattack` fingerprints
+        its directory); here only the batch size, members and stages are checked. Distributed,
+        each process keeps its own file and all resume at the same run.
 
     Returns:
       An :class:`AutoAttackResult` (``robust [B, M]``, ``x_adv [B, M, *S]``, ``queries [B, M]``,
@@ -622,9 +693,13 @@ def autoattack(
     if progress is not None and not callable(progress):
         raise TypeError(f"progress must be a callable progress(stage, done, total) or None, got {progress!r}")
     share = (process_index(), process_count()) if distribute and process_count() > 1 else None
+    want = {"batch_size": bs, "members": list(names), "stages": list(stages), "samples": B, "checks": checks}
+    resumed = None if checkpoint_file is None else _resume_state(checkpoint_file, share, want)
 
     found: list[str] = []
-    if checks:
+    if resumed is not None:
+        found = list(resumed[1]["found"])
+    elif checks:
         found = sanity_checks(
             apply, params, x0[:bs], yh[:bs], key=jax.random.fold_in(key, 0x5A11), version=version, stacked=stacked
         )
@@ -667,43 +742,91 @@ def autoattack(
         z = np.asarray(_logits(mem.apply1, mem.axes, eot, mem.params, jnp.asarray(xc), vkey))
         return _wrong(z, yc)
 
-    robust = np.zeros((B, m), bool)
-    for idx, pad_idx, _, chunk in chunks_of(np.arange(B)):
-        xc = np.broadcast_to(np.asarray(chunk[0])[:, None], (len(pad_idx), m, *xp.shape[1:]))
-        robust[idx] = ~verify(chunk[1], xc)[: len(idx)]
-    clean = robust.copy()
-    x_adv = np.array(np.broadcast_to(xp[:, None], (B, m, *xp.shape[1:])))
-    stage_q = [np.full((B, m), eot, np.int64)]
-    stage_r = [robust.copy()]
-    logs = []
-    say(f"initial accuracy: {100 * robust[:B].mean():.2f}%")
+    start = (0, 0)  # (stage, run) to start at
+    if resumed is None:
+        robust = np.zeros((B, m), bool)
+        for idx, pad_idx, _, chunk in chunks_of(np.arange(B)):
+            xc = np.broadcast_to(np.asarray(chunk[0])[:, None], (len(pad_idx), m, *xp.shape[1:]))
+            robust[idx] = ~verify(chunk[1], xc)[: len(idx)]
+        clean = robust.copy()
+        x_adv = np.array(np.broadcast_to(xp[:, None], (B, m, *xp.shape[1:])))
+        stage_q = [np.full((B, m), eot, np.int64)]
+        stage_r = [robust.copy()]
+        logs = []
+    else:
+        arr, info = resumed
+        robust, clean, x_adv = arr["robust"], arr["clean"], arr["x_adv"]
+        stage_q, stage_r = list(arr["stage_q"]), list(arr["stage_r"])
+        logs = [StageLog(n, ra, *rest) for (n, *rest), ra in zip(info["logs"], arr["log_ra"])]
+        start = (int(info["next_stage"]), int(info["next_run"]))
+        say(f"resumed from {checkpoint_file}: {start[0]} stage(s) and {start[1]} run(s) of the next done")
+    say(f"initial accuracy: {100 * clean[:B].mean():.2f}%")
+
+    def save(next_stage: int, next_run: int, mid: dict | None = None) -> None:
+        """The cascade's state after a completed run (``mid``: the stage's own counters)."""
+        if checkpoint_file is None:
+            return
+        mid = mid or {}
+        arrays = {
+            "robust": robust, "clean": clean, "x_adv": x_adv, "stage_q": np.stack(stage_q),
+            "stage_r": np.stack(stage_r), "log_ra": np.asarray([s.robust_accuracy for s in logs]).reshape(-1, m),
+            **{k: v for k, v in mid.items() if isinstance(v, np.ndarray)},
+        }  # fmt: skip
+        info = {
+            **want, "next_stage": next_stage, "next_run": next_run, "found": found,
+            "logs": [[s.name, s.seconds, s.queries, s.attacked, s.broken, s.skipped] for s in logs],
+            **{k: v for k, v in mid.items() if not isinstance(v, np.ndarray)},
+        }  # fmt: skip
+        _save_state(checkpoint_file, arrays, info, share is not None)
+
     t_all = time.perf_counter()
     for s_idx, name in enumerate(stages):
+        if s_idx < start[0]:
+            continue
+        first_run = start[1] if s_idx == start[0] else 0
         t0 = time.perf_counter()
-        q = np.zeros((B, m), np.int64)
-        attacked = int(robust[:B].sum())
-        skip = _skip_reason(name, ctx)
+        skip = ""
+        if first_run:  # resumed inside this stage: its counters as saved
+            assert resumed is not None
+            arr, info = resumed
+            q, before = arr["q"], arr["before"]
+            ranked = arr["ranked"] if info["has_ranked"] else None
+            attacked, n_stage, done, total = (int(info[k]) for k in ("attacked", "n_stage", "done", "total"))
+            t0 -= float(info["seconds"])
+            skey = jax.random.fold_in(key, s_idx + 1)
+            runs = list(_runs(name, ctx, skey))
+        else:
+            q = np.zeros((B, m), np.int64)
+            attacked = int(robust[:B].sum())
+            skip = _skip_reason(name, ctx)
+            skey = before = ranked = runs = None
+            n_stage = total = done = 0
         if skip:
             warnings.warn(f"autoattack: stage {name} skipped: {skip}", AutoAttackWarning, stacklevel=2)
             logs.append(StageLog(name, robust[:B].mean(axis=0), 0.0, 0, attacked, 0, skip))
             stage_q.append(q)
             stage_r.append(robust.copy())
             say(f"{name}: skipped ({skip})")
+            save(s_idx + 1, 0)
             continue
-        skey = jax.random.fold_in(key, s_idx + 1)
-        before = robust.copy()
-        ranked = None
-        if name in ("apgd-t", "fab-t"):  # targets ranked once, on the clean logits, for the rows robust now
-            ranked = np.zeros((B, m, max(mem.c - 1, 1)), np.int32)
-            for idx, _, _, chunk in chunks_of(np.flatnonzero(robust.any(axis=1))):
-                ranked[idx] = _ranked(ctx, chunk, jax.random.fold_in(skey, 0xA11))[: len(idx)]
-                q[idx] += eot * robust[idx]  # the ranking forward
-        runs = list(_runs(name, ctx, skey))
-        n_stage = int(robust.any(axis=1).sum())
-        total, done = n_stage * len(runs), 0
+        if not first_run:
+            skey = jax.random.fold_in(key, s_idx + 1)
+            before = robust.copy()
+            ranked = None
+            if name in ("apgd-t", "fab-t"):  # targets ranked once, on the clean logits, for the rows robust now
+                ranked = np.zeros((B, m, max(mem.c - 1, 1)), np.int32)
+                for idx, _, _, chunk in chunks_of(np.flatnonzero(robust.any(axis=1))):
+                    ranked[idx] = _ranked(ctx, chunk, jax.random.fold_in(skey, 0xA11))[: len(idx)]
+                    q[idx] += eot * robust[idx]  # the ranking forward
+            runs = list(_runs(name, ctx, skey))
+            n_stage = int(robust.any(axis=1).sum())
+            total, done = n_stage * len(runs), 0
+        assert runs is not None and before is not None
         if progress is not None:
-            progress(name, 0, total)
-        for run_one in runs:
+            progress(name, done, total)
+        for r_idx, run_one in enumerate(runs):
+            if r_idx < first_run:  # completed before the checkpoint
+                continue
             rows = np.flatnonzero(robust.any(axis=1))
             if not rows.size:  # nothing left to attack: no kernel call
                 break
@@ -734,6 +857,15 @@ def autoattack(
                 done = _gather_run(found_run, error, q, x_adv, robust, done, m, xp.shape[1:])
                 if progress is not None:
                     progress(name, done, total)
+            if r_idx + 1 < len(runs):
+                save(
+                    s_idx, r_idx + 1,
+                    {
+                        "q": q, "before": before, "ranked": np.zeros(0, np.int32) if ranked is None else ranked,
+                        "has_ranked": ranked is not None, "attacked": attacked, "n_stage": n_stage, "done": done,
+                        "total": total, "seconds": time.perf_counter() - t0,
+                    },
+                )  # fmt: skip
         if progress is not None and done < total:  # the stage broke every row before its last run
             progress(name, total, total)
         _audit(xp[:B], np.swapaxes(x_adv[:B], 0, 1), p, eps, ctx.box, f"after {name} (x_adv)")
@@ -743,6 +875,7 @@ def autoattack(
         )
         stage_q.append(q)
         stage_r.append(robust.copy())
+        save(s_idx + 1, 0)
         say(
             f"robust accuracy after {name.upper()}: {100 * robust[:B].mean():.2f}% "
             f"(total time {time.perf_counter() - t_all:.1f} s, {int(q[:B].sum())} queries)"
@@ -893,6 +1026,7 @@ def autoattack_pool(
     wrap=None,
     stochastic: dict[str, Callable] | None = None,
     per_member: bool = False,
+    checkpoint_dir: str | os.PathLike | None = None,
     **kw,
 ) -> AutoAttackResult:
     """:func:`autoattack` on every member of a :class:`sarjax.models.pool.Pool`, each attacked on
@@ -918,6 +1052,9 @@ def autoattack_pool(
         only its own robust images. Results are identical (a member's draws do not depend on the
         other members); pick per member for pools whose members differ in robustness (a defense
         zoo), vmapped for members alike.
+      checkpoint_dir: resume (:func:`autoattack`'s ``checkpoint_file``): the state of the ``j``-th
+        :func:`autoattack` call (per stack, or per member) goes to ``checkpoint_dir/call_<j>.npz``;
+        a finished call is restored whole, an interrupted one resumes at its next run.
       **kw: the other :func:`autoattack` keywords (``batch_size``, ``n_iter``, ``progress``,
         ``distribute``, ...). ``progress`` is called by each :func:`autoattack` call in turn (one
         per stack, or per member with ``per_member`` / ``stochastic``): a call's stage starts with
@@ -973,6 +1110,8 @@ def autoattack_pool(
                 for j, nm in enumerate(stack.names)
             ]
         for params, names, member_apply in parts:
+            if checkpoint_dir is not None:
+                kw["checkpoint_file"] = Path(checkpoint_dir) / f"call_{len(outs)}.npz"
             outs.append(
                 autoattack(
                     member_apply,

@@ -2,7 +2,7 @@
 
     sarjax autoattack (--pool DIR | --model PKG.MODULE:FUNCTION) --norm linf --eps 0.3
                       [--version standard|plus|rand] [--samples N] [--data-dir D | --images FILE.npz]
-                      [--out OUT.json] [--no-progress]
+                      [--out OUT.json] [--no-progress] [--checkpoint DIR [--overwrite]]
                       [--coordinator HOST:PORT --num-processes P --process-id I]
 
 Loads the pool (a saved one, :func:`sarjax.models.checkpoint.load_pool`, or the one a function
@@ -15,7 +15,9 @@ vmapped per stack): it prints AutoAttack's log, a progress bar per stage, and ea
 and robust accuracy, and writes the JSON report and ``OUT.npz`` beside it (per image and member:
 robust flags, adversarial points; docs/autoattack.md). With ``--coordinator`` every process runs
 its share of each attack run's chunks and process 0 writes the outputs (bit-identical to one
-process).
+process). With ``--checkpoint DIR`` the cascade's state is saved after every attack run: a rerun
+with the same DIR and settings resumes where it stopped (bit-identical), other settings are
+refused (naming them) unless ``--overwrite``.
 
 ``--version rand`` attacks the pool's randomized members as deployed (:func:`randomized_members`:
 a self-ensemble's stochastic views, a noise defense's Gaussian input noise at the sigma its saved
@@ -108,6 +110,8 @@ def _sources(args: argparse.Namespace) -> None:
         raise ValueError(f"autoattack attacks one pool: give --model once, got {len(args.model)}: {args.model}")
     if args.images is not None and args.data_dir is not None:
         raise ValueError("give --images FILE.npz or --data-dir D (MNIST IDX files), not both")
+    if args.overwrite and args.checkpoint is None:
+        raise ValueError("--overwrite discards the checkpoints of --checkpoint DIR: give --checkpoint DIR")
 
 
 def _progress_callback(bar, groups: list[tuple[str, ...]]):
@@ -232,6 +236,8 @@ def cmd_autoattack(args: argparse.Namespace) -> int:
             log=main,
             progress=None if args.no_progress or not main else _progress_callback(bar, groups),
             distribute=process_count() > 1,
+            checkpoint_dir=args.checkpoint,
+            overwrite=args.overwrite,
             meta=dict(
                 where,
                 sample_indices=sample_indices,
@@ -283,6 +289,16 @@ def register(sub) -> None:
         "the .npz of the same stem beside it",
     )
     a.add_argument("--no-progress", action="store_true", help="no progress bars")
+    a.add_argument(
+        "--checkpoint",
+        default=None,
+        metavar="DIR",
+        help="save the attack's state after every attack run (restart / target) in DIR; a rerun with the same DIR "
+        "and settings resumes where it stopped (default: no checkpoint)",
+    )
+    a.add_argument(
+        "--overwrite", action="store_true", help="discard the checkpoints in --checkpoint DIR (any settings)"
+    )
     add_distributed_arguments(a)
     a.add_argument(
         "--batch-size",

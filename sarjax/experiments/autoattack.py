@@ -16,6 +16,12 @@ images against the pool, runs :func:`sarjax.attacks.autoattack.autoattack_pool`,
 distributed runtime) every process runs its share of each attack run's chunks, the chunks'
 results are gathered after every run (:func:`sarjax.attacks.autoattack.autoattack`), and
 process 0 writes the outputs: bit-identical to one process (docs/autoattack.md).
+
+Resume (``checkpoint_dir``, ``sarjax autoattack --checkpoint DIR``): the cascade's state is saved
+after every completed attack run (``DIR/call_<j>.npz``, one per AutoAttack call; per process in
+``DIR/process_<i>_of_<n>`` when distributed) with ``DIR/fingerprint.json``
+(:mod:`sarjax.runtime.fingerprint`); a rerun with the same settings skips the completed runs
+(bit-identical result), one with other settings is refused naming them, ``overwrite`` discards.
 """
 
 from __future__ import annotations
@@ -33,7 +39,10 @@ import numpy as np
 from sarjax.attacks import autoattack as aa  # the module: autoattack_pool is looked up at call time (tests replace it)
 from sarjax.attacks.autoattack import N_ITER, SQUARE_QUERIES, AutoAttackResult
 from sarjax.data.images import check_ids, check_images
-from sarjax.runtime.distributed import is_main
+from sarjax.runtime import fingerprint as fingerprints
+from sarjax.runtime.distributed import all_ok, is_main, process_count, process_index
+
+CHECKPOINT_HINT = "pass --overwrite (overwrite=True) to discard it, or choose another --checkpoint directory"
 
 # the report's fields: AutoAttackResult.to_json's and the run's (meta may not replace them)
 _OWN_FIELDS = frozenset(
@@ -78,6 +87,8 @@ def run_autoattack(
     progress: Callable[[str, int, int], None] | None = None,
     distribute: bool = False,
     meta: dict[str, Any] | None = None,
+    checkpoint_dir: str | os.PathLike | None = None,
+    overwrite: bool = False,
 ) -> AutoAttackResult:
     """AutoAttack on every member of ``pool`` for the images ``x, y``; writes ``out`` when given.
 
@@ -103,6 +114,12 @@ def run_autoattack(
         bit-identical to one process; process 0 writes ``out``).
       meta: more fields for the JSON report (e.g. the pool's path, the data's source); they may
         not replace the result's own fields.
+      checkpoint_dir: resume: the cascade's state is saved here after every completed attack run
+        (per process in ``process_<i>_of_<n>`` when distributed), with a fingerprint of the
+        settings (pool content hash, images, ids, norm, eps, version, stages, budgets, batch
+        size, seed, processes, sarjax version); a rerun with the same fingerprint skips the
+        completed runs and gives the uninterrupted result bit for bit. None: no checkpoint.
+      overwrite: discard the checkpoints ``checkpoint_dir`` holds (any settings) and start over.
 
     Returns:
       The :class:`~sarjax.attacks.autoattack.AutoAttackResult` (every process, when distributed).
@@ -110,7 +127,8 @@ def run_autoattack(
     Raises:
       ValueError: images that fail the checks (naming what is wrong), ``ids`` that are not
         ``N`` distinct non-negative ints, an ``out`` ending in ``.npz``, ``meta`` clashing with
-        a result field; the attack's own errors (bad eps, norm, version, ...).
+        a result field; the attack's own errors (bad eps, norm, version, ...); a ``checkpoint_dir``
+        written with other settings (naming each one that differs) unless ``overwrite``.
     """
     xf, yi = check_images(x, y, input_shape=tuple(pool.input_shape), num_classes=int(pool.num_classes))
     sample_ids = np.arange(len(xf), dtype=np.int64) if ids is None else check_ids(ids, len(xf))
@@ -118,6 +136,33 @@ def run_autoattack(
     clash = sorted(set(meta or {}) & _OWN_FIELDS)
     if clash:
         raise ValueError(f"meta may not replace the report's own fields, got {clash}")
+    ck = None
+    if checkpoint_dir is not None:
+        ck = _open_checkpoint(
+            Path(checkpoint_dir),
+            {
+                **fingerprints.pool_fingerprint(pool),
+                "images": fingerprints.array_digest(xf, yi),
+                "ids": fingerprints.array_digest(sample_ids),
+                "norm": norm,
+                "eps": float(eps),
+                "version": version,
+                "stages": list(aa.stages_of(version, norm) if attacks is None else attacks),
+                "n_iter": n_iter,
+                "fab_iter": fab_iter,
+                "square_queries": square_queries,
+                "batch_size": batch_size,
+                "seed": seed,
+                "per_member": per_member,
+                "checks": checks,
+                "wrap": wrap is not None,
+                "stochastic": None if stochastic is None else sorted(stochastic),
+                "processes": process_count() if distribute else 1,
+                "sarjax": fingerprints.sarjax_version(),
+            },
+            overwrite,
+            distribute and process_count() > 1,
+        )
     t0 = time.perf_counter()
     res = aa.autoattack_pool(
         pool,
@@ -140,11 +185,36 @@ def run_autoattack(
         **({} if ids is None else {"sample_ids": sample_ids}),
         **({} if progress is None else {"progress": progress}),
         **({"distribute": True} if distribute else {}),
+        **({} if ck is None else {"checkpoint_dir": ck}),
     )
     seconds = time.perf_counter() - t0
     if paths is not None and is_main():
         _write(paths, res, yi, sample_ids, seconds, seed, (n_iter, fab_iter, square_queries), meta or {})
     return res
+
+
+def _open_checkpoint(directory: Path, fp: dict[str, Any], overwrite: bool, multi: bool) -> Path:
+    """This process's checkpoint folder under ``directory``, its fingerprint checked (or written).
+
+    Raises:
+      ValueError: the folder holds checkpoints of other settings (naming them) and not ``overwrite``.
+    """
+    pdir = directory / f"process_{process_index()}_of_{process_count()}" if multi else directory
+    has = pdir.is_dir() and any(pdir.glob("call_*.npz*"))
+    if overwrite and pdir.is_dir():
+        fingerprints.remove_paths(pdir, ["call_*.npz*", fingerprints.FINGERPRINT_FILE])
+        has = False
+    err = None
+    try:
+        if fingerprints.check_fingerprint(pdir, fp, hint=CHECKPOINT_HINT, holds_results=has) is None:
+            fingerprints.write_fingerprint(pdir, fp)
+    except fingerprints.FingerprintMismatch as e:
+        err = ValueError(f"{e.reason}; {CHECKPOINT_HINT}")
+    if multi and not all_ok(err is None):  # every process stops when one refuses its folder
+        raise err or ValueError(f"another process refused its checkpoint folder (see its log); {CHECKPOINT_HINT}")
+    if err is not None:
+        raise err
+    return pdir
 
 
 def _write(paths, res: AutoAttackResult, y, ids, seconds: float, seed: int, budget, meta: dict) -> None:
