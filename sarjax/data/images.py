@@ -10,8 +10,6 @@ image keeps its draws when it is attacked in another subset. Write one with::
 and pass ``--images mine.npz`` to ``sarjax sar``, ``frontier`` or ``autoattack``.
 """
 
-from __future__ import annotations
-
 import hashlib
 import os
 import zipfile

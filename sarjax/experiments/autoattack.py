@@ -24,8 +24,6 @@ after every completed attack run (``DIR/call_<j>.npz``, one per AutoAttack call;
 (bit-identical result), one with other settings is refused naming them, ``overwrite`` discards.
 """
 
-from __future__ import annotations
-
 import json
 import os
 import time

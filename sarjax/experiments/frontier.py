@@ -23,8 +23,6 @@ after every entry and process 0 writes the merged cache files (the one-process l
 report and the plots.
 """
 
-from __future__ import annotations
-
 import json
 import math
 import re

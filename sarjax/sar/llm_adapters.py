@@ -20,8 +20,6 @@ The adapters here:
   judging its own candidates on every member.
 """
 
-from __future__ import annotations
-
 import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
