@@ -129,6 +129,17 @@ def test_sar_rejects_more_samples_than_exist_and_infinite_eps(pool_dir, data, tm
     assert not (tmp_path / "O" / "results.json").exists()
 
 
+def test_sar_needs_exactly_one_pool(pool_dir, tmp_path, capsys):
+    base = ["sar", "--out", str(tmp_path / "O"), "--eps", "0.1", "--delta", "0"]
+    assert main(base) == 2
+    assert "give the pool as a directory (--pool DIR) or an import path" in capsys.readouterr().err
+    assert main([*base, "--pool", pool_dir, "--model", "os:getcwd"]) == 2
+    assert "give the pool as a directory (--pool DIR) or an import path" in capsys.readouterr().err
+    assert main([*base, "--model", "a:b", "--model", "c:d"]) == 2
+    assert "give one pool: --pool DIR or --model PKG.MODULE:FUNCTION" in capsys.readouterr().err
+    assert not (tmp_path / "O").exists()
+
+
 # -- demo -------------------------------------------------------------------------------------
 
 

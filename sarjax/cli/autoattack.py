@@ -37,7 +37,7 @@ from sarjax.cli.args import (
     positive_float,
     positive_int,
 )
-from sarjax.runtime.compile_cache import add_compile_cache_argument, enable_compile_cache
+from sarjax.runtime.compile_cache import add_compile_cache_argument
 
 N_ITER = 100  # = sarjax.attacks.autoattack.N_ITER (not imported: --help stays fast, no jax import)
 SQUARE_QUERIES = 5000  # = sarjax.attacks.autoattack.SQUARE_QUERIES
@@ -137,10 +137,6 @@ def cmd_autoattack(args: argparse.Namespace) -> int:
     """AutoAttack on a saved pool or a ``--model``; prints the log, writes OUT.json and OUT.npz."""
     initialize_distributed(args)  # before any JAX computation
     _sources(args)
-    if args.compile_cache:
-        # XLA's persistent compilation cache: a rerun (another eps, version or pool of the same
-        # architecture and batch shape) loads the compiled kernels instead of compiling them again
-        enable_compile_cache(args.compile_cache)
 
     # deferred: keeps sarjax --help fast (3.8 s vs 6.7 s, measured)
     import numpy as np

@@ -5,15 +5,13 @@ from __future__ import annotations
 import argparse
 
 from sarjax.cli.args import positive_int
-from sarjax.runtime.compile_cache import add_compile_cache_argument, enable_compile_cache
+from sarjax.runtime.compile_cache import add_compile_cache_argument
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """SAR of the low / medium / high diversity pools on the embedded MNIST."""
     from sarjax.experiments.demo import run_demo  # deferred: keeps sarjax --help fast (3.8 s vs 6.7 s, measured)
 
-    if args.compile_cache:
-        enable_compile_cache(args.compile_cache)
     run_demo(
         args.out,
         quick=args.quick,

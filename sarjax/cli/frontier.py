@@ -14,18 +14,12 @@ from sarjax.cli.args import (
 
 # NORMS / ATTACK_NORMS build the parser, so sarjax --help loads this module (its heavy imports wait)
 from sarjax.experiments.frontier import ATTACK_NORMS, NORMS, run_frontier_on_dirs
-from sarjax.runtime.compile_cache import add_compile_cache_argument, enable_compile_cache
+from sarjax.runtime.compile_cache import add_compile_cache_argument
 
 
 def cmd_frontier(args: argparse.Namespace) -> int:
     """Attack and defense frontiers of saved pools (the frontier paper)."""
-    if not args.models and not args.model:
-        raise ValueError("no models: give --models DIR ... and / or --model PKG.MODULE:FUNCTION")
-    if args.images is not None and args.data_dir is not None:
-        raise ValueError(f"--images {args.images} and --data-dir {args.data_dir} both name the images: give one")
     initialize_distributed(args)  # before any JAX computation
-    if args.compile_cache:
-        enable_compile_cache(args.compile_cache)
     run_frontier_on_dirs(
         args.models or [],
         args.norm,

@@ -7,7 +7,7 @@ import sys
 
 from sarjax.cli.args import positive_int
 from sarjax.data.behaviors import load_behaviors
-from sarjax.runtime.compile_cache import add_compile_cache_argument, enable_compile_cache
+from sarjax.runtime.compile_cache import add_compile_cache_argument
 from sarjax.runtime.fingerprint import FingerprintMismatch
 
 
@@ -104,8 +104,6 @@ def _settings(args: argparse.Namespace) -> dict:
 
 def cmd_llm_sar(args: argparse.Namespace) -> int:
     """Run ``sarjax llm-sar`` (prints the summary; writes OUT/llm_sar.json and OUT/llm_sar.png)."""
-    if args.compile_cache:
-        enable_compile_cache(args.compile_cache)
     hide_broken_torchvision()
     # deferred: after hide_broken_torchvision (transformers imports torchvision), and keeps
     # sarjax --help fast (3.8 s vs 6.7 s, measured)

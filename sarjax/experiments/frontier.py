@@ -765,7 +765,7 @@ def run_frontier_on_dirs(
     if not models and not specs:
         raise ValueError("no models: give --models DIR ... and / or --model PKG.MODULE:FUNCTION")
     if images is not None and data_dir is not None:
-        raise ValueError(f"--images {images} and --data-dir {data_dir} both name the images to attack: give one")
+        raise ValueError(f"--images {images} and --data-dir {data_dir} both name the images: give one")
     if samples is not None and samples < 1:
         raise ValueError(f"--samples must be >= 1, got {samples}")
     if images is not None:
