@@ -20,8 +20,13 @@ import pytest
 # the test session points XDG_CACHE_HOME at a temporary folder, set before any test runs so that
 # xdist workers and the fresh processes the tests start inherit it, so the suite leaves the user's
 # cache alone and runs cold, as on a fresh machine (tests of the default set their own).
+# The cache is also OFF in the session (SARJAX_NO_COMPILE_CACHE=1): tests that call sarjax.cli.main in
+# a worker would otherwise turn it on halfway through a long-lived process full of compiled programs,
+# and one CI run segfaulted in JAX's cache write there (jax 0.10.2, CPU). The tests of the default
+# (tests/test_compile_cache.py) run the commands in fresh processes with the switch removed.
 _TEST_CACHE = tempfile.mkdtemp(prefix="sarjax-test-xdg-")
 os.environ["XDG_CACHE_HOME"] = _TEST_CACHE
+os.environ["SARJAX_NO_COMPILE_CACHE"] = "1"
 atexit.register(shutil.rmtree, _TEST_CACHE, True)
 
 # Most of the suite's time is XLA compiling small kernels that then run for milliseconds.
