@@ -18,15 +18,11 @@ import pytest
 
 # The commands keep XLA's compiled programs in $XDG_CACHE_HOME/sarjax/jax by default (issue 37):
 # the test session points XDG_CACHE_HOME at a temporary folder, set before any test runs so that
-# xdist workers and the fresh processes the tests start inherit it, so the suite leaves the user's
-# cache alone and runs cold, as on a fresh machine (tests of the default set their own).
-# The cache is also OFF in the session (SARJAX_NO_COMPILE_CACHE=1): tests that call sarjax.cli.main in
-# a worker would otherwise turn it on halfway through a long-lived process full of compiled programs,
-# and one CI run segfaulted in JAX's cache write there (jax 0.10.2, CPU). The tests of the default
-# (tests/test_compile_cache.py) run the commands in fresh processes with the switch removed.
+# xdist workers and the fresh processes the tests start inherit it (and share it: a program one of
+# them compiled, the others load), so the suite leaves the user's cache alone and starts cold, as on
+# a fresh machine.
 _TEST_CACHE = tempfile.mkdtemp(prefix="sarjax-test-xdg-")
 os.environ["XDG_CACHE_HOME"] = _TEST_CACHE
-os.environ["SARJAX_NO_COMPILE_CACHE"] = "1"
 atexit.register(shutil.rmtree, _TEST_CACHE, True)
 
 # Most of the suite's time is XLA compiling small kernels that then run for milliseconds.
@@ -76,3 +72,28 @@ def run_on_fake_devices_(body: str, n: int = 8, timeout: float = 300) -> str:
 def run_on_fake_devices():
     """``run(body, n=8, timeout=300) -> stdout``: ``body`` in a fresh process with n fake CPU devices."""
     return run_on_fake_devices_
+
+
+# Linux caps a process at vm.max_map_count memory mappings (65,530 by default), and XLA:CPU keeps
+# every compiled program's machine code in mappings of its own while JAX's caches hold it (about 6
+# for a tiny program, hundreds for a big one; docs/autoattack.md, "Many runs in one process"). An
+# xdist worker runs ~450 tests in one process and compiles thousands of programs: at the cap LLVM
+# cannot map the next one and the worker dies (SIGSEGV) in whatever test compiles next. CI crashed
+# that way twice in docs/attacks.md. After each test, drop JAX's compiled programs once the worker
+# holds more than half the limit (the library's own remedy, at its default; results do not change,
+# later tests recompile what they need). Measured with SARJAX_TEST_MAPS_LOG=FILE (a line per test:
+# pid, mappings, dropped, test): each of the two workers passed 22,000 mappings twice in one run
+# (2026-12-05), and a drop left about 1,300-1,800.
+_MAPS_LOG = os.environ.get("SARJAX_TEST_MAPS_LOG")
+
+
+@pytest.fixture(autouse=True)
+def _release_compiled_programs_near_map_limit(request):
+    yield
+    from sarjax.runtime import compile_cache  # the library's check (deferred: tests importing no jax stay light)
+
+    m = compile_cache.memory_maps()
+    dropped = compile_cache.release_compiled_near_map_limit(log=lambda s: None)
+    if _MAPS_LOG and m is not None:
+        with open(_MAPS_LOG, "a") as f:
+            f.write(f"{os.getpid()} {m[0]} {int(dropped)} {request.node.nodeid}\n")

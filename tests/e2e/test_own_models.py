@@ -41,7 +41,7 @@ def user(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("own")
     shutil.copy(HERE / "_ownmodels.py", tmp / "ownmodels.py")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp), os.environ.get("PYTHONPATH", "")])}
-    env.update(JAX_PLATFORMS="cpu", SARJAX_NO_COMPILE_CACHE="1")
+    env.update(JAX_PLATFORMS="cpu")  # the session's temporary compilation cache (tests/conftest.py): shared
     script = (
         "import sys, numpy as np, ownmodels\n"
         "from sarjax.data.mnist import load_mnist\n"
