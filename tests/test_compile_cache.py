@@ -114,6 +114,30 @@ print("ok")
 """
 
 
+# every command that compiles programs takes --compile-cache (and so gets the default cache);
+# train-defenses keeps its own in OUT/.jax_cache (--no-compile-cache)
+_MINIMAL_ARGS = {
+    "sar": ["--pool", "p", "--eps", "0.1", "--delta", "0"],
+    "demo": [],
+    "frontier": ["--models", "m", "--norm", "l2", "--out", "o"],
+    "autoattack": ["--pool", "p", "--eps", "0.1", "--norm", "linf"],
+    "llm-sar": ["--pool", "p", "--behaviors", "b.csv", "--out", "o"],
+    "train-pool": ["--preset", "low", "--out", "o"],
+    "llm-demo": [],
+}
+
+
+@pytest.mark.parametrize("command", sorted(_MINIMAL_ARGS))
+def test_every_compiling_command_takes_compile_cache(command):
+    from sarjax.cli import build_parser
+
+    parser = build_parser()
+    args = parser.parse_args([command, *_MINIMAL_ARGS[command]])
+    assert args.compile_cache is None  # None: main() turns the default directory on
+    args = parser.parse_args([command, *_MINIMAL_ARGS[command], "--compile-cache", "d"])
+    assert args.compile_cache == "d"
+
+
 def test_another_directory_takes_over_after_a_compilation(tmp_path):
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     cmd = [sys.executable, "-c", _SWITCH_CHECK, str(tmp_path / "a"), str(tmp_path / "b")]

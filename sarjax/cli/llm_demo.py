@@ -7,6 +7,7 @@ import os
 from dataclasses import replace
 
 from sarjax.cli.llm_sar import hide_broken_torchvision
+from sarjax.runtime.compile_cache import add_compile_cache_argument
 
 HARMBENCH_ENV = "SARJAX_HARMBENCH_DIR"  # a folder with the HarmBench behavior CSVs
 
@@ -41,6 +42,7 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--overwrite", action="store_true", help="discard an earlier run in OUT")
     p.add_argument("--no-progress", action="store_true")
+    add_compile_cache_argument(p)
     p.set_defaults(func=cmd_llm_demo)
 
 

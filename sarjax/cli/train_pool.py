@@ -9,6 +9,7 @@ import time
 from sarjax.cli.args import nonnegative_float, positive_float, positive_int
 from sarjax.data.cifar import cifar_kind, load_cifar
 from sarjax.data.mnist import load_mnist
+from sarjax.runtime.compile_cache import add_compile_cache_argument
 
 
 def _check_train_pool(args: argparse.Namespace) -> str | None:
@@ -117,4 +118,5 @@ def register(sub) -> None:
     t.add_argument(
         "--trades-beta", type=nonnegative_float, default=None, help="TRADES' KL weight (default 6, the paper's)"
     )
+    add_compile_cache_argument(t)
     t.set_defaults(func=cmd_train_pool)

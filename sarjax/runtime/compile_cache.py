@@ -1,7 +1,7 @@
 """XLA's persistent compilation cache for sarjax's commands (``--compile-cache DIR``).
 
 Every command that compiles big programs (``sarjax sar``, ``demo``, ``frontier``, ``autoattack``,
-``llm-sar``, ``train-defenses``) can keep XLA's compiled executables in a directory, so that a
+``llm-sar``, ``train-pool``, ``llm-demo``, ``train-defenses``) can keep XLA's compiled executables in a directory, so that a
 rerun with the same shapes (another eps, delta, seed or output directory, a resumed run, the same
 architecture in another pool) loads them instead of compiling again. JAX keys each entry by the
 program, the compile options, the backend and the jax/jaxlib versions, so a stale entry is never
