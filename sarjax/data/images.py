@@ -18,7 +18,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-_MAX_ID = 2**31 - 1  # the attacks fold sample ids into their keys as int32
+# Sample ids are in [0, SAMPLE_ID_LIMIT): the attacks fold them into their keys as int32 and fold
+# their other streams in with constants at or above it (sarjax.attacks.core.evaluate). Defined here,
+# in the bottom layer, so that the image checks and the attacks share one constant.
+SAMPLE_ID_LIMIT = 2**31
 
 
 class ImageSet(NamedTuple):
@@ -86,7 +89,7 @@ def check_ids(ids: Any, n: int, *, what: str = "images") -> np.ndarray:
     ids = np.asarray(ids)
     if ids.dtype == bool or not np.issubdtype(ids.dtype, np.integer) or ids.shape != (n,):
         raise ValueError(f"{what}: ids must be [N] = [{n}] integers, got {ids.dtype} of shape {list(ids.shape)}")
-    if (ids < 0).any() or (ids > _MAX_ID).any():
+    if (ids < 0).any() or (ids >= SAMPLE_ID_LIMIT).any():
         bad = int(ids.min()) if (ids < 0).any() else int(ids.max())
         raise ValueError(f"{what}: ids must be in [0, 2**31 - 1] (the attacks' int32 sample ids), got {bad}")
     if len(np.unique(ids)) != n:

@@ -129,8 +129,8 @@ def update_best(best: Best, x: jax.Array, ev: Evaluation, valid) -> Best:
 
 # Per-sample streams are ``fold_in(key, sample_id)`` with sample ids in [0, 2**31); the other
 # streams of an attack key are folded in with constants above that range, so no sample's stream
-# can coincide with them (0x0E07, the old EOT salt, was sample 3591's stream).
-SAMPLE_ID_LIMIT = 2**31
+# can coincide with them (0x0E07, the old EOT salt, was sample 3591's stream). The limit,
+# SAMPLE_ID_LIMIT = 2**31, lives in sarjax.data.images: the image files' ids are checked against it too.
 EOT_SALT = 0xE07E_0E07  # folded into the attack key for the EOT draws (independent of the random starts)
 
 

@@ -23,10 +23,11 @@ import numpy as np
 from sarjax.attacks import queries as Q
 from sarjax.attacks.audit import check
 from sarjax.attacks.core.entry import AttackFn, host
-from sarjax.attacks.core.evaluate import SAMPLE_ID_LIMIT, at_key
+from sarjax.attacks.core.evaluate import at_key
 from sarjax.attacks.core.protocol import Attack, Problem
 from sarjax.attacks.losses import LOSSES
 from sarjax.attacks.threat import Threat, check_labels
+from sarjax.data.images import SAMPLE_ID_LIMIT
 
 
 def _who(name: str | None) -> str:
