@@ -492,14 +492,14 @@ STATE_FORMAT = "sarjax-autoattack-state/1"
 
 
 def _save_state(path, arrays: dict, info: dict, keep_prev: bool) -> None:
-    """Writes the cascade's state to ``path`` atomically (``path.tmp``, then renamed); with
-    ``keep_prev`` the state it replaces is kept as ``path.prev`` (distributed resume: processes one
-    run apart agree on the older one)."""
+    """Writes the cascade's state to ``path`` atomically (``path.tmp``, then renamed), compressed
+    (``x_adv`` is most of it); with ``keep_prev`` the state it replaces is kept as ``path.prev``
+    (distributed resume: processes one run apart agree on the older one)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
-        np.savez(f, info=np.asarray(json.dumps({"format": STATE_FORMAT, **info})), **arrays)
+        np.savez_compressed(f, info=np.asarray(json.dumps({"format": STATE_FORMAT, **info})), **arrays)
     if keep_prev and path.exists():
         os.replace(path, path.with_name(path.name + ".prev"))
     os.replace(tmp, path)

@@ -203,3 +203,49 @@ def test_two_processes_interrupted_and_resumed_give_the_one_process_run(tmp_path
     a, b = np.load(tmp_path / "one.npz"), np.load(tmp_path / "two.npz")
     for k in a.files:
         np.testing.assert_array_equal(b[k], a[k], err_msg=k)
+
+
+def _positions(path, prev):
+    """Writes AutoAttack states at run ``prev`` then the next run (``keep_prev``: the first becomes ``.prev``)."""
+    for run_ in (prev, prev + 1):
+        aa._save_state(path, {"robust": np.full(3, run_)}, {"next_stage": 1, "next_run": run_, "batch": 8}, True)
+
+
+@pytest.mark.parametrize(
+    "other, expect",
+    [
+        ((1, 5), 5),  # the other process at the same run: this one's latest state
+        ((1, 4), 4),  # the other one a run behind: this one's previous state (.prev)
+        ((1, 3), None),  # two runs behind: no common state, every process starts over
+        ((-1, -1), None),  # the other one has no state: start over
+    ],
+)
+def test_distributed_resume_takes_the_earliest_common_state(tmp_path, monkeypatch, other, expect):
+    """``_resume_state``'s choice, with the other process's position and flag gathered by stand-ins:
+    every process resumes at the earliest of the processes' latest runs, from ``.prev`` when this
+    process is one run ahead."""
+    path = tmp_path / "state.npz"
+    _positions(path, 4)  # latest at run 5, .prev at run 4
+    assert aa._load_state(path.with_name(path.name + ".prev"))[1]["next_run"] == 4
+
+    def gather(arrays):
+        return {"pos": np.concatenate([arrays["pos"], np.asarray([other], np.int64)])}
+
+    monkeypatch.setattr(aa, "allgather_rows", gather)
+    # the other process's answer: it holds a state at the target run unless it has none at all
+    monkeypatch.setattr(aa, "all_ok", lambda ok: bool(ok) and other != (-1, -1))
+    got = aa._resume_state(path, share=object(), want={"batch": 8})
+    if expect is None:
+        assert got is None
+    else:
+        arrays, info = got
+        assert info["next_run"] == expect and (arrays["robust"] == expect).all()
+    with pytest.raises(ValueError, match="written with batch=8, this run has batch=4"):
+        aa._resume_state(path, share=object(), want={"batch": 4})
+
+
+def test_states_are_written_compressed(tmp_path):
+    path = tmp_path / "state.npz"
+    aa._save_state(path, {"x_adv": np.zeros((64, 28, 28, 1), np.float32)}, {"next_stage": 0, "next_run": 0}, False)
+    assert path.stat().st_size < 64 * 28 * 28 * 4 / 20  # zeros compress; np.savez would store 200 kB
+    assert aa._load_state(path)[0]["x_adv"].shape == (64, 28, 28, 1)
