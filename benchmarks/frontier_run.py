@@ -94,9 +94,13 @@ def aoi_vs_budget(src: Path, report: dict, budgets) -> list[dict]:
     entries = report["entries"]
     pe = tuple(PoolEntry(e["name"], e["kind"], e["base"], e["rank"]) for e in entries)
     trajs = []
-    names = set(report["models"])  # a zoo may have grown since the run: only the run's models
-    for m in [m for m in load_models(report["extra"]["models_dirs"]) if set(m.member_names) <= names]:
-        c = src / "cache" / m.tag
+    if "pools" in report["extra"]:  # the run's pools in order, with their cache folders (--models and --model alike)
+        tags = [p["cache"] for p in report["extra"]["pools"].values()]
+    else:  # a report written before "pools": its --models directories (a zoo may have grown: the run's models)
+        names = set(report["models"])
+        tags = [m.tag for m in load_models(report["extra"]["models_dirs"]) if set(m.member_names) <= names]
+    for tag in tags:
+        c = src / "cache" / tag
         t = np.stack([np.load(c / f"{_safe(e['name'])}.npz")["trajectory"] for e in entries])  # [A, B, M, L]
         trajs.append(np.transpose(t, (2, 0, 1, 3)))
     pool = TrajectoryPool(np.concatenate(trajs), pe, cap=int(report["cap"]), every=int(report["every"]))

@@ -11,8 +11,10 @@ rows in its own cache folder.
 
 import json
 import os
+import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -123,3 +125,22 @@ def test_one_process_rerun_reads_the_merged_cache(runs, monkeypatch):
     assert rep.extra["ran"] == [] and rep.extra["processes"] == 1
     ja = json.loads((one / "frontier.json").read_text())
     assert [t["q"] for t in ja["tiers"]] == [t.q for t in rep.tiers]
+
+
+def test_frontier_run_summary_reads_a_run_on_a_model_by_import_path(runs, tmp_path):
+    # benchmarks/frontier_run.py --from OUT rebuilds the AOI-vs-budget curve from the run's cached
+    # trajectories, finding an --model pool's cache folder in frontier.json's "pools" (known answer:
+    # at the run's own tiers it gives the run's train and held-out AOI)
+    one = runs[0]
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    cmd = [sys.executable, str(repo / "benchmarks" / "frontier_run.py"), "--from", str(one), "--budgets", "30", "60"]
+    r = subprocess.run([*cmd, "--json", str(tmp_path / "s.json")], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = json.loads((tmp_path / "s.json").read_text())["aoi_vs_budget"]
+    tiers = json.loads((one / "frontier.json").read_text())["tiers"]
+    assert [r["budget"] for r in rows] == [t["budget"] for t in tiers] == [30, 60]
+    for row, t in zip(rows, tiers):
+        assert row["used"] == t["used"]
+        assert row["train_aoi"] == pytest.approx(t["train_aoi"], abs=1e-12)
+        assert row["heldout_aoi"] == pytest.approx(t["heldout_aoi"], abs=1e-12)
