@@ -2,6 +2,8 @@
 
 import json
 import shutil
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -264,3 +266,16 @@ def test_autoattack_batch_size_help_states_the_default(capsys):
         build_parser().parse_args(["autoattack", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "default min(N, 250)" in text and "default all" not in text
+
+
+def test_a_closed_pipe_ends_the_command_quietly():
+    # `sarjax train-defenses --list | head`: the reader closes the pipe before the listing is
+    # written; the command stops without a BrokenPipeError traceback
+    p = subprocess.Popen(
+        [sys.executable, "-m", "sarjax.cli", "train-defenses", "--list"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert p.stdout is not None and p.stderr is not None
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 1
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err

@@ -13,6 +13,7 @@ never does.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from sarjax.cli import autoattack, defenses, demo, frontier, llm_demo, llm_sar, sar, train_pool
@@ -51,3 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError, FileNotFoundError) as e:
         print(f"sarjax {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader went away (`sarjax ... | head`): stop quietly, as Python's
+        # signal documentation ("Note on SIGPIPE") recommends: the rest of stdout goes to devnull so
+        # that the interpreter's flush at exit does not raise again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
