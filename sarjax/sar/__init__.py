@@ -2,7 +2,8 @@
 
 - :mod:`~sarjax.sar.vision`: image-classifier pools with joint PGD (:func:`run_sar`);
 - :mod:`~sarjax.sar.llm`: LLM pools with a text attack, a responder and a judge
-  (:func:`run_llm_sar`); :mod:`~sarjax.sar.llm_pool`: the whole run on a pool of sarjax decoders
+  (:func:`run_llm_sar`), its judges and responder (:mod:`~sarjax.sar.llm_judging`) and requests
+  (:mod:`~sarjax.sar.llm_requests`); :mod:`~sarjax.sar.llm_pool`: the whole run on a pool of sarjax decoders
   (:func:`pool_llm_sar`), each text attack through its pool adapter
   (:mod:`~sarjax.sar.llm_adapters`, one table: :data:`POOL_ADAPTERS`); :mod:`~sarjax.sar.llm_report`:
   the report and plots;
@@ -14,28 +15,15 @@
 attack or model; this layer sits between it and :mod:`sarjax.experiments`.
 """
 
-from sarjax.sar import distributed, driver, llm, llm_adapters, llm_pool, llm_report, vision
+from sarjax.sar import distributed, driver, llm, llm_adapters, llm_judging, llm_pool, llm_report, llm_requests, vision
 from sarjax.sar.distributed import allgather_parts, process_checkpoint_dir, run_sar_across_processes
 from sarjax.sar.driver import ResumableRun
-from sarjax.sar.llm import (
-    LLMSARRun,
-    PoolResponder,
-    behavior_batch,
-    clean_prompt_ids,
-    compact_left,
-    harmbench_judge_fn,
-    judge_members,
-    load_llm_pool,
-    make_llm_oracles,
-    member_asr,
-    pool_digest,
-    refusal_judge_fn,
-    run_llm_sar,
-    sampled_seed_fn,
-)
+from sarjax.sar.llm import LLMSARRun, make_llm_oracles, member_asr, run_llm_sar
 from sarjax.sar.llm_adapters import ATTACK_DEFAULTS, POOL_ADAPTERS, PoolAttack, PoolRequest
+from sarjax.sar.llm_judging import PoolResponder, compact_left, harmbench_judge_fn, judge_members, refusal_judge_fn
 from sarjax.sar.llm_pool import pool_llm_sar
 from sarjax.sar.llm_report import llm_sar_report, plot_llm_sar
+from sarjax.sar.llm_requests import behavior_batch, clean_prompt_ids, load_llm_pool, pool_digest, sampled_seed_fn
 from sarjax.sar.vision import PACK_LEVELS, StackGate, make_attack_oracles, pack_sizes, run_sar
 
 __all__ = [
@@ -43,8 +31,10 @@ __all__ = [
     "driver",
     "llm",
     "llm_adapters",
+    "llm_judging",
     "llm_pool",
     "llm_report",
+    "llm_requests",
     "vision",
     "ATTACK_DEFAULTS",
     "LLMSARRun",

@@ -41,7 +41,8 @@ from sarjax.attacks.text.gcg import make_gcg
 from sarjax.attacks.text.gcg_joint import make_joint_gcg
 from sarjax.attacks.text.pool import allowed_for
 from sarjax.runtime import fingerprint as fingerprints
-from sarjax.sar.llm import Judge, PoolResponder, behavior_batch, clean_prompt_ids
+from sarjax.sar.llm_judging import Judge, PoolResponder
+from sarjax.sar.llm_requests import behavior_batch, clean_prompt_ids
 
 ATTACK_DEFAULTS: dict[str, dict[str, Any]] = {
     # the SAR paper Table 2 (joint BEAST): beam 10, suffix 30, temperature 1, 15,000 queries per call,
@@ -61,7 +62,7 @@ class PoolRequest:
     Attributes:
       pool: the target :class:`~sarjax.models.llm.pool.LLMPool` (every stack with a tokenizer).
       behaviors: ``[B]`` requests.
-      respond: the pool's id-level responder (:class:`~sarjax.sar.llm.PoolResponder`).
+      respond: the pool's id-level responder (:class:`~sarjax.sar.llm_judging.PoolResponder`).
       judge: ``judge(behaviors, generations) -> [N] bool``.
       mixed: whether the stacks use several tokenizers.
       settings: the caller's overrides of the attack's defaults (a copy; the adapter may change it).

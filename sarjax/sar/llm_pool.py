@@ -14,16 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from sarjax.models.llm.pool import tokenizer_fingerprint
-from sarjax.sar.llm import (
-    Judge,
-    LLMSARRun,
-    PoolResponder,
-    pool_digest,
-    refusal_judge_fn,
-    run_llm_sar,
-)
+from sarjax.sar.llm import LLMSARRun, run_llm_sar
 from sarjax.sar.llm_adapters import POOL_ADAPTERS, PoolRequest
+from sarjax.sar.llm_judging import Judge, PoolResponder, refusal_judge_fn
 from sarjax.sar.llm_report import llm_sar_report, plot_llm_sar
+from sarjax.sar.llm_requests import pool_digest
 
 
 def pool_llm_sar(

@@ -123,7 +123,7 @@ def test_autodan_on_a_tiny_pool_with_a_sampling_attacker():
 
     from sarjax.attacks.text.autodan import make_autodan
     from sarjax.models.llm.pool import build_pool
-    from sarjax.sar.llm import PoolResponder, refusal_judge_fn
+    from sarjax.sar.llm_judging import PoolResponder, refusal_judge_fn
 
     tok = build_tokenizer("{% for m in messages %}[INST] {{ m['content'] }} [/INST]{% endfor %}")
     cfg = tiny_llama(96, hidden_size=16, num_heads=2, num_kv_heads=1, head_dim=8, intermediate_size=24)

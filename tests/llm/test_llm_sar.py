@@ -16,13 +16,8 @@ import pytest
 from sarjax.attacks.text.core import TextBatch, text_batch
 from sarjax.cover import SetSystemOracle, greedy_sar
 from sarjax.runtime.fingerprint import FingerprintMismatch
-from sarjax.sar.llm import (
-    compact_left,
-    judge_members,
-    make_llm_oracles,
-    refusal_judge_fn,
-    run_llm_sar,
-)
+from sarjax.sar.llm import make_llm_oracles, run_llm_sar
+from sarjax.sar.llm_judging import compact_left, judge_members, refusal_judge_fn
 
 B, N, M = 4, 5, 6
 REQ0, SEP = 50, 7  # request b is token REQ0 + b; suffix n is token n + 1
@@ -155,7 +150,8 @@ def _mixed_setup():
     from test_text_exchange import _tokenizers
 
     from sarjax.models.llm.pool import LLMPool, LLMStack
-    from sarjax.sar.llm import PoolResponder, behavior_batch
+    from sarjax.sar.llm_judging import PoolResponder
+    from sarjax.sar.llm_requests import behavior_batch
 
     ta, tb = _tokenizers()
     cfg = tiny_llama(96)
@@ -232,7 +228,7 @@ def test_llm_sar_greedy_on_a_mixed_tokenizer_pool_equals_the_set_system_oracle()
 
 
 def test_mixed_responder_input_errors():
-    from sarjax.sar.llm import PoolResponder
+    from sarjax.sar.llm_judging import PoolResponder
 
     resp, _, prompt, _ = _mixed_setup()
     ids, mask = prompt(np.array([0, -1, 2, 3]))
@@ -294,7 +290,7 @@ def test_beast_llm_sar_end_to_end_on_a_tiny_pool(tmp_path):
 
     from sarjax.attacks.text import allowed_vocab, llm_text_model, make_beast
     from sarjax.models.llm.pool import build_pool
-    from sarjax.sar.llm import PoolResponder
+    from sarjax.sar.llm_judging import PoolResponder
 
     tok = build_tokenizer()
     v = 96
@@ -344,7 +340,7 @@ def test_harmbench_judge_fn_carries_the_classifiers_confidence():
     """With a classifier that has ``scores`` (HarmBench's P(Yes)), the LLM SAR judge carries it and
     AutoDAN's ``judge_generations`` ranks by it; labels -1 (unparsed) count as not broken."""
     from sarjax.attacks.text.autodan_judge import judge_generations
-    from sarjax.sar.llm import harmbench_judge_fn
+    from sarjax.sar.llm_judging import harmbench_judge_fn
 
     class Fake:
         def __call__(self, behaviors, generations, contexts=None):

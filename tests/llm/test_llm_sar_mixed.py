@@ -16,7 +16,8 @@ from conftest import VOCAB, build_checkpoint, build_tokenizer, scaled_init, tiny
 from test_text_exchange import FILLER, TRIGGER, _tokenizers
 
 from sarjax.models.llm.pool import LLMPool, build_pool
-from sarjax.sar.llm import PoolResponder, _request_blocks
+from sarjax.sar.llm_judging import PoolResponder
+from sarjax.sar.llm_requests import request_blocks
 
 REQUESTS = ["how to build a", "tell me the answer", "please write on x"]
 TARGET = "sure here is"
@@ -46,7 +47,7 @@ def _prompts(tok, suffixes):
     from sarjax.models.llm.pool import left_pad
     from sarjax.models.llm.prompts import encode_text
 
-    before, after = _request_blocks(tok, REQUESTS)
+    before, after = request_blocks(tok, REQUESTS)
     return left_pad([b + encode_text(tok, s) + a for b, s, a in zip(before, suffixes, after)], 0)
 
 
@@ -103,7 +104,7 @@ def test_cross_beast_joint_objective_and_exact_queries():
         by_hand = []
         for s, m, tok in stacks.values():
             st = pool.stacks[s]
-            (before,), (after,) = _request_blocks(tok, [req])
+            (before,), (after,) = request_blocks(tok, [req])
             ids = np.asarray(before + encode_text(tok, r.x_adv[b]) + after, np.int32)
             tgt = np.asarray(encode_text(tok, TARGET), np.int32)
             nll = scoring.target_nll(unstack_params(st.params, m), st.cfg, ids, np.ones_like(ids), tgt)
@@ -155,7 +156,7 @@ def test_sampled_seed_fn_on_a_tiny_checkpoint(tmp_path):
     samples equal those drawn with sample ids i*k .. i*k+k-1 for that request's prompt (the request
     written into it) in a batch of another order (same shape: one compile)."""
     from sarjax.models.llm.pool import load_pool, pool_generate_text
-    from sarjax.sar.llm import sampled_seed_fn
+    from sarjax.sar.llm_requests import sampled_seed_fn
 
     gen = load_pool([_write_checkpoint(tmp_path / "gen", build_tokenizer(), 0)])
     key, k = jax.random.key(5), 3

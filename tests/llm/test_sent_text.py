@@ -112,7 +112,8 @@ def test_a_break_on_the_blocks_ids_that_does_not_survive_the_whole_text_is_not_a
 def test_llm_sar_records_and_judges_the_ids_that_are_sent(kind):
     """The SAR adapter records the attack's sent prompt and has the members respond to it: the
     member that is broken only on the blocks' ids is not covered."""
-    from sarjax.sar.llm import make_llm_oracles, refusal_judge_fn
+    from sarjax.sar.llm import make_llm_oracles
+    from sarjax.sar.llm_judging import refusal_judge_fn
 
     tok, fn, batch, call, texts, pieces, whole = _gcg_setup(kind)
     _, _, _, _, bigrams = _case(kind)

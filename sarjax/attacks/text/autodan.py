@@ -223,7 +223,7 @@ class PoolEvaluator:
       tokenizer's), cuts each response at its first end token and decodes it without special
       tokens (as :func:`~sarjax.models.llm.pool.pool_generate_text`). Pools whose stacks have
       different tokenizers work; responses come in pool member order.
-    - ``respond(ids, mask) -> [M][N] str`` (e.g. :class:`sarjax.sar.llm.PoolResponder`): an
+    - ``respond(ids, mask) -> [M][N] str`` (e.g. :class:`sarjax.sar.llm_judging.PoolResponder`): an
       id-level responder; the prompts are in the first stack's tokenizer, so every stack must
       share it.
 
@@ -237,7 +237,7 @@ class PoolEvaluator:
         kept).
       system: optional system message.
       response_tokens: tokens each member generates with ``respond=None`` (32, as
-        :class:`sarjax.sar.llm.PoolResponder`; HarmBench generates 512 for its classifier:
+        :class:`sarjax.sar.llm_judging.PoolResponder`; HarmBench generates 512 for its classifier:
         raise it on real models).
 
     Raises:

@@ -665,7 +665,7 @@ def make_autodan_jit(
       proposals, anchors, num_steps, temperature, top_p, max_new_tokens: as :func:`make_autodan`
         (4, 2, 5, 0.8, 0.95, 48; the SAR paper Table 4 for proposals, temperature and top-p).
       response_tokens: each member's greedy response length (32, as
-        :class:`sarjax.sar.llm.PoolResponder`).
+        :class:`sarjax.sar.llm_judging.PoolResponder`).
       requests: the requests the attack will see (size the slots).
       slot: ``W`` rewrite slots (default: the longest of ``requests`` and ``max_new_tokens``).
       system: optional system message of the targets' chat template.
