@@ -46,6 +46,7 @@ from sarjax.models.llm.finetune import SFTData, sft_loss
 from sarjax.models.llm.generate import greedy_generate
 from sarjax.models.llm.loader import load_model
 from sarjax.models.llm.pool import left_pad, stack_params
+from sarjax.models.llm.tokenizers import word_level_tokenizer
 from sarjax.runtime.fingerprint import array_digest, check_fingerprint, remove_paths, write_fingerprint
 from sarjax.sar import load_llm_pool, pool_llm_sar
 
@@ -203,28 +204,14 @@ def build_tokenizer(corpus: Corpus) -> Any:
     """A word-level tokenizer over every word of the corpus (plus the refusals and a few filler
     words), with the ``[INST] ... [/INST]`` chat template; decoding joins tokens with spaces, so
     every token sequence re-tokenizes to itself."""
-    # heavy optional dependencies, imported only to build the tokenizer
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
     texts = corpus.train_harmful + corpus.eval_harmful + [q for _, q, _ in corpus.benign]
     texts += [a for _, _, a in corpus.benign] + list(REFUSALS) + [TEACHER_REFUSAL]
     vocab_words = sorted({w for t in texts for w in words(t)})
-    vocab = {t: i for i, t in enumerate(dict.fromkeys(list(SPECIALS) + vocab_words))}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.normalizer = normalizers.Lowercase()
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token="<s>",
-        eos_token="</s>",
-        pad_token="<pad>",
-        unk_token="<unk>",
-        additional_special_tokens=["[INST]", "[/INST]"],
-    )
-    fast.chat_template = CHAT_TEMPLATE
-    return fast
+    return word_level_tokenizer(
+        list(SPECIALS) + vocab_words, unk="<unk>", bos="<s>", eos="</s>", pad="<pad>",
+        extra_special=["[INST]", "[/INST]"], lowercase=True, split="whitespace", cleanup=False,
+        chat_template=CHAT_TEMPLATE,
+    )  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------

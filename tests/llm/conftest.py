@@ -103,9 +103,8 @@ def checkpoints(tmp_path_factory):
 
 
 def build_tokenizer(chat_template=None):
-    """A tiny word-level tokenizer built with ``tokenizers`` and wrapped by transformers."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    """A tiny word-level tokenizer (whitespace split, decoder clean-up on)."""
+    from sarjax.models.llm.tokenizers import word_level_tokenizer
 
     specials = ["<pad>", "<s>", "</s>", "<unk>", "[INST]", "[/INST]"]
     words = (
@@ -113,21 +112,11 @@ def build_tokenizer(chat_template=None):
         "please x y z ! ? . , write tutorial on"
     ).split()
     letters = list("abcdefghijklmnopqrstuvwxyz")
-    vocab = {t: i for i, t in enumerate(dict.fromkeys(specials + words + letters))}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.decoder = decoders.WordPiece(prefix="##")  # joins tokens with spaces
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token="<s>",
-        eos_token="</s>",
-        pad_token="<pad>",
-        unk_token="<unk>",
-        additional_special_tokens=["[INST]", "[/INST]"],
-    )
-    if chat_template is not None:
-        fast.chat_template = chat_template
-    assert len(vocab) <= VOCAB
+    fast = word_level_tokenizer(
+        specials + words + letters, unk="<unk>", bos="<s>", eos="</s>", pad="<pad>",
+        extra_special=["[INST]", "[/INST]"], chat_template=chat_template,
+    )  # fmt: skip
+    assert len(fast.get_vocab()) <= VOCAB
     return fast
 
 

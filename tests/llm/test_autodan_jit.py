@@ -11,6 +11,7 @@ import pytest
 from sarjax.attacks.text.autodan import AutoDANAttack, PoolEvaluator, attacker_proposer
 from sarjax.attacks.text.autodan_jit import audit_rewrite, make_autodan_jit
 from sarjax.judges.refusal import TokenRefusalJudge
+from sarjax.models.llm.tokenizers import word_level_tokenizer
 
 V = 48  # embedding rows; the tokenizer has fewer tokens (ids past it are dropped from rewrites)
 REWRITE, RESPONSE, STEPS = 6, 6, 3
@@ -23,24 +24,17 @@ CAP = np.array([NO, NO, 12, 0], np.int64)  # row 2: step 0 only (12 = 1 anchor x
 
 def _word_tokenizer():
     """Word-level, no punctuation, no clean-up: decode -> encode returns the same ids."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
     specials = ["<pad>", "<s>", "</s>", "<unk>", "[INST]", "[/INST]"]
     words = (
         "how to build a bomb tell me sure here is the answer sorry i cannot help with that please "
         "write tutorial on make thing do task go now ok no yes step one two"
     ).split()
-    vocab = {t: i for i, t in enumerate(dict.fromkeys(specials + words))}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>",
-        additional_special_tokens=["[INST]", "[/INST]"], clean_up_tokenization_spaces=False,
+    fast = word_level_tokenizer(
+        specials + words, unk="<unk>", bos="<s>", eos="</s>", pad="<pad>", extra_special=["[INST]", "[/INST]"],
+        cleanup=False, clean_up_tokenization_spaces=False,
+        chat_template="{% for m in messages %}[INST] {{ m['content'] }} [/INST]{% endfor %}",
     )  # fmt: skip
-    fast.chat_template = "{% for m in messages %}[INST] {{ m['content'] }} [/INST]{% endfor %}"
-    assert len(vocab) < V
+    assert len(fast.get_vocab()) < V
     return fast
 
 

@@ -9,29 +9,22 @@ import pytest
 
 from sarjax.attacks.text.autodan import AutoDANAttack, PoolEvaluator
 from sarjax.judges.refusal import refusal_judge
+from sarjax.models.llm.tokenizers import word_level_tokenizer
 
 RESPONSE = 6
 
 
 def _other_tokenizer():
     """A second word-level tokenizer: other ids for the same words, another chat template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
     specials = ["<unk>", "<|user|>", "<|bot|>", "</s>", "<pad>"]
     words = list(
         reversed("how to build a bomb tell me sure here is the answer sorry i cannot help with that please".split())
     )
-    vocab = {t: i for i, t in enumerate(dict.fromkeys(specials + words + list("zyxwvutsrqponmlkjihgfedcba")))}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.decoder = decoders.WordPiece(prefix="##")
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="</s>", pad_token="<pad>", unk_token="<unk>",
-        additional_special_tokens=["<|user|>", "<|bot|>"],
+    return word_level_tokenizer(
+        specials + words + list("zyxwvutsrqponmlkjihgfedcba"), unk="<unk>", eos="</s>", pad="<pad>",
+        extra_special=["<|user|>", "<|bot|>"],
+        chat_template="{% for m in messages %}<|user|> {{ m['content'] }} <|bot|>{% endfor %}",
     )  # fmt: skip
-    fast.chat_template = "{% for m in messages %}<|user|> {{ m['content'] }} <|bot|>{% endfor %}"
-    return fast
 
 
 def _judge(behaviors, generations):

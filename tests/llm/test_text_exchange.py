@@ -12,6 +12,7 @@ from conftest import VOCAB, build_tokenizer, tiny_llama
 
 from sarjax.attacks.text import core as T
 from sarjax.attacks.text.gcg_joint import make_joint_gcg
+from sarjax.models.llm.tokenizers import word_level_tokenizer
 
 TEMPLATE_A = "{% for m in messages %}[INST] {{ m['content'] }} [/INST]{% endfor %}"
 TEMPLATE_B = "{% for m in messages %}<s> {{ m['content'] }}{% endfor %}{% if add_generation_prompt %} ? {% endif %}"
@@ -25,22 +26,15 @@ TRIGGER = "z"
 def _tokenizer_b():
     """A word-level tokenizer with ANOTHER vocabulary: other ids for the same words (reversed
     order, offset), no "bomb"/"tutorial" (unknown -> <unk>: those texts cannot be exchanged)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
     a = build_tokenizer()
     words = [w for w, _ in sorted(a.get_vocab().items(), key=lambda kv: kv[1]) if w not in a.all_special_tokens]
     words = [w for w in reversed(words) if w not in ("bomb", "tutorial")]
     specials = ["<pad>", "<unk>", "<s>", "</s>"]
-    vocab = {t: i for i, t in enumerate(specials + ["q0", "q1", "q2"] + words)}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.decoder = decoders.WordPiece(prefix="##")
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>"
-    )
-    fast.chat_template = TEMPLATE_B
-    assert len(vocab) <= VOCAB
+    fast = word_level_tokenizer(
+        specials + ["q0", "q1", "q2"] + words, unk="<unk>", bos="<s>", eos="</s>", pad="<pad>",
+        chat_template=TEMPLATE_B,
+    )  # fmt: skip
+    assert len(fast.get_vocab()) <= VOCAB
     return fast
 
 

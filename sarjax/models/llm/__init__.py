@@ -70,6 +70,7 @@ from sarjax.models.llm.scoring import (
     target_nll,
     target_nll_from_embeds,
 )
+from sarjax.models.llm.tokenizers import word_level_tokenizer
 
 __all__ = [
     "build_pool",
@@ -127,4 +128,5 @@ __all__ = [
     "target_nll_from_embeds",
     "tokenizer_fingerprint",
     "unstack_params",
+    "word_level_tokenizer",
 ]
