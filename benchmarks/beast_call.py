@@ -90,7 +90,7 @@ def main(argv=None):
 
     from sarjax.attacks.text import core as T
     from sarjax.attacks.text.beast import make_beast
-    from sarjax.sar.llm import behavior_batch, load_llm_pool
+    from sarjax.sar.llm_requests import behavior_batch, load_llm_pool
 
     res = {
         "argv": sys.argv[1:],

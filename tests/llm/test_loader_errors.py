@@ -57,7 +57,7 @@ def test_a_fitting_tokenizer_loads(checkpoints, tmp_path):
 
 
 def test_the_cover_loader_checks_the_tokenizer_too(checkpoints, tmp_path):
-    from sarjax.sar.llm import load_llm_pool
+    from sarjax.sar.llm_requests import load_llm_pool
 
     path = _copy(checkpoints, "gpt2", tmp_path / "gpt2-no-tokenizer")
     with pytest.raises(ValueError, match=rf"no tokenizer in checkpoint folder {re.escape(path)}"):
