@@ -24,6 +24,11 @@ import pytest
 _TEST_CACHE = tempfile.mkdtemp(prefix="sarjax-test-xdg-")
 os.environ["XDG_CACHE_HOME"] = _TEST_CACHE
 atexit.register(shutil.rmtree, _TEST_CACHE, True)
+# The test processes themselves use that cache too (JAX_COMPILATION_CACHE_DIR, read when jax is
+# imported: the xdist workers, and every fresh process a test starts, inherit it), so a program
+# that one worker compiled (>= 1 s to compile) is loaded by the other and by the subprocesses.
+# Results do not depend on it (JAX keys an entry by the program, options, XLA flags and versions).
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(_TEST_CACHE, "sarjax", "jax"))
 
 # Most of the suite's time is XLA compiling small kernels that then run for milliseconds.
 # SARJAX_TEST_FAST_COMPILE=1 compiles at XLA's lowest backend optimisation level without LLVM's
