@@ -149,7 +149,7 @@ def test_another_directory_takes_over_after_a_compilation(tmp_path):
 def _sar(pool, out, *extra):
     env = {**os.environ, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PLATFORMS": "cpu"}
     env["SARJAX_NO_COMPILE_CACHE"] = "1"  # the run without --compile-cache has no cache at all
-    env.pop("JAX_COMPILATION_CACHE_DIR", None)  # (not the test session's either: tests/conftest.py)
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)  # nor one of the environment
     cmd = [sys.executable, "-m", "sarjax.cli", "sar", "--pool", str(pool), "--out", str(out), *TINY, *extra]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
