@@ -38,7 +38,7 @@ from sarjax.attacks import autoattack as aa  # the module: autoattack_pool is lo
 from sarjax.attacks.autoattack import N_ITER, SQUARE_QUERIES, AutoAttackResult
 from sarjax.data.images import check_ids, check_images
 from sarjax.runtime import fingerprint as fingerprints
-from sarjax.runtime.distributed import all_ok, is_main, process_count, process_index
+from sarjax.runtime.distributed import all_ok, is_main, process_checkpoint_dir, process_count
 
 CHECKPOINT_HINT = "pass --overwrite (overwrite=True) to discard it, or choose another --checkpoint directory"
 
@@ -197,7 +197,7 @@ def _open_checkpoint(directory: Path, fp: dict[str, Any], overwrite: bool, multi
     Raises:
       ValueError: the folder holds checkpoints of other settings (naming them) and not ``overwrite``.
     """
-    pdir = directory / f"process_{process_index()}_of_{process_count()}" if multi else directory
+    pdir = process_checkpoint_dir(directory) if multi else directory
     has = pdir.is_dir() and any(pdir.glob("call_*.npz*"))
     if overwrite and pdir.is_dir():
         fingerprints.remove_paths(pdir, ["call_*.npz*", fingerprints.FINGERPRINT_FILE])

@@ -40,6 +40,7 @@ from sarjax.models.presets import PRESETS, preset_members, preset_names
 from sarjax.models.sharding import ShardedPool, make_mesh
 from sarjax.models.train import TrainConfig, train_pool
 from sarjax.runtime import fingerprint as fingerprints
+from sarjax.runtime.distributed import process_checkpoint_dir
 from sarjax.sar import distributed
 from sarjax.sar.vision import run_sar
 
@@ -282,7 +283,7 @@ def evaluate_pool(
             restarts=restarts,
             progress=progress,
             attack=attack,
-            checkpoint_dir=distributed.process_checkpoint_dir(checkpoint_dir),
+            checkpoint_dir=process_checkpoint_dir(checkpoint_dir),
             member_attacks=(np.swapaxes(np.asarray(single.x_adv), 0, 1), np.asarray(single.queries).T),  # [M, B]
             sample_ids=ids,
             overwrite=overwrite,

@@ -15,8 +15,11 @@ Example (two processes on one machine, each in its own shell)::
 from __future__ import annotations
 
 import io
+import os
 import re
 from collections.abc import Mapping
+from pathlib import Path
+from typing import overload
 
 import jax
 import numpy as np
@@ -74,6 +77,20 @@ def process_index() -> int:
 def is_main() -> bool:
     """Whether this is process 0, the one that writes a run's shared outputs."""
     return jax.process_index() == 0
+
+
+@overload
+def process_checkpoint_dir(root: None) -> None: ...
+@overload
+def process_checkpoint_dir(root: str | os.PathLike) -> Path: ...
+def process_checkpoint_dir(root: str | os.PathLike | None) -> Path | None:
+    """``root/process_<i>_of_<n>`` (each process's own checkpoints), ``root`` for one process
+    (``None`` for ``None``). The resumable runs that split over processes keep their state there:
+    ``sarjax sar`` / ``demo`` and ``sarjax autoattack --checkpoint``."""
+    if root is None:
+        return None
+    n = jax.process_count()
+    return Path(root) if n == 1 else Path(root) / f"process_{jax.process_index()}_of_{n}"
 
 
 def process_rows(n: int, index: int | None = None, count: int | None = None) -> np.ndarray:

@@ -29,7 +29,6 @@ import io
 import json
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -39,6 +38,7 @@ from sarjax.attacks.core.validate import check_sample_ids
 from sarjax.cover.result import SARResult, concat_results
 from sarjax.runtime.distributed import all_ok as all_ok  # the SAR callers' barrier, from the runtime
 from sarjax.runtime.distributed import allgather_bytes, process_rows
+from sarjax.runtime.distributed import process_checkpoint_dir as process_checkpoint_dir  # (from the runtime)
 from sarjax.sar.vision import run_sar
 
 _META = "__sarjax_meta__"
@@ -93,14 +93,6 @@ def allgather_parts(
             raise ValueError(f"process {i} sent arrays {sorted(extra)}, this process {names}")
     merged = concat_results([r for r, _ in parts])
     return merged, {k: np.concatenate([extra[k] for _, extra in parts], axis=0) for k in names}
-
-
-def process_checkpoint_dir(root: str | os.PathLike | None) -> Path | None:
-    """``root/process_<i>_of_<n>`` (each process's own checkpoints), ``root`` for one process."""
-    if root is None:
-        return None
-    n = jax.process_count()
-    return Path(root) if n == 1 else Path(root) / f"process_{jax.process_index()}_of_{n}"
 
 
 def run_sar_across_processes(
