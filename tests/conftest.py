@@ -18,9 +18,9 @@ import pytest
 
 # The commands keep XLA's compiled programs in $XDG_CACHE_HOME/sarjax/jax by default (issue 37):
 # the test session points XDG_CACHE_HOME at a temporary folder, set before any test runs so that
-# xdist workers and the fresh processes the tests start inherit it (and share it: a program one of
-# them compiled, the others load), so the suite leaves the user's cache alone and starts cold, as on
-# a fresh machine.
+# xdist workers and the fresh processes the tests start inherit it (the commands they run share it:
+# a program one command compiled, the next loads), so the suite leaves the user's cache alone and
+# starts cold, as on a fresh machine.
 _TEST_CACHE = tempfile.mkdtemp(prefix="sarjax-test-xdg-")
 os.environ["XDG_CACHE_HOME"] = _TEST_CACHE
 atexit.register(shutil.rmtree, _TEST_CACHE, True)
@@ -95,8 +95,8 @@ def _release_compiled_programs_near_map_limit(request):
     yield
     from sarjax.runtime import compile_cache  # the library's check (deferred: tests importing no jax stay light)
 
-    m = compile_cache.memory_maps()
+    m = compile_cache.memory_maps() if _MAPS_LOG else None  # the release reads /proc/self/maps itself
     dropped = compile_cache.release_compiled_near_map_limit(MAP_FRACTION, log=lambda s: None)
-    if _MAPS_LOG and m is not None:
+    if m is not None:
         with open(_MAPS_LOG, "a") as f:
             f.write(f"{os.getpid()} {m[0]} {int(dropped)} {request.node.nodeid}\n")
