@@ -367,14 +367,21 @@ def run_entry(
     return tuple(np.concatenate([o[i] for o in outs]) for i in range(len(outs[0])))
 
 
-def _open_cache(directory: Path, fp: dict[str, Any], overwrite: bool) -> None:
+# Fingerprint fields recorded for information only, never compared: ``data`` names where the images
+# of the run that wrote the cache came from (a file's path, "arrays", the MNIST split). The cache's
+# identity is the images' content (``images``: x and y, ``ids``), so the same arrays from another path,
+# or from Python, share it; caches written while ``data`` was compared (it always was there) still read.
+_INFO_FIELDS = ("data",)
 
+
+def _open_cache(directory: Path, fp: dict[str, Any], overwrite: bool) -> None:
+    """Check ``directory``'s fingerprint against ``fp`` (all fields but :data:`_INFO_FIELDS`), or write it."""
     has = directory.is_dir() and any(directory.glob("*.npz"))
     if overwrite and directory.is_dir():
         fingerprints.remove_paths(directory, ["*.npz", fingerprints.FINGERPRINT_FILE])
         has = False
     try:
-        stored = fingerprints.check_fingerprint(directory, fp, hint=CACHE_HINT, holds_results=has)
+        stored = fingerprints.check_fingerprint(directory, fp, hint=CACHE_HINT, holds_results=has, allow=_INFO_FIELDS)
     except fingerprints.FingerprintMismatch as e:
         raise ValueError(f"{e.reason}; {CACHE_HINT}") from None
     if stored is None:
@@ -526,7 +533,9 @@ def run_frontier(
       out: output directory (``frontier.json``, plots, ``cache/``).
       ids: ``[N]`` distinct sample ids seeding each sample's random streams (default
         ``arange(N)``: the first N images of a data set keep their streams in any subset).
-      source: where the images come from (recorded in the cache fingerprint and the report).
+      source: where the images come from (recorded in the report, and in a new cache's fingerprint for
+        information: the cache is identified by the images' content, so the same arrays from
+        another source reuse it).
       keep_points: store each entry's best adversarial points ``x_adv [N, M, *S]`` in its cache
         file (:func:`load_points`); False for huge runs. A cache file without points is run
         again when points are wanted.
@@ -600,7 +609,7 @@ def run_frontier(
                 "kind": "frontier",
                 "sarjax_version": fingerprints.sarjax_version(),
                 **fingerprints.pool_fingerprint(mdl.pool),
-                "data": source,
+                "data": source,  # for information only (_INFO_FIELDS): the content below is the identity
                 "samples": N,
                 "images": digest,
                 "norm": norm,
