@@ -61,7 +61,11 @@ def register(sub) -> None:
     s.add_argument("--eps", type=float, required=True, help="linf budget, a finite float > 0 (the paper: 0.05)")
     s.add_argument("--delta", type=float, required=True, help="allowed uncovered share, in [0, 1)")
     s.add_argument(
-        "--samples", type=positive_int, default=100, help="test images to attack, at most the test split (default 100)"
+        "--samples",
+        type=positive_int,
+        default=None,
+        help="the first N images to attack (default 100 test images; every image of --images), "
+        "at most the test split or the file",
     )
     s.add_argument("--out", default="sarjax-sar", help="output directory (results.json, sar.png, arrays)")
     s.add_argument(

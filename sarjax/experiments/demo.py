@@ -648,12 +648,23 @@ def _load_data(data_dir: str | None) -> Split:
     return load_mnist(data_dir)
 
 
+SAR_DEFAULT_SAMPLES = 100  # ``sarjax sar`` on MNIST / CIFAR test images without --samples
+
+
+def sar_samples(samples: int | None, file_images: int | None) -> int:
+    """The images ``sarjax sar`` attacks: ``samples`` when given, else every image of an
+    ``--images`` file (``file_images`` of them) or :data:`SAR_DEFAULT_SAMPLES` test images."""
+    if samples is not None:
+        return samples
+    return SAR_DEFAULT_SAMPLES if file_images is None else file_images
+
+
 def run_sar_on_saved_pool(
     pool_dir: str | None,
     eps: float,
     delta: float,
     *,
-    samples: int = 100,
+    samples: int | None = None,
     out: str = "sarjax-sar",
     data_dir: str | None = None,
     steps: int = 40,
@@ -667,6 +678,9 @@ def run_sar_on_saved_pool(
     images: str | None = None,
 ) -> dict:
     """SAR_{1-delta} of a saved pool on the first ``samples`` test images; writes OUT/results.json.
+
+    ``samples`` defaults to every image of ``images``, else to :data:`SAR_DEFAULT_SAMPLES` (100)
+    test images (:func:`sar_samples`).
 
     The pool: the directory ``pool_dir``, or ``model="PKG.MODULE:FUNCTION"`` (a function returning
     a Pool, :func:`sarjax.models.builders.load_model`; exactly one of the two). The images: the
@@ -695,7 +709,7 @@ def run_sar_on_saved_pool(
     first.
     """
     validate_sar_args(eps, [delta])
-    if samples < 1:
+    if samples is not None and samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
     if (pool_dir is None) == (model is None):
         raise ValueError(
@@ -709,6 +723,7 @@ def run_sar_on_saved_pool(
     ids = None
     if images is not None:
         mine = load_images(images, input_shape=tuple(pool.input_shape), num_classes=pool.num_classes)
+        samples = sar_samples(samples, len(mine.x))
         if samples > len(mine.x):
             raise ValueError(f"samples must be at most {len(mine.x)} (the images in {images}), got {samples}")
         x_acc, y_acc, source = mine.x, mine.y, mine.source
@@ -717,6 +732,7 @@ def run_sar_on_saved_pool(
         data = _load_data(data_dir)
         if tuple(pool.input_shape) != data.x_test.shape[1:]:
             raise ValueError(f"the pool takes inputs of shape {pool.input_shape}, the data has {data.x_test.shape[1:]}")
+        samples = sar_samples(samples, None)
         check_samples(samples, data)
         x_acc, y_acc, source = data.x_test, data.y_test, data.source
         x = data.x_test[:samples]

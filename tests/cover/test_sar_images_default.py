@@ -1,0 +1,80 @@
+"""``sarjax sar --images FILE.npz`` without ``--samples`` attacks every image of the file.
+
+It used to take the MNIST default of 100 and refuse a file of 12 images ("samples must be at
+most 12 ... got 100"); ``frontier`` and ``autoattack`` already take the whole file. Known answers:
+the file's image count, and the same fingerprint as an explicit ``--samples 12`` (which resumes
+it). The embedded-MNIST default stays 100.
+"""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from sarjax.cli import main
+from sarjax.experiments import demo
+from sarjax.models.checkpoint import save_pool
+from sarjax.models.pool import Pool, Stack
+from sarjax.models.zoo import mlp
+
+SAR = ["--eps", "0.1", "--delta", "0.2", "--steps", "2", "--restarts", "1"]
+
+
+@pytest.fixture(scope="module")
+def user(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("sar_images")
+    arch = mlp((8,), input_shape=(6, 6, 1), num_classes=4)
+    shapes = jax.eval_shape(jax.vmap(arch.init), jax.random.split(jax.random.key(0), 2))
+    rng = np.random.default_rng(0)
+    params = jax.tree.map(lambda s: (rng.standard_normal(s.shape) / 3).astype(np.float32), shapes)
+    pool = Pool([Stack(arch, params, ("a", "b"))])
+    pdir = save_pool(pool, tmp / "p")
+    x = rng.uniform(size=(12, 6, 6, 1)).astype(np.float32)
+    y = np.asarray(pool.logits(x))[0].argmax(-1).astype(np.int64)
+    np.savez(tmp / "imgs.npz", x=x, y=y)
+    return tmp, pdir
+
+
+def test_sar_images_without_samples_attacks_the_whole_file(user):
+    tmp, pdir = user
+    out = tmp / "out"
+    argv = ["sar", "--pool", str(pdir), "--images", str(tmp / "imgs.npz"), "--out", str(out), *SAR]
+    assert main(argv) == 0
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["samples"] == 12
+    assert json.loads((out / "fingerprint.json").read_text())["samples"] == 12
+    # an explicit --samples 12 is the same run: it resumes (reads the finished OUT), not refused
+    assert main([*argv, "--samples", "12"]) == 0
+    assert json.loads((out / "results.json").read_text()) == doc
+
+
+def test_sar_images_with_samples_takes_the_first_ones(user):
+    tmp, pdir = user
+    out = tmp / "out5"
+    doc = demo.run_sar_on_saved_pool(
+        str(pdir), 0.1, 0.2, samples=5, out=str(out), images=str(tmp / "imgs.npz"), steps=2, restarts=1, progress=False
+    )
+    assert doc["samples"] == 5
+    with pytest.raises(ValueError, match=r"samples must be at most 12 \(the images in .*imgs\.npz\), got 13"):
+        demo.run_sar_on_saved_pool(
+            str(pdir), 0.1, 0.2, samples=13, out=str(tmp / "o13"), images=str(tmp / "imgs.npz"), progress=False
+        )
+
+
+def test_the_mnist_default_is_still_100():
+    assert demo.SAR_DEFAULT_SAMPLES == 100
+    assert demo.sar_samples(None, None) == 100 and demo.sar_samples(7, None) == 7
+    assert demo.sar_samples(None, 12) == 12 and demo.sar_samples(5, 12) == 5
+    parser_help = _help("sar")
+    assert "default 100" in parser_help and "every image of --images" in parser_help
+
+
+def _help(cmd):
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), pytest.raises(SystemExit):
+        main([cmd, "--help"])
+    return " ".join(buf.getvalue().split())
