@@ -18,8 +18,9 @@ read with an unpickler that only builds numpy arrays, lists, dicts and strings (
 code; these files never need to), from pickles of any protocol (the official files are protocol 2;
 protocol 5 stores arrays as in-band buffers).  ``data_dir`` may start with ``~``.  Every problem
 raises ``ValueError`` naming the file: missing, truncated or not a CIFAR batch, a batch with no
-images, images that are not ``[N, 3072]`` uint8, labels that are not integers (``1.7`` is refused,
-not read as 1), out of range, or not one per image (a 1-D list; ``[N, 1]`` is refused).
+images, images that are not ``[N, 3072]`` uint8, labels without an integer dtype (floats are
+refused, ``1.7`` and integral ``3.0`` alike, as ``--images`` refuses them), out of range, or not
+one per image (a 1-D list; ``[N, 1]`` is refused).
 """
 
 from __future__ import annotations
@@ -121,23 +122,17 @@ def read_batch(path: str | os.PathLike) -> dict:
 
 def _integer_labels(path: Path, labels, label_key: str) -> np.ndarray:
     """``labels`` as a 1-D int64 array; raises ValueError (naming the file) for anything else:
-    a label that is not an integer (1.7 is not read as 1), or labels that are not one per image."""
+    labels that are not one per image, or whose dtype is not an integer one. Float labels are
+    refused even where integral (3.0), as :func:`sarjax.data.images.check_images` refuses them:
+    a float label column is not a list of classes (1.7 is not read as 1, 3.0 not as 3)."""
     try:
         y = np.asarray(labels)
     except (TypeError, ValueError) as e:  # ragged nested lists
         raise ValueError(f"{path}: {label_key!r} must be a list of ints ({type(e).__name__}: {e})") from e
     if y.ndim != 1:
         raise ValueError(f"{path}: {label_key!r} must be one label per image (1-D), got shape {list(y.shape)}")
-    if y.dtype.kind in "iu":
-        return y.astype(np.int64)
-    if y.dtype.kind != "f":
-        raise ValueError(f"{path}: {label_key!r} must be integers, got {y.dtype} values")
-    bad = np.flatnonzero(~np.isfinite(y) | (y != np.round(y)))
-    if bad.size:
-        raise ValueError(
-            f"{path}: {label_key!r} must be integers, found {float(y[bad[0]])} at index {int(bad[0])} "
-            f"({bad.size} non-integer)"
-        )
+    if y.dtype.kind not in "iu":
+        raise ValueError(f"{path}: {label_key!r} must be integer class labels, got dtype {y.dtype}")
     return y.astype(np.int64)
 
 
