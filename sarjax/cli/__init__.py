@@ -16,11 +16,11 @@ import argparse
 import os
 import sys
 
-from sarjax.cli import autoattack, defenses, demo, frontier, llm_demo, llm_sar, sar, train_pool
+from sarjax.cli import autoattack, defenses, demo, frontier, llm_demo, llm_sar, plan, sar, train_pool
 from sarjax.runtime.compile_cache import enable_command_compile_cache
 
 # Every command, in the order ``sarjax --help`` lists them: each module's ``register(sub)``.
-COMMANDS = (train_pool, demo, sar, defenses, autoattack, frontier, llm_sar, llm_demo)
+COMMANDS = (train_pool, demo, sar, defenses, autoattack, frontier, llm_sar, llm_demo, plan)
 
 
 def _version() -> str:
