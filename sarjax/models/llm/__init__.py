@@ -39,6 +39,19 @@ from sarjax.models.llm.generate import (
     stack_sample_generate,
 )
 from sarjax.models.llm.loader import load_config, load_model, load_params
+from sarjax.models.llm.mesh import (
+    abstract_llm_params,
+    bytes_per_device,
+    llm_mesh,
+    llm_param_shardings,
+    llm_param_specs,
+    mesh_greedy_generate,
+    mesh_logits,
+    mesh_target_nll,
+    request_sharding,
+    shard_llm_params,
+    shard_llm_pool,
+)
 from sarjax.models.llm.pool import (
     GenerationDefaults,
     LLMPool,
@@ -73,6 +86,17 @@ from sarjax.models.llm.scoring import (
 from sarjax.models.llm.tokenizers import word_level_tokenizer
 
 __all__ = [
+    "abstract_llm_params",
+    "bytes_per_device",
+    "llm_mesh",
+    "llm_param_shardings",
+    "llm_param_specs",
+    "mesh_greedy_generate",
+    "mesh_logits",
+    "mesh_target_nll",
+    "request_sharding",
+    "shard_llm_params",
+    "shard_llm_pool",
     "build_pool",
     "build_prompt",
     "config_from_hf",
