@@ -543,7 +543,7 @@ def make_apgd(
 
     Returns:
       An AttackFn (as :func:`sarjax.attacks.pgd.make_pgd`):
-      ``fn(params, x0, ref, mask=None, key, *, eps=None, max_queries=None)
+      ``fn(params, x0, ref, *, key, mask=None, eps=None, max_queries=None)
       -> AttackResult``; ``x_adv`` is the highest-objective point of the best
       restart; queries per iteration are M forwards + one backward per
       selected member.
@@ -597,7 +597,7 @@ def make_apgd_t(
 
     Returns:
       An AttackFn (as :func:`sarjax.attacks.pgd.make_pgd`):
-      ``fn(params, x0, labels, mask=None, key, *, eps=None, max_queries=None) -> AttackResult``.
+      ``fn(params, x0, labels, *, key, mask=None, eps=None, max_queries=None) -> AttackResult``.
     """
     p = canonical_norm(norm)
     if p == 0.0:

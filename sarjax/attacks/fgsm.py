@@ -40,7 +40,7 @@ def make_fgsm(
 
     Returns:
       An AttackFn (as :func:`sarjax.attacks.pgd.make_pgd`):
-      ``fn(params, x0, ref, mask=None, key, *, eps=None, max_queries=None)
+      ``fn(params, x0, ref, *, key, mask=None, eps=None, max_queries=None)
       -> AttackResult`` (see :func:`sarjax.attacks.pgd.make_pgd`).
     """
     p = canonical_norm(norm)

@@ -46,8 +46,8 @@ def make_joint_pgd(
         ``apply(params, x, key)``, attacked in expectation).
 
     Returns:
-      ``fn(params, x0 [B, *S], ref [B, M] int32 (or [B]), mask [B, M] or [M]
-      (bool/float), key, *, eps=None, max_queries=None) -> AttackResult`` with
+      ``fn(params, x0 [B, *S], ref [B, M] int32 (or [B]), *, key, mask [B, M] or [M]
+      (bool/float) = all, eps=None, max_queries=None) -> AttackResult`` with
       ``success [B, M]`` for EVERY member (selected or not), ``objective [B]``,
       ``member_loss [B, M]``, ``queries [B]``.
     """

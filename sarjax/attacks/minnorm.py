@@ -530,7 +530,7 @@ class MinNormAttackFn(Entry):
     """A minimum-norm attack's two entries (the fixed-budget family's call shape; an
     :class:`~sarjax.attacks.core.entry.Entry` like :class:`~sarjax.attacks.core.AttackFn`).
 
-    ``fn(params, x0, ref, mask=None, key=..., *, max_queries=None, sample_ids=None,
+    ``fn(params, x0, ref, *, key, mask=None, max_queries=None, sample_ids=None,
     labels=None, init_eps=None, x_init=None) -> MinNormResult``: host validation, the compiled
     state machine, the audit of every returned point against the ORIGINAL ``x0``.
     ``fn.jit(...)``: the same arguments, no host call (for use inside ``jax.jit``).

@@ -61,7 +61,7 @@ def make_pgd(
 
     Returns:
       An :class:`~sarjax.attacks.core.AttackFn` ``fn``: ``fn(params, x0 [B, *S], ref [B] or
-      [B, M] int, mask [M] or [B, M] = all, key, *, eps = None, max_queries = None, x_init =
+      [B, M] int, *, key, mask [M] or [B, M] = all, eps = None, max_queries = None, x_init =
       None, sample_ids = None) -> AttackResult`` (validated and audited; ``key`` is required,
       ``TypeError`` without it); ``fn.jit(...)``, same arguments, the jit-safe entry (no host
       call, no audit: use it inside your own ``jax.jit``); ``fn.attack``, the state machine

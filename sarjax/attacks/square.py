@@ -579,7 +579,7 @@ def make_square(
 
     Returns:
       An AttackFn (as :func:`sarjax.attacks.pgd.make_pgd`):
-      ``fn(params, x0 [B, H, W, C], ref, mask=None, key, *, eps=None,
+      ``fn(params, x0 [B, H, W, C], ref, *, key, mask=None, eps=None,
       max_queries=None, x_init=None) -> AttackResult``; ``objective`` is the
       mean margin of the selected members (untargeted) or their negated mean
       CE to the target; ``queries`` counts M per evaluated point (clean,

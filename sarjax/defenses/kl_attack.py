@@ -218,7 +218,7 @@ def make_kl_attack(
       box: input bounds.
 
     Returns:
-      An :class:`~sarjax.attacks.core.AttackFn`: ``fn(params, x0, ref, mask=None, key, *, eps,
+      An :class:`~sarjax.attacks.core.AttackFn`: ``fn(params, x0, ref, *, key, mask=None, eps,
       max_queries, x_init, sample_ids) -> KLResult`` audited against ``x0``, and the jit-safe
       ``fn.jit(...)``. ``ref`` (``[B]`` or ``[B, M]`` ints) is not used by the objective (it moves
       away from the clean prediction distribution, not from a label); pass the labels.

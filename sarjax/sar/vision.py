@@ -131,7 +131,7 @@ def make_attack_oracles(
     """Joint and single-member oracles from a mask-driven attack.
 
     Args:
-        attack: ``attack(params, x0, ref, mask [B, M], key, *, eps[, sample_ids]) ->
+        attack: ``attack(params, x0, ref, *, key, mask [B, M], eps[, sample_ids]) ->
             AttackResult`` with ``x_adv``, ``success [B, M]`` (every member),
             ``member_loss [B, M]``, ``queries [B]``, ``best_x``,
             ``best_success``: e.g. ``sarjax.attacks.joint.make_joint_pgd(pool.apply)``.
