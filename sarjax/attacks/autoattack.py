@@ -1156,6 +1156,16 @@ def autoattack_pool(
     )
 
 
+def _same_leaves(a, b) -> bool:
+    """Whether pytrees ``a`` and ``b`` have one structure and the very same leaf objects (by
+    identity: no array is read or compared; equal values in other arrays are other params)."""
+    if a is b:
+        return True
+    la, ta = jax.tree.flatten(a)
+    lb, tb = jax.tree.flatten(b)
+    return ta == tb and all(x is y for x, y in zip(la, lb, strict=True))
+
+
 class AutoAttack(HostDrivenEntry):
     """AutoAttack with the one call shape of every sarjax attack (build with
     :func:`make_autoattack`).
@@ -1192,7 +1202,7 @@ class AutoAttack(HostDrivenEntry):
         if sample_ids is not None:
             kw["sample_ids"] = sample_ids
         if self.apply is None:  # a Pool: its own params
-            if params is not None and params is not self.model.params:
+            if params is not None and not _same_leaves(params, self.model.params):
                 raise ValueError("autoattack on a Pool: pass the pool's own params (pool.params) or None")
             return autoattack_pool(
                 self.model, x0, ref, norm=self.norm, eps=self.eps, key=key, version=self.version, **kw

@@ -413,7 +413,18 @@ class Pool:
 
     @property
     def params(self) -> tuple[PyTree, ...]:
-        return tuple(s.params for s in self.stacks)
+        """The stacks' params in stack order, one pytree each.
+
+        The same tuple object on every access while every stack holds the same params object, so
+        ``pool.params is pool.params`` (entries such as ``make_autoattack(pool, ...)`` tell the
+        pool's own params from others by identity); rebuilt when a stack's params are replaced.
+        """
+        cur = tuple(s.params for s in self.stacks)
+        hit = self.__dict__.get("_params_cache")
+        if hit is not None and len(hit) == len(cur) and all(a is b for a, b in zip(hit, cur)):
+            return hit
+        self._params_cache = cur
+        return cur
 
     @property
     def member_slices(self) -> tuple[slice, ...]:
