@@ -52,6 +52,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     elif args.zoo:
         pool = PL.zoo_pool(args.zoo, args.input_shape, args.classes)
     else:
+        # deferred, as every command's library imports: keeps sarjax --help fast
         from sarjax.models.builders import load_model
         from sarjax.models.checkpoint import load_pool
 

@@ -43,6 +43,17 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from sarjax.attacks.apgd import make_apgd
+from sarjax.attacks.fab import make_fab
+from sarjax.attacks.joint import make_joint_pgd
+from sarjax.attacks.square import make_square
+from sarjax.attacks.text import core as T
+from sarjax.attacks.text.gcg import make_gcg
+from sarjax.models.llm.config import config_from_hf
+from sarjax.models.llm.decoder import init_params
+from sarjax.models.pool import Stack
+from sarjax.models.presets import preset_members
+from sarjax.models.sharding import make_mesh
 from sarjax.runtime.devices import DeviceSpec, device_spec
 
 ATTACKS = ("joint-pgd", "autoattack", "joint-gcg")
@@ -128,8 +139,6 @@ def _stacked_shapes(init: Callable, k: int) -> Any:
 
 def preset_pool(name: str, members: int, input_shape=(28, 28, 1), num_classes: int = 10) -> ShapePool:
     """A diversity preset (``low``, ``medium``, ``high``: :mod:`sarjax.models.presets`) as shapes."""
-    from sarjax.models.pool import Stack
-    from sarjax.models.presets import preset_members
 
     archs = [dataclasses.replace(a, input_shape=tuple(input_shape), num_classes=num_classes) for a, _ in
              preset_members(name, members)]  # fmt: skip
@@ -456,10 +465,6 @@ def vision_program(pool: ShapePool, attack: str, batch: int, mesh, settings: dic
     ``joint-pgd``: the SAR paper's joint PGD (``settings``: steps, restarts, eps); ``autoattack``:
     AutoAttack standard linf's building blocks on a one-member pool (APGD, FAB-T, Square steps).
     """
-    from sarjax.attacks.apgd import make_apgd
-    from sarjax.attacks.fab import make_fab
-    from sarjax.attacks.joint import make_joint_pgd
-    from sarjax.attacks.square import make_square
 
     apply, params, _ = _padded_pool(pool, mesh)
     m = pool.num_members
@@ -521,7 +526,6 @@ def llm_configs(paths: Sequence[str]) -> list:
       FileNotFoundError: a missing file (naming it).
       ValueError: a file that is not a JSON object, or a model type sarjax does not run.
     """
-    from sarjax.models.llm.config import config_from_hf
 
     out = []
     for p in paths:
@@ -547,9 +551,6 @@ def llm_program(cfgs: Sequence, batch: int, mesh_shape: dict, settings: dict, dt
     Returns:
       ``(StepProgram, sharding label, param bytes)``.
     """
-    from sarjax.attacks.text import core as T
-    from sarjax.attacks.text.gcg import make_gcg
-    from sarjax.models.llm.decoder import init_params
 
     cfg = cfgs[0]
     if any(c != cfg for c in cfgs):
@@ -705,7 +706,6 @@ def plan(settings: PlanSettings, *, pool: ShapePool | None = None, llm: Sequence
             prog, label, pbytes = llm_program(llm, batch, shape, _llm_settings(settings), dtype)
             return [prog], label, pbytes, "bf16" if jnp.dtype(dtype) == jnp.bfloat16 else "fp32"
         assert pool is not None
-        from sarjax.models.sharding import make_mesh
 
         mesh = make_mesh(shape["pool"], shape["data"])
         progs = vision_program(pool, settings.attack, batch, mesh, dataclasses.asdict(settings))
