@@ -621,11 +621,14 @@ def run_demo(
 
 
 SAR_OUTPUTS = (fingerprints.FINGERPRINT_FILE, "results.json", "sar", "sar.png", "checkpoint")
+# recorded in ``sarjax sar``'s fingerprint but not compared: the data's source names a path, and the
+# same images under another path are the same run (their content digests are compared)
+SAR_INFO_FIELDS = ("data",)
 
 
 def _open_sar_output(outp: Path, fingerprint: dict[str, Any], overwrite: bool, delta: float) -> None:
     """``sarjax sar``'s output check: the fingerprint, and another delta only off a finished run."""
-    stored = open_output(outp, fingerprint, overwrite, SAR_OUTPUTS, allow=("delta",))
+    stored = open_output(outp, fingerprint, overwrite, SAR_OUTPUTS, allow=("delta", *SAR_INFO_FIELDS))
     if stored is not None and stored["delta"] != float(delta):  # read it off the finished run, or stop here
         if not ((outp / "results.json").exists() and (outp / "sar" / "result.json").exists()):
             raise ValueError(
@@ -741,9 +744,10 @@ def run_sar_on_saved_pool(
         "kind": "sar",
         "sarjax_version": fingerprints.sarjax_version(),
         **fingerprints.pool_fingerprint(pool),
-        "data": source,
+        "data": source,  # for information only (SAR_INFO_FIELDS): the digests below are the identity
         "samples": samples,
         "images": fingerprints.array_digest(x) if ids is None else fingerprints.array_digest(x, ids),
+        "accuracy_images": fingerprints.array_digest(x_acc, y_acc),  # the clean accuracy's images and labels
         "eps": float(eps),
         "delta": float(delta),
         "steps": steps,

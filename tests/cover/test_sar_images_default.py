@@ -73,3 +73,29 @@ def _help(cmd):
     with contextlib.redirect_stdout(buf), pytest.raises(SystemExit):
         main([cmd, "--help"])
     return " ".join(buf.getvalue().split())
+
+
+def test_sar_images_moved_file_resumes_and_other_content_is_refused(user, capsys):
+    """The output's identity is the images' content, not the file's path: the same file under
+    another path reads the finished run; a file with one label changed (the clean accuracy's
+    labels) is refused, naming the digest that differs."""
+    import shutil
+
+    tmp, pdir = user
+    out = tmp / "out_moved"
+    argv = ["sar", "--pool", str(pdir), "--out", str(out), *SAR]
+    assert main([*argv, "--images", str(tmp / "imgs.npz")]) == 0
+    doc = json.loads((out / "results.json").read_text())
+    moved = tmp / "elsewhere"
+    moved.mkdir(exist_ok=True)
+    shutil.copy(tmp / "imgs.npz", moved / "renamed.npz")
+    assert main([*argv, "--images", str(moved / "renamed.npz")]) == 0
+    assert json.loads((out / "results.json").read_text()) == doc
+    with np.load(tmp / "imgs.npz") as z:
+        x, y = z["x"], z["y"].copy()
+    y[0] = (y[0] + 1) % 4
+    np.savez(moved / "relabelled.npz", x=x, y=y)
+    capsys.readouterr()
+    assert main([*argv, "--images", str(moved / "relabelled.npz")]) == 2
+    assert "was written with accuracy_images=" in capsys.readouterr().err
+    assert json.loads((out / "results.json").read_text()) == doc
