@@ -40,6 +40,7 @@ import contextlib
 import hashlib
 import math
 import sys
+import types
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -204,22 +205,33 @@ def _record_autograd_functions(module, calls: list):
     Function (no higher-order op, no node metadata naming it), so the converter would differentiate
     the forward where PyTorch runs the Function's backward.  The export runs the module's Python
     (non-strict), so wrapping ``Function.apply`` for its duration sees every call.
+
+    The original ``apply`` is called through the descriptor protocol (``__get__(None, cls)``), not
+    through ``__func__``: torch <= 2.13 defines it as a Python ``classmethod``, torch 2.14 as the C
+    ``classmethod_descriptor`` of ``torch._C._FunctionBase`` (which has no ``__func__``); both bind
+    to the calling Function class that way.
     """
     import torch  # optional dependency: torch
 
     base = torch.autograd.Function
-    original = base.__dict__["apply"]  # the classmethod object
+    original = base.__dict__["apply"]  # a classmethod (torch <= 2.13) or a classmethod_descriptor (2.14)
+    if not isinstance(original, (classmethod, types.ClassMethodDescriptorType)):
+        raise TypeError(
+            f"torch.autograd.Function.apply is a {type(original).__name__} in torch {torch.__version__}, "
+            "expected a classmethod (torch <= 2.13) or a classmethod_descriptor (torch 2.14): sarjax "
+            "cannot record the custom autograd Functions the module runs, so it does not convert it"
+        )
     paths = {id(m): p for p, m in module.named_modules()}
 
     def apply(cls, *args, **kwargs):
         calls.append((cls, _calling_module(paths)))
-        return original.__func__(cls, *args, **kwargs)
+        return original.__get__(None, cls)(*args, **kwargs)
 
     base.apply = classmethod(apply)  # pyright: ignore[reportAttributeAccessIssue]
     try:
         yield calls
     finally:
-        base.apply = original
+        base.apply = original  # pyright: ignore[reportAttributeAccessIssue]
 
 
 def _refuse_autograd_functions(calls: list) -> None:
@@ -334,7 +346,9 @@ def convert(
     Raises:
       NotImplementedError: an op (or an op's mode, e.g. training-mode batch norm) the converter
         does not interpret, naming the op, the graph node, the module path and the source line.
-      TypeError: ``module`` is not a ``torch.nn.Module``.
+      TypeError: ``module`` is not a ``torch.nn.Module``, or the installed torch defines
+        ``torch.autograd.Function.apply`` as neither a classmethod (torch <= 2.13) nor a C
+        classmethod descriptor (torch 2.14), so the Functions a module runs cannot be recorded.
       ValueError: a bad ``input_shape`` (one written as PyTorch's ``(C, H, W)`` is named, with
         the ``(H, W, C)`` meant), a module that runs a custom ``torch.autograd.Function``
         (named, with the calling module's path: its backward would be ignored), an output that
