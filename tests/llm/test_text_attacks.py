@@ -225,10 +225,11 @@ def test_beast_queries_cap_key_allowed_and_seed(pool, beast):
     # children must never be kept (the audit would raise on a banned id)
     one = beast(params, batch, None, key=jax.random.key(7), mask=MASK, allowed=np.arange(V) == 13)
     assert np.all(np.asarray(one.suffix)[np.asarray(one.suffix_mask) == 1] == 13)
-    # the same state machine behind an entry that audits re-tokenization with the tiny word-level
-    # tokenizer (ids 6..23 are words: every suffix of them re-tokenizes); no new compile
+    # with the tiny word-level tokenizer (ids 6..23 are words: every suffix of them re-tokenizes)
+    # the state machine is the same but for the tokenizer it calls back (the re-tokenization
+    # filter and the scoring of the text that is sent, issue 42)
     fn_tok = make_beast(pool[2], vocab_size=V, suffix_len=LS, beam_width=2, candidates=3, tokenizer=build_tokenizer())
-    assert fn_tok.attack == beast.attack
+    assert fn_tok.attack.cfg.retok is not None and fn_tok.attack.cfg._replace(retok=None) == beast.attack.cfg
     rt = fn_tok(params, batch, None, key=jax.random.key(7), mask=MASK, allowed=allowed & (np.arange(V) >= 6))
     assert np.all(np.asarray(rt.suffix)[np.asarray(rt.suffix_mask) == 1] >= 6)
     # a seed of one token: scored once, then 2 steps append to it

@@ -25,7 +25,16 @@ meant to keep the suffix readable for some member, not for all. One tokenizer fo
 
 Queries per step and request: ``(k1 + k1 * k2) * |covered members|`` (the next-token forward of
 every beam, then the candidates); a seed suffix costs ``|covered|`` to score. The traced cap
-stops a request before a step that would pass it; ``Ls`` steps at most (static).
+stops a request before a step that would pass it; ``Ls`` steps at most (static). A candidate the
+re-tokenization filter drops is still counted (the compiled step computes every candidate).
+
+The text that is sent. With a tokenizer (``make_beast(..., tokenizer=tok)``) every candidate is
+decoded to text, dropped unless that text encodes back to its ids (GCG's re-tokenization filter,
+Zou et al. 2023's ``filter_cand``), and scored on the ids of the whole prompt text ``before text +
+decode(suffix) + after text`` tokenized at once (what a user sending the suffix gets), through a
+host callback of the tokenizer (``jax.pure_callback``); the joint loss that ranks the beams and the
+best suffix is the loss of the prompt that is sent. The next-token proposals (step 1) still read
+the blocks ``before | beam``. Without a tokenizer, candidates are scored on the blocks.
 
 Not done here: multiple calls (the SAR paper: at most 4 calls of 15,000 queries: run the attack
 again with another key) and the AmpleGCG seed generator itself (pass seeds through
@@ -42,6 +51,7 @@ import numpy as np
 from sarjax.attacks import queries as Q
 from sarjax.attacks.core.protocol import Attack
 from sarjax.attacks.text import core as T
+from sarjax.models.llm.prompts import retokenizes
 
 
 class BEASTConfig(NamedTuple):
@@ -56,6 +66,9 @@ class BEASTConfig(NamedTuple):
       temperature: of the next-token distribution (1, the SAR paper Table 2).
       sampler: ``"multinomial"`` (BEAST) or ``"greedy"`` (deterministic top-``k2``).
       criterion: the success criterion (:attr:`~sarjax.attacks.text.core.TextAttackResult.success`).
+      retok: a :class:`~sarjax.attacks.text.core.Retokenizer` (the factory's tokenizer): every
+        candidate goes through the re-tokenization filter and is scored on the ids of the prompt
+        text that is sent; None: scored on the blocks ``before | suffix | after``.
     """
 
     model: T.TextModel
@@ -66,6 +79,7 @@ class BEASTConfig(NamedTuple):
     temperature: float
     sampler: str
     criterion: str = "target"
+    retok: Any = None
 
 
 class BEASTState(NamedTuple):
@@ -95,22 +109,34 @@ class BEASTState(NamedTuple):
     problem: Any
 
 
+def _candidate_losses(cfg: BEASTConfig, params, r, mk, texts, cands, n):
+    """``[N]`` joint losses of ``N`` candidate suffixes of ``n`` tokens (one request): on the
+    blocks, or (``cfg.retok``) on the ids of the text that is sent, ``inf`` where the
+    re-tokenization filter drops a candidate."""
+    ls = cfg.suffix_len
+    if cfg.retok is None:
+        return T.joint_loss(T.member_losses(cfg.model, cfg.loss, params, r, cands, T.suffix_mask(ls, n)), mk)
+    width = r.before.shape[0] + ls + r.after.shape[0]
+    ids, mask, ok = cfg.retok.sent(r, texts, cands, n, width)
+    jl = T.joint_loss(T.prompt_losses(cfg.model, cfg.loss, params, r, ids, mask), mk)
+    return jnp.where(ok, jl, jnp.inf)
+
+
 def _init(cfg: BEASTConfig, params, problem: T.TextProblem) -> BEASTState:
     ls, k1 = cfg.suffix_len, cfg.beam_width
 
-    def one(r, mk, s, n):
-        sm = T.suffix_mask(ls, n)
-        return T.joint_loss(T.member_losses(cfg.model, cfg.loss, params, r, s[None], sm), mk)[0]
+    def one(r, mk, s, n, tx):
+        return _candidate_losses(cfg, params, r, mk, tx, s[None] * T.suffix_mask(ls, n), n)[0]
 
     n0 = problem.init_len
     seeded = n0 > 0
     nm = jnp.sum(problem.mask > 0, axis=1).astype(jnp.int32)
     ok = seeded & Q.allowed(jnp.zeros_like(nm), nm, problem.cap)
-    loss = jax.vmap(one)(problem.batch, problem.mask, problem.suffix_init, jnp.maximum(n0, 1))
+    loss = jax.vmap(one)(problem.batch, problem.mask, problem.suffix_init, jnp.maximum(n0, 1), problem.texts)
     best_loss = jnp.where(ok, loss, jnp.inf)
     q = Q.charge(jnp.zeros_like(nm), nm, ok)
     beams = jnp.broadcast_to(problem.suffix_init[:, None], (problem.suffix_init.shape[0], k1, ls))
-    best_len = jnp.where(ok, n0, 0)
+    best_len = jnp.where(ok & jnp.isfinite(loss), n0, 0)  # a seed the filter drops is not a result
     ok_beams = jnp.ones(beams.shape[:2], bool)
     return BEASTState(
         beams, n0, ok_beams, problem.suffix_init, best_len, best_loss, q, jnp.int32(0), T.sample_keys(problem), problem
@@ -122,7 +148,7 @@ def _step(cfg: BEASTConfig, state: BEASTState, params) -> BEASTState:
     ls, k1, k2 = cfg.suffix_len, cfg.beam_width, cfg.candidates
     pb = p.batch.before.shape[1]
 
-    def one(r, mk, key, beams, beam_ok, n, n0, best_s, best_n, best_l, count, cap):
+    def one(r, mk, key, beams, beam_ok, n, n0, best_s, best_n, best_l, count, cap, tx):
         nm = jnp.sum(mk > 0).astype(jnp.int32)
         cost = (k1 + k1 * k2) * nm
         active = Q.allowed(count, cost, cap) & (nm > 0) & (n < ls)
@@ -150,9 +176,7 @@ def _step(cfg: BEASTConfig, state: BEASTState, params) -> BEASTState:
         ok_tok = (jnp.isfinite(jnp.take_along_axis(logp, tok, axis=1)) & parent_ok[:, None]).reshape(-1)
         grown = jnp.concatenate([beams[:, 1:], jnp.zeros((k1, 1), beams.dtype)], axis=1)  # [k1, Ls]
         cands = jnp.broadcast_to(grown[:, None], (k1, k2, ls)).at[:, :, ls - 1].set(tok).reshape(k1 * k2, ls)
-        sm1 = T.suffix_mask(ls, n + 1)
-        jl = T.joint_loss(T.member_losses(cfg.model, cfg.loss, params, r, cands, sm1), mk)
-        jl = jnp.where(ok_tok, jl, jnp.inf)
+        jl = jnp.where(ok_tok, _candidate_losses(cfg, params, r, mk, tx, cands, n + 1), jnp.inf)
         keep = jax.lax.top_k(-jl, k1)[1]
         i = jnp.argmin(jl)
         better = active & (jl[i] < best_l)
@@ -179,6 +203,7 @@ def _step(cfg: BEASTConfig, state: BEASTState, params) -> BEASTState:
         state.best_loss,
         state.queries,
         p.cap,
+        p.texts,
     )
     beams, bok, n, bs, bn, bl, q = out
     return state._replace(
@@ -189,7 +214,7 @@ def _step(cfg: BEASTConfig, state: BEASTState, params) -> BEASTState:
 def _result(cfg: BEASTConfig, state: BEASTState, params) -> T.TextAttackResult:
     return T.finish(
         cfg.model, cfg.loss, cfg.criterion, params, state.problem, state.best_suffix, state.best_len, state.best_loss,
-        state.queries,
+        state.queries, cfg.retok,
     )  # fmt: skip
 
 
@@ -220,8 +245,15 @@ def make_beast(
       sampler: ``"multinomial"`` or ``"greedy"``.
       loss: per-member loss, minimised (default
         :func:`~sarjax.attacks.text.core.target_loss`, the mean per-token target NLL).
-      tokenizer: optional; the audited entry then checks that the suffix re-tokenizes and
-        re-tokenizes the whole prompt as text (:attr:`~sarjax.attacks.text.core.TextAttackResult.sent`).
+      tokenizer: optional; then every candidate goes through GCG's re-tokenization filter (its
+        decoded text must encode back to its ids; Zou et al. 2023's ``filter_cand``) and is scored
+        on the ids of the whole prompt TEXT that is sent (``before text + decode(suffix) + after
+        text`` tokenized at once; the call's ``texts``, else each block's ids decoded), through a
+        host callback of the tokenizer inside the compiled step (``jax.pure_callback``, so
+        ``fn.jit`` calls the host too); the audited entry checks that the suffix re-tokenizes
+        and re-tokenizes the whole prompt as text
+        (:attr:`~sarjax.attacks.text.core.TextAttackResult.sent`). None: candidates are scored on
+        the blocks ``before | suffix | after``.
       criterion: ``"target"`` (a member is broken when its greedy response starts with the
         target) or ``"refusal"``; None: ``"refusal"`` for
         :func:`~sarjax.attacks.text.core.refusal_loss`, else ``"target"``.
@@ -255,7 +287,8 @@ def make_beast(
     if not temperature > 0:
         raise ValueError(f"make_beast: temperature must be > 0, got {temperature}")
     crit = T.check_criterion("make_beast", criterion, loss)
-    cfg = BEASTConfig(model, loss, int(suffix_len), int(beam_width), int(k2), float(temperature), sampler, crit)
+    retok = None if tokenizer is None else T.Retokenizer(tokenizer)
+    cfg = BEASTConfig(model, loss, int(suffix_len), int(beam_width), int(k2), float(temperature), sampler, crit, retok)
     attack = Attack(_init, _step, _result, int(suffix_len), cfg)
     return T.TextAttackFn(
         attack,
@@ -266,6 +299,7 @@ def make_beast(
         tokenizer=tokenizer,
         grows=True,
         criterion=crit,
+        scores_sent=tokenizer is not None,
     )
 
 
@@ -284,7 +318,9 @@ def seed_suffixes(
 
     Returns:
       ``(suffix_init [B, Ls] int32 right-aligned, init_len [B] int32)``; a request with no usable
-      candidate gets ``init_len = 0`` (BEAST from scratch).
+      candidate gets ``init_len = 0`` (BEAST from scratch). A seed cut to ``seed_tokens`` whose ids
+      do not re-tokenize to themselves (the cut split a word the tokenizer merges otherwise) is
+      shortened until they do (``retokenizes``), so that it passes BEAST's re-tokenization filter.
     """
     n = min(int(seed_tokens), int(suffix_len))
     out = np.zeros((len(requests), suffix_len), np.int32)
@@ -292,6 +328,8 @@ def seed_suffixes(
     for b, req in enumerate(requests):
         for text in seed_fn(req):
             ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])[:n]
+            while ids and not retokenizes(tokenizer, ids):
+                ids = ids[:-1]
             if ids:
                 out[b, suffix_len - len(ids) :] = ids
                 lens[b] = len(ids)

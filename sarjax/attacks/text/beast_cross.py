@@ -19,8 +19,9 @@ one vocabulary. Here the members read different vocabularies, so the suffix is e
   (GCG's re-tokenization filter, in the proposer's space) and
   :func:`~sarjax.attacks.text.core.suffix_text_violations` passes for every stack (its ids
   decode back to the text, lie in the stack's allowed vocabulary, fit its slots).
-- **The objective.** Every kept candidate is scored by every covered member in ITS OWN tokens
-  (``before_s | encode_s(text) | after_s | target_s``), and the joint loss is the mean of the
+- **The objective.** Every kept candidate is scored by every covered member in ITS OWN tokens, on
+  the ids of the whole prompt text that is sent (``encode_s(before text + text + after text) |
+  target_s``, tokenized at once: what a user sending the suffix gets), and the joint loss is the mean of the
   covered members' losses (by default the mean per-token target NLL). The ``k1`` kept candidates
   of least joint loss become the beams; the best candidate ever scored is kept.
 
@@ -46,7 +47,7 @@ import numpy as np
 
 from sarjax.attacks.core.entry import HostDrivenEntry
 from sarjax.attacks.text import core as T
-from sarjax.attacks.text.pool import allowed_for, pool_call, pool_requests, score_texts, sent_prompts
+from sarjax.attacks.text.pool import allowed_for, pool_call, pool_requests, score_sent, sent_prompts
 from sarjax.models.llm import decoder
 from sarjax.models.llm.pool import tokenizer_fingerprint
 from sarjax.models.llm.prompts import encode_text
@@ -95,10 +96,10 @@ class CrossBEASTResult(NamedTuple):
         distribution is mixed, its forwards on the seed and every kept candidate).
       suffix_ids: ``B`` id lists of the suffix in the proposer's tokenizer.
       loss: ``[B]`` float64 joint loss of the best suffix (``inf``: nothing scored).
-      member_loss: ``[B, M]`` every member's loss on it (bookkeeping re-score of :attr:`ids`, not
-        counted).
-      ids: one ``[B, T_s]`` int32 array per stack, the searched prompts ``before | suffix | after``
-        (the blocks tokenized apart); mask: idem.
+      member_loss: ``[B, M]`` every member's loss on it (bookkeeping re-score on :attr:`sent`, the
+        ids the search scored; not counted).
+      ids: one ``[B, T_s]`` int32 array per stack, the suffix's blocks ``before | suffix | after``
+        (tokenized apart; the proposals' context); mask: idem.
       sent: one ``[B, S_s]`` int32 array per stack (left-padded), the ids of the whole prompt
         text tokenized by the stack's tokenizer; sent_mask: idem.
       retokenized: ``[B, M]`` bool, member ``m``'s :attr:`sent` ids differ from its :attr:`ids`.
@@ -242,20 +243,10 @@ class CrossBEAST(HostDrivenEntry):
             raise ValueError(f"{self.name}: a seed violates the threat model: " + " | ".join(bad))
 
         def score(texts: list[list[str | None]], n: int) -> np.ndarray:
-            """texts[b][j] (None: a hole) -> member losses [B, M, n] (every member, float64)."""
-            out = []
-            for s, st in enumerate(stacks):
-                c = np.zeros((bsz, n, slots[s]), np.int32)
-                cm = np.zeros((bsz, n, slots[s]), np.int32)
-                for b in range(bsz):
-                    for j, x in enumerate(texts[b]):
-                        q = encode_text(toks[s], x) if x else []
-                        if q:
-                            c[b, j, slots[s] - len(q) :] = q
-                            cm[b, j, slots[s] - len(q) :] = 1
-                kw = dict(cfg=st.cfg, loss=self.loss)
-                out.append(np.asarray(score_texts(st.params, jb[s], jnp.asarray(c), jnp.asarray(cm), **kw)))
-            return np.concatenate(out, axis=1).astype(np.float64)
+            """texts[b][j] (None or "": no suffix) -> member losses [B, M, n] (every member, float64),
+            each member on the ids of the whole prompt text that is sent in its own tokenizer."""
+            out = [score_sent(st, reqs[s], texts, n, self.loss, slots[s]) for s, st in enumerate(stacks)]
+            return np.concatenate(out, axis=1)
 
         def joint(ml: np.ndarray) -> np.ndarray:  # [B, M, n] -> [B, n]
             return np.einsum("bm,bmn->bn", mk, ml) / np.maximum(mk.sum(1), 1.0)[:, None]

@@ -22,7 +22,10 @@ lone ``▁`` for the space before the suffix; byte-level BPE splits ``" really"`
 instead of ``Ġreally``). With a tokenizer, the audited entry re-tokenizes the whole prompt text
 (``before text + decode(suffix) + after text``) and judges every member again on those ids
 (:attr:`TextAttackResult.sent`); a break that does not survive is not reported as a success,
-and :attr:`TextAttackResult.retokenized` lists the rows whose ids changed.
+and :attr:`TextAttackResult.retokenized` lists the rows whose ids changed. A search may also score
+what is sent: :class:`Retokenizer` gives a compiled step the sent ids of its candidates (with GCG's
+re-tokenization filter) through a host callback, and :func:`prompt_losses` scores whole prompts
+(joint BEAST with a tokenizer; the pool attacks score each member's whole-text ids on the host).
 """
 
 import functools
@@ -75,6 +78,9 @@ class TextProblem(NamedTuple):
       suffix_init: ``[B, Ls]`` int32 start suffix, right-aligned (slots before the last
         ``init_len`` are ignored).
       init_len: ``[B]`` int32 real tokens of the start suffix (GCG: ``Ls``; BEAST: 0 unless seeded).
+      texts: optional :class:`SlotTexts`, the rendered text around each request's suffix slot as
+        UTF-8 bytes (read by a search that scores the ids of the text that is sent,
+        :class:`Retokenizer`); None: each block's ids decoded on the host.
     """
 
     batch: TextBatch
@@ -85,6 +91,22 @@ class TextProblem(NamedTuple):
     sample_ids: Any
     suffix_init: Any
     init_len: Any
+    texts: Any = None
+
+
+class SlotTexts(NamedTuple):
+    """The text before and after each request's suffix slot, as traced UTF-8 bytes (build with
+    :func:`slot_text_bytes`).
+
+    Attributes:
+      before: ``[B, Lb]`` uint8, zero-padded on the right; before_len: ``[B]`` int32 bytes.
+      after: ``[B, La]`` uint8 (``La >= 1``); after_len: ``[B]`` int32 bytes.
+    """
+
+    before: Any
+    before_len: Any
+    after: Any
+    after_len: Any
 
 
 class TextModel(NamedTuple):
@@ -608,6 +630,116 @@ def _texts_of(name: str, tokenizer, texts, batch: TextBatch) -> tuple[list[str],
     return before, after
 
 
+def slot_text_bytes(before: Sequence[str], after: Sequence[str]) -> SlotTexts:
+    """The :class:`SlotTexts` of ``B`` before / after texts (host side): UTF-8 bytes, zero-padded."""
+
+    def enc(xs):
+        bs = [x.encode("utf-8") for x in xs]
+        out = np.zeros((len(bs), max(1, max(map(len, bs), default=0))), np.uint8)
+        for i, b in enumerate(bs):
+            out[i, : len(b)] = np.frombuffer(b, np.uint8)
+        return out, np.asarray([len(b) for b in bs], np.int32)
+
+    b, bl = enc(before)
+    a, al = enc(after)
+    return SlotTexts(b, bl, a, al)
+
+
+class Retokenizer:
+    """The tokenizer as a compiled search sees it: a host callback (``jax.pure_callback``) that
+    turns candidate suffix ids into the ids of the prompt TEXT that is sent, with GCG's
+    re-tokenization filter (Zou et al. 2023, the reference's ``filter_cand``: a candidate whose
+    decoded text does not encode back to its ids is dropped). Equal and hashed by the
+    tokenizer's identity, so a static config may hold it.
+
+    Args:
+      tokenizer: a transformers tokenizer (``decode`` and ``__call__``).
+    """
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Retokenizer) and other.tokenizer is self.tokenizer
+
+    def __hash__(self) -> int:
+        return hash(("Retokenizer", id(self.tokenizer)))
+
+    def __repr__(self) -> str:
+        return f"Retokenizer({type(self.tokenizer).__name__})"
+
+    def host_sent(self, width, before, before_mask, after, after_mask, tb, tbl, ta, tal, cands, n):
+        """Host side of :meth:`sent` for one request (numpy in, numpy out)."""
+        tok = self.tokenizer
+
+        def text(raw, length, ids, mask):
+            if int(length) >= 0:
+                return bytes(np.asarray(raw, np.uint8)[: int(length)]).decode("utf-8")
+            return tok.decode(np.asarray(ids)[np.asarray(mask) != 0].tolist(), **_DECODE)
+
+        bt, at = text(tb, tbl, before, before_mask), text(ta, tal, after, after_mask)
+        cands = np.asarray(cands)
+        k, ls = int(n), cands.shape[1]
+        ids = np.zeros((cands.shape[0], width), np.int32)
+        mask = np.zeros((cands.shape[0], width), np.int32)
+        ok = np.zeros((cands.shape[0],), bool)
+        memo: dict = {}
+        for j in range(cands.shape[0]):
+            real = cands[j, ls - k :].tolist() if k > 0 else []
+            key = tuple(real)
+            if key not in memo:
+                suffix = tok.decode(real, **_DECODE) if real else ""
+                seq = sent_ids(tok, bt, suffix, at) if encode_text(tok, suffix) == real else []
+                memo[key] = seq if 0 < len(seq) <= width else None
+            seq = memo[key]
+            if seq is not None:
+                ids[j, width - len(seq) :], mask[j, width - len(seq) :], ok[j] = seq, 1, True
+        return ids, mask, ok
+
+    def sent(self, r: TextBatch, texts, cands, n, width: int):
+        """The sent prompts of ``N`` candidate suffixes of one request (traced; vmap-safe).
+
+        Args:
+          r: the request (one row of the :class:`TextBatch`).
+          texts: its row of the problem's :class:`SlotTexts`, or None (the blocks' ids decoded).
+          cands: ``[N, Ls]`` int32 right-aligned suffixes; n: int32, their real tokens.
+          width: ``W``, static.
+
+        Returns:
+          ``(ids [N, W] int32 left-padded, mask [N, W] int32, ok [N] bool)``: the ids of
+          ``before text + decode(suffix) + after text`` tokenized whole; ``ok`` False (and the
+          row empty) where the suffix ids do not re-tokenize to themselves or the prompt does
+          not fit ``W`` tokens.
+        """
+        if texts is None:
+            texts = SlotTexts(jnp.zeros((1,), jnp.uint8), jnp.int32(-1), jnp.zeros((1,), jnp.uint8), jnp.int32(-1))
+        nc = cands.shape[0]
+        shapes = (
+            jax.ShapeDtypeStruct((nc, width), jnp.int32),
+            jax.ShapeDtypeStruct((nc, width), jnp.int32),
+            jax.ShapeDtypeStruct((nc,), jnp.bool_),
+        )
+        return jax.pure_callback(
+            functools.partial(self.host_sent, width), shapes, r.before, r.before_mask, r.after, r.after_mask,
+            texts.before, texts.before_len, texts.after, texts.after_len, cands.astype(jnp.int32),
+            jnp.asarray(n, jnp.int32), vmap_method="sequential",
+        )  # fmt: skip
+
+
+def prompt_losses(model: TextModel, loss_fn: Callable, params, r: TextBatch, ids, mask):
+    """Every member's loss on ``N`` whole prompts of one request (e.g. :meth:`Retokenizer.sent`).
+
+    Args:
+      ids: ``[N, W]`` int32 left-padded prompts (each with >= 1 real token); mask: ``[N, W]`` 0/1.
+
+    Returns:
+      ``[M, N]`` float32.
+    """
+    one = lambda i, m: loss_fn(model.nll(params, i, m, r.target, r.target_mask), r.target_mask)  # noqa: E731
+    mask = mask.astype(jnp.int32).at[:, -1].set(1)  # a row left empty (a dropped candidate) reads one slot
+    return jax.vmap(one, out_axes=1)(ids.astype(jnp.int32), mask)
+
+
 def host_problem(
     name,
     model,
@@ -902,11 +1034,15 @@ class TextAttackFn(Entry):
       grows: the attack appends tokens (BEAST: ``init_len`` may be < ``Ls``, default 0) rather
         than editing a full-length suffix (GCG: ``init_len == Ls``).
       criterion: the success criterion (:attr:`TextAttackResult.success`).
+      scores_sent: the state machine scores the ids of the text that is sent (it holds a
+        :class:`Retokenizer` of ``tokenizer``): the audited entry puts the call's ``texts`` into
+        the problem (:attr:`TextProblem.texts`).
     """
 
     def __init__(
-        self, attack, *, name, model, vocab_size, suffix_len, tokenizer=None, init_id=None, grows=False, criterion
-    ):
+        self, attack, *, name, model, vocab_size, suffix_len, tokenizer=None, init_id=None, grows=False, criterion,
+        scores_sent=False,
+    ):  # fmt: skip
         self._attack = attack
         self.name = name
         self.__name__ = name
@@ -918,6 +1054,7 @@ class TextAttackFn(Entry):
         self.init_id = init_id
         self.grows = grows
         self.criterion = criterion
+        self.scores_sent = bool(scores_sent)
 
     @property
     def attack(self):
@@ -926,13 +1063,28 @@ class TextAttackFn(Entry):
 
     def _host_problem(
         self, params, batch, ref, mask, key, *, max_queries=None, sample_ids=None, allowed=None, suffix_init=None,
-        init_len=None,
+        init_len=None, texts=None,
     ):  # fmt: skip
-        return host_problem(
+        problem = host_problem(
             self.name, self.model, params, batch, ref, mask, key, vocab_size=self.vocab_size, ls=self.suffix_len,
             max_queries=max_queries, allowed=allowed, suffix_init=suffix_init, sample_ids=sample_ids, init_id=self.init_id,
             init_len=init_len, grows=self.grows,
         )  # fmt: skip
+        if not (self.scores_sent and self.tokenizer is not None):
+            return problem
+        si, n0 = host(problem.suffix_init), host(problem.init_len)
+        bad = [
+            i
+            for i in range(si.shape[0])
+            if n0[i] > 0 and not retokenizes(self.tokenizer, si[i, si.shape[1] - n0[i] :].tolist())
+        ]
+        if bad:
+            raise ValueError(
+                f"{self.name}: the start suffix of rows {bad} does not re-tokenize to itself (its decoded text encodes "
+                "to other ids); the re-tokenization filter would drop it"
+            )
+        before, after = _texts_of(self.name, self.tokenizer, texts, batch)
+        return problem._replace(texts=SlotTexts(*(jnp.asarray(a) for a in slot_text_bytes(before, after))))
 
     def _traced_problem(
         self, params, batch, ref, mask, key, *, max_queries=None, sample_ids=None, allowed=None, suffix_init=None,
@@ -957,7 +1109,7 @@ class TextAttackFn(Entry):
         re-tokenization of the returned prompts (see the class docstring)."""
         if texts is not None and self.tokenizer is None:
             raise TypeError(f"{self.name}: texts needs the factory's tokenizer (make_*(..., tokenizer=...))")
-        result = super().__call__(params, batch, ref, key=key, mask=mask, **call)
+        result = super().__call__(params, batch, ref, key=key, mask=mask, texts=texts, **call)
         if self.tokenizer is None:
             return result
         return resend(self.name, self.model, self.criterion, self.tokenizer, params, batch, result, texts)
@@ -1010,32 +1162,43 @@ def compact_right(ids, mask):
 
 
 def finish(
-    model, loss_fn, criterion, params, problem: TextProblem, best_suffix, best_len, best_loss, queries
+    model, loss_fn, criterion, params, problem: TextProblem, best_suffix, best_len, best_loss, queries, retok=None
 ) -> TextAttackResult:
     """The :class:`TextAttackResult` of a best suffix per row: every member's loss and success on
     it (bookkeeping re-scoring, not counted as queries) and the queries split over the covered
-    members (``queries [B]`` is every step's cost, charged equally to each covered member)."""
-    ls = best_suffix.shape[1]
+    members (``queries [B]`` is every step's cost, charged equally to each covered member).
 
-    def one(r, s, n):
+    With a :class:`Retokenizer` ``retok`` (a search that scores the text that is sent), the
+    losses and the success are read on the sent ids of the best suffix (:attr:`TextAttackResult.sent`,
+    width ``T``) and :attr:`~TextAttackResult.retokenized` marks the rows whose sent ids differ
+    from the blocks; without one, on the blocks without their holes."""
+    ls = best_suffix.shape[1]
+    texts = problem.texts
+
+    def one(r, s, n, tx):
         sm = suffix_mask(ls, n)
         s = s * sm
         ids, mask = assemble(r, s, sm)
-        ml = member_losses(model, loss_fn, params, r, s[None], sm[None])[:, 0]
-        sent, smask = compact_right(ids, mask)
         # judged on the prompt without holes: its last slot is a real token (an empty suffix with
         # no template tail would leave a hole where the first target token is predicted)
+        blocks, bmask = compact_right(ids, mask)
+        if retok is None:
+            ml = member_losses(model, loss_fn, params, r, s[None], sm[None])[:, 0]
+            sent, smask, changed = blocks, bmask, jnp.bool_(False)
+        else:
+            si, sk, good = retok.sent(r, tx, s[None], n, ids.shape[0])
+            sent, smask = jnp.where(good[0], si[0], blocks), jnp.where(good[0], sk[0], bmask)
+            ml = prompt_losses(model, loss_fn, params, r, sent[None], smask[None])[:, 0]
+            changed = jnp.any((sent * smask != blocks * bmask) | (smask != bmask))
         ok = member_success(model, criterion, params, sent, smask, r.target, r.target_mask)
-        return sm, ids, mask, ml, ok, sent, smask
+        return sm, ids, mask, ml, ok, sent, smask, changed
 
-    sm, ids, mask, ml, ok, sent, smask = jax.vmap(one)(problem.batch, best_suffix, best_len)
+    sm, ids, mask, ml, ok, sent, smask, changed = jax.vmap(one)(problem.batch, best_suffix, best_len, texts)
     covered = problem.mask > 0
     nm = jnp.maximum(jnp.sum(covered, axis=1), 1).astype(jnp.int32)
     q = jnp.where(covered, (queries // nm)[:, None], 0).astype(jnp.int32)
     pb = problem.batch.before.shape[1]
-    return TextAttackResult(
-        ids, ok, q, mask, ids[:, pb : pb + ls], sm, best_loss, ml, sent, smask, jnp.zeros(ids.shape[:1], bool)
-    )
+    return TextAttackResult(ids, ok, q, mask, ids[:, pb : pb + ls], sm, best_loss, ml, sent, smask, changed)
 
 
 __all__ = [
@@ -1045,15 +1208,19 @@ __all__ = [
     "TextBatch",
     "TextModel",
     "TextProblem",
+    "Retokenizer",
+    "SlotTexts",
     "allowed_vocab",
     "audit_text",
     "check_member_mask",
     "default_criterion",
     "judge_prompts",
     "member_success",
+    "prompt_losses",
     "resend",
     "sent_ids",
     "slot_texts",
+    "slot_text_bytes",
     "target_hits",
     "exchange_suffix",
     "joint_loss",

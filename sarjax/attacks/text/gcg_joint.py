@@ -5,7 +5,8 @@ Adversarial Attacks on Aligned Language Models"): GCG on an
 The proposer rotates within the pool, suffixes pass between members as TEXT, and every candidate
 goes through the re-tokenization filter. Tokenizers run on the host, so a step is a host loop
 around two compiled kernels (the proposer's gradient + candidate sampling, and the batched scoring
-of one stack, :func:`~sarjax.attacks.text.pool.score_texts`) instead of a ``lax.scan``.
+of one stack on the prompts as they are sent, :func:`~sarjax.attacks.text.pool.score_sent`) instead
+of a ``lax.scan``.
 :func:`~sarjax.attacks.text.gcg.make_gcg` is the fully compiled GCG of a pool that shares one
 vocabulary.
 """
@@ -20,7 +21,7 @@ import numpy as np
 
 from sarjax.attacks.core.entry import HostDrivenEntry
 from sarjax.attacks.text import core as T
-from sarjax.attacks.text.pool import allowed_for, pool_call, pool_requests, score_texts, sent_prompts
+from sarjax.attacks.text.pool import allowed_for, pool_call, pool_requests, score_sent, sent_prompts, start_text
 from sarjax.models.llm import scoring
 from sarjax.models.llm.prompts import encode_text
 
@@ -79,9 +80,11 @@ class JointGCGResult(NamedTuple):
       queries: ``[B, M]`` int64 queries spent on member ``m`` (its gradient passes as the
         proposer and its forwards on the start and every kept candidate).
       loss: ``[B]`` float64 joint loss of the best suffix (``inf``: the cap allowed no scoring).
-      member_loss: ``[B, M]`` every member's loss on it (on :attr:`ids`, as searched).
-      ids: one ``[B, T_s]`` int32 array per stack, the searched prompts ``before | suffix | after``
-        (the three blocks tokenized apart); mask: one ``[B, T_s]`` int32 array per stack.
+      member_loss: ``[B, M]`` every member's loss on it, on :attr:`sent` (the ids the search
+        scored: the whole prompt text in the member's tokenizer).
+      ids: one ``[B, T_s]`` int32 array per stack, the suffix's blocks ``before | suffix | after``
+        (the three blocks tokenized apart; the proposer's gradient reads them); mask: one
+        ``[B, T_s]`` int32 array per stack.
       sent: one ``[B, S_s]`` int32 array per stack (left-padded), the ids of the whole prompt
         text ``before + suffix + after`` tokenized by the stack's tokenizer: what a user
         sending the suffix text gets; sent_mask: idem.
@@ -123,17 +126,20 @@ class JointGCG(HostDrivenEntry):
        suffix slots and lie in that stack's allowed vocabulary
        (:func:`~sarjax.attacks.text.core.suffix_text_violations`; ids past a tokenizer's
        vocabulary and special tokens are never allowed);
-    3. every kept candidate is scored by every covered member in its own tokens (1 query per
-       member and candidate); the suffix moves to the candidate of least joint loss (even when it
+    3. every kept candidate is scored by every covered member in its own tokens, on the ids of the
+       whole prompt text that is sent (1 query per member and candidate); the suffix moves to the candidate of least joint loss (even when it
        is worse, as GCG) and the best-so-far is kept.
 
     A request stops when its next step could pass its cap (``1 + num_candidates x |C_b|``); the
     start suffix costs ``|C_b|``. Same key, same result: request ``b`` draws from
     ``fold_in(fold_in(key, sample_ids[b]), step)``.
 
-    The search scores the blocks ``before | suffix | after`` tokenized apart; the returned
-    prompts are then re-tokenized as whole texts (:attr:`JointGCGResult.sent`) and every member's
-    success is judged on those ids.
+    Every candidate (and the start) is scored on the ids of the whole prompt TEXT that is sent,
+    ``before text + suffix text + after text`` tokenized at once in each member's tokenizer (what a
+    user sending the suffix gets; :attr:`JointGCGResult.sent`), and every member's success is
+    judged on those ids. The proposer's token gradient (step 1) is taken on the blocks
+    ``before | suffix | after`` tokenized apart (:attr:`JointGCGResult.ids`), where each suffix
+    token has its own position.
 
     Compute: the two kernels are compiled once per stack configuration and shapes (requests are
     padded to multiples of 8 tokens); a step runs one gradient kernel per distinct proposer and
@@ -216,10 +222,6 @@ class JointGCG(HostDrivenEntry):
         stack_of = np.concatenate([np.full(st.size, i) for i, st in enumerate(stacks)])
         cov = mk > 0
         ncov = cov.sum(1)
-        init = self.init_text if suffix_init is None else suffix_init
-        init_texts = [init] * bsz if isinstance(init, str) else list(init)
-        if len(init_texts) != bsz:
-            raise ValueError(f"{self.name}: suffix_init must be one string or {bsz}, got {len(init_texts)}")
         toks = [st.tokenizer for st in stacks]
         if allowed is None:
             als = [allowed_for(st.tokenizer, st.cfg.vocab_size, self.ascii_only) for st in stacks]
@@ -228,6 +230,15 @@ class JointGCG(HostDrivenEntry):
             if len(als) != len(stacks) or any(a.shape != (st.cfg.vocab_size,) for a, st in zip(als, stacks)):
                 raise ValueError(f"{self.name}: allowed must be one [V_s] bool array per stack")
         slots = [self.slots] * len(stacks)
+        init = self.init_text if suffix_init is None else suffix_init
+        if init is None:  # the factory's default: GCG's "! ! ...", or a start every tokenizer reproduces
+            try:
+                init = start_text(toks, als, slots, self.suffix_len)
+            except ValueError as e:
+                raise ValueError(f"{self.name}: {e}") from None
+        init_texts = [init] * bsz if isinstance(init, str) else list(init)
+        if len(init_texts) != bsz:
+            raise ValueError(f"{self.name}: suffix_init must be one string or {bsz}, got {len(init_texts)}")
         reqs = [pool_requests(self.name, st, instructions, targets, system, chat_template) for st in stacks]
         batches = [r.batch for r in reqs]
         jb = [T.TextBatch(*(jnp.asarray(a) for a in b)) for b in batches]
@@ -242,26 +253,16 @@ class JointGCG(HostDrivenEntry):
         if bad:
             raise ValueError(f"{self.name}: the start suffix violates the threat model: " + " | ".join(bad))
 
-        def score(ids_per_stack, n):
-            """ids_per_stack[s][b][c] (list or None) -> member losses [B, M, n]."""
-            out = []
-            for s, st in enumerate(stacks):
-                c = np.zeros((bsz, n, slots[s]), np.int32)
-                cm = np.zeros((bsz, n, slots[s]), np.int32)
-                for b in range(bsz):
-                    for j in range(n):
-                        q = ids_per_stack[s][b][j]
-                        if q:
-                            c[b, j, slots[s] - len(q) :] = q
-                            cm[b, j, slots[s] - len(q) :] = 1
-                kw = dict(cfg=st.cfg, loss=self.loss)
-                out.append(np.asarray(score_texts(st.params, jb[s], jnp.asarray(c), jnp.asarray(cm), **kw)))
-            return np.concatenate(out, axis=1).astype(np.float64)
+        def score(texts, n):
+            """texts[b][c] (suffix text or None) -> member losses [B, M, n], each member on the ids
+            of the whole prompt text that is sent in its own tokenizer."""
+            out = [score_sent(st, reqs[s], texts, n, self.loss, slots[s]) for s, st in enumerate(stacks)]
+            return np.concatenate(out, axis=1)
 
         def joint(ml):  # [B, M, n] -> [B, n]
             return np.einsum("bm,bmn->bn", mk, ml) / np.maximum(mk.sum(1), 1.0)[:, None]
 
-        ml0 = score([[[q] for q in cur_ids[s]] for s in range(len(stacks))], 1)
+        ml0 = score([[x] for x in init_texts], 1)
         ok0 = (ncov > 0) & (ncov <= cap)
         queries = np.where(ok0[:, None] & cov, 1, 0).astype(np.int64)  # [B, M]
         cur_text: list[Any] = list(init_texts)
@@ -316,7 +317,8 @@ class JointGCG(HostDrivenEntry):
                     valid[b, j] = True
                     for s in range(len(stacks)):
                         cand_ids[s][b][j] = ids[s]
-            jl = np.where(valid, joint(ml := score(cand_ids, nc)), np.inf)
+            kept = [[cand_text[b][j] if valid[b, j] else None for j in range(nc)] for b in range(bsz)]
+            jl = np.where(valid, joint(ml := score(kept, nc)), np.inf)
             pick = np.argmin(jl, axis=1)
             for b in np.flatnonzero(active):
                 j = int(pick[b])
@@ -389,8 +391,12 @@ def make_joint_gcg(
         :func:`~sarjax.attacks.text.core.refusal_loss`: maximise the fixed refusal's mean NLL,
         the SAR paper).
       target: the fixed refusal (the SAR paper does not print its refusal string; this one is ours).
-      init_text: start suffix text (default ``"!"`` repeated ``suffix_len`` times with spaces,
-        GCG's start).
+      init_text: start suffix text; None (default): ``"!"`` repeated ``suffix_len`` times with
+        spaces (GCG's start) when every stack's tokenizer reproduces it within its allowed
+        vocabulary and slots, else the text of the first allowed token of the first stack (in id
+        order, stripped of spaces) repeated the same way that every stack reproduces (e.g. a
+        SentencePiece-style vocabulary without ``"!"``), chosen per call
+        (:func:`~sarjax.attacks.text.pool.start_text`).
       slots: suffix token slots of every stack (default ``2 * suffix_len``: the same text may
         take more tokens in another tokenizer; a candidate that does not fit is filtered).
       ascii_only: the default allowed vocabulary keeps printable-ASCII tokens only (GCG's
@@ -417,10 +423,9 @@ def make_joint_gcg(
     sl = int(slots) if slots is not None else 2 * int(suffix_len)
     if sl < 1:
         raise ValueError(f"make_joint_gcg: slots must be >= 1, got {slots}")
-    init = " ".join(["!"] * int(suffix_len)) if init_text is None else init_text
     return JointGCG(
         num_steps=int(num_steps), suffix_len=int(suffix_len), topk=int(topk), num_candidates=int(num_candidates),
-        loss=loss, target=target, init_text=init, slots=sl, ascii_only=bool(ascii_only),
+        loss=loss, target=target, init_text=init_text, slots=sl, ascii_only=bool(ascii_only),
         criterion=T.check_criterion("make_joint_gcg", criterion, loss),
     )  # fmt: skip
 

@@ -26,6 +26,86 @@ def score_texts(params, batch: T.TextBatch, cands, cmask, *, cfg, loss):
     return jax.vmap(lambda r, c, cm: T.member_losses(model, loss, params, r, c, cm))(batch, cands, cmask)
 
 
+@functools.partial(jax.jit, static_argnames=("cfg", "loss"))
+def score_prompts(params, ids, mask, target, target_mask, *, cfg, loss):
+    """Every member of a stack on ``N`` whole prompts per request: ``[B, M_s, N]``.
+
+    Args:
+      ids, mask: ``[B, N, W]`` left-padded prompts (e.g. the ids of the text that is sent).
+      target, target_mask: ``[B, Tt]`` right-padded.
+    """
+    model = T.llm_text_model(cfg)
+    return jax.vmap(lambda i, m, t, tm: T.prompt_losses(model, loss, params, T.TextBatch(i, m, i, m, t, tm), i, m))(
+        ids, mask, target, target_mask
+    )
+
+
+def score_sent(
+    stack, req: "PoolRequests", texts: Sequence[Sequence[str | None]], n: int, loss, slots: int
+) -> np.ndarray:
+    """Every member of a stack on ``n`` candidate suffix texts per request, each scored on the ids of
+    the whole prompt TEXT that is sent (``before text + suffix + after text`` tokenized at once,
+    :func:`~sarjax.attacks.text.core.sent_ids`; host side).
+
+    Args:
+      stack: the :class:`~sarjax.models.llm.pool.LLMStack`.
+      req: its :class:`PoolRequests`.
+      texts: ``texts[b][j]``, the suffix text of candidate ``j`` of request ``b`` (None: a hole,
+        scored on the request without a suffix; the caller ignores it).
+      n: candidates per request.
+      loss: the per-member loss.
+      slots: the suffix slots: prompts are padded to the blocks' width ``Pb + slots + Pa`` (one
+        compile per call shape), wider in multiples of 8 only when a prompt needs it.
+
+    Returns:
+      ``[B, M_s, n]`` float64.
+    """
+    tok, b = stack.tokenizer, req.batch
+    bsz = len(req.before)
+    rows = [[T.sent_ids(tok, req.before[i], texts[i][j] or "", req.after[i]) for j in range(n)] for i in range(bsz)]
+    width = max(b.before.shape[1] + slots + b.after.shape[1], _round_up(max(len(q) for r in rows for q in r)))
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    ids = np.full((bsz, n, width), pad, np.int32)
+    mask = np.zeros((bsz, n, width), np.int32)
+    for i in range(bsz):
+        ids[i], mask[i] = _pad_rows(rows[i], True, pad, width)
+    out = score_prompts(
+        stack.params, jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(b.target, jnp.int32),
+        jnp.asarray(b.target_mask, jnp.int32), cfg=stack.cfg, loss=loss,
+    )  # fmt: skip
+    return np.asarray(out, np.float64)
+
+
+def start_text(tokenizers: Sequence[Any], allowed: Sequence[Any], slots: Sequence[int], words: int) -> str:
+    """GCG's start suffix for a pool (host side): ``"!"`` repeated ``words`` times with spaces (Zou
+    et al. 2023) when every tokenizer reproduces it within its allowed vocabulary and slots
+    (:func:`~sarjax.attacks.text.core.suffix_text_violations`); else the text of the first allowed
+    id of the first tokenizer (in id order; its decoded text stripped of spaces) repeated the same
+    way, the first that every tokenizer reproduces (e.g. SentencePiece-style tokenizers without
+    ``"▁!"``, where ``"!"`` is unknown).
+
+    Raises:
+      ValueError: no allowed token of the first tokenizer gives such a text.
+    """
+
+    def ok(text: str) -> bool:
+        return not T.suffix_text_violations(text, tokenizers, allowed, slots)[1]
+
+    if ok(text := " ".join(["!"] * words)):
+        return text
+    tried: set = set()
+    for i in np.flatnonzero(np.asarray(allowed[0], bool)):
+        piece = tokenizers[0].decode([int(i)], skip_special_tokens=False, clean_up_tokenization_spaces=False).strip()
+        if piece and piece not in tried:
+            tried.add(piece)
+            if ok(text := " ".join([piece] * words)):
+                return text
+    raise ValueError(
+        f"no start suffix of {words} repeated words that every tokenizer reproduces: '!' and every allowed token of "
+        "the first tokenizer fail (pass suffix_init)"
+    )
+
+
 _ALLOWED_CACHE: dict = {}
 
 
@@ -176,6 +256,9 @@ __all__ = [
     "pool_requests",
     "PoolCall",
     "PoolRequests",
+    "score_prompts",
+    "score_sent",
     "score_texts",
+    "start_text",
     "sent_prompts",
 ]
