@@ -35,7 +35,7 @@ from sarjax.attacks.apgd import make_apgd, make_apgd_t
 from sarjax.attacks.apgd_min import make_apgd_min
 from sarjax.attacks.audit import AuditReport, audit, check
 from sarjax.attacks.autoattack import AutoAttack, AutoAttackResult, make_autoattack
-from sarjax.attacks.core import Attack, AttackFn, Problem
+from sarjax.attacks.core import Attack, AttackFn, AttackOutput, Problem
 from sarjax.attacks.core.entry import Entry
 from sarjax.attacks.ddn import make_ddn
 from sarjax.attacks.eot import with_input_noise
@@ -67,6 +67,7 @@ from sarjax.attacks.threat import Threat, canonical_norm, check_labels
 __all__ = [
     "Attack",
     "AttackFn",
+    "AttackOutput",
     "AttackResult",
     "AutoAttack",
     "AutoAttackResult",

@@ -15,7 +15,10 @@ query accountant. It lives in ``defenses`` because only TRADES uses it.
 
 Queries (one forward or backward pass of one member on one sample = 1): the clean evaluation
 costs M, a step M forwards plus one backward per selected member, the final evaluation of
-``x_adv`` in :func:`kl_result` M (under ``jit`` it is dropped when only ``x_adv`` is used).
+``x_adv`` in :func:`kl_result` M (under ``jit`` it is dropped when only ``x_adv`` is used). The
+result reports them per member, ``[B, M]`` (:func:`sarjax.attacks.queries.per_member`): member
+``m`` was queried ``steps_taken + 2`` times forward and ``steps_taken`` times backward where
+selected.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from sarjax.attacks import project, steepest
 from sarjax.attacks import queries as Q
 from sarjax.attacks.audit import check
 from sarjax.attacks.core import Attack, AttackFn, Problem, make_problem, sample_keys
+from sarjax.attacks.losses import fooled
 from sarjax.attacks.threat import Threat, canonical_norm
 
 
@@ -54,7 +58,9 @@ class KLState(NamedTuple):
       mask: ``[B, M]`` selected members.
       log_p: ``[B, M, C]`` clean log-probabilities ``log_softmax(f(x0))`` (constant).
       count: ``[B]`` int32 queries spent.
+      grads: ``[B]`` int32 steps taken (each one backward pass per selected member).
       cap: ``[B]`` int32 query caps.
+      ref: ``[B, M]`` int32 reference labels (not in the objective; ``success`` is read against them).
     """
 
     x: jax.Array
@@ -63,23 +69,31 @@ class KLState(NamedTuple):
     mask: jax.Array
     log_p: jax.Array
     count: jax.Array
+    grads: jax.Array
     cap: jax.Array
+    ref: jax.Array
 
 
 class KLResult(NamedTuple):
-    """Result of the KL attack (member axis ``[B, M]``).
+    """Result of the KL attack; satisfies :class:`~sarjax.attacks.core.AttackOutput` (``x_adv``
+    ``[B, *S]``, one point shared by every member, the fixed-budget form).
 
     Attributes:
       x_adv: ``[B, *S]`` the last iterate.
+      success: ``[B, M]`` bool, member ``m``'s prediction at ``x_adv`` differs from its
+        reference label ``ref[b, m]`` (every member, masked ones included). The objective does
+        not read the labels; this is the verdict the other attacks report.
+      queries: ``[B, M]`` int32 queries spent on member ``m`` for sample ``b`` (the clean and
+        final evaluations included); ``queries.sum(-1)`` is the sample's total.
       kl: ``[B, M]`` KL(softmax(f_m(x0)) || softmax(f_m(x_adv))) per member.
       objective: ``[B]`` mask-weighted mean of ``kl`` over the selected members.
-      queries: ``[B]`` int32 queries spent (the final evaluation included).
     """
 
     x_adv: jax.Array
+    success: jax.Array
+    queries: jax.Array
     kl: jax.Array
     objective: jax.Array
-    queries: jax.Array
 
 
 def _logits(apply: Callable, params, x) -> jax.Array:
@@ -110,7 +124,18 @@ def kl_init(cfg: KLConfig, params, problem: Problem) -> KLState:
     start = jnp.where(problem.has_init, problem.x_init, x0 + cfg.init_std * noise)
     m = problem.mask.shape[1]
     count = jnp.full(x0.shape[:1], m, jnp.int32)
-    return KLState(proj(start, x0, eps), x0, eps, problem.mask, jax.lax.stop_gradient(log_p), count, problem.cap)
+    grads = jnp.zeros(x0.shape[:1], jnp.int32)
+    return KLState(
+        proj(start, x0, eps),
+        x0,
+        eps,
+        problem.mask,
+        jax.lax.stop_gradient(log_p),
+        count,
+        grads,
+        problem.cap,
+        problem.ref,
+    )
 
 
 def kl_step(cfg: KLConfig, s: KLState, params) -> KLState:
@@ -129,14 +154,17 @@ def kl_step(cfg: KLConfig, s: KLState, params) -> KLState:
         return project(x + cfg.rel_step * e * steepest(g, cfg.p), x0, e, cfg.p, cfg.box)
 
     x = Q.freeze(ok, jax.vmap(move)(s.x, g, s.x0, s.eps), s.x)
-    return s._replace(x=x, count=Q.charge(s.count, cost, ok))
+    return s._replace(x=x, count=Q.charge(s.count, cost, ok), grads=Q.charge(s.grads, 1, ok))
 
 
 def kl_result(cfg: KLConfig, s: KLState, params) -> KLResult:
-    """``x_adv`` = the last iterate, with each member's KL there (one more forward pass)."""
-    kl = _kl(s.log_p, _logits(cfg.apply, params, s.x))
+    """``x_adv`` = the last iterate, with each member's KL and verdict there (one more forward
+    pass of every member)."""
+    z = _logits(cfg.apply, params, s.x)
+    kl = _kl(s.log_p, z)
     m = s.mask.shape[1]
-    return KLResult(s.x, kl, _mean_over(s.mask, kl), s.count + m)
+    queries = Q.per_member(s.count + m, s.grads, s.mask)
+    return KLResult(s.x, fooled(z, s.ref, False), queries, kl, _mean_over(s.mask, kl))
 
 
 def _validate(cfg: KLConfig, default_eps):
@@ -221,7 +249,8 @@ def make_kl_attack(
       An :class:`~sarjax.attacks.core.AttackFn`: ``fn(params, x0, ref, *, key, mask=None, eps,
       max_queries, x_init, sample_ids) -> KLResult`` audited against ``x0``, and the jit-safe
       ``fn.jit(...)``. ``ref`` (``[B]`` or ``[B, M]`` ints) is not used by the objective (it moves
-      away from the clean prediction distribution, not from a label); pass the labels.
+      away from the clean prediction distribution, not from a label); pass the labels: the
+      result's ``success`` is read against them.
 
     Raises:
       ValueError: a norm other than linf / l2, steps < 1, a step or init_std not > 0 / >= 0.

@@ -159,7 +159,10 @@ def test_pgd_at_perturbation_is_pgd_and_trades_kl_ascends(mnist):
         res = atk(p, x, labels, key=key)  # audited against x0
         # the start x0 + 0.001 N(0, I) has KL ~1e-7; five ascent steps reach > 1e-3 on this MLP
         assert float(res.objective.min()) > 1e-3
-        assert res.kl.shape == (16, 1) and res.queries.tolist() == [1 + 5 * 2 + 1] * 16
+        # per member [B, M]: the clean and final forwards, a forward and a backward per step
+        assert res.kl.shape == (16, 1) and res.queries.tolist() == [[1 + 5 * 2 + 1]] * 16
+        pred = np.argmax(np.asarray(arch.apply(p, res.x_adv)), -1)
+        np.testing.assert_array_equal(np.asarray(res.success), (pred != np.asarray(labels))[:, None])
         if norm == "linf":
             jit_res = jax.jit(lambda q, xx, k: atk.jit(q, xx, labels, key=k, eps=eps))(p, x, key)
             np.testing.assert_allclose(np.asarray(jit_res.x_adv), np.asarray(res.x_adv), atol=1e-6)
