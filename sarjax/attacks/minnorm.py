@@ -72,7 +72,8 @@ TRAJ_EVERY = 10  # the frontier paper Section 5.1: distances recorded every 10 q
 
 
 class MinNormResult(NamedTuple):
-    """Output of a minimum-norm attack (a pytree of arrays), member axis ``[B, M]``.
+    """Output of a minimum-norm attack (a pytree of arrays), member axis ``[B, M]``; an
+    :class:`~sarjax.attacks.core.output.AttackOutput` in its per-member form (``x_adv [B, M, *S]``).
 
     Attributes:
       x_adv: ``[B, M, *S]`` member m's smallest adversarial point found at any query

@@ -8,7 +8,9 @@ import jax
 
 
 class AttackResult(NamedTuple):
-    """Output of an attack on a batch against M members (a pytree of arrays).
+    """Output of an attack on a batch against M members (a pytree of arrays); an
+    :class:`~sarjax.attacks.core.output.AttackOutput` (``x_adv``, ``success``, ``queries``: the
+    base's shapes are documented there, the fields below say what they hold here).
 
     For single-model attacks ``M = 1``. Member mode (:func:`sarjax.attacks.members.make_member_attack`)
     has the same ``[B, M]`` fields, and per-member points ``x_adv`` / ``best_x`` ``[B, M, *S]``.
