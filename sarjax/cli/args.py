@@ -54,10 +54,29 @@ def add_images_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def coordinator(s: str) -> str:
+    """An argparse type: ``HOST:PORT`` (port in 1..65535; ``[IPv6]:PORT``) or ``auto``, returned as given.
+
+    Raises:
+        argparse.ArgumentTypeError: no host, no port or a port outside 1..65535 (naming the value).
+    """
+    if s == "auto":
+        return s
+    from sarjax.runtime.distributed import parse_coordinator  # imports jax: only when --coordinator is given
+
+    try:
+        parse_coordinator(s)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{e} (or 'auto')") from None
+    return s
+
+
 def add_distributed_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--coordinator HOST:PORT|auto``, ``--num-processes N``, ``--process-id I`` (JAX's distributed runtime)."""
+    """``--coordinator HOST:PORT|auto``, ``--num-processes N``, ``--process-id I``, ``--coordinator-timeout S``
+    (JAX's distributed runtime)."""
     parser.add_argument(
         "--coordinator",
+        type=coordinator,
         default=None,
         metavar="HOST:PORT",
         help="multi-process run on JAX's distributed runtime: process 0's address (with --num-processes, "
@@ -66,17 +85,44 @@ def add_distributed_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--num-processes", type=positive_int, default=None, help="processes in the run (--coordinator)")
     parser.add_argument("--process-id", type=int, default=None, help="this process, 0 .. N-1 (--coordinator)")
+    parser.add_argument(
+        "--coordinator-timeout",
+        type=positive_int,
+        default=None,
+        metavar="SECONDS",
+        help="give up joining the distributed runtime after this many seconds: the coordinator not reachable or "
+        "a process missing (default 300, JAX's)",
+    )
 
 
 def initialize_distributed(args: argparse.Namespace) -> None:
     """Join JAX's distributed runtime when any of ``--coordinator / --num-processes / --process-id`` is given.
 
     ``--coordinator auto`` lets JAX read the cluster's settings (TPU pod slice, Slurm, Open MPI).
-    Call it before any JAX computation.
-    """
-    if args.coordinator is None and args.num_processes is None and args.process_id is None:
-        return
-    from sarjax.runtime.distributed import initialize  # imports jax: kept out of `sarjax --help`
+    ``--coordinator-timeout S`` (default :data:`sarjax.runtime.distributed.COORDINATOR_TIMEOUT`,
+    300 s) bounds the wait for the coordinator and the other processes; a line on stderr says what
+    is awaited. Call it before any JAX computation.
 
+    Raises:
+        ValueError: ``--coordinator-timeout`` without the distributed options, or what
+            :func:`sarjax.runtime.distributed.initialize` raises.
+    """
+    timeout = getattr(args, "coordinator_timeout", None)
+    if args.coordinator is None and args.num_processes is None and args.process_id is None:
+        if timeout is not None:
+            raise ValueError("--coordinator-timeout bounds joining the distributed runtime: give --coordinator too")
+        return
+    import sys
+
+    from sarjax.runtime.distributed import COORDINATOR_TIMEOUT, initialize  # imports jax: kept out of `sarjax --help`
+
+    timeout = COORDINATOR_TIMEOUT if timeout is None else timeout
     auto = args.coordinator == "auto"
-    initialize(None if auto else args.coordinator, args.num_processes, args.process_id)
+    where = "the cluster's coordinator" if auto else f"coordinator {args.coordinator}"
+    who = "" if args.process_id is None else f" as process {args.process_id} of {args.num_processes}"
+    print(
+        f"joining JAX's distributed runtime ({where}){who}; giving up after {timeout} s (--coordinator-timeout)",
+        file=sys.stderr,
+        flush=True,
+    )
+    initialize(None if auto else args.coordinator, args.num_processes, args.process_id, timeout=timeout)

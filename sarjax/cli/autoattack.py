@@ -2,8 +2,8 @@
 
     sarjax autoattack (--pool DIR | --model PKG.MODULE:FUNCTION) --norm linf --eps 0.3
                       [--version standard|plus|rand] [--samples N] [--data-dir D | --images FILE.npz]
-                      [--out OUT.json] [--no-progress] [--checkpoint DIR [--overwrite]]
-                      [--coordinator HOST:PORT --num-processes P --process-id I]
+                      [--out OUT.json] [--overwrite] [--no-progress] [--checkpoint DIR]
+                      [--coordinator HOST:PORT --num-processes P --process-id I [--coordinator-timeout S]]
 
 Loads the pool (a saved one, :func:`sarjax.models.checkpoint.load_pool`, or the one a function
 returns, :func:`sarjax.models.builders.load_model`), takes ``--samples`` MNIST test images (a
@@ -17,7 +17,10 @@ robust flags, adversarial points; docs/autoattack.md). With ``--coordinator`` ev
 its share of each attack run's chunks and process 0 writes the outputs (bit-identical to one
 process). With ``--checkpoint DIR`` the cascade's state is saved after every attack run: a rerun
 with the same DIR and settings resumes where it stopped (bit-identical), other settings are
-refused (naming them) unless ``--overwrite``.
+refused (naming them) unless ``--overwrite``. An existing ``OUT.json`` / ``OUT.npz`` is replaced
+only by a run with the same settings (the report records them) or with ``--overwrite``; other
+settings are refused before the data and the pool are loaded (the settings the command line
+gives) and again, in full, before any attack work.
 
 ``--version rand`` attacks the pool's randomized members as deployed (:func:`randomized_members`:
 a self-ensemble's stochastic views, a noise defense's Gaussian input noise at the sigma its saved
@@ -110,8 +113,6 @@ def _sources(args: argparse.Namespace) -> None:
         raise ValueError(f"autoattack attacks one pool: give --model once, got {len(args.model)}: {args.model}")
     if args.images is not None and args.data_dir is not None:
         raise ValueError("give --images FILE.npz or --data-dir D (MNIST IDX files), not both")
-    if args.overwrite and args.checkpoint is None:
-        raise ValueError("--overwrite discards the checkpoints of --checkpoint DIR: give --checkpoint DIR")
 
 
 def _progress_callback(bar, groups: list[tuple[str, ...]]):
@@ -142,8 +143,9 @@ def cmd_autoattack(args: argparse.Namespace) -> int:
     import numpy as np
 
     from sarjax.attacks.eot import with_input_noise
-    from sarjax.experiments.autoattack import output_paths, run_autoattack
+    from sarjax.experiments.autoattack import check_outputs, output_paths, run_autoattack
     from sarjax.runtime.distributed import is_main, process_count
+    from sarjax.runtime.fingerprint import sarjax_version
     from sarjax.runtime.progress import progress_bar
 
     main = is_main()
@@ -151,6 +153,34 @@ def cmd_autoattack(args: argparse.Namespace) -> int:
     if args.noise_sigma is not None and args.version != "rand":
         raise ValueError("--noise-sigma makes the pool randomized: it needs --version rand")
     json_path, npz_path = output_paths(args.out)
+    if args.model:
+        where = {"pool": None, "model": args.model[0]}
+    else:
+        where = {"pool": str(Path(args.pool).absolute())}
+    # another run's outputs: refused now on the settings the command line gives (before the data and
+    # the pool load), and by run_autoattack on all of them (pool, images) before any attack work
+    given = dict(
+        norm=args.norm,
+        eps=float(args.eps),
+        version=args.version,
+        n_iter=args.n_iter,
+        fab_iter=args.fab_iter,
+        square_queries=args.square_queries,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        per_member=args.per_member,
+        wrap=args.noise_sigma is not None,
+        sarjax=sarjax_version(),
+    )
+    multi = process_count() > 1
+    check_outputs(
+        json_path,
+        given,
+        {**where, "noise_sigma": args.noise_sigma},
+        overwrite=args.overwrite,
+        distribute=multi,
+        partial=True,
+    )
     ids = None
     if args.images is not None:
         from sarjax.data.images import load_images  # deferred: sarjax --help speed, as above
@@ -177,13 +207,13 @@ def cmd_autoattack(args: argparse.Namespace) -> int:
     if args.model:
         from sarjax.models.builders import load_model  # deferred: sarjax --help speed (tests replace it)
 
-        pool, config, where = load_model(args.model[0]), {}, {"pool": None, "model": args.model[0]}
+        pool, config = load_model(args.model[0]), {}
         what = f"--model {args.model[0]}"
     else:
         from sarjax.models.checkpoint import load_pool  # deferred: sarjax --help speed (tests replace it)
 
         pool, config = load_pool(args.pool)
-        where, what = {"pool": str(Path(args.pool).absolute())}, f"pool {args.pool}"
+        what = f"pool {args.pool}"
     stochastic, randomized = None, {}
     if args.version == "rand" and args.noise_sigma is None:
         randomized = randomized_members(pool, config)
@@ -282,7 +312,8 @@ def register(sub) -> None:
         "--out",
         default="sarjax-autoattack.json",
         help="JSON report path; the per-image arrays (robust, clean, queries, x_adv, ids, y, members) go to "
-        "the .npz of the same stem beside it",
+        "the .npz of the same stem beside it; existing files are replaced only by a run with the same settings "
+        "(or with --overwrite)",
     )
     a.add_argument("--no-progress", action="store_true", help="no progress bars")
     a.add_argument(
@@ -293,7 +324,10 @@ def register(sub) -> None:
         "and settings resumes where it stopped (default: no checkpoint)",
     )
     a.add_argument(
-        "--overwrite", action="store_true", help="discard the checkpoints in --checkpoint DIR (any settings)"
+        "--overwrite",
+        action="store_true",
+        help="replace OUT.json / OUT.npz written with other settings, and discard the checkpoints in "
+        "--checkpoint DIR (any settings); default: other settings are refused",
     )
     add_distributed_arguments(a)
     a.add_argument(

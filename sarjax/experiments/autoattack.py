@@ -22,6 +22,13 @@ after every completed attack run (``DIR/call_<j>.npz``, one per AutoAttack call;
 ``DIR/process_<i>_of_<n>`` when distributed) with ``DIR/fingerprint.json``
 (:mod:`sarjax.runtime.fingerprint`); a rerun with the same settings skips the completed runs
 (bit-identical result), one with other settings is refused naming them, ``overwrite`` discards.
+
+Outputs are never replaced by another run's: the report records the run's settings
+(``"fingerprint"``: pool content hash, images and ids, norm, eps, version, stages, budgets, batch
+size, seed, sarjax version; with ``meta``, the report's own fields), and before any attack work a
+run into an existing ``OUT.json`` / ``OUT.npz`` is refused (:func:`check_outputs`, one line naming
+the settings that differ) unless its settings are the same (an identical rerun, a resumed run) or
+``overwrite`` is given (``sarjax autoattack --overwrite``).
 """
 
 import json
@@ -41,11 +48,19 @@ from sarjax.runtime import fingerprint as fingerprints
 from sarjax.runtime.distributed import all_ok, is_main, process_checkpoint_dir, process_count
 
 CHECKPOINT_HINT = "pass --overwrite (overwrite=True) to discard it, or choose another --checkpoint directory"
+OUTPUT_HINT = "pass --overwrite (overwrite=True) to replace them, or choose another --out"
 
 # the report's fields: AutoAttackResult.to_json's and the run's (meta may not replace them)
 _OWN_FIELDS = frozenset(
     ("version", "norm", "eps", "members", "clean_accuracy", "robust_accuracy", "queries_total")
     + ("queries_per_sample_mean", "stages", "warnings", "samples", "seed", "seconds", "budget", "npz")
+    + ("fingerprint",)
+)
+
+# the fingerprint's fields (run_autoattack's settings; the report's "fingerprint")
+_FINGERPRINT_FIELDS = frozenset(
+    ("pool", "conv_impl", "images", "ids", "norm", "eps", "version", "stages", "n_iter", "fab_iter")
+    + ("square_queries", "batch_size", "seed", "per_member", "checks", "wrap", "stochastic", "sarjax")
 )
 
 
@@ -59,6 +74,98 @@ def output_paths(out: str | os.PathLike) -> tuple[Path, Path]:
     if path.suffix == ".npz":
         raise ValueError(f"out must be the JSON report's path (the arrays go to OUT.npz beside it), got {str(path)!r}")
     return path, path.with_suffix(".npz")
+
+
+def check_outputs(
+    out: str | os.PathLike,
+    settings: dict[str, Any],
+    meta: dict[str, Any] | None = None,
+    *,
+    overwrite: bool = False,
+    distribute: bool = False,
+    partial: bool = False,
+) -> None:
+    """Refuse to replace an ``OUT.json`` / ``OUT.npz`` that a run with other settings wrote.
+
+    Nothing exists yet, or the report's recorded settings equal this run's: the run may write
+    (an identical rerun, a resumed one writes the same result). Otherwise it raises, unless
+    ``overwrite``. :func:`run_autoattack` calls it before any attack work; ``sarjax autoattack``
+    also calls it with ``partial=True`` before it loads the data and the pool.
+
+    Args:
+      out: the JSON report's path (``OUT.npz`` beside it).
+      settings: this run's fingerprint, the fields the report stores under ``"fingerprint"``
+        (pool content hash, images, norm, eps, ...).
+      meta: this run's own report fields (``run_autoattack(meta=)``: the pool's path, the data's
+        source, ...), compared with the report's top-level fields.
+      overwrite: replace whatever is there (no check).
+      distribute: a run on JAX's distributed runtime: process 0 (the one that writes) checks, and
+        every process raises when it refuses (:func:`sarjax.runtime.distributed.all_ok`).
+      partial: compare only the fields given (a check before everything is known).
+
+    Raises:
+      ValueError: the files exist and were written with other settings (naming each one that
+        differs, the stored and this run's value), hold no recorded settings (an older sarjax,
+        another program) or are not a report; the message says ``--overwrite`` or another ``--out``.
+    """
+    json_path, npz_path = output_paths(out)
+    err = None
+    if not overwrite and (not distribute or is_main()):
+        err = _outputs_refusal(json_path, npz_path, _combined(settings, meta or {}), partial)
+    if distribute and process_count() > 1 and not all_ok(err is None):  # every process stops together
+        raise ValueError(err or f"process 0 refused to replace {json_path} (see its log); {OUTPUT_HINT}")
+    if err is not None:
+        raise ValueError(err)
+
+
+def _combined(fingerprint: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
+    """One dict of a run's fingerprint and its report fields; a report field named like a
+    fingerprint field (``pool``: the path beside the pool's content hash) keeps both, renamed."""
+    taken = set(fingerprint) | _FINGERPRINT_FIELDS
+    return {**fingerprint, **{(f"{k} (report)" if k in taken else k): v for k, v in meta.items()}}
+
+
+def _outputs_refusal(json_path: Path, npz_path: Path, want: dict[str, Any], partial: bool) -> str | None:
+    """The one-line reason to refuse writing ``json_path`` / ``npz_path``, or None."""
+    if not json_path.exists() and not npz_path.exists():
+        return None
+    for f in (json_path, npz_path):
+        if f.exists() and not f.is_file():
+            return f"{f} exists and is not a file: choose another --out"
+    them = f"refusing to replace {json_path.name} and {npz_path.name}; {OUTPUT_HINT}"
+    if not json_path.is_file():
+        return (
+            f"{npz_path} holds another run's arrays without their report {json_path.name}, so its settings "
+            f"cannot be checked: {them}"
+        )
+    try:
+        report = json.loads(json_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        report = None
+    if not isinstance(report, dict):
+        return f"{json_path} exists and is not an AutoAttack report (not a JSON object): {them}"
+    meta = {k: v for k, v in report.items() if k not in _OWN_FIELDS}
+    stored = report.get("fingerprint")
+    if isinstance(stored, dict):
+        stored = _combined(stored, meta)
+        if partial:
+            stored = {k: stored[k] for k in want if k in stored}
+        diff = fingerprints.differing_fields(stored, want)
+        if not diff:
+            return None
+        return f"{fingerprints.mismatch_reason(json_path, stored, want, diff)}: {them}"
+    # a report without a fingerprint (an older sarjax): name what its recorded fields tell apart
+    budget = report.get("budget")
+    budget = budget if isinstance(budget, dict) else {}
+    known = {k: report[k] for k in ("norm", "eps", "version", "seed") if k in report}
+    known.update({k: budget[k] for k in ("n_iter", "fab_iter", "square_queries") if k in budget})
+    known = _combined(known, meta)
+    known = {k: v for k, v in known.items() if k in want}
+    diff = fingerprints.differing_fields(known, {k: want[k] for k in known})
+    if diff:
+        reason = fingerprints.mismatch_reason(json_path, known, want, diff)
+        return f"{reason} (its other settings are not recorded): {them}"
+    return f"{json_path} holds a report without recorded settings (an older sarjax), so it cannot be checked: {them}"
 
 
 def run_autoattack(
@@ -97,6 +204,8 @@ def run_autoattack(
       norm, eps, version: the threat model and AutoAttack's version (``"standard"``, ``"plus"``,
         ``"rand"``).
       out: the JSON report's path (``OUT.npz`` is written beside it), or None to write nothing.
+        Existing files are replaced only by a run with the same settings (the report records
+        them under ``"fingerprint"``, and ``meta``): :func:`check_outputs`, before any attack work.
       seed: the attack's key is ``jax.random.PRNGKey(seed)``.
       ids: ``[N]`` distinct non-negative sample ids (each image's random streams; default
         ``0 .. N-1``), recorded in the npz.
@@ -116,8 +225,11 @@ def run_autoattack(
         (per process in ``process_<i>_of_<n>`` when distributed), with a fingerprint of the
         settings (pool content hash, images, ids, norm, eps, version, stages, budgets, batch
         size, seed, processes, sarjax version); a rerun with the same fingerprint skips the
-        completed runs and gives the uninterrupted result bit for bit. None: no checkpoint.
-      overwrite: discard the checkpoints ``checkpoint_dir`` holds (any settings) and start over.
+        completed runs and gives the uninterrupted result bit for bit. None: no checkpoint. A
+        run that fails before its first state is saved (e.g. a setting the attack refuses)
+        removes the fingerprint it wrote.
+      overwrite: replace ``OUT.json`` / ``OUT.npz`` of other settings, and discard the
+        checkpoints ``checkpoint_dir`` holds (any settings) and start over.
 
     Returns:
       The :class:`~sarjax.attacks.autoattack.AutoAttackResult` (every process, when distributed).
@@ -125,8 +237,9 @@ def run_autoattack(
     Raises:
       ValueError: images that fail the checks (naming what is wrong), ``ids`` that are not
         ``N`` distinct non-negative ints, an ``out`` ending in ``.npz``, ``meta`` clashing with
-        a result field; the attack's own errors (bad eps, norm, version, ...); a ``checkpoint_dir``
-        written with other settings (naming each one that differs) unless ``overwrite``.
+        a result field; the attack's own errors (bad eps, norm, version, ...); an ``out`` or a
+        ``checkpoint_dir`` written with other settings (naming each one that differs) unless
+        ``overwrite``.
     """
     xf, yi = check_images(x, y, input_shape=tuple(pool.input_shape), num_classes=int(pool.num_classes))
     sample_ids = np.arange(len(xf), dtype=np.int64) if ids is None else check_ids(ids, len(xf))
@@ -134,65 +247,71 @@ def run_autoattack(
     clash = sorted(set(meta or {}) & _OWN_FIELDS)
     if clash:
         raise ValueError(f"meta may not replace the report's own fields, got {clash}")
-    ck = None
+    settings = {
+        **fingerprints.pool_fingerprint(pool),
+        "images": fingerprints.array_digest(xf, yi),
+        "ids": fingerprints.array_digest(sample_ids),
+        "norm": norm,
+        "eps": float(eps),
+        "version": version,
+        "stages": list(aa.stages_of(version, norm) if attacks is None else attacks),
+        "n_iter": n_iter,
+        "fab_iter": fab_iter,
+        "square_queries": square_queries,
+        "batch_size": batch_size,
+        "seed": seed,
+        "per_member": per_member,
+        "checks": checks,
+        "wrap": wrap is not None,
+        "stochastic": None if stochastic is None else sorted(stochastic),
+        "sarjax": fingerprints.sarjax_version(),
+    }
+    multi = distribute and process_count() > 1
+    if paths is not None:  # before any attack work: another run's outputs are refused now
+        check_outputs(paths[0], settings, meta, overwrite=overwrite, distribute=multi)
+    ck, wrote = None, False
     if checkpoint_dir is not None:
-        ck = _open_checkpoint(
-            Path(checkpoint_dir),
-            {
-                **fingerprints.pool_fingerprint(pool),
-                "images": fingerprints.array_digest(xf, yi),
-                "ids": fingerprints.array_digest(sample_ids),
-                "norm": norm,
-                "eps": float(eps),
-                "version": version,
-                "stages": list(aa.stages_of(version, norm) if attacks is None else attacks),
-                "n_iter": n_iter,
-                "fab_iter": fab_iter,
-                "square_queries": square_queries,
-                "batch_size": batch_size,
-                "seed": seed,
-                "per_member": per_member,
-                "checks": checks,
-                "wrap": wrap is not None,
-                "stochastic": None if stochastic is None else sorted(stochastic),
-                "processes": process_count() if distribute else 1,
-                "sarjax": fingerprints.sarjax_version(),
-            },
-            overwrite,
-            distribute and process_count() > 1,
+        ck, wrote = _open_checkpoint(
+            Path(checkpoint_dir), {**settings, "processes": process_count() if distribute else 1}, overwrite, multi
         )
     t0 = time.perf_counter()
-    res = aa.autoattack_pool(
-        pool,
-        xf,
-        yi,
-        norm=norm,
-        eps=eps,
-        key=jax.random.PRNGKey(seed),
-        version=version,
-        batch_size=batch_size,
-        n_iter=n_iter,
-        fab_iter=fab_iter,
-        square_queries=square_queries,
-        wrap=wrap,
-        stochastic=stochastic,
-        per_member=per_member,
-        attacks=attacks,
-        checks=checks,
-        log=log,
-        **({} if ids is None else {"sample_ids": sample_ids}),
-        **({} if progress is None else {"progress": progress}),
-        **({"distribute": True} if distribute else {}),
-        **({} if ck is None else {"checkpoint_dir": ck}),
-    )
+    try:
+        res = aa.autoattack_pool(
+            pool,
+            xf,
+            yi,
+            norm=norm,
+            eps=eps,
+            key=jax.random.PRNGKey(seed),
+            version=version,
+            batch_size=batch_size,
+            n_iter=n_iter,
+            fab_iter=fab_iter,
+            square_queries=square_queries,
+            wrap=wrap,
+            stochastic=stochastic,
+            per_member=per_member,
+            attacks=attacks,
+            checks=checks,
+            log=log,
+            **({} if ids is None else {"sample_ids": sample_ids}),
+            **({} if progress is None else {"progress": progress}),
+            **({"distribute": True} if distribute else {}),
+            **({} if ck is None else {"checkpoint_dir": ck}),
+        )
+    except BaseException:
+        if wrote and ck is not None:  # refused or stopped before its first state: the folder holds no run
+            _drop_unused_fingerprint(ck)
+        raise
     seconds = time.perf_counter() - t0
     if paths is not None and is_main():
-        _write(paths, res, yi, sample_ids, seconds, seed, (n_iter, fab_iter, square_queries), meta or {})
+        _write(paths, res, yi, sample_ids, seconds, seed, (n_iter, fab_iter, square_queries), meta or {}, settings)
     return res
 
 
-def _open_checkpoint(directory: Path, fp: dict[str, Any], overwrite: bool, multi: bool) -> Path:
-    """This process's checkpoint folder under ``directory``, its fingerprint checked (or written).
+def _open_checkpoint(directory: Path, fp: dict[str, Any], overwrite: bool, multi: bool) -> tuple[Path, bool]:
+    """This process's checkpoint folder under ``directory``, its fingerprint checked (or written),
+    and whether this run wrote the fingerprint (the folder held no run).
 
     Raises:
       ValueError: the folder holds checkpoints of other settings (naming them) and not ``overwrite``.
@@ -202,20 +321,34 @@ def _open_checkpoint(directory: Path, fp: dict[str, Any], overwrite: bool, multi
     if overwrite and pdir.is_dir():
         fingerprints.remove_paths(pdir, ["call_*.npz*", fingerprints.FINGERPRINT_FILE])
         has = False
-    err = None
+    err, wrote = None, False
     try:
         if fingerprints.check_fingerprint(pdir, fp, hint=CHECKPOINT_HINT, holds_results=has) is None:
             fingerprints.write_fingerprint(pdir, fp)
+            wrote = True
     except fingerprints.FingerprintMismatch as e:
         err = ValueError(f"{e.reason}; {CHECKPOINT_HINT}")
     if multi and not all_ok(err is None):  # every process stops when one refuses its folder
         raise err or ValueError(f"another process refused its checkpoint folder (see its log); {CHECKPOINT_HINT}")
     if err is not None:
         raise err
-    return pdir
+    return pdir, wrote
 
 
-def _write(paths, res: AutoAttackResult, y, ids, seconds: float, seed: int, budget, meta: dict) -> None:
+def _drop_unused_fingerprint(pdir: Path) -> None:
+    """Remove the fingerprint this run wrote into ``pdir`` when no state was saved beside it (the
+    run was refused, e.g. a bad setting, or stopped before its first attack run completed), so a
+    corrected run may use the folder; the folder too when that leaves it empty."""
+    if any(pdir.glob("call_*.npz*")):
+        return
+    (pdir / fingerprints.FINGERPRINT_FILE).unlink(missing_ok=True)
+    try:
+        pdir.rmdir()  # only when empty
+    except OSError:
+        pass
+
+
+def _write(paths, res: AutoAttackResult, y, ids, seconds: float, seed: int, budget, meta: dict, settings) -> None:
     json_path, npz_path = paths
     record = res.to_json()
     record.update(meta)
@@ -226,19 +359,25 @@ def _write(paths, res: AutoAttackResult, y, ids, seconds: float, seed: int, budg
         seconds=seconds,
         budget=dict(n_iter=n_iter, fab_iter=fab_iter, square_queries=square_queries),
         npz=str(npz_path.absolute()),
+        fingerprint=settings,
     )
     json_path.parent.mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(
-        npz_path,
-        robust=np.asarray(res.robust, bool),
-        clean=np.asarray(res.clean, bool),
-        queries=np.asarray(res.queries, np.int64),
-        x_adv=np.asarray(res.x_adv, np.float32),
-        ids=np.asarray(ids, np.int64),
-        y=np.asarray(y, np.int32),
-        members=np.asarray(list(res.names), dtype=str),
-    )
-    json_path.write_text(json.dumps(record, indent=1))
+    # written beside, then moved into place: a run stopped while writing leaves the old files whole
+    tmp_npz, tmp_json = (f.with_name(f.name + ".tmp") for f in (npz_path, json_path))
+    with open(tmp_npz, "wb") as fh:
+        np.savez_compressed(
+            fh,
+            robust=np.asarray(res.robust, bool),
+            clean=np.asarray(res.clean, bool),
+            queries=np.asarray(res.queries, np.int64),
+            x_adv=np.asarray(res.x_adv, np.float32),
+            ids=np.asarray(ids, np.int64),
+            y=np.asarray(y, np.int32),
+            members=np.asarray(list(res.names), dtype=str),
+        )
+    tmp_json.write_text(json.dumps(record, indent=1))
+    os.replace(tmp_npz, npz_path)
+    os.replace(tmp_json, json_path)
 
 
 class AutoAttackRun(NamedTuple):
@@ -296,4 +435,4 @@ def load_autoattack(path: str | os.PathLike) -> AutoAttackRun:
     return AutoAttackRun(report, a["robust"], a["clean"], a["queries"], a["x_adv"], a["ids"], a["y"], members)
 
 
-__all__ = ["AutoAttackRun", "load_autoattack", "output_paths", "run_autoattack"]
+__all__ = ["AutoAttackRun", "check_outputs", "load_autoattack", "output_paths", "run_autoattack"]

@@ -17,6 +17,8 @@ from __future__ import annotations
 import io
 import os
 import re
+import socket
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import overload
@@ -24,8 +26,84 @@ from typing import overload
 import jax
 import numpy as np
 
+COORDINATOR_TIMEOUT = 300  # seconds; jax.distributed.initialize's own default (initialization_timeout)
 
-def initialize(coordinator_address: str | None, num_processes: int | None, process_id: int | None) -> None:
+
+def parse_coordinator(address: str) -> tuple[str, int]:
+    """``(host, port)`` of a coordinator address ``HOST:PORT`` (``[IPv6]:PORT`` for an IPv6 host).
+
+    Args:
+        address: e.g. ``"localhost:12355"``, ``"10.0.0.1:12355"``, ``"[::1]:12355"``.
+
+    Returns:
+        The host (without brackets) and the port, an int in ``1 .. 65535``.
+
+    Raises:
+        TypeError: ``address`` is not a str.
+        ValueError: no host, no port, or a port outside ``1 .. 65535`` (naming the value).
+    """
+    if not isinstance(address, str):
+        raise TypeError(f"coordinator must be a str HOST:PORT, got {type(address).__name__} {address!r}")
+    m = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\]:(\d+)|([^\s:\[\]]+):(\d+)", address)
+    if m is None:
+        raise ValueError(
+            f"coordinator must be HOST:PORT with a host and a port in 1..65535 (e.g. localhost:12355, "
+            f"[::1]:12355), got {address!r}"
+        )
+    host, port = (m.group(1), m.group(2)) if m.group(1) is not None else (m.group(3), m.group(4))
+    if not 1 <= int(port) <= 65535:
+        raise ValueError(f"coordinator port must be in 1..65535, got {int(port)} in {address!r}")
+    return host, int(port)
+
+
+def _check_timeout(timeout: int) -> int:
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, np.integer)) or timeout < 1:
+        raise ValueError(f"timeout must be an int >= 1 (seconds), got {timeout!r}")
+    return int(timeout)
+
+
+def _resolve(host: str, port: int) -> None:
+    try:
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise ValueError(f"coordinator host {host!r} does not resolve ({e.strerror}): check --coordinator") from None
+
+
+def wait_for_coordinator(host: str, port: int, timeout: float) -> None:
+    """Wait until ``host:port`` accepts a TCP connection (process 0's coordinator service is up).
+
+    Used by :func:`initialize` on every process but 0 before it joins: JAX's own join aborts the
+    process (a C++ check failure) when its ``initialization_timeout`` runs out, so an unreachable
+    coordinator is reported here first, as an exception naming it.
+
+    Raises:
+        ValueError: the host does not resolve, or nothing accepted a connection within
+            ``timeout`` seconds (naming the address and the timeout).
+    """
+    _resolve(host, port)
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            with socket.create_connection((host, port), timeout=max(0.1, min(left, 5.0))):
+                return
+        except OSError:
+            if time.monotonic() + 0.25 >= deadline:
+                break
+            time.sleep(0.25)
+    raise ValueError(
+        f"the coordinator {host}:{port} did not accept a connection within {timeout:g} s: check --coordinator "
+        "and that process 0 runs (or raise --coordinator-timeout)"
+    )
+
+
+def initialize(
+    coordinator_address: str | None,
+    num_processes: int | None,
+    process_id: int | None,
+    *,
+    timeout: int = COORDINATOR_TIMEOUT,
+) -> None:
     """Join JAX's distributed runtime (``jax.distributed.initialize``) after checking the arguments.
 
     Call it before any JAX computation. All three None: the runtime detects the cluster itself
@@ -33,13 +111,22 @@ def initialize(coordinator_address: str | None, num_processes: int | None, proce
     all three are required.
 
     Args:
-        coordinator_address: ``HOST:PORT`` of process 0 (every process passes the same).
+        coordinator_address: ``HOST:PORT`` of process 0 (every process passes the same; the port
+            in ``1 .. 65535``, :func:`parse_coordinator`).
         num_processes: ``n >= 1``.
         process_id: this process, in ``[0, n)``.
+        timeout: seconds to wait for the coordinator and every process to join (JAX's
+            ``initialization_timeout``; default 300, JAX's). Processes other than 0 first wait
+            for the coordinator's port to accept a connection (:func:`wait_for_coordinator`) and
+            raise if it never does; past the timeout inside JAX's own join, JAX ends the process
+            with a ``DEADLINE_EXCEEDED`` message.
 
     Raises:
-        ValueError: a partial or malformed set of arguments, naming what was given.
+        ValueError: a partial or malformed set of arguments (naming what was given), a timeout
+            below 1, a coordinator host that does not resolve, or one that did not accept a
+            connection within ``timeout``.
     """
+    timeout = _check_timeout(timeout)
     given = [a is not None for a in (coordinator_address, num_processes, process_id)]
     if any(given) and not all(given):
         raise ValueError(
@@ -49,19 +136,25 @@ def initialize(coordinator_address: str | None, num_processes: int | None, proce
         )
     if all(given):
         assert coordinator_address is not None and num_processes is not None and process_id is not None
-        if not re.fullmatch(r"[^\s:]+:\d{1,5}", coordinator_address):
-            raise ValueError(f"coordinator must be HOST:PORT (e.g. localhost:12355), got {coordinator_address!r}")
+        host, port = parse_coordinator(coordinator_address)
         if isinstance(num_processes, bool) or not isinstance(num_processes, (int, np.integer)) or num_processes < 1:
             raise ValueError(f"num_processes must be an int >= 1, got {num_processes!r}")
         if isinstance(process_id, bool) or not isinstance(process_id, (int, np.integer)):
             raise ValueError(f"process_id must be an int in [0, {num_processes}), got {process_id!r}")
         if not 0 <= process_id < num_processes:
             raise ValueError(f"process_id must be in [0, {num_processes}), got {process_id}")
+        if process_id != 0:
+            wait_for_coordinator(host, port, timeout)
+        else:
+            _resolve(host, port)
         jax.distributed.initialize(
-            coordinator_address=coordinator_address, num_processes=int(num_processes), process_id=int(process_id)
+            coordinator_address=coordinator_address,
+            num_processes=int(num_processes),
+            process_id=int(process_id),
+            initialization_timeout=timeout,
         )
     else:
-        jax.distributed.initialize()
+        jax.distributed.initialize(initialization_timeout=timeout)
 
 
 def process_count() -> int:

@@ -62,8 +62,8 @@ def test_model_and_images(fake, mine, tmp_path):
     z = np.load(out.with_suffix(".npz"))
     assert z["ids"].tolist() == list(range(50, 56)) and z["members"].tolist() == ["lin0", "lin1", "relu"]
     assert report["npz"] == str(out.with_suffix(".npz").absolute())
-    # without --samples: every image of the file
-    assert _cli("--model", "_aa_tiny:make_pool", "--images", path, "--out", out, "--no-progress") == 0
+    # without --samples: every image of the file (other images: --overwrite replaces the 6-image run)
+    assert _cli("--model", "_aa_tiny:make_pool", "--images", path, "--out", out, "--no-progress", "--overwrite") == 0
     assert len(fake["x"]) == 10
 
 
@@ -84,6 +84,7 @@ def test_pool_on_mnist_writes_todays_report_and_the_npz(fake, monkeypatch, tmp_p
     today = {"version", "norm", "eps", "members", "clean_accuracy", "robust_accuracy", "queries_total"}
     today |= {"queries_per_sample_mean", "stages", "warnings", "pool", "samples", "sample_indices", "data", "seed"}
     today |= {"seconds", "budget", "noise_sigma", "randomized_members", "deterministic_members_skipped"}
+    today |= {"fingerprint"}  # the settings a rerun into the same OUT is checked against
     assert set(report) == today | {"npz"}
     assert report["sample_indices"] == idx.tolist() and report["pool"] == str((tmp_path / "P").absolute())
     assert f"wrote {out} and {out.with_suffix('.npz')}" in capsys.readouterr().out
