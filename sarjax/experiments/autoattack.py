@@ -61,7 +61,11 @@ _OWN_FIELDS = frozenset(
 _FINGERPRINT_FIELDS = frozenset(
     ("pool", "conv_impl", "images", "ids", "norm", "eps", "version", "stages", "n_iter", "fab_iter")
     + ("square_queries", "batch_size", "seed", "per_member", "checks", "wrap", "stochastic", "sarjax")
+    + ("randomized",)
 )
+# the meta fields that describe ``wrap`` / ``stochastic`` (callables, which cannot be fingerprinted):
+# the CLI's noise sigma and each randomized member's description enter the checkpoint fingerprint
+RANDOMIZED_META = ("noise_sigma", "randomized_members")
 
 
 def output_paths(out: str | os.PathLike) -> tuple[Path, Path]:
@@ -213,6 +217,9 @@ def run_autoattack(
         :func:`sarjax.attacks.autoattack.autoattack_pool` / :func:`~sarjax.attacks.autoattack.autoattack`
         (``attacks``: a custom list of stages; None: the version's).
       wrap, stochastic: the randomized models of ``version="rand"`` (as ``autoattack_pool``).
+        Callables cannot be fingerprinted: describe them in ``meta`` (``noise_sigma``,
+        ``randomized_members``, as ``sarjax autoattack`` does), and those fields enter the
+        checkpoint's fingerprint, so a resume with another noise sigma is refused.
       log: print AutoAttack's log (on process 0 only when distributed).
       progress: ``progress(stage, done, total)`` after every chunk of every stage
         (:func:`~sarjax.attacks.autoattack.autoattack`); it only observes.
@@ -265,6 +272,7 @@ def run_autoattack(
         "wrap": wrap is not None,
         "stochastic": None if stochastic is None else sorted(stochastic),
         "sarjax": fingerprints.sarjax_version(),
+        "randomized": {k: (meta or {})[k] for k in RANDOMIZED_META if k in (meta or {})},
     }
     multi = distribute and process_count() > 1
     if paths is not None:  # before any attack work: another run's outputs are refused now

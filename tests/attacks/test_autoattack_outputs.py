@@ -218,3 +218,17 @@ def test_cli_bad_setting_then_corrected_run_with_the_same_checkpoint(calls, tmp_
     assert _cli(*argv, "--fab-iter", 3, "--out", "a.json") == 0, capsys.readouterr().err
     assert json.loads((tmp_path / "ck" / "fingerprint.json").read_text())["fab_iter"] == 3
     assert len(calls) == 1
+
+
+def test_checkpoint_refuses_another_noise_sigma(calls, tmp_path):
+    """The randomized model's description (``meta``'s ``noise_sigma``) is part of the checkpoint's
+    fingerprint: a rand run resumed with another sigma was read off the first sigma's states."""
+    pool, (x, y) = make_pool(stacks=1), images(6)
+    ck = tmp_path / "ck"
+    kw = dict(KW, version="rand", wrap=lambda a: a, checkpoint_dir=ck)
+    run_autoattack(pool, x, y, out=tmp_path / "a.json", meta={"noise_sigma": 0.1}, **kw)
+    assert json.loads((ck / "fingerprint.json").read_text())["randomized"] == {"noise_sigma": 0.1}
+    with pytest.raises(ValueError, match=r"randomized"):
+        run_autoattack(pool, x, y, out=tmp_path / "b.json", meta={"noise_sigma": 0.2}, **kw)
+    run_autoattack(pool, x, y, out=tmp_path / "c.json", meta={"noise_sigma": 0.1}, **kw)  # same sigma: resumes
+    assert len(calls) == 2

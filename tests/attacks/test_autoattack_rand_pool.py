@@ -187,7 +187,7 @@ def test_cli_rand_hands_the_randomized_members_to_autoattack(pool, tmp_path, cap
     # --noise-sigma: every member behind that noise (wrap), no stochastic dict
     seen.clear()
     rc = _run_cli(["--pool", str(only), "--norm", "linf", "--eps", "0.05", "--version", "rand", "--samples", "4",
-                   "--noise-sigma", "0.3", "--out", str(out_path)])  # fmt: skip
+                   "--noise-sigma", "0.3", "--out", str(tmp_path / "rand_sigma.json")])  # fmt: skip
     assert rc == 0 and seen["stochastic"] is None and seen["wrap"] is not None
     # a deterministic pool is refused with the way out
     plain = tmp_path / "plain"
