@@ -53,7 +53,7 @@ from sarjax.models.llm.config import config_from_hf
 from sarjax.models.llm.decoder import init_params
 from sarjax.models.pool import Stack
 from sarjax.models.presets import preset_members
-from sarjax.models.sharding import make_mesh
+from sarjax.models.sharding import make_mesh, mesh_stack_apply
 from sarjax.runtime.devices import DeviceSpec, device_spec
 
 ATTACKS = ("joint-pgd", "autoattack", "joint-gcg")
@@ -337,6 +337,11 @@ class StepProgram:
       params: abstract params (with shardings).
       state: abstract state (with shardings).
       steps_per_call: step calls per attack call (e.g. steps x restarts).
+      init: ``init(params, *init_args) -> state``, the attack's own state builder (what ``state``'s
+        shapes come from); ``benchmarks/plan_validation.py`` calls it on concrete arrays to run the
+        step it projects.
+      init_args: abstract arguments of ``init`` after the params (vision: ``x, ref, mask, key``;
+        joint GCG: the ``TextProblem``).
     """
 
     name: str
@@ -344,6 +349,8 @@ class StepProgram:
     params: Any
     state: Any
     steps_per_call: int
+    init: Callable | None = None
+    init_args: tuple = ()
 
 
 def analyse(program: StepProgram) -> dict:
@@ -441,20 +448,22 @@ def _batch_sharded(mesh, tree, b: int) -> Any:
 
 def _padded_pool(pool: ShapePool, mesh) -> tuple[Callable, tuple, int]:
     """``(apply, params, padded members)``: every stack padded to a multiple of the ``pool`` axis,
-    its params sharded on it; ``apply`` returns the real members only (as ShardedPool does)."""
+    its params sharded on it; ``apply`` runs each stack as :class:`~sarjax.models.sharding.ShardedPool`
+    does (:func:`~sarjax.models.sharding.mesh_stack_apply`: each device its members on its samples)
+    and returns the real members only."""
     k = mesh.shape["pool"]
-    params, keep, start = [], [], 0
+    params, sizes, start = [], [], 0
     for s in pool.stacks:
         kp = -(-s.size // k) * k
         params.append(jax.tree.map(lambda a, kp=kp: _on(mesh, P("pool"), jax.ShapeDtypeStruct((kp, *a.shape[1:]),
                                                                                                a.dtype)), s.params))  # fmt: skip
-        keep += list(range(start, start + s.size))
+        sizes.append((s.size, kp))
         start += kp
-    members = np.asarray(keep)
-    applies = tuple(s.apply for s in pool.stacks)
+    applies = tuple(mesh_stack_apply(s.apply, mesh) for s in pool.stacks)
 
     def apply(ps, x):
-        return jnp.concatenate([f(p, x) for f, p in zip(applies, ps, strict=True)])[members]
+        outs = [f(p, x)[:n] if n != kp else f(p, x) for f, p, (n, kp) in zip(applies, ps, sizes, strict=True)]
+        return outs[0] if len(outs) == 1 else jnp.concatenate(outs)
 
     return apply, tuple(params), start
 
@@ -499,21 +508,22 @@ def vision_program(pool: ShapePool, attack: str, batch: int, mesh, settings: dic
 def _program(fn, attack, name, params, inputs, batch, mesh, calls: int = 1, **call) -> StepProgram:
     """A :class:`StepProgram` of ``attack`` (the state machine of entry ``fn``) at abstract ``inputs``."""
     x, ref, mask, key = inputs
-    # the jit-safe entry's own problem builder (jnp operations only), traced at shapes
-    problem = jax.eval_shape(lambda p, x, r, mk, k: fn._traced_problem(p, x, r, mk, k, **call), params, x, ref, mask,
-                             key)  # fmt: skip
     cfg = attack.cfg
 
     def prepared(p):
         return attack.prepare(cfg, p) if attack.prepare is not None else (cfg, p)
 
-    state = jax.eval_shape(lambda p, pr: attack.init(*prepared(p), pr), params, problem)
+    def init(p, x, r, mk, k):  # the jit-safe entry's own problem builder (jnp operations only)
+        return attack.init(*prepared(p), fn._traced_problem(p, x, r, mk, k, **call))
+
+    state = jax.eval_shape(init, params, x, ref, mask, key)
 
     def step(p, s):
         c, q = prepared(p)
         return attack.step(c, s, q)
 
-    return StepProgram(name, step, params, _batch_sharded(mesh, state, batch), attack.num_steps * calls)
+    return StepProgram(name, step, params, _batch_sharded(mesh, state, batch), attack.num_steps * calls, init,
+                       (x, ref, mask, key))  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- LLM programs
@@ -586,7 +596,8 @@ def llm_program(cfgs: Sequence, batch: int, mesh_shape: dict, settings: dict, dt
     attack = fn.attack
     state = jax.eval_shape(lambda p, pr: attack.init(attack.cfg, p, pr), params, problem)
     state = _batch_sharded(mesh, state, batch)
-    prog = StepProgram("joint-gcg step", lambda p, s: attack.step(attack.cfg, s, p), params, state, attack.num_steps)
+    prog = StepProgram("joint-gcg step", lambda p, s: attack.step(attack.cfg, s, p), params, state, attack.num_steps,
+                       lambda p, pr: attack.init(attack.cfg, p, pr), (problem,))  # fmt: skip
     return prog, label, pbytes
 
 

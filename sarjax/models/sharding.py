@@ -5,6 +5,13 @@ leading axis of every params leaf); inputs are sharded along ``data``. Stacks an
 padded to multiples of the axis sizes, and masks say which rows are real. The same code runs on
 one CPU, on 8 fake CPU devices (``jax.config.update("jax_num_cpu_devices", 8)``) and on a pod.
 
+A stack's forward pass runs under ``jax.shard_map`` (:func:`mesh_stack_apply`): every device
+computes ITS members on ITS samples, so the per-device work of a step is ``1 / (pool x data)`` of
+the pool's. (Left to XLA's sharding propagation, the vmapped convolutions of a CNN stack, which XLA
+turns into grouped convolutions, were computed whole on every device: per-device FLOPs of a joint
+PGD step on a WideResNet pool did not drop at all on a ``pool=4 x data=2`` mesh;
+tests/models/test_mesh_flops.py.)
+
 :class:`ShardedPool` hides the padding from attacks: its ``apply`` returns the real members
 only, so any sarjax attack run through :meth:`ShardedPool.attack` reports the same members,
 success, losses and query counts as on one device.
@@ -13,6 +20,8 @@ success, losses and query counts as on one device.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -47,6 +56,40 @@ def make_mesh(pool: int | None = None, data: int | None = None, *, local: bool =
     return jax.make_mesh((pool, data), ("pool", "data"), axis_types=(auto, auto), devices=devices[: pool * data])
 
 
+def mesh_stack_apply(apply: Callable, mesh: Mesh) -> Callable:
+    """One stack's ``apply`` run member- and sample-parallel on ``mesh`` (``jax.shard_map``).
+
+    Device ``(i, j)`` of the ``("pool", "data")`` mesh applies its block of members (the params'
+    leading axis split over ``pool``) to its block of samples (``x``'s leading axis split over
+    ``data``); nothing is replicated but ``x`` over ``pool`` and the params over ``data``. The
+    gradient in ``x`` is summed over ``pool`` by ``shard_map``'s transpose.
+
+    Args:
+      apply: ``apply(params [K, ...], x [B, *S]) -> logits [K, B, C]`` (a stack's stacked apply:
+        members are independent along the leading axis of every params leaf).
+      mesh: a ``("pool", "data")`` mesh with ``K`` a multiple of its ``pool`` size.
+
+    Returns:
+      ``fn(params, x) -> [K, B, C]`` equal to ``apply(params, x)`` (to float32 rounding: XLA picks
+      kernels by shape). A batch that is not a multiple of ``data`` is padded inside with copies
+      of its first row, and cut back.
+    """
+    data = int(mesh.shape["data"])
+    local = jax.shard_map(
+        apply, mesh=mesh, in_specs=(P("pool"), P("data")), out_specs=P("pool", "data"), check_vma=False
+    )
+
+    def run(params: Any, x: jax.Array) -> jax.Array:
+        b = x.shape[0]
+        extra = (-b) % data
+        if extra:
+            x = jnp.concatenate([x, jnp.repeat(x[:1], extra, axis=0)])
+        z = local(params, x)
+        return z[:, :b] if extra else z
+
+    return run
+
+
 def pad_pool(pool: Pool, multiple: int) -> tuple[Pool, np.ndarray]:
     """Pad every stack to a multiple of ``multiple`` members with copies of its first member.
 
@@ -54,14 +97,14 @@ def pad_pool(pool: Pool, multiple: int) -> tuple[Pool, np.ndarray]:
       (padded pool, member mask [M_padded] bool: True for real members).
     """
     stacks, mask = [], []
-    for s in pool.stacks:
+    for j, s in enumerate(pool.stacks):
         extra = (-s.size) % multiple
-        if extra:
+        mask += [True] * s.size + [False] * extra
+        if extra:  # named by the stack's position too: two stacks may share an architecture name
             params = jax.tree.map(lambda a: jnp.concatenate([a, jnp.repeat(a[:1], extra, axis=0)]), s.params)
-            names = s.names + tuple(f"<pad {s.name} {i}>" for i in range(extra))
+            names = s.names + tuple(f"<pad {j}:{s.name} {i}>" for i in range(extra))
             s = s.with_params(params, names)
         stacks.append(s)
-        mask += [not n.startswith("<pad ") for n in s.names]
     return Pool(stacks), np.array(mask)
 
 
@@ -125,20 +168,47 @@ class ShardedPool:
         self.pool, mask = place_pool(pool, mesh)
         self.members = np.flatnonzero(mask)
         self.num_members = int(len(self.members))
+        # per stack: its real members (the first ones: padding is appended), the layout of its
+        # params on each device and its apply on that layout, both under shard_map
+        self._real = tuple(s.size for s in pool.stacks)
+        self._prepare = tuple(self._local_prepare(s) for s in self.pool.stacks)
+        self._apply = tuple(mesh_stack_apply(functools.partial(self._apply_local, s), mesh) for s in self.pool.stacks)
+
+    def _local_prepare(self, stack) -> Callable:
+        """``stack.prepare`` on each device's members; every leaf gains a leading axis of 1 per
+        device, so that any layout (e.g. an MLP's ``[D, K * H]``) goes out and back on ``pool``."""
+
+        def prep(p):
+            return jax.tree.map(lambda a: a[None], stack.prepare(p))
+
+        return jax.shard_map(prep, mesh=self.mesh, in_specs=P("pool"), out_specs=P("pool"), check_vma=False)
+
+    @staticmethod
+    def _apply_local(stack, prepared, x):
+        return stack.apply_prepared(jax.tree.map(lambda a: a[0], prepared), x)
 
     @property
     def params(self) -> tuple:
         return self.pool.params
 
     def apply(self, params, x: jax.Array) -> jax.Array:
-        """Logits ``[M, B, C]`` of the real members (the padded pool runs sharded)."""
-        return self.pool.apply(params, x)[self.members]
+        """Logits ``[M, B, C]`` of the real members (the padded pool runs sharded: each device
+        its members on its samples, :func:`mesh_stack_apply`)."""
+        return self.apply_prepared(self.prepare_apply(params)[1], x)
 
     def prepare_apply(self, params) -> tuple:
         """``(fn, prepared)`` with ``fn(prepared, x) == self.apply(params, x)`` (see
-        :meth:`Pool.prepare_apply`; attack kernels call it once, outside their loops)."""
-        fn, prepared = self.pool.prepare_apply(params)
-        return (lambda prep, x: fn(prep, x)[self.members]), prepared
+        :meth:`Pool.prepare_apply`; attack kernels call it once, outside their loops). The
+        layouts are computed on each device for its own members."""
+        return self.apply_prepared, tuple(f(p) for f, p in zip(self._prepare, params, strict=True))
+
+    def apply_prepared(self, prepared, x: jax.Array) -> jax.Array:
+        """:meth:`apply` on the output of :meth:`prepare_apply`: ``[M, B, C]``."""
+        outs = []
+        for f, q, k, s in zip(self._apply, prepared, self._real, self.pool.stacks, strict=True):
+            z = f(q, x)
+            outs.append(z if k == s.size else z[:k])
+        return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=0)
 
     def logits(self, x) -> np.ndarray:
         """``[M, B, C]`` logits of the real members on the real samples."""
