@@ -307,7 +307,7 @@ def run_wrn(spec: WrnSpec, stages: Stages | None = None) -> dict:
     sar = timed_calls(
         st,
         "run_sar",
-        lambda i: run_sar(pool, x, spec.eps, [0.0, 0.5], attack=attack, key=jax.random.key(i), pack_levels=0),
+        lambda i: run_sar(pool, x, spec.eps, [0.0, 0.5], attack=attack, key=jax.random.key(i), **_no_packing()),
         0,
     )
     broken, checked = 0, 0
@@ -326,6 +326,20 @@ def run_wrn(spec: WrnSpec, stages: Stages | None = None) -> dict:
     )
     st.put(memory_end=memory_mib())
     return st.record
+
+
+def _no_packing() -> dict:
+    """``run_sar``'s keyword for one batch shape per call (``pack_levels=0``): a ``SARSettings``
+    where ``run_sar`` takes ``settings`` (the pipeline's knobs moved there), else the keyword."""
+    import inspect
+
+    from sarjax.sar.vision import run_sar
+
+    if "settings" in inspect.signature(run_sar).parameters:
+        from sarjax.sar import settings  # the settings module, where this checkout has it
+
+        return {"settings": settings.SARSettings(pack_levels=0)}
+    return {"pack_levels": 0}
 
 
 def _sar_linf(sar, x) -> float:

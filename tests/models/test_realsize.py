@@ -7,10 +7,11 @@ Default suite, at test dimensions and through the same functions as the real-siz
   eps-ball and the box and whose every success flag / covered member PyTorch confirms;
 - a pool of 2 decoders with Llama-3.2-1B's structure (GQA 4:1, llama3 rope scaling, tied
   embeddings) at hidden 64, written as Hugging Face checkpoints and loaded with
-  ``load_llm_pool``: logits within 1e-4 (relative) of transformers' in float32, within 2e-2 in
-  bfloat16; one joint GCG step and one BEAST step whose reported member losses transformers
-  recomputes from the returned prompts (1e-5); and the same checkpoint without its rope scaling
-  gives other logits (so the comparison sees the scaling).
+  ``load_llm_pool``: logits within 1e-4 (relative) of transformers' in float32; in bfloat16
+  within twice transformers' own bf16-vs-f32 gap (and 2e-2 at test size); one joint GCG step and
+  one BEAST step whose reported member losses transformers recomputes from the returned prompts
+  (float32: 1e-4 of the loss scale); and the same checkpoint without its rope scaling gives other
+  logits (so the comparison sees the scaling).
 
 ``SARJAX_REALSIZE_FULL=1`` runs the script at real size (WideResNet-28-10; Llama-3.2-1B's
 dimensions in float32 and bfloat16; minutes, up to ~20 GB of memory) and checks the same bounds
@@ -69,9 +70,11 @@ def check_llm(rec: dict, losses: dict, dtype: str) -> None:
     if dtype == "float32":
         assert lg["rel_diff_vs_transformers_same_dtype"] <= 1e-4, lg
     else:
-        # bf16: JAX and transformers round differently (measured: 6e-3 at test size); the gap
-        # stays within a few times transformers' own bf16-vs-f32 gap
-        assert lg["rel_diff_vs_transformers_same_dtype"] <= 2e-2, lg
+        # bf16: JAX and transformers round differently; the gap stays within twice what bf16
+        # rounding does to transformers itself (measured: 5.8e-3 vs 3.5e-3 at test size, 2.8e-2
+        # vs 3.1e-2 at Llama-3.2-1B's size)
+        own = lg["transformers_bf16_vs_f32_rel_diff"]
+        assert lg["rel_diff_vs_transformers_same_dtype"] <= min(2 * own, 5e-2), lg
     tol = 1e-4 if dtype == "float32" else 1e-2  # losses ~5 (mean NLL over ~6 tokens)
     assert losses["gcg_member_loss_max_abs_diff"] <= tol * max(1.0, losses["max_abs_loss"]), losses
     assert losses["beast_member_loss_max_abs_diff"] <= tol * max(1.0, losses["max_abs_loss"]), losses
