@@ -11,7 +11,9 @@ over model=4):
   added in another order);
 * greedy decoding: the same tokens, bit for bit (weights scaled x15 so that no step is near a tie);
 * one step of joint GCG (make_joint_gcg) on the placed pool: the same candidates (the proposer's
-  kernel), the same selected suffix, queries and success, losses within 1e-6.
+  kernel), the same selected suffix, queries and success, losses within 1e-6; on pool=2 the
+  proposer's compiled program has no all-gather of a parameter stack along pool (it selects the
+  proposing member by a masked sum: an all-reduce of one member's shard).
 
 The specs of a Llama-3-8B-shaped pool (abstract params, nothing allocated) divide over model=8.
 """
@@ -112,6 +114,7 @@ def test_llm_mesh_names_the_device_counts():
 
 
 _MESH_RUN = """
+import re
 import jax.numpy as jnp
 jax.config.update("jax_disable_most_optimizations", True)   # compile-bound tiny shapes
 from sarjax.attacks.text import core as T
@@ -180,6 +183,14 @@ for shape in [(2, 2, 2), (1, 4, 2)]:
     assert 0 < d <= 1e-6, (shape, d)   # not bit for bit: the partial sums are added in another order
     toks = LM.mesh_greedy_generate(LM.shard_llm_params(hot, cfg, mesh), cfg, ids, mask, 4, mesh=mesh)
     np.testing.assert_array_equal(np.asarray(toks), ref_tokens, err_msg=str(shape))
+    if shape[0] > 1:   # the proposer's program gathers no member's weights along pool
+        gathered = {(4,) + tuple(x.addressable_shards[0].data.shape[1:]) for x in jax.tree.leaves(sp)}
+        hlo = _propose.lower(sp, jnp.int32(1), jb, jnp.asarray(sf), jnp.asarray(sm), al, keys, cfg=cfg,
+                             loss=gcg.loss, topk=8, nc=8).compile().as_text()
+        ag = [tuple(int(d) for d in g.split(",") if d) for g in
+              re.findall(r"= \\w+\\[([0-9,]*)\\]\\S* all-gather\\(", hlo)]
+        print(shape, "all-gathers", ag, flush=True)
+        assert not gathered & set(ag), (shape, sorted(gathered & set(ag)))
     cands = propose(sp)
     np.testing.assert_array_equal(cands[0], ref_cands[0], err_msg=str(shape))
     np.testing.assert_array_equal(cands[1], ref_cands[1], err_msg=str(shape))

@@ -26,6 +26,18 @@ from sarjax.models.llm import scoring
 from sarjax.models.llm.prompts import encode_text
 
 
+def _select_member(x, m):
+    """Member ``m`` (traced) of a stacked leaf ``x [M_s, ...]`` as a masked sum over the member axis.
+
+    A dynamic slice along a pool-sharded axis is partitioned by XLA as an all-gather of the whole
+    stack along ``pool`` (every device would hold every member's weights during the step); a
+    masked sum is partitioned as a local sum plus an all-reduce of ONE member's shard. Exact: the
+    other members contribute exact zeros (``where``, so a non-finite weight elsewhere cannot leak).
+    """
+    sel = (jnp.arange(x.shape[0]) == m).reshape((-1,) + (1,) * (x.ndim - 1))
+    return jnp.sum(jnp.where(sel, x, jnp.zeros((), x.dtype)), axis=0, dtype=x.dtype)
+
+
 @functools.partial(jax.jit, static_argnames=("cfg", "loss", "topk", "nc"))
 def _propose(params, m, batch: T.TextBatch, suffix, smask, allowed, keys, *, cfg, loss, topk, nc):
     """Member ``m`` of a stack proposes ``nc`` single-token substitutions per request.
@@ -40,7 +52,7 @@ def _propose(params, m, batch: T.TextBatch, suffix, smask, allowed, keys, *, cfg
       ``(cands [B, nc, Ls] int32, ok [B, nc] bool)``: ``ok`` is False for a banned id (fewer
       allowed ids than ``topk``).
     """
-    p = jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, m, keepdims=False), params)
+    p = jax.tree.map(lambda x: _select_member(x, m), params)
     v = allowed.shape[0]
     k = min(topk, v)
     ls = suffix.shape[1]
