@@ -43,7 +43,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         n_iter=args.n_iter, targets=args.targets, square_queries=args.square_queries, gcg_steps=args.gcg_steps,
         topk=args.topk, candidates=args.candidates, suffix_len=args.suffix_len, prompt_len=args.prompt_len,
         after_len=args.after_len, target_len=args.target_len, precision=args.precision,
-        memory_fraction=args.memory_fraction, fit_batch=not args.no_fit_batch,
+        memory_fraction=args.memory_fraction, fit_batch=not args.no_fit_batch, llm_cost=args.llm_cost,
     )  # fmt: skip
     settings.check()
     pool = llm = None
@@ -109,6 +109,9 @@ def register(sub) -> None:
                    help="datasheet peak of the roofline (auto: bf16 for bfloat16 params, else fp32)")  # fmt: skip
     p.add_argument("--memory-fraction", type=positive_float, default=0.75,
                    help="share of device memory the run may use (JAX's GPU default preallocation: 0.75)")  # fmt: skip
+    p.add_argument("--llm-cost", choices=["layers", "unroll"], default="layers",
+                   help="an LLM step's FLOPs: layers (unrolled at 2 and 3 layers, linear in the layer count; exact "
+                   "for identical layers) or unroll (every layer unrolled: minutes at 32 layers)")  # fmt: skip
     p.add_argument("--no-fit-batch", action="store_true", help="skip the largest-batch search (2 fewer compiles)")
     p.add_argument("--out", default=None, help="write the plan as JSON here")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")

@@ -353,14 +353,24 @@ class StepProgram:
     init_args: tuple = ()
 
 
-def analyse(program: StepProgram) -> dict:
+def analyse(program: StepProgram, layers: tuple[int, Callable[[int], StepProgram]] | None = None) -> dict:
     """Compile ``program`` and read XLA's memory and cost analyses (per device).
+
+    Args:
+      program: the step.
+      layers: ``(L, at)`` for a step whose scans run over ``L`` layers (an LLM) and
+        ``at(n) -> StepProgram``, the same step with ``n`` layers. Its cost is then read from the
+        programs at 2 and 3 layers, scans unrolled, and extended linearly to ``L``:
+        ``c(L) = c(2) + (L - 2) * (c(3) - c(2))`` (layers are identical, so the cost is affine in
+        their count; the first and the last layer's extra work, e.g. the input gradient, is in
+        both; :func:`layer_cost` checks the rule against a full unroll on a small decoder). Two
+        small compiles instead of one of ``L`` unrolled layers (Llama-3-8B's 32: minutes).
 
     Returns:
       ``{"memory": {argument, output, temp, alias, generated_code, total}`` bytes per device,
       ``"flops"``, ``"bytes_accessed"`` per device and step, ``"loops"`` (scans / whiles in the
-      step), ``"cost_from"`` (``"compiled step"`` or ``"compiled step, scans unrolled"``),
-      ``"compile_seconds"``}.
+      step), ``"cost_from"`` (``"compiled step"``, ``"compiled step, scans unrolled"`` or the
+      layer rule), ``"compile_seconds"``}.
     """
     t0 = time.perf_counter()
     jitted = jax.jit(program.fn, donate_argnums=1)
@@ -379,9 +389,11 @@ def analyse(program: StepProgram) -> dict:
     loops = count_loops(jax.make_jaxpr(program.fn)(program.params, program.state))
     cost_from = "compiled step"
     cost = _cost(compiled)
-    if loops["scan"]:
-        unrolled = unroll_scans(program.fn, program.params, program.state)
-        cost = _cost(jax.jit(unrolled).lower(program.params, program.state).compile())
+    if loops["scan"] and layers is not None and layers[0] > 3:
+        cost = layer_cost(layers[0], layers[1])
+        cost_from = f"compiled step at 2 and 3 layers, scans unrolled, linear in the layer count to {layers[0]}"
+    elif loops["scan"]:
+        cost = unrolled_cost(program)
         cost_from = "compiled step, scans unrolled"
     out = {
         "memory": memory,
@@ -394,6 +406,19 @@ def analyse(program: StepProgram) -> dict:
     if loops["while"]:
         out["warning"] = f"{loops['while']} while loop(s) with data-dependent trip counts: their bodies count once"
     return out
+
+
+def unrolled_cost(program: StepProgram) -> tuple[float, float]:
+    """``(flops, bytes accessed)`` per device of ``program`` compiled with its scans unrolled."""
+    unrolled = unroll_scans(program.fn, program.params, program.state)
+    return _cost(jax.jit(unrolled).lower(program.params, program.state).compile())
+
+
+def layer_cost(n_layers: int, at: Callable[[int], StepProgram]) -> tuple[float, float]:
+    """``(flops, bytes accessed)`` of the step at ``n_layers`` layers from its unrolled cost at 2
+    and 3: ``c(2) + (n_layers - 2) * (c(3) - c(2))`` (see :func:`analyse`)."""
+    c2, c3 = unrolled_cost(at(2)), unrolled_cost(at(3))
+    return tuple(a + (n_layers - 2) * (b - a) for a, b in zip(c2, c3, strict=True))  # type: ignore[return-value]
 
 
 def _cost(compiled) -> tuple[float, float]:
@@ -624,6 +649,8 @@ class PlanSettings:
       precision: the datasheet peak to use (``auto``: bf16 for bfloat16 params, else fp32).
       memory_fraction: share of the device's memory a run's arrays may use.
       fit_batch: search the largest batch that fits (two extra compiles).
+      llm_cost: how an LLM step's cost is counted: ``layers`` (unrolled at 2 and 3 layers,
+        linear in the layer count: :func:`layer_cost`) or ``unroll`` (every layer unrolled).
     """
 
     attack: str = "joint-pgd"
@@ -649,6 +676,7 @@ class PlanSettings:
     precision: str = "auto"
     memory_fraction: float = DEFAULT_MEMORY_FRACTION
     fit_batch: bool = True
+    llm_cost: str = "layers"
 
     def check(self) -> DeviceSpec:
         """Validate; returns the device's datasheet entry.
@@ -663,6 +691,8 @@ class PlanSettings:
                      "gcg_steps", "topk", "candidates", "suffix_len", "prompt_len", "target_len"):  # fmt: skip
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.llm_cost not in ("layers", "unroll"):
+            raise ValueError(f"llm_cost must be layers or unroll, got {self.llm_cost!r}")
         if self.precision not in ("auto", "fp32", "tf32", "bf16"):
             raise ValueError(f"precision must be auto, fp32, tf32 or bf16, got {self.precision!r}")
         if not 0 < self.memory_fraction <= 1:
@@ -729,8 +759,17 @@ def plan(settings: PlanSettings, *, pool: ShapePool | None = None, llm: Sequence
     log(f"mesh: {mesh_label}; {len(progs)} step program(s) at batch {settings.batch}")
     rows, run_seconds = [], 0.0
     chunks, rounds = -(-settings.samples // settings.batch), settings.rounds
+    layers = None
+    if is_llm and settings.llm_cost == "layers":
+        assert llm is not None
+
+        def at(n: int) -> StepProgram:
+            cfgs = [dataclasses.replace(c, num_layers=n) for c in llm]
+            return llm_program(cfgs, settings.batch, shape, _llm_settings(settings), dtype)[0]
+
+        layers = (llm[0].num_layers, at)
     for prog in progs:
-        a = analyse(prog)
+        a = analyse(prog, layers)
         rl = roofline(a["flops"], a["bytes_accessed"], dev, dtype_key)
         calls = prog.steps_per_call * chunks * rounds
         a["roofline_step"] = rl
@@ -837,6 +876,7 @@ __all__ = [
     "StepProgram",
     "analyse",
     "count_loops",
+    "layer_cost",
     "llm_configs",
     "llm_program",
     "parse_mesh",
@@ -846,6 +886,7 @@ __all__ = [
     "report",
     "roofline",
     "unroll_scans",
+    "unrolled_cost",
     "use_fake_devices",
     "vision_program",
     "wrn_pool",
