@@ -176,6 +176,7 @@ def bench_joint(pool: Pool, x, steps: int, reps: int, eps: float) -> dict:
 
 def bench_greedy(pool: Pool, x, steps: int, eps: float, deltas, pack: bool = True) -> dict:
     """``run_sar`` timed with its kernel calls (packed unless ``pack=False``), after an untimed first run."""
+    from sarjax.sar import SARSettings
     from sarjax.sar.vision import PACK_LEVELS, run_sar
 
     m = pool.num_members
@@ -191,20 +192,20 @@ def bench_greedy(pool: Pool, x, steps: int, eps: float, deltas, pack: bool = Tru
         return res
 
     key = jax.random.PRNGKey(2)
-    packed_levels = PACK_LEVELS if pack else 0
+    settings = SARSettings(store_inputs=False, pack_levels=PACK_LEVELS if pack else 0)
     t0 = time.perf_counter()  # an untimed first run compiles every batch size the timed run calls
-    run_sar(pool, x, eps, deltas, key=key, attack=attack, store_inputs=False, pack_levels=packed_levels)
+    run_sar(pool, x, eps, deltas, key=key, attack=attack, settings=settings)
     first_s = time.perf_counter() - t0
     calls.clear()
     rows.clear()
     with Measure() as mem:
-        res = run_sar(pool, x, eps, deltas, key=key, attack=attack, store_inputs=False, pack_levels=packed_levels)
+        res = run_sar(pool, x, eps, deltas, key=key, attack=attack, settings=settings)
     attack_s = sum(calls)
     host_s = mem.seconds - attack_s
     rounds = int(res.num_rounds)
     work = sum(rows) * m * steps  # member-sample-steps the kernel calls ran
     return {
-        "pack_levels": packed_levels,
+        "pack_levels": settings.pack_levels,
         "first_run_s": first_s,
         "seconds": mem.seconds,
         "rounds": rounds,

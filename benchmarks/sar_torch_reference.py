@@ -73,8 +73,9 @@ the JSON has 25 and 0.16 / 0.32 / 0.375 / 0.69 (torch at 1 and at 2 threads alik
 files, unchanged since 01:09, same numpy starts, same torch_sar code but for device moves).
 
 Now (CHANGELOG, Unreleased) ``run_sar`` packs each call's active samples into halving batch sizes and skips
-the backward pass of stacks a call does not attack (``pack_levels``, ``gate_stacks``); the speed
-section also times ``run_sar(pack_levels=0, gate_stacks=False)`` (the old kernel) in the same
+the backward pass of stacks a call does not attack (``SARSettings.pack_levels``,
+``default_sar_attack(gate_stacks=...)``); the speed section also times ``run_sar`` with
+``SARSettings(pack_levels=0)`` and ``default_sar_attack(pool, gate_stacks=False)`` (the old kernel) in the same
 round robin, checks both give the same k_hat and SAR, and reports each side's work
 (:func:`sarjax_work`; the reference's member-sample pairs).
 
@@ -702,6 +703,7 @@ def main(argv=None) -> dict:
     import torch
 
     from sarjax.data.mnist import load_mnist
+    from sarjax.sar import SARSettings, default_sar_attack
     from sarjax.sar.vision import PACK_LEVELS, pack_sizes, run_sar
 
     if args.precision:
@@ -765,18 +767,18 @@ def main(argv=None) -> dict:
     runs: dict[str, list[float]] = {}
     sar_out: dict[str, np.ndarray] = {}
     if not args.no_speed:
+        gated = default_sar_attack(pool, steps=args.steps, restarts=args.restarts)  # run_sar's own joint PGD
+        ungated = default_sar_attack(pool, steps=args.steps, restarts=args.restarts, gate_stacks=False)
 
-        def run_jax(**options):  # run_sar's own joint PGD: its kernels are cached per pool across calls
+        def run_jax(pack_levels: int = PACK_LEVELS, gate_stacks: bool = True):  # one attack each: kernels reused
             r = run_sar(
                 pool,
                 x,
                 args.eps,
                 deltas,
                 key=key,
-                steps=args.steps,
-                restarts=args.restarts,
-                store_inputs=False,
-                **options,
+                attack=gated if gate_stacks else ungated,
+                settings=SARSettings(store_inputs=False, pack_levels=pack_levels),
             )
             return r.sar, r.k_hat, r
 
@@ -858,7 +860,7 @@ def main(argv=None) -> dict:
         starts = numpy_starts(x, args.eps, args.seed)
         atk = sarjax_fixed_start_attack(pool, key, args.eps, args.steps, starts, m)
         t0 = time.perf_counter()
-        rj = run_sar(pool, x, args.eps, deltas, key=key, attack=atk, store_inputs=False)
+        rj = run_sar(pool, x, args.eps, deltas, key=key, attack=atk, settings=SARSettings(store_inputs=False))
         t1 = time.perf_counter()
 
         def tstarts(stream, rnd, restart):

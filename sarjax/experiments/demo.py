@@ -42,7 +42,8 @@ from sarjax.models.train import TrainConfig, train_pool
 from sarjax.runtime import fingerprint as fingerprints
 from sarjax.runtime.distributed import process_checkpoint_dir
 from sarjax.sar import distributed
-from sarjax.sar.vision import run_sar
+from sarjax.sar.settings import SARSettings
+from sarjax.sar.vision import default_sar_attack, run_sar
 
 COVERAGES = (0.5, 0.75, 0.85, 1.0)  # 1 - delta
 
@@ -279,14 +280,12 @@ def evaluate_pool(
             eps,
             deltas,
             key=jax.random.fold_in(key, 2),
-            steps=steps,
-            restarts=restarts,
-            progress=progress,
-            attack=attack,
-            checkpoint_dir=process_checkpoint_dir(checkpoint_dir),
+            attack=attack if attack is not None else default_sar_attack(pool, steps=steps, restarts=restarts),
             member_attacks=(np.swapaxes(np.asarray(single.x_adv), 0, 1), np.asarray(single.queries).T),  # [M, B]
             sample_ids=ids,
-            overwrite=overwrite,
+            settings=SARSettings(
+                progress=progress, checkpoint_dir=process_checkpoint_dir(checkpoint_dir), overwrite=overwrite
+            ),
         )
     result, per_sample = distributed.allgather_parts(result, {"member_success": np.asarray(single.success)})
     return result, asr_metric(per_sample["member_success"])

@@ -1,6 +1,7 @@
 """sarjax.sar: SAR of model pools, the pipelines that drive :mod:`sarjax.cover`'s greedy with attacks.
 
-- :mod:`~sarjax.sar.vision`: image-classifier pools with joint PGD (:func:`run_sar`);
+- :mod:`~sarjax.sar.vision`: image-classifier pools with joint PGD (:func:`run_sar`, its default
+  attack :func:`default_sar_attack`, its settings :class:`SARSettings` from :mod:`~sarjax.sar.settings`);
 - :mod:`~sarjax.sar.llm`: LLM pools with a text attack, a responder and a judge
   (:func:`run_llm_sar`), its judges and responder (:mod:`~sarjax.sar.llm_judging`) and requests
   (:mod:`~sarjax.sar.llm_requests`); :mod:`~sarjax.sar.llm_pool`: the whole run on a pool of sarjax decoders
@@ -15,7 +16,18 @@
 attack or model; this layer sits between it and :mod:`sarjax.experiments`.
 """
 
-from sarjax.sar import distributed, driver, llm, llm_adapters, llm_judging, llm_pool, llm_report, llm_requests, vision
+from sarjax.sar import (
+    distributed,
+    driver,
+    llm,
+    llm_adapters,
+    llm_judging,
+    llm_pool,
+    llm_report,
+    llm_requests,
+    settings,
+    vision,
+)
 from sarjax.sar.distributed import allgather_parts, process_checkpoint_dir, run_sar_across_processes
 from sarjax.sar.driver import ResumableRun
 from sarjax.sar.llm import LLMSARRun, make_llm_oracles, member_asr, run_llm_sar
@@ -24,7 +36,8 @@ from sarjax.sar.llm_judging import PoolResponder, compact_left, harmbench_judge_
 from sarjax.sar.llm_pool import pool_llm_sar
 from sarjax.sar.llm_report import llm_sar_report, plot_llm_sar
 from sarjax.sar.llm_requests import behavior_batch, clean_prompt_ids, load_llm_pool, pool_digest, sampled_seed_fn
-from sarjax.sar.vision import PACK_LEVELS, StackGate, make_attack_oracles, pack_sizes, run_sar
+from sarjax.sar.settings import SARSettings
+from sarjax.sar.vision import PACK_LEVELS, StackGate, default_sar_attack, make_attack_oracles, pack_sizes, run_sar
 
 __all__ = [
     "distributed",
@@ -35,6 +48,7 @@ __all__ = [
     "llm_pool",
     "llm_report",
     "llm_requests",
+    "settings",
     "vision",
     "ATTACK_DEFAULTS",
     "LLMSARRun",
@@ -44,11 +58,13 @@ __all__ = [
     "PoolRequest",
     "PoolResponder",
     "ResumableRun",
+    "SARSettings",
     "StackGate",
     "allgather_parts",
     "behavior_batch",
     "clean_prompt_ids",
     "compact_left",
+    "default_sar_attack",
     "harmbench_judge_fn",
     "judge_members",
     "llm_sar_report",

@@ -25,10 +25,10 @@ Example (two processes on one machine, each its own shell)::
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
-import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -39,6 +39,7 @@ from sarjax.cover.result import SARResult, concat_results
 from sarjax.runtime.distributed import all_ok as all_ok  # the SAR callers' barrier, from the runtime
 from sarjax.runtime.distributed import allgather_bytes, process_rows
 from sarjax.runtime.distributed import process_checkpoint_dir as process_checkpoint_dir  # (from the runtime)
+from sarjax.sar.settings import SARSettings
 from sarjax.sar.vision import run_sar
 
 _META = "__sarjax_meta__"
@@ -103,32 +104,35 @@ def run_sar_across_processes(
     *,
     key: jax.Array,
     labels: Any = None,
+    attack: Callable | None = None,
     sample_ids: Any = None,
     member_attacks: tuple[Any, Any] | None = None,
-    checkpoint_dir: str | os.PathLike | None = None,
-    **kwargs: Any,
+    settings: SARSettings | None = None,
 ) -> SARResult:
     """:func:`sarjax.sar.vision.run_sar` with the samples split over the JAX processes.
 
     Every process passes the same arguments (the whole batch); each runs ``run_sar`` on its
     block of rows (:func:`sarjax.runtime.distributed.process_rows`) with those rows' sample ids, checkpointing under
-    ``checkpoint_dir/process_<i>_of_<n>``; the blocks are then gathered (:func:`allgather_parts`).
+    ``settings.checkpoint_dir/process_<i>_of_<n>``; the blocks are then gathered (:func:`allgather_parts`).
     The result, on every process, equals ``run_sar`` on the whole batch in one process. With one
     process it is ``run_sar``.
 
     Args:
         pool: a ``Pool``, or a ``ShardedPool`` on this process's devices
             (``make_mesh(..., local=True)``).
-        x, eps, deltas, key, labels: as for ``run_sar`` (``x`` ``[B, *S]``, ``labels`` ``[B]``).
+        x, eps, deltas, key, labels, attack: as for ``run_sar`` (``x`` ``[B, *S]``, ``labels`` ``[B]``).
         sample_ids: ``[B]`` int ids of ``x``'s rows (default ``arange(B)``).
         member_attacks: ``(x_adv [M, B, *S], queries [M, B])`` for the whole batch, or None.
-        checkpoint_dir: the run's checkpoint root, or None.
-        **kwargs: the other ``run_sar`` options (``attack``, ``steps``, ``chunk_size``, ...).
+        settings: as for ``run_sar`` (:class:`sarjax.sar.settings.SARSettings`, default
+            ``SARSettings()``); its ``checkpoint_dir`` is the run's checkpoint root.
 
     Raises:
         ValueError: fewer samples than processes, and whatever ``run_sar`` raises.
     """
 
+    settings = SARSettings() if settings is None else settings
+    if not isinstance(settings, SARSettings):
+        raise TypeError(f"settings must be a sarjax.sar.SARSettings or None, got {type(settings).__name__}")
     b = int(np.shape(x)[0])
     rows = process_rows(b)
     ids = np.asarray(check_sample_ids(sample_ids, b))
@@ -139,11 +143,11 @@ def run_sar_across_processes(
         deltas,
         key=key,
         labels=None if labels is None else np.asarray(labels)[rows],
+        attack=attack,
         sample_ids=ids[rows],
         member_attacks=None
         if member_attacks is None
         else (np.asarray(member_attacks[0])[:, rows], np.asarray(member_attacks[1])[:, rows]),
-        checkpoint_dir=process_checkpoint_dir(checkpoint_dir),
-        **kwargs,
+        settings=dataclasses.replace(settings, checkpoint_dir=process_checkpoint_dir(settings.checkpoint_dir)),
     )
     return allgather_parts(part)[0]

@@ -8,7 +8,6 @@ uncovered set is a ``[B, M]`` mask, the round enters the PRNG key as data.
 
 from __future__ import annotations
 
-import os
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -26,11 +25,11 @@ from sarjax.cover.types import Candidates, JointAttack, SingleAttack
 from sarjax.models.sharding import ShardedPool
 from sarjax.runtime import fingerprint as fingerprints
 from sarjax.sar.driver import ResumableRun
+from sarjax.sar.settings import PACK_LEVELS, SARSettings
 
 _JOINT_STREAM = 0
 _SINGLE_STREAM = 1
 _POOL_API = ("apply", "params", "num_members", "num_classes", "input_shape", "predict", "check_input")
-PACK_LEVELS = 4  # run_sar's default: batch sizes B, B/2, ..., B/16 (at most 5 compiled shapes)
 
 
 def pack_sizes(batch: int, levels: int) -> tuple[int, ...]:
@@ -312,8 +311,67 @@ def _on_mesh(sharded: Any, attack: Callable) -> Callable:
     return call
 
 
-_CKPT_HINT = "pass overwrite=True to discard it or choose another checkpoint_dir"
+_CKPT_HINT = "pass overwrite=True (SARSettings) to discard it or choose another checkpoint_dir"
 _CKPT_FILES = (fingerprints.FINGERPRINT_FILE, "chunk_*")  # what run_sar writes under checkpoint_dir
+# default_sar_attack's entries -> (their fingerprint fields, their StackGate or None); weak, so an
+# attack no caller holds is forgotten. run_sar records the hyperparameters of these entries and
+# "custom" for any other attack.
+_DEFAULT_ATTACKS: Any = weakref.WeakKeyDictionary()
+
+
+def default_sar_attack(
+    pool: Any,
+    *,
+    steps: int = 40,
+    step_size: float | None = None,
+    restarts: int = 3,
+    gate_stacks: bool = True,
+) -> Callable:
+    """The joint PGD of the SAR paper's Table 1 on ``pool``: :func:`run_sar`'s default attack.
+
+    Mean cross-entropy of the uncovered members against their reference labels, linf, 40 steps,
+    step ``eps/16``, 3 random restarts, the restart with the highest objective
+    (:func:`sarjax.attacks.joint.make_joint_pgd`). The radius is :func:`run_sar`'s ``eps``, given
+    per call. :func:`run_sar` records ``steps``, ``step_size`` and ``restarts`` of an attack built
+    here in its checkpoint fingerprint (an attack built elsewhere is recorded as ``"custom"``), so a
+    resumed run with other hyperparameters is refused. Build it once and pass it to several
+    :func:`run_sar` calls to reuse its compiled kernel.
+
+    Args:
+        pool: a :class:`sarjax.models.pool.Pool` or a :class:`sarjax.models.sharding.ShardedPool`.
+        steps: PGD steps per restart, an int ``>= 1`` (Table 1: 40).
+        step_size: linf step, ``> 0``, or None (default) for ``eps/16`` of each call's eps.
+        restarts: random restarts, an int ``>= 1`` (Table 1: 3).
+        gate_stacks: on a :class:`~sarjax.models.pool.Pool` of several stacks, skip the backward
+            pass of every stack none of whose members a call attacks (:class:`StackGate`: e.g. a
+            fallback aimed at one member differentiates one architecture, not the pool). The
+            results are unchanged. Ignored for a one-stack pool or a ``ShardedPool``.
+
+    Returns:
+        The attack entry (``fn(params, x0, ref, *, key, mask, eps, sample_ids) -> AttackResult``),
+        for :func:`run_sar`'s ``attack``. With a gate, its ``params`` are ``(pool.params, on)``
+        (:meth:`StackGate.params`); :func:`run_sar` passes them.
+
+    Raises:
+        TypeError, ValueError: bad ``steps``, ``step_size`` or ``restarts`` (from the factory), or
+            a ``pool`` without ``apply``.
+    """
+    if not hasattr(pool, "apply"):
+        raise TypeError(f"pool must be a sarjax.models.Pool or a ShardedPool, got {type(pool).__name__}")
+    base = pool.source if isinstance(pool, ShardedPool) else pool
+    gate = None
+    if gate_stacks and not isinstance(pool, ShardedPool) and len(getattr(base, "stacks", ())) > 1:
+        gate = StackGate.of(pool)
+    apply = pool.apply if gate is None else gate.apply
+    attack = make_joint_pgd(apply, steps=steps, step_size=step_size, restarts=restarts)
+    fields = {
+        "attack": "joint_pgd",
+        "steps": int(steps),
+        "restarts": int(restarts),
+        "step_size": None if step_size is None else float(step_size),
+    }
+    _DEFAULT_ATTACKS[attack] = (fields, gate, weakref.ref(pool))
+    return attack
 
 
 def run_sar(
@@ -322,30 +380,19 @@ def run_sar(
     eps: float,
     deltas: Sequence[float],
     *,
+    key: jax.Array,
     labels: Any = None,
-    key: jax.Array | None = None,
-    steps: int = 40,
-    step_size: float | None = None,
-    restarts: int = 3,
-    use_best: bool = False,
     attack: Callable | None = None,
-    chunk_size: int | None = None,
-    count_clean_input: bool = False,
-    stop_when_unreachable: bool = True,
-    store_inputs: bool = True,
-    checkpoint_dir: str | os.PathLike | None = None,
-    progress: bool = False,
-    member_attacks: tuple[Any, Any] | None = None,
     sample_ids: Any = None,
-    overwrite: bool = False,
-    pack_levels: int = PACK_LEVELS,
-    gate_stacks: bool = True,
+    member_attacks: tuple[Any, Any] | None = None,
+    settings: SARSettings | None = None,
 ) -> SARResult:
-    """SAR_{1-delta} of a vision pool on a batch of images with joint linf PGD.
+    """SAR_{1-delta} of a vision pool on a batch of images with a mask-driven joint attack.
 
-    The attack is the joint PGD of the SAR paper, Table 1: mean cross-entropy of
-    the uncovered members against their reference labels, 40 steps, step
-    ``eps/16``, 3 random restarts, the restart with the highest objective.
+    The default attack is the joint PGD of the SAR paper, Table 1
+    (:func:`default_sar_attack`: mean cross-entropy of the uncovered members against their
+    reference labels, 40 steps, step ``eps/16``, 3 random restarts, the restart with the highest
+    objective). Other hyperparameters: ``attack=default_sar_attack(pool, steps=..., ...)``.
 
     Args:
         pool: a :class:`sarjax.models.pool.Pool` (``apply``, ``params``,
@@ -357,76 +404,59 @@ def run_sar(
         x: ``[B, *input_shape]`` images in ``[0, 1]``.
         eps: linf radius, ``> 0`` (the SAR paper uses 0.05 on MNIST).
         deltas: allowed uncovered shares, each in ``[0, 1)``.
+        key: PRNG key, keyword-only and required (sarjax never defaults a key), the same for
+            every chunk: each sample's random stream comes from its index in
+            the data set (``sample_ids``), so the result per sample does not
+            depend on ``chunk_size``, on which other samples run with it, on
+            the mesh, or on the process that runs it.
         labels: optional ``[B]`` int true labels. None (default, the paper's
             MNIST setting): the safe region is each member's own clean
             prediction, so no member is broken on the clean input. Given: the
             safe region is the true label, and members already wrong on the
             clean image count as covered without an attack.
-        key: PRNG key, required (sarjax never defaults a key), the same for
-            every chunk: each sample's random stream comes from its index in
-            the data set (``sample_ids``), so the result per sample does not
-            depend on ``chunk_size``, on which other samples run with it, on
-            the mesh, or on the process that runs it.
-        steps, step_size, restarts: joint PGD settings (Table 1 defaults;
-            ``step_size=None`` means ``eps/16``).
-        use_best: see :func:`make_attack_oracles`.
-        attack: optional prebuilt mask-driven attack with the joint PGD
-            signature (see :func:`make_attack_oracles`; it is called with
-            ``sample_ids=``), built on ``pool.apply`` (for a ``ShardedPool``:
-            on its ``apply``, run through ``ShardedPool.attack``); it replaces the
-            default joint PGD, and ``steps``, ``step_size`` and ``restarts``
-            are then ignored. Reusing one attack
-            across calls reuses its compiled kernel.
-        chunk_size: samples per greedy run (default all). The last chunk is
-            padded to the same size (padding rows are never attacked), so the
-            attack compiles once.
-        count_clean_input, stop_when_unreachable, store_inputs, progress: see
-            :func:`sarjax.cover.greedy_sar`.
-        checkpoint_dir: if set, each chunk checkpoints every round under
-            ``chunk_<i>/`` and writes its result when done; a rerun resumes.
+        attack: the mask-driven attack (default None: :func:`default_sar_attack` ``(pool)``, built
+            anew per call). Any attack with the joint PGD signature (see
+            :func:`make_attack_oracles`; it is called with ``sample_ids=``) built on
+            ``pool.apply`` (for a ``ShardedPool``: on its ``apply``, run through
+            ``ShardedPool.attack``), or an attack from :func:`default_sar_attack` on this pool.
+            Reusing one attack across calls reuses its compiled kernel.
+        sample_ids: optional ``[B]`` int, each image's index in the data set
+            (default ``arange(B)``, the positions in ``x``); pass the indices
+            when ``x`` is a slice of a larger set, so that a sample gets the
+            same attack in any run that contains it. Chunk padding rows
+            repeat a real row's id and are never attacked.
+        member_attacks: optional ``(x_adv [M, B, *S], queries [M, B])`` of single-model
+            attacks already run on every member (e.g. for the per-member ASR); the fallback
+            then looks them up (:func:`precomputed_single`) instead of attacking again.
+        settings: the pipeline's knobs (:class:`sarjax.sar.settings.SARSettings`: chunking,
+            packing, ``use_best``, the greedy's options, checkpointing, progress); default
+            ``SARSettings()``. With ``settings.checkpoint_dir`` each chunk checkpoints every round
+            under ``chunk_<i>/`` and writes its result when done; a rerun resumes.
             ``fingerprint.json`` records everything that changes the result
             (pool content hash and conv impl, eps, deltas, a hash of the
-            images, labels and sample ids, attack settings, key, chunking,
+            images, labels and sample ids, the attack (``"joint_pgd"`` with the hyperparameters
+            of a :func:`default_sar_attack` entry, else ``"custom"``), key, chunking,
             options, sarjax version; :mod:`sarjax.runtime.fingerprint`). A rerun
             resumes only when it matches; otherwise a ValueError names the
             settings that differ. The one accepted difference is the deltas of
             a finished run: they are re-derived from its coverage order
             (:func:`sarjax.cover.result.rederive`), or a ValueError names the
             samples that order does not determine.
-        overwrite: delete what an earlier run wrote in ``checkpoint_dir``
-            (``fingerprint.json`` and ``chunk_*``, nothing else) and start afresh.
-        member_attacks: optional ``(x_adv [M, B, *S], queries [M, B])`` of single-model
-            attacks already run on every member (e.g. for the per-member ASR); the fallback
-            then looks them up (:func:`precomputed_single`) instead of attacking again.
-        sample_ids: optional ``[B]`` int, each image's index in the data set
-            (default ``arange(B)``, the positions in ``x``); pass the indices
-            when ``x`` is a slice of a larger set, so that a sample gets the
-            same attack in any run that contains it. Chunk padding rows
-            repeat a real row's id and are never attacked.
-        pack_levels: each attack call runs only the samples still active,
-            packed into the smallest batch of ``chunk_size``, ``chunk_size / 2``,
-            ..., ``chunk_size / 2**pack_levels`` (rounded up) that holds them
-            (default 4: at most 5 compiled shapes; 0: every call on the whole
-            chunk). Each sample's result is unchanged (its stream comes from its
-            id; see :func:`make_attack_oracles`); the greedy's late rounds,
-            where few samples are left, cost what they attack.
-        gate_stacks: with the default attack on a :class:`~sarjax.models.pool.Pool`
-            of several stacks, skip the backward pass of every stack none of
-            whose members the call attacks (:class:`StackGate`: e.g. a fallback
-            aimed at one member differentiates one architecture, not the pool).
-            The results are unchanged. Ignored for a custom ``attack`` or a
-            ``ShardedPool``.
 
     Returns:
         SARResult over all ``B`` samples (round logs padded across chunks).
 
     Raises:
-        TypeError, ValueError: bad ``pool``, ``eps``, ``deltas``, no ``key``, ``labels``
+        TypeError, ValueError: bad ``pool``, ``eps``, ``deltas``, ``key``, ``labels``
             (each in ``[0, C)``), inputs (``[B >= 1, *input_shape]`` in
-            ``[0, 1]``), ``chunk_size`` or ``sample_ids``; a ``checkpoint_dir``
-            written with other settings (:class:`sarjax.runtime.fingerprint.FingerprintMismatch`).
+            ``[0, 1]``), ``sample_ids`` or ``settings``; a :func:`default_sar_attack` entry built
+            on another pool; a ``checkpoint_dir`` written with other settings
+            (:class:`sarjax.runtime.fingerprint.FingerprintMismatch`).
     """
-
+    if settings is None:
+        settings = SARSettings()
+    if not isinstance(settings, SARSettings):
+        raise TypeError(f"settings must be a sarjax.sar.SARSettings or None, got {type(settings).__name__}")
     sharded = pool if isinstance(pool, ShardedPool) else None
     base: Any = pool.source if sharded is not None else pool  # names, classes, input shape, content hash
     missing = [a for a in _POOL_API if not hasattr(base, a)]
@@ -463,35 +493,37 @@ def run_sar(
         if not np.issubdtype(y.dtype, np.integer) or y.shape != (b,):
             raise ValueError(f"labels must be int [{b}], got {y.dtype} {y.shape}")
         check_labels(y, int(base.num_classes))
-    custom_attack = attack is not None
     clean_pred = pool.predict(x).T.astype(np.int32)  # [B, M] (a ShardedPool predicts sharded)
     if labels is None:
         ref = clean_pred
     else:
         ref = np.broadcast_to(y.astype(np.int32)[:, None], (b, m)).copy()
     clean_broken = clean_pred != ref
-    if chunk_size is None:
-        chunk_size = b
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
-    chunk_size = min(int(chunk_size), b)
+    chunk_size = b if settings.chunk_size is None else min(int(settings.chunk_size), b)
     if key is None:
         raise TypeError(
             "run_sar: key is required (a jax.random key, e.g. jax.random.key(seed)); sarjax never defaults it"
         )
-    if isinstance(pack_levels, bool) or not isinstance(pack_levels, (int, np.integer)) or pack_levels < 0:
-        raise ValueError(f"pack_levels must be an int >= 0, got {pack_levels!r}")
-    gate = None
     if attack is None:
-        if gate_stacks and sharded is None and len(getattr(base, "stacks", ())) > 1:
-            gate = StackGate.of(pool)
-        apply = pool.apply if gate is None else gate.apply
-        attack = make_joint_pgd(apply, eps=float(eps), steps=steps, step_size=step_size, restarts=restarts)
+        attack = default_sar_attack(pool)
+    if not callable(attack):
+        raise TypeError(f"attack must be a mask-driven attack entry or None, got {type(attack).__name__}")
+    known = _DEFAULT_ATTACKS.get(attack)
+    if known is not None and known[2]() is not pool:
+        raise ValueError(
+            "attack: this default_sar_attack entry was built on another pool; build it with "
+            "default_sar_attack(pool) on the pool you pass to run_sar"
+        )
+    attack_fields, gate = (
+        known[:2]
+        if known is not None
+        else ({"attack": "custom", "steps": None, "restarts": None, "step_size": None}, None)
+    )
     if sharded is not None:
         attack = _on_mesh(sharded, attack)
 
     ids = np.asarray(check_sample_ids(sample_ids, b))  # each row's index in the data set
-    run = ResumableRun(checkpoint_dir, hint=_CKPT_HINT)
+    run = ResumableRun(settings.checkpoint_dir, hint=_CKPT_HINT)
     num_chunks = -(-b // chunk_size)
     if run.root is not None:
         fingerprint = {
@@ -505,21 +537,18 @@ def run_sar(
             "images": fingerprints.array_digest(x),
             "sample_ids": fingerprints.array_digest(ids.astype(np.int64)),
             "labels": None if labels is None else fingerprints.array_digest(y.astype(np.int64)),
-            "attack": "custom" if custom_attack else "joint_pgd",
-            "steps": None if custom_attack else int(steps),
-            "restarts": None if custom_attack else int(restarts),
-            "step_size": None if custom_attack or step_size is None else float(step_size),
-            "use_best": bool(use_best),
+            **attack_fields,
+            "use_best": bool(settings.use_best),
             "key": fingerprints.key_fingerprint(key),
             "chunk_size": chunk_size,
-            "count_clean_input": bool(count_clean_input),
-            "stop_when_unreachable": bool(stop_when_unreachable),
-            "store_inputs": bool(store_inputs),
+            "count_clean_input": bool(settings.count_clean_input),
+            "stop_when_unreachable": bool(settings.stop_when_unreachable),
+            "store_inputs": bool(settings.store_inputs),
             "member_attacks": member_attacks is not None,
         }
         run.open(
             fingerprint,
-            overwrite=overwrite,
+            overwrite=settings.overwrite,
             files=_CKPT_FILES,
             results=("chunk_*",),
             parts=[f"chunk_{i}/result" for i in range(num_chunks)],
@@ -540,9 +569,9 @@ def run_sar(
                 ref[idx],
                 key,
                 eps=float(eps),
-                use_best=use_best,
+                use_best=settings.use_best,
                 sample_ids=ids[idx],
-                pack_levels=int(pack_levels),
+                pack_levels=int(settings.pack_levels),
                 call_params=None if gate is None else gate.params,
             )
             if member_attacks is not None:
@@ -558,10 +587,10 @@ def run_sar(
             checkpoint=f"chunk_{i}",
             result=f"chunk_{i}/result",
             valid=valid,
-            count_clean_input=count_clean_input,
-            stop_when_unreachable=stop_when_unreachable,
-            store_inputs=store_inputs,
-            progress=progress,
+            count_clean_input=settings.count_clean_input,
+            stop_when_unreachable=settings.stop_when_unreachable,
+            store_inputs=settings.store_inputs,
+            progress=settings.progress,
         )
         parts.append(part.select(np.flatnonzero(valid)))
     return concat_results(parts)

@@ -17,6 +17,7 @@ import pytest
 from sarjax.attacks import attack_members, fmn, make_apgd, make_joint_pgd, make_pgd, make_square
 from sarjax.models.pool import Pool, Stack
 from sarjax.models.zoo import mlp
+from sarjax.sar.settings import SARSettings
 from sarjax.sar.vision import run_sar
 
 ARCH = mlp((8,), input_shape=(4, 4, 1), num_classes=4)
@@ -130,8 +131,8 @@ def test_run_sar_per_sample_result_independent_of_chunks_and_subsets():
     kw = dict(attack=_SAR_ATTACK, key=KEY)
     deltas = [0.0, 0.5]
     whole = run_sar(POOL, X, 0.3, deltas, **kw)
-    chunked = run_sar(POOL, X, 0.3, deltas, chunk_size=3, **kw)
-    sub = run_sar(POOL, X[2:], 0.3, deltas, chunk_size=3, sample_ids=np.arange(2, B), **kw)
+    chunked = run_sar(POOL, X, 0.3, deltas, settings=SARSettings(chunk_size=3), **kw)
+    sub = run_sar(POOL, X[2:], 0.3, deltas, settings=SARSettings(chunk_size=3), sample_ids=np.arange(2, B), **kw)
     assert whole.num_rounds >= 1 and whole.covered.any()  # something happened
     for f in ("k_hat", "sar", "covered", "covered_round", "reached"):
         np.testing.assert_array_equal(getattr(chunked, f), getattr(whole, f), err_msg=f)

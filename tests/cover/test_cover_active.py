@@ -12,6 +12,7 @@ import pytest
 from sarjax.attacks.joint import make_joint_pgd
 from sarjax.models.pool import Pool, Stack
 from sarjax.models.zoo import mlp
+from sarjax.sar import SARSettings, default_sar_attack
 from sarjax.sar.vision import StackGate, make_attack_oracles, pack_sizes, run_sar
 
 SHAPE = (4, 4, 1)
@@ -31,7 +32,7 @@ def _stack(arch, m, seed, prefix):
 POOL = Pool([_stack(ARCHS[0], 3, 0, "a"), _stack(ARCHS[1], 2, 1, "b")])  # M = 5 in two stacks
 X = np.random.default_rng(7).random((6, *SHAPE), dtype=np.float32)
 KEY = jax.random.PRNGKey(11)
-SAR_ARGS = dict(eps=0.3, deltas=[0.0, 0.4], key=KEY, steps=4, restarts=1, sample_ids=np.arange(20, 26))
+SAR_ARGS = dict(eps=0.3, deltas=[0.0, 0.4], key=KEY, sample_ids=np.arange(20, 26))
 
 
 def test_pack_sizes_halve_the_batch():
@@ -43,8 +44,14 @@ def test_pack_sizes_halve_the_batch():
 
 @pytest.fixture(scope="module")
 def runs():
-    old = run_sar(POOL, X, pack_levels=0, gate_stacks=False, **SAR_ARGS)
-    new = run_sar(POOL, X, **SAR_ARGS)  # defaults: packed, gated
+    old = run_sar(
+        POOL,
+        X,
+        attack=default_sar_attack(POOL, steps=4, restarts=1, gate_stacks=False),
+        settings=SARSettings(pack_levels=0),
+        **SAR_ARGS,
+    )
+    new = run_sar(POOL, X, attack=default_sar_attack(POOL, steps=4, restarts=1), **SAR_ARGS)  # defaults: packed, gated
     return old, new
 
 

@@ -11,6 +11,7 @@ pytest.importorskip("sarjax.attacks.joint")
 from sarjax.attacks.joint import make_joint_pgd  # noqa: E402
 from sarjax.models.pool import Pool, Stack  # noqa: E402
 from sarjax.models.zoo import mlp  # noqa: E402
+from sarjax.sar import SARSettings  # noqa: E402
 from sarjax.sar.vision import make_attack_oracles, run_sar  # noqa: E402
 
 ARCH = mlp((8,), input_shape=(4, 4, 1), num_classes=3)
@@ -91,13 +92,13 @@ def test_labels_mode_chunking_and_checkpoint(tmp_path):
     x = _images(7, seed=2)
     pred = pool.predict(x)  # [M, B]
     labels = pred[0].astype(np.int32)  # member 0 right by construction; others may be wrong
-    kw = dict(labels=labels, attack=_ATTACK3, chunk_size=4, key=jax.random.PRNGKey(0))
-    res = run_sar(pool, x, 0.2, [0.0, 1 / 3], checkpoint_dir=tmp_path, **kw)
+    kw = dict(labels=labels, attack=_ATTACK3, key=jax.random.PRNGKey(0))
+    res = run_sar(pool, x, 0.2, [0.0, 1 / 3], settings=SARSettings(chunk_size=4, checkpoint_dir=tmp_path), **kw)
     assert res.batch_size == 7 and res.valid.all()
     np.testing.assert_array_equal(res.clean_broken, (pred != labels[None]).T)
     assert (tmp_path / "chunk_1" / "result" / "result.json").exists()
-    again = run_sar(pool, x, 0.2, [0.0, 1 / 3], checkpoint_dir=tmp_path, **kw)  # loads chunks
-    fresh = run_sar(pool, x, 0.2, [0.0, 1 / 3], **kw)
+    again = run_sar(pool, x, 0.2, [0.0, 1 / 3], settings=SARSettings(chunk_size=4, checkpoint_dir=tmp_path), **kw)
+    fresh = run_sar(pool, x, 0.2, [0.0, 1 / 3], settings=SARSettings(chunk_size=4), **kw)
     for other in (again, fresh):
         np.testing.assert_array_equal(other.sar, res.sar)
         np.testing.assert_array_equal(other.k_hat, res.k_hat)
@@ -107,8 +108,8 @@ def test_labels_mode_chunking_and_checkpoint(tmp_path):
 def test_run_sar_validation():
     pool = _POOL3
     with pytest.raises(ValueError, match="eps"):
-        run_sar(pool, _images(2), 0.0, [0.0])
+        run_sar(pool, _images(2), 0.0, [0.0], key=jax.random.PRNGKey(0))
     with pytest.raises(ValueError, match="labels"):
-        run_sar(pool, _images(2), 0.1, [0.0], labels=np.zeros(3, np.int32))
+        run_sar(pool, _images(2), 0.1, [0.0], labels=np.zeros(3, np.int32), key=jax.random.PRNGKey(0))
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
-        run_sar(pool, _images(2) + 2.0, 0.1, [0.0])
+        run_sar(pool, _images(2) + 2.0, 0.1, [0.0], key=jax.random.PRNGKey(0))

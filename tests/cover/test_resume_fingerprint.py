@@ -21,6 +21,7 @@ pytest.importorskip("sarjax.attacks.joint")
 from sarjax.attacks.joint import make_joint_pgd
 from sarjax.models.pool import Pool, Stack
 from sarjax.models.zoo import mlp
+from sarjax.sar import SARSettings
 from sarjax.sar.vision import run_sar
 
 ARCH = mlp((8,), input_shape=(4, 4, 1), num_classes=3)
@@ -37,12 +38,15 @@ def _pool(m=3, seed=0):
 
 POOL = _pool()
 ATTACK = make_joint_pgd(POOL.apply, steps=3, restarts=1)  # eps is a call argument: one kernel for the file
+K0 = jax.random.PRNGKey(0)
 X = np.random.default_rng(3).random((4, 4, 4, 1), dtype=np.float32)
 
 
-def _sar(eps, deltas, ckpt, **kw):
-    kw.setdefault("key", jax.random.PRNGKey(0))  # run_sar requires a key
-    return run_sar(POOL, X, eps, deltas, attack=ATTACK, checkpoint_dir=ckpt, **kw)
+def _sar(eps, deltas, ckpt, *, key=None, overwrite=False):
+    key = jax.random.PRNGKey(0) if key is None else key  # run_sar requires a key
+    return run_sar(
+        POOL, X, eps, deltas, key=key, attack=ATTACK, settings=SARSettings(checkpoint_dir=ckpt, overwrite=overwrite)
+    )
 
 
 # -- fingerprint ----------------------------------------------------------------------------
@@ -57,9 +61,25 @@ def test_rerun_with_other_eps_or_key_raises_naming_the_setting(tmp_path):
     with pytest.raises(ValueError, match=r"key=\[0, 7\]"):
         _sar(0.3, [0.0], tmp_path, key=jax.random.PRNGKey(7))
     with pytest.raises(ValueError, match="pool="):
-        run_sar(_pool(seed=1), X, 0.3, [0.0], attack=ATTACK, checkpoint_dir=tmp_path, key=jax.random.PRNGKey(0))
+        run_sar(
+            _pool(seed=1),
+            X,
+            0.3,
+            [0.0],
+            attack=ATTACK,
+            settings=SARSettings(checkpoint_dir=tmp_path),
+            key=jax.random.PRNGKey(0),
+        )
     with pytest.raises(ValueError, match="images="):
-        run_sar(POOL, X[::-1].copy(), 0.3, [0.0], attack=ATTACK, checkpoint_dir=tmp_path, key=jax.random.PRNGKey(0))
+        run_sar(
+            POOL,
+            X[::-1].copy(),
+            0.3,
+            [0.0],
+            attack=ATTACK,
+            settings=SARSettings(checkpoint_dir=tmp_path),
+            key=jax.random.PRNGKey(0),
+        )
     again = _sar(0.3, [0.0], tmp_path)  # same settings: resumes (loads the finished chunk)
     np.testing.assert_array_equal(again.sar, first.sar)
 
@@ -179,20 +199,20 @@ def test_rederive_known_answer():
 
 def test_run_sar_rejects_bad_inputs_with_what_was_expected():
     with pytest.raises(TypeError, match=r"pool must be a sarjax.models.Pool .* got NoneType"):
-        run_sar(None, X, 0.1, [0.0])
+        run_sar(None, X, 0.1, [0.0], key=K0)
     with pytest.raises(TypeError, match=r"x must be an array of images \[B, 4, 4, 1\].*got NoneType"):
-        run_sar(POOL, None, 0.1, [0.0])
+        run_sar(POOL, None, 0.1, [0.0], key=K0)
     with pytest.raises(ValueError, match=r"at least one image, got an empty batch of shape \[0, 4, 4, 1\]"):
-        run_sar(POOL, X[:0], 0.1, [0.0])
+        run_sar(POOL, X[:0], 0.1, [0.0], key=K0)
     with pytest.raises(ValueError, match=r"expected inputs of shape \[B, 4, 4, 1\], got \[4, 4, 4\]"):
-        run_sar(POOL, X[..., 0], 0.1, [0.0])
+        run_sar(POOL, X[..., 0], 0.1, [0.0], key=K0)
     for eps in (float("inf"), float("nan"), -1.0):
         with pytest.raises(ValueError, match="eps must be a finite float > 0"):
-            run_sar(POOL, X, eps, [0.0])
+            run_sar(POOL, X, eps, [0.0], key=K0)
     with pytest.raises(ValueError, match="delta"):
-        run_sar(POOL, X, 0.1, [1.0])
+        run_sar(POOL, X, 0.1, [1.0], key=K0)
     with pytest.raises(ValueError, match="deltas must be a non-empty"):
-        run_sar(POOL, X, 0.1, [])
+        run_sar(POOL, X, 0.1, [], key=K0)
 
 
 def test_run_sar_rejects_labels_outside_the_classes():
@@ -202,7 +222,7 @@ def test_run_sar_rejects_labels_outside_the_classes():
         match=r"labels out of range \[0, C=3\): samples \[0, 1, 3\] "
         r"have \[10, 99, -1\]",
     ):
-        run_sar(POOL, X, 0.1, [0.0], labels=np.array([10, 99, 2, -1]))
+        run_sar(POOL, X, 0.1, [0.0], labels=np.array([10, 99, 2, -1]), key=K0)
 
 
 def test_attack_rejects_a_wrong_input_shape_before_tracing():

@@ -123,6 +123,7 @@ def test_packed_parts_come_back_and_concatenate_like_chunks():
     from sarjax.attacks.joint import make_joint_pgd
     from sarjax.cover.result import concat_results
     from sarjax.sar.distributed import _pack, _unpack, run_sar_across_processes
+    from sarjax.sar.settings import SARSettings
     from sarjax.sar.vision import run_sar
 
     arch = zoo.mlp((6,), input_shape=(4, 4, 1), num_classes=4)
@@ -132,9 +133,11 @@ def test_packed_parts_come_back_and_concatenate_like_chunks():
     pool = Pool([Stack(arch, params, ("a", "b", "c"))])
     x = rng.random((4, 4, 4, 1), dtype=np.float32)
     kw = dict(key=jax.random.key(1), attack=make_joint_pgd(pool.apply, steps=2, restarts=1))
-    whole = run_sar(pool, x, 0.3, [0.0, 0.5], chunk_size=2, **kw)
+    whole = run_sar(pool, x, 0.3, [0.0, 0.5], settings=SARSettings(chunk_size=2), **kw)
     assert whole.covered.any() and whole.num_rounds >= 2
-    one = run_sar_across_processes(pool, x, 0.3, [0.0, 0.5], chunk_size=2, **kw)  # one process: run_sar
+    one = run_sar_across_processes(
+        pool, x, 0.3, [0.0, 0.5], settings=SARSettings(chunk_size=2), **kw
+    )  # one process: run_sar
     assert one.k_hat.tolist() == whole.k_hat.tolist()
     parts = [run_sar(pool, x[r], 0.3, [0.0, 0.5], sample_ids=r, **kw) for r in (np.arange(2), np.arange(2, 4))]
     back = [_unpack(_pack(p, {"s": np.full((p.batch_size, 2), i)})) for i, p in enumerate(parts)]
