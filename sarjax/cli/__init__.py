@@ -8,6 +8,12 @@ commands are in :mod:`sarjax.cli.args`.
 ``--compile-cache`` runs: that directory when given, else ``$XDG_CACHE_HOME/sarjax/jax``
 (``SARJAX_NO_COMPILE_CACHE=1``: none; :mod:`sarjax.runtime.compile_cache`). Importing sarjax
 never does.
+
+Every command counts the XLA programs it compiles (:mod:`sarjax.runtime.compile_stats`): one that
+compiled or loaded any ends, when it completes, with one line on stderr, ``sarjax COMMAND: compiled
+N XLA programs in S s (K loaded from the compilation cache in T s; tracing and lowering U s)``
+(none for one that compiled nothing, such as ``train-defenses --list``; none after an error, whose
+message stays the last line).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import sys
 
 from sarjax.cli import autoattack, defenses, demo, frontier, llm_demo, llm_sar, plan, sar, train_pool
 from sarjax.runtime.compile_cache import enable_command_compile_cache
+from sarjax.runtime.compile_stats import count_compiles
 
 # Every command, in the order ``sarjax --help`` lists them: each module's ``register(sub)``.
 COMMANDS = (train_pool, demo, sar, defenses, autoattack, frontier, llm_sar, llm_demo, plan)
@@ -45,10 +52,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    compiles = count_compiles()  # before the command's first compilation
     try:
         if hasattr(args, "compile_cache"):  # the commands with --compile-cache: on by default
             enable_command_compile_cache(args.compile_cache)
-        return int(args.func(args) or 0)
+        rc = int(args.func(args) or 0)
+        line = compiles.stop().summary()
+        if line is not None:
+            print(f"sarjax {args.command}: {line}", file=sys.stderr, flush=True)
+        return rc
     except (ValueError, TypeError, FileNotFoundError) as e:
         print(f"sarjax {args.command}: error: {e}", file=sys.stderr)
         return 2

@@ -6,7 +6,9 @@ images against the pool, runs :func:`sarjax.attacks.autoattack.autoattack_pool`,
 ``out``, writes
 
 * ``OUT.json``: the report (settings, clean and robust accuracy per member, the per-stage log,
-  query totals, the sanity checks' warnings, the run's metadata);
+  query totals, the sanity checks' warnings, the attack's seconds and its XLA compilations
+  (``"compile"``: :meth:`sarjax.runtime.compile_stats.CompileStats.to_json`, process 0's), the
+  run's metadata);
 * ``OUT.npz`` beside it (same stem, ``np.savez_compressed``): per image and member ``robust
   [N, M]`` and ``clean [N, M]`` (bool), ``queries [N, M]`` (int64), the adversarial points
   ``x_adv [N, M, *S]`` (float32; the clean image where the member was not broken), ``ids [N]``
@@ -45,6 +47,7 @@ from sarjax.attacks import autoattack as aa  # the module: autoattack_pool is lo
 from sarjax.attacks.autoattack import N_ITER, SQUARE_QUERIES, AutoAttackResult
 from sarjax.data.images import check_ids, check_images
 from sarjax.runtime import fingerprint as fingerprints
+from sarjax.runtime.compile_stats import CompileStats, count_compiles
 from sarjax.runtime.distributed import all_ok, is_main, process_checkpoint_dir, process_count
 
 CHECKPOINT_HINT = "pass --overwrite (overwrite=True) to discard it, or choose another --checkpoint directory"
@@ -54,7 +57,7 @@ OUTPUT_HINT = "pass --overwrite (overwrite=True) to replace them, or choose anot
 _OWN_FIELDS = frozenset(
     ("version", "norm", "eps", "members", "clean_accuracy", "robust_accuracy", "queries_total")
     + ("queries_per_sample_mean", "stages", "warnings", "samples", "seed", "seconds", "budget", "npz")
-    + ("fingerprint",)
+    + ("fingerprint", "compile")
 )
 
 # the fingerprint's fields (run_autoattack's settings; the report's "fingerprint")
@@ -283,6 +286,7 @@ def run_autoattack(
             Path(checkpoint_dir), {**settings, "processes": process_count() if distribute else 1}, overwrite, multi
         )
     t0 = time.perf_counter()
+    compiles = count_compiles()
     try:
         res = aa.autoattack_pool(
             pool,
@@ -313,7 +317,8 @@ def run_autoattack(
         raise
     seconds = time.perf_counter() - t0
     if paths is not None and is_main():
-        _write(paths, res, yi, sample_ids, seconds, seed, (n_iter, fab_iter, square_queries), meta or {}, settings)
+        budget = (n_iter, fab_iter, square_queries)
+        _write(paths, res, yi, sample_ids, seconds, compiles.stop(), seed, budget, meta or {}, settings)
     return res
 
 
@@ -356,7 +361,18 @@ def _drop_unused_fingerprint(pdir: Path) -> None:
         pass
 
 
-def _write(paths, res: AutoAttackResult, y, ids, seconds: float, seed: int, budget, meta: dict, settings) -> None:
+def _write(
+    paths,
+    res: AutoAttackResult,
+    y,
+    ids,
+    seconds: float,
+    compiles: CompileStats,
+    seed: int,
+    budget,
+    meta: dict,
+    settings,
+) -> None:
     json_path, npz_path = paths
     record = res.to_json()
     record.update(meta)
@@ -365,6 +381,7 @@ def _write(paths, res: AutoAttackResult, y, ids, seconds: float, seed: int, budg
         samples=int(len(y)),
         seed=seed,
         seconds=seconds,
+        compile=compiles.to_json(),
         budget=dict(n_iter=n_iter, fab_iter=fab_iter, square_queries=square_queries),
         npz=str(npz_path.absolute()),
         fingerprint=settings,

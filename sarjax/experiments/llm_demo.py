@@ -47,6 +47,7 @@ from sarjax.models.llm.generate import greedy_generate
 from sarjax.models.llm.loader import load_model
 from sarjax.models.llm.pool import left_pad, stack_params
 from sarjax.models.llm.tokenizers import word_level_tokenizer
+from sarjax.runtime.compile_stats import count_compiles
 from sarjax.runtime.fingerprint import array_digest, check_fingerprint, remove_paths, write_fingerprint
 from sarjax.sar import load_llm_pool, pool_llm_sar
 
@@ -449,7 +450,8 @@ def run_demo(
     progress: bool = True,
     log: Any = print,
 ) -> dict[str, Any]:
-    """The whole demo (see the module docstring); writes ``OUT/demo.json`` and returns it.
+    """The whole demo (see the module docstring); writes ``OUT/demo.json`` and returns it (its
+    ``"compile"``: the run's XLA compilations, :meth:`sarjax.runtime.compile_stats.CompileStats.to_json`).
 
     Args:
       out: output directory (pools as checkpoint folders, SAR runs, ``demo.json``).
@@ -464,6 +466,7 @@ def run_demo(
     root = Path(out)
     times: dict[str, float] = {}
     t_all = time.perf_counter()
+    compiles = count_compiles()
     corpus = build_corpus(train_csv, eval_csv)
     fp = {
         "kind": "llm_demo",
@@ -575,6 +578,7 @@ def run_demo(
         "teacher_trajectories": len(traj),
         "losses": {"pool_before": loss_before, "teacher": loss_teacher, "pool_after": loss_after},
         "times_s": times,
+        "compile": compiles.stop().to_json(),
         "load_avg": list(os.getloadavg()),
         **summary,
     }

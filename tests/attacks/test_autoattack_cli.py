@@ -85,6 +85,7 @@ def test_pool_on_mnist_writes_todays_report_and_the_npz(fake, monkeypatch, tmp_p
     today |= {"queries_per_sample_mean", "stages", "warnings", "pool", "samples", "sample_indices", "data", "seed"}
     today |= {"seconds", "budget", "noise_sigma", "randomized_members", "deterministic_members_skipped"}
     today |= {"fingerprint"}  # the settings a rerun into the same OUT is checked against
+    today |= {"compile"}  # the attack's XLA compilations (sarjax.runtime.compile_stats)
     assert set(report) == today | {"npz"}
     assert report["sample_indices"] == idx.tolist() and report["pool"] == str((tmp_path / "P").absolute())
     assert f"wrote {out} and {out.with_suffix('.npz')}" in capsys.readouterr().out
