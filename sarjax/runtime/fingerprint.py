@@ -1,6 +1,6 @@
 """Fingerprints of resumable runs (run directories of the demos, the SAR pipelines, the frontier, the zoo).
 
-A resumable run (``run_sar(checkpoint_dir=...)``, ``sarjax sar``, ``sarjax demo``) writes
+A resumable run (``run_sar(settings=SARSettings(checkpoint_dir=...))``, ``sarjax sar``, ``sarjax demo``) writes
 ``fingerprint.json`` into its directory before its first result: a JSON dict of everything that
 changes the result (pool content hash, eps, deltas, the attacked images and their indices,
 attack settings, key, conv impl, data source, sarjax version). A rerun into the same directory
