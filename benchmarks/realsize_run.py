@@ -462,6 +462,7 @@ def run_llm_jax(spec: LlmSpec, dtype: str, dirs: list[str], folder: str | Path, 
     from sarjax.attacks.text import core as T
     from sarjax.attacks.text.beast import make_beast
     from sarjax.attacks.text.gcg_joint import make_joint_gcg
+    from sarjax.attacks.text.pool import pool_params
     from sarjax.models.llm.prompts import encode_text
     from sarjax.sar.llm_requests import behavior_batch, load_llm_pool
 
@@ -487,10 +488,12 @@ def run_llm_jax(spec: LlmSpec, dtype: str, dirs: list[str], folder: str | Path, 
     tok = stack.tokenizer
     v = stack.cfg.vocab_size
     gcg = make_joint_gcg(
-        num_steps=1, suffix_len=spec.gcg_suffix, topk=spec.gcg_topk, num_candidates=spec.gcg_candidates,
+        pool, num_steps=1, suffix_len=spec.gcg_suffix, topk=spec.gcg_topk, num_candidates=spec.gcg_candidates,
         target=REFUSAL,
     )  # fmt: skip
-    g = timed_calls(st, "joint_gcg_step", lambda i: gcg(pool, REQUESTS, None, key=jax.random.key(i)), spec.reps)
+    g = timed_calls(
+        st, "joint_gcg_step", lambda i: gcg(pool_params(pool), REQUESTS, None, key=jax.random.key(i)), spec.reps
+    )
     st.put(
         joint_gcg={
             "x_adv": g.x_adv,

@@ -16,7 +16,7 @@ The adapter sees the pool through three host callables, so any model family, att
   (minimised by the attacker), ``queries [B, M]`` and ``success [B, M]``: a
   :class:`~sarjax.attacks.text.core.TextAttackFn` (joint BEAST, joint GCG), a pool attack
   (:class:`~sarjax.attacks.text.gcg_joint.JointGCG`, :class:`~sarjax.attacks.text.beast_cross.CrossBEAST`:
-  ``params`` the pool, ``batch`` the request strings) or the AutoDAN-style rewriter
+  ``params`` the stacks' params, ``batch`` the request strings) or the AutoDAN-style rewriter
   (:mod:`sarjax.attacks.text.autodan`). With ``self_judged`` the result's ``success`` is the
   coverage (AutoDAN: the SAR judge's verdict on every member, each in its own tokens); otherwise
   every candidate is judged through ``respond``. A batch with ``judge_clean(judge, behaviors)``

@@ -39,7 +39,7 @@ from sarjax.attacks.text.core import (
 )
 from sarjax.attacks.text.gcg import make_gcg
 from sarjax.attacks.text.gcg_joint import make_joint_gcg
-from sarjax.attacks.text.pool import allowed_for
+from sarjax.attacks.text.pool import allowed_for, pool_params
 from sarjax.runtime import fingerprint as fingerprints
 from sarjax.sar.llm_judging import Judge, PoolResponder
 from sarjax.sar.llm_requests import behavior_batch, clean_prompt_ids
@@ -164,12 +164,13 @@ def _seed_record(seed_tokens: int, ids: Any, lens: Any) -> dict[str, Any]:
 def beast_pool_attack(req: PoolRequest) -> PoolAttack:
     """Joint BEAST on the pool (one tokenizer: :func:`~sarjax.attacks.text.beast.make_beast`; several:
     :func:`~sarjax.attacks.text.beast_cross.make_cross_beast`, the first stack's tokenizer
-    proposing, called with the pool as ``params`` and the request strings as the batch)."""
+    proposing, called with the stacks' params (:func:`~sarjax.attacks.text.pool.pool_params`) and the
+    request strings as the batch)."""
     st, calls, mq = _suffix_settings("beast", req)
     tok = req.pool.stacks[0].tokenizer
     if req.mixed:
         call = _mixed_call(req)
-        fn = make_cross_beast(target=req.target, **st)
+        fn = make_cross_beast(req.pool, target=req.target, **st)
         if req.seed_fn is not None:
             ids, lens = seed_suffixes(req.seed_fn, list(req.behaviors), tok, fn.suffix_len, req.seed_tokens)
             kw_dec = dict(skip_special_tokens=False, clean_up_tokenization_spaces=False)
@@ -178,13 +179,15 @@ def beast_pool_attack(req: PoolRequest) -> PoolAttack:
             ]
             # a seed that another tokenizer cannot reproduce (or that does not re-tokenize) is dropped:
             # that request's beams start empty, and the report lists it
-            dropped = [b for b, x in enumerate(texts) if x and fn.seed_violations(req.pool, x)]
+            dropped = [b for b, x in enumerate(texts) if x and fn.seed_violations(x)]
             call["suffix_init"] = ["" if b in dropped else x for b, x in enumerate(texts)]
             st["seeds"] = {**_seed_record(req.seed_tokens, ids, lens), "dropped": dropped}
         call["max_queries"] = mq
         clean = clean_prompt_ids(tok, req.behaviors, req.system, chat_template=call["chat_template"])
         settings = {**st, "calls": calls, "max_queries": mq}
-        return PoolAttack(fn, req.pool, list(req.behaviors), call, calls, settings, req.target, clean_prompts=clean)
+        return PoolAttack(
+            fn, pool_params(req.pool), list(req.behaviors), call, calls, settings, req.target, clean_prompts=clean
+        )
     params, model, tok, vocab, allowed = _one_tokenizer(req)
     fn = make_beast(model, vocab_size=vocab, loss=target_loss, tokenizer=tok, **st)
     batch = behavior_batch(tok, req.behaviors, req.target, req.system)
@@ -223,18 +226,21 @@ def common_start_text(pool: Any, words: int, slots: int) -> str:
 def gcg_pool_attack(req: PoolRequest) -> PoolAttack:
     """Joint GCG on the pool (one tokenizer: :func:`~sarjax.attacks.text.gcg.make_gcg`, starting from
     ``"!"`` when the vocabulary has it; several: :func:`~sarjax.attacks.text.gcg_joint.make_joint_gcg`
-    from :func:`common_start_text`, called with the pool as ``params`` and the request strings)."""
+    from :func:`common_start_text`, called with the stacks' params
+    (:func:`~sarjax.attacks.text.pool.pool_params`) and the request strings)."""
     st, calls, mq = _suffix_settings("gcg", req)
     if req.mixed:
         tok = req.pool.stacks[0].tokenizer
         call = _mixed_call(req)
-        fn = make_joint_gcg(target=req.refusal, **st)
+        fn = make_joint_gcg(req.pool, target=req.refusal, **st)
         fn.init_text = common_start_text(req.pool, fn.suffix_len, fn.slots)
         st["init_text"] = fn.init_text
         call["max_queries"] = mq
         clean = clean_prompt_ids(tok, req.behaviors, req.system, chat_template=call["chat_template"])
         settings = {**st, "calls": calls, "max_queries": mq}
-        return PoolAttack(fn, req.pool, list(req.behaviors), call, calls, settings, req.refusal, clean_prompts=clean)
+        return PoolAttack(
+            fn, pool_params(req.pool), list(req.behaviors), call, calls, settings, req.refusal, clean_prompts=clean
+        )
     params, model, tok, vocab, allowed = _one_tokenizer(req)
     bang = tok("!", add_special_tokens=False)["input_ids"]
     # GCG starts from "!" x 20; a vocabulary without "!" starts from its first allowed id

@@ -24,6 +24,7 @@ from _attacks_affine import affine_apply, pool_apply
 import sarjax.attacks as A
 import sarjax.attacks.text as T
 from sarjax.attacks import AttackOutput
+from sarjax.attacks.text.pool import pool_params
 from sarjax.defenses import KLResult, make_kl_attack
 
 KEY = jax.random.PRNGKey(0)
@@ -167,13 +168,13 @@ def _strings_case(run):
 
 
 def _joint_gcg(pool, tok):
-    fn = T.make_joint_gcg(num_steps=1, suffix_len=2, num_candidates=2, target="sure here is", criterion="target")
-    return fn(pool, REQUESTS, None, key=jax.random.key(0))
+    fn = T.make_joint_gcg(pool, num_steps=1, suffix_len=2, num_candidates=2, target="sure here is", criterion="target")
+    return fn(pool_params(pool), REQUESTS, None, key=jax.random.key(0))
 
 
 def _cross_beast(pool, tok):
-    fn = T.make_cross_beast(suffix_len=1, beam_width=1, candidates=2, target="sure here is")
-    return fn(pool, REQUESTS, None, key=jax.random.key(0))
+    fn = T.make_cross_beast(pool, suffix_len=1, beam_width=1, candidates=2, target="sure here is")
+    return fn(pool_params(pool), REQUESTS, None, key=jax.random.key(0))
 
 
 def _autodan(pool, tok):

@@ -77,6 +77,7 @@ def test_cross_beast_joint_objective_and_exact_queries():
     members; (b) queries follow the closed form (every candidate passes the filter here)."""
     from sarjax.attacks.text import core as T
     from sarjax.attacks.text.beast_cross import make_cross_beast
+    from sarjax.attacks.text.pool import pool_params
     from sarjax.models.llm import decoder, scoring
     from sarjax.models.llm.pool import unstack_params
     from sarjax.models.llm.prompts import encode_text
@@ -86,10 +87,10 @@ def test_cross_beast_joint_objective_and_exact_queries():
     words = FILLER + [TRIGGER]  # known to both tokenizers: every candidate re-tokenizes everywhere
     al = [np.isin(np.arange(VOCAB), t.convert_tokens_to_ids(words)) for t in (ta, tb, ta)]
     k1, k2, ls = 2, 2, 2
-    fn = make_cross_beast(suffix_len=ls, beam_width=k1, candidates=k2, sampler="greedy", target=TARGET, slots=4)
+    fn = make_cross_beast(pool, suffix_len=ls, beam_width=k1, candidates=k2, sampler="greedy", target=TARGET, slots=4)
     # row 0 covers a0 and b0 (proposer mixture: a0); row 1 covers b0 only (mixture: a0, a1, g0)
     mask = np.array([[1, 0, 1, 0], [0, 0, 1, 0], [1, 1, 1, 1]], np.float32)
-    r = fn(pool, REQUESTS, None, key=jax.random.key(0), mask=mask, allowed=al)
+    r = fn(pool_params(pool), REQUESTS, None, key=jax.random.key(0), mask=mask, allowed=al)
     ncov, nprop = mask.sum(1), np.array([1, 3, 3])
     # step 1 expands the single empty beam (1 forward per mixed member), step 2 the k1 beams
     np.testing.assert_array_equal(r.queries.sum(1), (1 + k1) * nprop + ls * k1 * k2 * ncov)
@@ -128,7 +129,7 @@ def test_cross_beast_joint_objective_and_exact_queries():
     assert r.suffix_ids[0] != encode_text(tb, r.x_adv[0])  # the proposer's ids are tokenizer A's
     # same key, same result; a cap that allows the first step only
     again = fn(
-        pool,
+        pool_params(pool),
         REQUESTS,
         None,
         key=jax.random.key(0),
@@ -139,10 +140,16 @@ def test_cross_beast_joint_objective_and_exact_queries():
     assert again.queries[1].sum() == nprop[1] + k1 * k2 * ncov[1] and len(again.suffix_ids[1]) == 1
     with pytest.raises(ValueError, match="row 0: .*stack 1: the ids do not decode back"):
         fn(
-            pool, REQUESTS, None, key=jax.random.key(0), mask=mask, allowed=al, suffix_init=["a bomb", "", ""]
+            pool_params(pool),
+            REQUESTS,
+            None,
+            key=jax.random.key(0),
+            mask=mask,
+            allowed=al,
+            suffix_init=["a bomb", "", ""],
         )  # B lacks "bomb"
     with pytest.raises(TypeError, match="key is required"):
-        fn(pool, REQUESTS, None, key=None, mask=mask)
+        fn(pool_params(pool), REQUESTS, None, key=None, mask=mask)
 
 
 def _write_checkpoint(path, tok, seed):

@@ -28,6 +28,7 @@ from sarjax.attacks.text import (
 )
 from sarjax.attacks.text.beast_cross import make_cross_beast
 from sarjax.attacks.text.gcg_joint import make_joint_gcg
+from sarjax.attacks.text.pool import pool_params
 from sarjax.models.llm import scoring
 from sarjax.models.llm.pool import build_pool, unstack_params
 from sarjax.models.llm.prompts import encode_text, retokenizes
@@ -123,12 +124,14 @@ def test_pool_attacks_score_the_ids_of_the_sent_text(kind, attack):
     tok, cfg, params, texts, _, target = _setup(kind)
     pool = _pool(kind)
     if attack == "joint_gcg":
-        fn = make_joint_gcg(num_steps=1, suffix_len=2, num_candidates=4, target=TARGET, criterion="target")
-        r = fn(pool, REQUESTS, None, key=jax.random.key(0), suffix_init=SEED, max_queries=2)
+        fn = make_joint_gcg(pool, num_steps=1, suffix_len=2, num_candidates=4, target=TARGET, criterion="target")
+        r = fn(pool_params(pool), REQUESTS, None, key=jax.random.key(0), suffix_init=SEED, max_queries=2)
         loss = refusal_loss
     else:
-        fn = make_cross_beast(suffix_len=3, beam_width=2, candidates=2, target=TARGET)
-        r = fn(pool, REQUESTS, None, key=jax.random.key(0), suffix_init=[SEED] * len(REQUESTS), max_queries=2)
+        fn = make_cross_beast(pool, suffix_len=3, beam_width=2, candidates=2, target=TARGET)
+        r = fn(
+            pool_params(pool), REQUESTS, None, key=jax.random.key(0), suffix_init=[SEED] * len(REQUESTS), max_queries=2
+        )
         loss = target_loss
     assert r.x_adv == [SEED] * len(REQUESTS)  # the cap allows the start only
     for b in range(len(REQUESTS)):
@@ -152,15 +155,48 @@ def test_joint_gcg_default_start_on_metaspace_byte_level_and_word_level_tokenize
     cases = {"sentencepiece": _pool("sentencepiece"), "bytelevel": _pool("bytelevel")}
     wcfg = tiny_llama(len(word), hidden_size=16, num_heads=2, num_kv_heads=1, head_dim=8, intermediate_size=24)
     cases["word"] = build_pool([("w0", wcfg, scaled_init(wcfg, jax.random.key(0), 3.0), word)])
-    fn = make_joint_gcg(num_steps=1, suffix_len=4, num_candidates=2)
     for name, pool in cases.items():
+        fn = make_joint_gcg(pool, num_steps=1, suffix_len=4, num_candidates=2)
         tok = pool.stacks[0].tokenizer
         al = allowed_vocab(tok, len(tok))
         ok = lambda x: not suffix_text_violations(" ".join([x] * 4), [tok], [al], [8])[1]  # noqa: E731
         pieces = [p for i in np.flatnonzero(al) if (p := tok.decode([int(i)]).strip())]
         assert ok("!") == (name == "bytelevel"), name
         want = " ".join(["!" if ok("!") else next(p for p in pieces if ok(p))] * 4)
-        r = fn(pool, REQUESTS[:1], None, key=jax.random.key(0), max_queries=pool.stacks[0].size)
+        r = fn(pool_params(pool), REQUESTS[:1], None, key=jax.random.key(0), max_queries=pool.stacks[0].size)
         assert r.x_adv == [want], name
         ids = encode_text(tok, want)
         assert retokenizes(tok, ids) and al[ids].all()
+
+
+@pytest.mark.parametrize("attack", ["joint_gcg", "cross_beast"])
+def test_pool_attacks_take_the_pool_first_and_score_the_call_params(attack):
+    """The factory takes the pool (model first); the call's ``params`` (one tree per stack) are the
+    weights scored: another pool's params give that pool's losses, not the factory pool's."""
+    pool = _pool("sentencepiece")
+    other = build_pool(
+        [
+            (f"m{i}", s.cfg, jax.tree.map(lambda a: 1.5 * a[i], s.params), s.tokenizer)
+            for s in pool.stacks
+            for i in range(2)
+        ]
+    )
+    make = {"joint_gcg": make_joint_gcg, "cross_beast": make_cross_beast}[attack]
+    kw = {"joint_gcg": dict(num_steps=1, suffix_len=2, num_candidates=2), "cross_beast": dict(suffix_len=3)}[attack]
+    init = SEED if attack == "joint_gcg" else [SEED] * len(REQUESTS)
+    call = dict(key=jax.random.key(0), suffix_init=init, max_queries=2)  # the start only
+
+    def run(factory_pool, params):
+        return make(factory_pool, target=TARGET, **kw)(params, REQUESTS, None, **call).member_loss
+
+    mine, theirs = run(pool, pool_params(pool)), run(other, pool_params(other))
+    assert np.abs(mine - theirs).max() > 1e-3  # the weights matter
+    np.testing.assert_array_equal(run(pool, pool_params(other)), theirs)
+    with pytest.raises(TypeError, match=r"the model must be an LLMPool .* got tuple"):
+        make(pool_params(pool), **kw)
+    fn = make(pool, target=TARGET, **kw)
+    with pytest.raises(TypeError, match=r"params must be one stacked parameter tree per stack \(1, .* got LLMPool"):
+        fn(pool, REQUESTS, None, **call)
+    half = (jax.tree.map(lambda a: a[:1], pool.stacks[0].params),)
+    with pytest.raises(ValueError, match=r"params of stack 0: a leaf of shape \(1, "):
+        fn(half, REQUESTS, None, **call)

@@ -12,6 +12,7 @@ from conftest import VOCAB, build_tokenizer, tiny_llama
 
 from sarjax.attacks.text import core as T
 from sarjax.attacks.text.gcg_joint import make_joint_gcg
+from sarjax.attacks.text.pool import pool_params
 from sarjax.models.llm.tokenizers import word_level_tokenizer
 
 TEMPLATE_A = "{% for m in messages %}[INST] {{ m['content'] }} [/INST]{% endfor %}"
@@ -111,11 +112,15 @@ def test_joint_gcg_finds_a_planted_trigger_across_tokenizers(trigger_pool):
     words = FILLER + [TRIGGER]  # (punctuation would not survive the decoder's clean-up: filtered)
     al = [np.isin(np.arange(VOCAB), t.convert_tokens_to_ids(words)) for t in (ta, tb)]
     nc, steps = 32, 4
-    fn = make_joint_gcg(num_steps=steps, suffix_len=3, topk=len(words), num_candidates=nc, target=REFUSAL, slots=4)
+    fn = make_joint_gcg(
+        pool, num_steps=steps, suffix_len=3, topk=len(words), num_candidates=nc, target=REFUSAL, slots=4
+    )
     mask = np.array([[1, 1, 1, 1], [1, 0, 1, 0], [0, 1, 0, 1]], np.float32)
     call = dict(allowed=al, suffix_init="x x x")
-    r = fn(pool, REQUESTS, None, key=jax.random.key(0), mask=mask, **call)
-    start = fn(pool, REQUESTS, None, key=jax.random.key(0), mask=mask, max_queries=4, **call)  # scores the start only
+    r = fn(pool_params(pool), REQUESTS, None, key=jax.random.key(0), mask=mask, **call)
+    start = fn(
+        pool_params(pool), REQUESTS, None, key=jax.random.key(0), mask=mask, max_queries=4, **call
+    )  # scores the start only
     for b in range(3):
         assert TRIGGER in r.x_adv[b].split(), r.x_adv
         cov = np.flatnonzero(mask[b])
@@ -149,13 +154,13 @@ def test_joint_gcg_finds_a_planted_trigger_across_tokenizers(trigger_pool):
     os.environ.get("SARJAX_LLM_FULL") != "1", reason="SARJAX_LLM_FULL=1: uses the fine-tuned pool fixture"
 )
 def test_joint_gcg_input_errors(trigger_pool):
-    fn = make_joint_gcg(num_steps=1, suffix_len=3, num_candidates=4, target=REFUSAL, slots=4)
+    fn = make_joint_gcg(trigger_pool, num_steps=1, suffix_len=3, num_candidates=4, target=REFUSAL, slots=4)
     with pytest.raises(TypeError, match="key is required"):
-        fn(trigger_pool, REQUESTS, None, key=None)
+        fn(pool_params(trigger_pool), REQUESTS, None, key=None)
     with pytest.raises(ValueError, match=r"mask must be \[M\] or \[B, M\] with B=\d+, M=4"):
-        fn(trigger_pool, REQUESTS, None, key=jax.random.key(0), mask=np.ones(2))
+        fn(pool_params(trigger_pool), REQUESTS, None, key=jax.random.key(0), mask=np.ones(2))
     # "bomb" is not in stack B's vocabulary: the start suffix cannot be exchanged
     with pytest.raises(ValueError, match=r"row 0: stack 1: the ids do not decode back"):
-        fn(trigger_pool, REQUESTS[:1], None, key=jax.random.key(0), suffix_init="a bomb")
+        fn(pool_params(trigger_pool), REQUESTS[:1], None, key=jax.random.key(0), suffix_init="a bomb")
     with pytest.raises(ValueError, match="num_candidates must be >= 1"):
-        make_joint_gcg(num_candidates=0)
+        make_joint_gcg(trigger_pool, num_candidates=0)

@@ -47,9 +47,17 @@ import numpy as np
 
 from sarjax.attacks.core.entry import HostDrivenEntry
 from sarjax.attacks.text import core as T
-from sarjax.attacks.text.pool import allowed_for, pool_call, pool_requests, score_sent, sent_prompts
+from sarjax.attacks.text.pool import (
+    allowed_for,
+    bind_params,
+    check_pool,
+    pool_call,
+    pool_requests,
+    score_sent,
+    sent_prompts,
+)
 from sarjax.models.llm import decoder
-from sarjax.models.llm.pool import tokenizer_fingerprint
+from sarjax.models.llm.pool import LLMPool, tokenizer_fingerprint
 from sarjax.models.llm.prompts import encode_text
 
 
@@ -121,7 +129,7 @@ class CrossBEASTResult(NamedTuple):
 class CrossBEAST(HostDrivenEntry):
     """Joint BEAST on an :class:`~sarjax.models.llm.pool.LLMPool` whose members may use different
     tokenizers (see the module docstring). Build with :func:`make_cross_beast`; call
-    ``fn(pool, instructions, ref, *, key, mask=None, max_queries=None, sample_ids=None,
+    ``fn(params, instructions, ref, *, key, mask=None, max_queries=None, sample_ids=None,
     system=None, suffix_init=None, chat_template=True, allowed=None) -> CrossBEASTResult``
     (``ref``: the target response, one string or one per request; None: the factory's).
     Host-driven: there is no ``fn.jit`` (it raises ``TypeError``).
@@ -130,8 +138,21 @@ class CrossBEAST(HostDrivenEntry):
     host_reason = "the tokenizers run on the host between steps"
 
     def __init__(
-        self, *, suffix_len, beam_width, candidates, temperature, sampler, loss, target, slots, ascii_only, criterion
+        self,
+        pool,
+        *,
+        suffix_len,
+        beam_width,
+        candidates,
+        temperature,
+        sampler,
+        loss,
+        target,
+        slots,
+        ascii_only,
+        criterion,
     ):
+        self.pool = pool
         self.name = "cross_beast"
         self.__name__ = self.name
         self.suffix_len = suffix_len
@@ -148,15 +169,16 @@ class CrossBEAST(HostDrivenEntry):
     def __repr__(self) -> str:
         return f"CrossBEAST(Ls={self.suffix_len}, k1={self.beam_width}, k2={self.candidates}, {self.sampler})"
 
-    def allowed(self, pool) -> list[np.ndarray]:
-        """The default allowed vocabulary of each stack (:func:`~sarjax.attacks.text.core.allowed_vocab`)."""
-        return [allowed_for(st.tokenizer, st.cfg.vocab_size, self.ascii_only) for st in pool.stacks]
+    def allowed(self) -> list[np.ndarray]:
+        """The default allowed vocabulary of each stack of the pool
+        (:func:`~sarjax.attacks.text.core.allowed_vocab`)."""
+        return [allowed_for(st.tokenizer, st.cfg.vocab_size, self.ascii_only) for st in self.pool.stacks]
 
-    def seed_violations(self, pool, text: str, allowed=None) -> list[str]:
+    def seed_violations(self, text: str, allowed=None) -> list[str]:
         """Why ``text`` cannot start the beams (empty: it can): the proposer's ids must decode back to
         it, fit ``suffix_len`` and pass :func:`~sarjax.attacks.text.core.suffix_text_violations`."""
-        toks = [st.tokenizer for st in pool.stacks]
-        als = self.allowed(pool) if allowed is None else allowed
+        toks = [st.tokenizer for st in self.pool.stacks]
+        als = self.allowed() if allowed is None else allowed
         ids, why = T.suffix_text_violations(text, toks, als, [max(self.slots, self.suffix_len)] * len(toks))
         if not why and len(ids[0]) > self.suffix_len:
             why = [f"stack 0: {len(ids[0])} tokens exceed suffix_len={self.suffix_len}"]
@@ -164,7 +186,7 @@ class CrossBEAST(HostDrivenEntry):
 
     def __call__(  # pyright: ignore[reportIncompatibleMethodOverride]
         self,
-        pool,
+        params,
         instructions: Sequence[str],
         ref: str | Sequence[str] | None,
         *,
@@ -180,7 +202,8 @@ class CrossBEAST(HostDrivenEntry):
         """Runs the attack.
 
         Args:
-          pool: an :class:`~sarjax.models.llm.pool.LLMPool` (every stack with a tokenizer).
+          params: one stacked parameter tree per stack of the factory's pool
+            (:func:`~sarjax.attacks.text.pool.pool_params`; e.g. its placed or updated weights).
           instructions: ``B`` requests.
           ref: the target response (one, or one per request); None: the factory's.
           key: PRNG key (keyword-only, required).
@@ -198,10 +221,11 @@ class CrossBEAST(HostDrivenEntry):
           :class:`CrossBEASTResult`.
 
         Raises:
-          TypeError: no key; a stack without a tokenizer.
-          ValueError: bad shapes or values; a seed that violates the threat model (naming the row
+          TypeError: no key; ``params`` not one tree per stack.
+          ValueError: bad shapes or values (``params`` unlike the pool's included); a seed that violates the threat model (naming the row
             and why); an audit failure of the output.
         """
+        pool = bind_params(self.name, self.pool, params)
         c = pool_call(self.name, pool, instructions, ref, self.target, key, mask, sample_ids, max_queries)
         stacks, instructions, mk, targets, sid, cap = c
         bsz, m_total = len(instructions), sum(st.size for st in stacks)
@@ -211,7 +235,7 @@ class CrossBEAST(HostDrivenEntry):
         if len(seeds) != bsz:
             raise ValueError(f"{self.name}: suffix_init needs one entry per request ({bsz}), got {len(seeds)}")
         toks = [st.tokenizer for st in stacks]
-        als = self.allowed(pool) if allowed is None else [np.asarray(a, bool) for a in allowed]
+        als = self.allowed() if allowed is None else [np.asarray(a, bool) for a in allowed]
         if len(als) != len(stacks) or any(a.shape != (st.cfg.vocab_size,) for a, st in zip(als, stacks)):
             raise ValueError(f"{self.name}: allowed must be one [V_s] bool array per stack")
         ls, k1, k2 = self.suffix_len, self.beam_width, self.candidates
@@ -235,9 +259,7 @@ class CrossBEAST(HostDrivenEntry):
         kw_dec = dict(skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
         bad = [
-            f"row {i}: " + "; ".join(why)
-            for i, x in enumerate(seeds)
-            if x and (why := self.seed_violations(pool, x, als))
+            f"row {i}: " + "; ".join(why) for i, x in enumerate(seeds) if x and (why := self.seed_violations(x, als))
         ]
         if bad:
             raise ValueError(f"{self.name}: a seed violates the threat model: " + " | ".join(bad))
@@ -349,9 +371,7 @@ class CrossBEAST(HostDrivenEntry):
             )
             T.audit_text(f"{self.name} (stack {s})", problem, res, st.tokenizer)
         why = [
-            f"row {i}: " + "; ".join(r)
-            for i, x in enumerate(best_text)
-            if x and (r := self.seed_violations(pool, x, als))
+            f"row {i}: " + "; ".join(r) for i, x in enumerate(best_text) if x and (r := self.seed_violations(x, als))
         ]
         if why:
             raise ValueError(f"{self.name}: output violates the threat model: " + " | ".join(why))
@@ -366,6 +386,7 @@ class CrossBEAST(HostDrivenEntry):
 
 
 def make_cross_beast(
+    pool: LLMPool,
     *,
     suffix_len: int = 30,
     beam_width: int = 10,
@@ -381,6 +402,8 @@ def make_cross_beast(
     """Joint BEAST for pools whose members may use different tokenizers (see the module docstring).
 
     Args:
+      pool: the :class:`~sarjax.models.llm.pool.LLMPool` (every stack with a tokenizer); the
+        call's ``params`` are its weights (:func:`~sarjax.attacks.text.pool.pool_params`).
       suffix_len: ``Ls``, suffix tokens in the proposer's tokenizer (30, the SAR paper Table 2).
       beam_width: ``k1`` (10, the SAR paper Table 2).
       candidates: ``k2`` tokens per beam (None: ``k1``, as BEAST).
@@ -397,13 +420,15 @@ def make_cross_beast(
         or ``"refusal"`` for :func:`~sarjax.attacks.text.core.refusal_loss`).
 
     Returns:
-      A :class:`CrossBEAST`: ``fn(pool, instructions, ref, *, key, mask=None, max_queries=None,
+      A :class:`CrossBEAST`: ``fn(params, instructions, ref, *, key, mask=None, max_queries=None,
       sample_ids=None, system=None, suffix_init=None, chat_template=True, allowed=None) ->
       CrossBEASTResult`` (``ref`` None: ``target``).
 
     Raises:
+      TypeError: ``pool`` not an ``LLMPool``, a stack without a tokenizer.
       ValueError: a non-positive size, an unknown sampler, temperature <= 0, an unknown criterion.
     """
+    check_pool("make_cross_beast", pool)
     k2 = beam_width if candidates is None else candidates
     for n, val in (("suffix_len", suffix_len), ("beam_width", beam_width), ("candidates", k2)):
         if int(val) < 1:
@@ -416,7 +441,7 @@ def make_cross_beast(
     if sl < 1:
         raise ValueError(f"make_cross_beast: slots must be >= 1, got {slots}")
     return CrossBEAST(
-        suffix_len=int(suffix_len), beam_width=int(beam_width), candidates=int(k2), temperature=float(temperature),
+        pool, suffix_len=int(suffix_len), beam_width=int(beam_width), candidates=int(k2), temperature=float(temperature),
         sampler=sampler, loss=loss, target=target, slots=sl, ascii_only=bool(ascii_only),
         criterion=T.check_criterion("make_cross_beast", criterion, loss),
     )  # fmt: skip

@@ -21,8 +21,18 @@ import numpy as np
 
 from sarjax.attacks.core.entry import HostDrivenEntry
 from sarjax.attacks.text import core as T
-from sarjax.attacks.text.pool import allowed_for, pool_call, pool_requests, score_sent, sent_prompts, start_text
+from sarjax.attacks.text.pool import (
+    allowed_for,
+    bind_params,
+    check_pool,
+    pool_call,
+    pool_requests,
+    score_sent,
+    sent_prompts,
+    start_text,
+)
 from sarjax.models.llm import scoring
+from sarjax.models.llm.pool import LLMPool
 from sarjax.models.llm.prompts import encode_text
 
 
@@ -121,7 +131,7 @@ class JointGCGResult(NamedTuple):
 class JointGCG(HostDrivenEntry):
     """Joint GCG on an :class:`~sarjax.models.llm.pool.LLMPool` whose members may use different
     tokenizers (the SAR paper; Zou et al. 2023). Build with :func:`make_joint_gcg`; call
-    ``fn(pool, instructions, ref, *, key, mask=None, max_queries=None, sample_ids=None,
+    ``fn(params, instructions, ref, *, key, mask=None, max_queries=None, sample_ids=None,
     system=None, suffix_init=None, chat_template=True, allowed=None) -> JointGCGResult``
     (``ref``: the refusal, one string or one per request; None: the factory's). Host-driven:
     there is no ``fn.jit`` (it raises ``TypeError``).
@@ -162,8 +172,21 @@ class JointGCG(HostDrivenEntry):
     host_reason = "the tokenizers run on the host between steps"
 
     def __init__(
-        self, *, num_steps, suffix_len, topk, num_candidates, loss, target, init_text, slots, ascii_only, criterion
+        self,
+        pool,
+        *,
+        num_steps,
+        suffix_len,
+        topk,
+        num_candidates,
+        loss,
+        target,
+        init_text,
+        slots,
+        ascii_only,
+        criterion,
     ):
+        self.pool = pool
         self.name = "joint_gcg"
         self.__name__ = self.name
         self.num_steps = num_steps
@@ -191,7 +214,7 @@ class JointGCG(HostDrivenEntry):
 
     def __call__(  # pyright: ignore[reportIncompatibleMethodOverride]
         self,
-        pool,
+        params,
         instructions: Sequence[str],
         ref: str | Sequence[str] | None,
         *,
@@ -207,7 +230,8 @@ class JointGCG(HostDrivenEntry):
         """Runs the attack (see the class docstring).
 
         Args:
-          pool: an :class:`~sarjax.models.llm.pool.LLMPool` (every stack with a tokenizer).
+          params: one stacked parameter tree per stack of the factory's pool
+            (:func:`~sarjax.attacks.text.pool.pool_params`; e.g. its placed or updated weights).
           instructions: ``B`` requests (e.g. HarmBench behaviors).
           ref: the fixed refusal (one string, or one per request); None: the factory's.
           key: PRNG key (keyword-only, required).
@@ -223,10 +247,11 @@ class JointGCG(HostDrivenEntry):
           :class:`JointGCGResult`.
 
         Raises:
-          TypeError: no key; a stack without a tokenizer.
-          ValueError: bad shapes or values; a start suffix that violates the threat model (naming
+          TypeError: no key; ``params`` not one tree per stack.
+          ValueError: bad shapes or values (``params`` unlike the pool's included); a start suffix that violates the threat model (naming
             the row and why); an audit failure of the output.
         """
+        pool = bind_params(self.name, self.pool, params)
         c = pool_call(self.name, pool, instructions, ref, self.target, key, mask, sample_ids, max_queries)
         stacks, instructions, mk, targets, sid, cap = c
         bsz = len(instructions)
@@ -380,6 +405,7 @@ class JointGCG(HostDrivenEntry):
 
 
 def make_joint_gcg(
+    pool: LLMPool,
     *,
     num_steps: int = 20,
     suffix_len: int = 20,
@@ -395,6 +421,8 @@ def make_joint_gcg(
     """Joint GCG for pools whose members may have different tokenizers (the SAR paper).
 
     Args:
+      pool: the :class:`~sarjax.models.llm.pool.LLMPool` (every stack with a tokenizer); the
+        call's ``params`` are its weights (:func:`~sarjax.attacks.text.pool.pool_params`).
       num_steps: steps per call (20 per round, the SAR paper Table 3).
       suffix_len: length of the start suffix in words (GCG's ``"! " * 20``, Zou et al. 2023).
       topk: substitutions per position (256, Zou et al. 2023 / the SAR paper Table 3).
@@ -417,13 +445,15 @@ def make_joint_gcg(
         :func:`~sarjax.attacks.text.core.refusal_loss`, else ``"target"``).
 
     Returns:
-      A :class:`JointGCG`: ``fn(pool, instructions, ref, *, key, mask=None, max_queries=None,
+      A :class:`JointGCG`: ``fn(params, instructions, ref, *, key, mask=None, max_queries=None,
       sample_ids=None, system=None, suffix_init=None, chat_template=True, allowed=None) ->
       JointGCGResult`` (``ref`` None: ``target``).
 
     Raises:
+      TypeError: ``pool`` not an ``LLMPool``, a stack without a tokenizer.
       ValueError: a non-positive size, an unknown criterion.
     """
+    check_pool("make_joint_gcg", pool)
     for n, val in (
         ("num_steps", num_steps),
         ("suffix_len", suffix_len),
@@ -436,7 +466,7 @@ def make_joint_gcg(
     if sl < 1:
         raise ValueError(f"make_joint_gcg: slots must be >= 1, got {slots}")
     return JointGCG(
-        num_steps=int(num_steps), suffix_len=int(suffix_len), topk=int(topk), num_candidates=int(num_candidates),
+        pool, num_steps=int(num_steps), suffix_len=int(suffix_len), topk=int(topk), num_candidates=int(num_candidates),
         loss=loss, target=target, init_text=init_text, slots=sl, ascii_only=bool(ascii_only),
         criterion=T.check_criterion("make_joint_gcg", criterion, loss),
     )  # fmt: skip

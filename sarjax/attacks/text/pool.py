@@ -4,6 +4,7 @@ the batched scoring of candidate suffixes, the default allowed vocabulary and th
 are sent.
 """
 
+import dataclasses
 import functools
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -15,7 +16,7 @@ import numpy as np
 from sarjax.attacks import queries as Q
 from sarjax.attacks.core.validate import check_sample_ids
 from sarjax.attacks.text import core as T
-from sarjax.models.llm.pool import left_pad
+from sarjax.models.llm.pool import LLMPool, left_pad
 from sarjax.models.llm.prompts import encode_text
 
 
@@ -179,6 +180,54 @@ class PoolCall(NamedTuple):
     cap: Any  # [B] int64
 
 
+def check_pool(name: str, pool: Any) -> LLMPool:
+    """A pool attack's model, checked at the factory: an :class:`~sarjax.models.llm.pool.LLMPool`
+    whose every stack has a tokenizer (the attack renders and exchanges text).
+
+    Raises:
+      TypeError: not an ``LLMPool``; a stack without a tokenizer.
+    """
+    if not isinstance(pool, LLMPool) or not pool.stacks:
+        raise TypeError(f"{name}: the model must be an LLMPool with at least one stack, got {type(pool).__name__}")
+    for st in pool.stacks:
+        if st.tokenizer is None:
+            raise TypeError(f"{name}: stack {st.names} has no tokenizer; the text exchange needs one")
+    return pool
+
+
+def pool_params(pool: LLMPool) -> tuple:
+    """The ``params`` of a pool attack's call: each stack's stacked parameter tree ``[M_s, ...]``, in
+    ``pool.stacks`` order (e.g. ``make_joint_gcg(pool)(pool_params(pool), requests, None, key=k)``)."""
+    return tuple(st.params for st in pool.stacks)
+
+
+def bind_params(name: str, pool: LLMPool, params: Any) -> LLMPool:
+    """``pool`` with the call's ``params`` (one stacked tree per stack, :func:`pool_params`'s layout).
+
+    Raises:
+      TypeError: ``params`` is not one tree per stack (e.g. the ``LLMPool`` itself).
+      ValueError: a stack's tree of another structure or leaf shapes than the factory's pool.
+    """
+    if isinstance(params, LLMPool) or not isinstance(params, Sequence) or len(params) != len(pool.stacks):
+        raise TypeError(
+            f"{name}: params must be one stacked parameter tree per stack ({len(pool.stacks)}, "
+            f"pool_params(pool)), got {type(params).__name__}"
+        )
+    stacks = []
+    for s, (st, p) in enumerate(zip(pool.stacks, params)):
+        want, got = jax.tree.structure(st.params), jax.tree.structure(p)
+        if want != got:
+            raise ValueError(f"{name}: params of stack {s} have another tree structure than the pool's")
+        for a, b in zip(jax.tree.leaves(st.params), jax.tree.leaves(p)):
+            if tuple(np.shape(a)) != tuple(np.shape(b)):
+                raise ValueError(
+                    f"{name}: params of stack {s}: a leaf of shape {tuple(np.shape(b))}, the pool's is "
+                    f"{tuple(np.shape(a))}"
+                )
+        stacks.append(dataclasses.replace(st, params=p))
+    return LLMPool(tuple(stacks))
+
+
 def pool_call(name, pool, instructions, ref, default_target, key, mask, sample_ids, max_queries) -> PoolCall:
     """Checks a pool attack's call: a key, a pool with a tokenizer per stack, ``B >= 1`` request
     strings, ``ref`` (None: ``default_target``; one string or ``B``), the member mask (bool or
@@ -252,6 +301,9 @@ def sent_prompts(name, stacks, reqs: Sequence[PoolRequests], texts: Sequence[str
 
 __all__ = [
     "allowed_for",
+    "bind_params",
+    "check_pool",
+    "pool_params",
     "pool_call",
     "pool_requests",
     "PoolCall",
