@@ -176,6 +176,10 @@ def test_sar_reruns_read_the_compiled_programs_back(tmp_path):
     keys = ("sar", "sar_se", "asr", "member_asr", "k_hat_histogram", "mean_queries_per_sample", "accuracy")
     for r in (first, second):
         assert {k: r[k] for k in keys} == {k: plain[k] for k in keys}
+    # results.json records the compilations: the rerun read its programs back from the cache
+    assert first["compile"]["programs"] > 0 and first["compile"]["cache_hits"] == 0
+    assert second["compile"]["cache_hits"] > 0 and second["compile"]["programs"] < first["compile"]["programs"]
+    assert plain["compile"]["cache_hits"] == 0
 
 
 # -- the memory-map guard (release_compiled_near_map_limit) ---------------------------------------

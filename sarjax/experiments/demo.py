@@ -40,6 +40,7 @@ from sarjax.models.presets import PRESETS, preset_members, preset_names
 from sarjax.models.sharding import ShardedPool, make_mesh
 from sarjax.models.train import TrainConfig, train_pool
 from sarjax.runtime import fingerprint as fingerprints
+from sarjax.runtime.compile_stats import count_compiles
 from sarjax.runtime.distributed import process_checkpoint_dir
 from sarjax.sar import distributed
 from sarjax.sar.settings import SARSettings
@@ -536,6 +537,7 @@ def run_demo(
     Returns:
       The results dict written to ``results.json``.
     """
+    compiles = count_compiles()  # the JSON records what this run compiled (the command's stderr line too)
     s = DemoSettings.quick_settings(seed) if quick else DemoSettings(seed=seed)
     if samples is not None:
         if samples < 1:
@@ -610,6 +612,7 @@ def run_demo(
         "seconds": time.time() - t0,
         "time_split": {"phases": clock.split(), "per_pool": clock.rows},
         "load_average": list(os.getloadavg()),
+        "compile": compiles.stop().to_json(),
     }
     (out / "results.json").write_text(json.dumps(doc, indent=2))
     plot_demo(records, out)
@@ -710,6 +713,7 @@ def run_sar_on_saved_pool(
     the error names the samples. ``overwrite`` deletes OUT's results, checkpoint and fingerprint
     first.
     """
+    compiles = count_compiles()  # the JSON records what this run compiled (the command's stderr line too)
     validate_sar_args(eps, [delta])
     if samples is not None and samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
@@ -796,6 +800,7 @@ def run_sar_on_saved_pool(
         "devices": None if devices is None else {"pool": devices[0], "data": devices[1]},
         "processes": jax.process_count(),
         **rec,
+        "compile": compiles.stop().to_json(),
     }
     if not lead:
         return doc
