@@ -15,21 +15,23 @@ For each:
 - memory: the plan's per-device figure (XLA ``memory_analysis``: argument + output + temp +
   generated code - alias) against the measured one: the arguments' bytes (exact: the live
   buffers) plus the rise of the process's resident memory during one warm step (Linux ``VmHWM``
-  reset through ``/proc/self/clear_refs`` just before, ``VmRSS`` before as the base; every
-  program runs in a fresh process with ``MALLOC_MMAP_THRESHOLD_=65536``, so that the large
-  buffers are fresh pages and a freed one goes back to the system). The rise is compared with its
-  own projection, output + temp - alias, since the arguments are exact on both sides.
+  reset through ``/proc/self/clear_refs`` just before, ``VmRSS`` before as the base), in a fresh
+  process with ``MALLOC_MMAP_THRESHOLD_=4096`` and ``MALLOC_TRIM_THRESHOLD_=0`` (every buffer of
+  4 KiB or more is fresh pages, and a freed one goes back to the system: the rise is what the step
+  touches). The rise is compared with its own projection, output + temp - alias, since the
+  arguments are exact on both sides.
 - time: the roofline, ``max(flops / peak, bytes / bandwidth)`` with the step's FLOPs and bytes
   from XLA's cost analysis (scans unrolled, as the plan counts them) and THIS CPU's peak and
-  bandwidth measured in the same run (a 2,048^3 float32 matmul; a 64 Mi-float update in place, read + write),
-  against the median warm step time.
+  bandwidth measured just before and just after the timed steps, in their process (a 2,048^3
+  float32 matmul; a 64 Mi-float update in place, read + write; their mean), against the median warm
+  step time, in another fresh process with the ordinary ``malloc``.
 
 The ratios are measured / projected. The machine is shared: timings are under load (the 1-, 5-
-and 15-minute load averages at the start and end are in the JSON; the provenance has the load
-at the end).
+and 15-minute load averages at the start, after each program and at the end are in the JSON,
+and the calibrations before and after each program's steps show how much the load moved).
 
 Usage:
-  python benchmarks/plan_validation.py [--configs cnn wrn llm] [--reps 7] [--out FILE]
+  python benchmarks/plan_validation.py [--configs cnn wrn llm] [--reps 9] [--out FILE]
 Output: JSON at ``--out`` (default: a temporary folder; ``--out benchmarks/results/plan_validation.json``
 replaces the committed result), with the run's provenance.
 """
@@ -182,8 +184,14 @@ def _llm():
     return prog, params, (problem,)
 
 
-def measure(config: str, reps: int) -> dict:
-    """Plan and run ``config`` in this (fresh) process: the plan's analyses and the measurements."""
+def measure(config: str, mode: str, reps: int) -> dict:
+    """Plan ``config`` and run its step in this (fresh) process.
+
+    ``mode="memory"``: one warm step's resident-memory rise (run with a low
+    ``MALLOC_MMAP_THRESHOLD_``: every buffer of 4 KiB or more is fresh pages, freed back at once);
+    ``mode="time"``: ``reps`` warm steps (ordinary ``malloc``), this CPU calibrated just before and
+    just after them (:func:`calibrate`; the machine's load changes within minutes).
+    """
     import jax
 
     from sarjax.experiments import plan as PL
@@ -193,66 +201,70 @@ def measure(config: str, reps: int) -> dict:
     compiled = jax.jit(prog.fn, donate_argnums=1).lower(prog.params, prog.state).compile()
     state = jax.block_until_ready(jax.jit(prog.init)(params, *args))
     state = jax.block_until_ready(compiled(params, state))  # a first (warm-up) run
-    arg_bytes = sum(x.nbytes for x in jax.tree.leaves((params, state)) if hasattr(x, "nbytes"))
-    before = _status()["VmRSS"]
-    _reset_peak()
-    state = jax.block_until_ready(compiled(params, state))
-    peak = _status()["VmHWM"]
+    out: dict = {"plan": {k: a[k] for k in ("memory", "flops", "bytes_accessed", "loops", "cost_from",
+                                             "compile_seconds")}}  # fmt: skip
+    if mode == "memory":
+        before = _status()["VmRSS"]
+        _reset_peak()
+        state = jax.block_until_ready(compiled(params, state))
+        peak = _status()["VmHWM"]
+        arg_bytes = sum(x.nbytes for x in jax.tree.leaves((params, state)))
+        out["measured"] = {"argument_bytes": arg_bytes, "rss_before_step": before, "rss_peak_during_step": peak,
+                           "rise_bytes": peak - before}  # fmt: skip
+        return out
+    cal = [calibrate(5)]
     times = []
     for _ in range(reps):
         t = time.perf_counter()
         state = jax.block_until_ready(compiled(params, state))
         times.append(time.perf_counter() - t)
-    m = a["memory"]
-    return {
-        "description": DESCRIPTION[config],
-        "plan": {k: a[k] for k in ("memory", "flops", "bytes_accessed", "loops", "cost_from", "compile_seconds")},
-        "measured": {
-            "argument_bytes": arg_bytes,
-            "rss_before_step": before,
-            "rss_peak_during_step": peak,
-            "rise_bytes": peak - before,
-            "step_seconds": times,
-            "step_seconds_median": statistics.median(times),
-        },
-        "projected": {
-            "memory_bytes": m["total"],
-            "rise_bytes": m["output"] + m["temp"] - m["alias"],
-            "label": PL.PROJECTION,
-        },
+    cal.append(calibrate(5))
+    out["measured"] = {"step_seconds": times, "step_seconds_median": statistics.median(times)}
+    out["cpu"] = {
+        "before": cal[0],
+        "after": cal[1],
+        "peak_flops": statistics.mean(c["peak_flops"] for c in cal),
+        "bandwidth": statistics.mean(c["bandwidth"] for c in cal),
+        "note": "the mean of the calibrations just before and just after the timed steps",
     }
+    return out
 
 
 # ------------------------------------------------------------------------------------ the run
 
 
-def _child(config: str, reps: int) -> dict:
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "MALLOC_MMAP_THRESHOLD_": "65536"}
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", config, "--reps", str(reps)]
+def _child(config: str, mode: str, reps: int) -> dict:
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    if mode == "memory":
+        env.update(MALLOC_MMAP_THRESHOLD_="4096", MALLOC_TRIM_THRESHOLD_="0")
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", config, "--mode", mode, "--reps", str(reps)]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
     if r.returncode != 0:
-        raise SystemExit(f"{config} failed:\n{r.stderr[-3000:]}")
+        raise SystemExit(f"{config} ({mode}) failed:\n{r.stderr[-3000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def ratios(row: dict, cpu: dict) -> dict:
-    """Measured / projected memory (total and the step's rise) and step time (roofline on ``cpu``)."""
-    from sarjax.experiments.plan import PROJECTION
+def ratios(row: dict) -> dict:
+    """Measured / projected memory (total and the step's rise) and step time (the roofline with the
+    CPU calibrated around the timed steps)."""
+    from sarjax.experiments.plan import PROJECTION, roofline
     from sarjax.runtime.devices import DeviceSpec
 
+    cpu = row["cpu"]
     spec = DeviceSpec("this-cpu", "this CPU (measured)", 0.0, cpu["bandwidth"],
                       {"fp32": cpu["peak_flops"], "tf32": None, "bf16": None}, "measured in this run")  # fmt: skip
-    from sarjax.experiments.plan import roofline
-
     rl = roofline(row["plan"]["flops"], row["plan"]["bytes_accessed"], spec, "fp32")
-    mea, pro = row["measured"], row["projected"]
+    mea, m = row["measured"], row["plan"]["memory"]
+    proj_total, proj_rise = m["total"], m["output"] + m["temp"] - m["alias"]
     total = mea["argument_bytes"] + mea["rise_bytes"]
     return {
+        "projected_memory_bytes": proj_total,
+        "projected_rise_bytes": proj_rise,
+        "measured_memory_bytes": total,
+        "memory_ratio": total / proj_total,
+        "rise_ratio": mea["rise_bytes"] / proj_rise if proj_rise > 0 else None,
         "roofline": {k: rl[k] for k in ("seconds", "compute_seconds", "memory_seconds", "bound")}
         | {"label": PROJECTION},
-        "memory_measured_bytes": total,
-        "memory_ratio": total / pro["memory_bytes"],
-        "rise_ratio": mea["rise_bytes"] / pro["rise_bytes"] if pro["rise_bytes"] > 0 else None,
         "time_ratio": mea["step_seconds_median"] / rl["seconds"],
     }
 
@@ -260,38 +272,38 @@ def ratios(row: dict, cpu: dict) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--configs", nargs="+", choices=CONFIGS, default=list(CONFIGS))
-    ap.add_argument("--reps", type=int, default=7, help="warm steps timed per program (median)")
+    ap.add_argument("--reps", type=int, default=9, help="warm steps timed per program (median)")
     ap.add_argument("--out", default=None, help="JSON path (default: a temporary folder, never benchmarks/results/)")
     ap.add_argument("--child", choices=CONFIGS, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--mode", choices=["memory", "time"], default="time", help=argparse.SUPPRESS)
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     if args.child:
-        print(json.dumps(measure(args.child, args.reps), default=str))
+        print(json.dumps(measure(args.child, args.mode, args.reps), default=str))
         return 0
     sys.path.insert(0, str(HERE))
     from _timing import provenance, results_path
 
     out = results_path("plan_validation.json", args.out)
     load_start = list(os.getloadavg())
-    cpu = calibrate(max(args.reps, 5))
-    print(f"this CPU: {cpu['peak_flops'] / 1e9:.1f} GFLOP/s (float32 matmul), {cpu['bandwidth'] / 1e9:.2f} GB/s (copy)")
     rows = {}
     for name in args.configs:
-        row = _child(name, args.reps)
-        row["ratios"] = ratios(row, cpu)
+        mem, tim = _child(name, "memory", args.reps), _child(name, "time", args.reps)
+        row = {"description": DESCRIPTION[name], "plan": tim["plan"], "cpu": tim["cpu"],
+               "measured": {**mem["measured"], **tim["measured"]}, "load_after": list(os.getloadavg())}  # fmt: skip
+        row["ratios"] = ratios(row)
         rows[name] = row
-        r = row["ratios"]
+        r, c = row["ratios"], row["cpu"]
         print(
             f"{name}: memory measured / projected {r['memory_ratio']:.3f} (the step's rise {r['rise_ratio']:.3f}); "
             f"step {row['measured']['step_seconds_median'] * 1e3:.1f} ms measured, "
-            f"{r['roofline']['seconds'] * 1e3:.2f} ms roofline (projection, {r['roofline']['bound']}-bound): "
-            f"ratio {r['time_ratio']:.2f}",
+            f"{r['roofline']['seconds'] * 1e3:.2f} ms roofline (projection, {r['roofline']['bound']}-bound; this CPU "
+            f"{c['peak_flops'] / 1e9:.0f} GFLOP/s, {c['bandwidth'] / 1e9:.1f} GB/s): ratio {r['time_ratio']:.2f}",
             flush=True,
         )
-    cpu_end = calibrate(max(args.reps, 5))
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"cpu": cpu, "cpu_at_end": cpu_end, "rows": rows, "load_start": load_start,
-                               "provenance": provenance()}, indent=2, default=str))  # fmt: skip
+    out.write_text(json.dumps({"rows": rows, "load_start": load_start, "provenance": provenance()}, indent=2,
+                              default=str))  # fmt: skip
     print(f"wrote {out}")
     return 0
 
