@@ -252,6 +252,9 @@ def test_result_satisfies_the_protocol(name):
     assert success.shape == (b, m) and success.dtype == np.bool_, (success.shape, success.dtype)
     assert queries.shape == (b, m) and np.issubdtype(queries.dtype, np.integer), (queries.shape, queries.dtype)
     assert (queries >= 0).all() and (queries.sum(1) > 0).all()
+    if hasattr(res, "retokenized"):  # every text result: per member, [B, M] bool
+        retok = np.asarray(res.retokenized)
+        assert retok.shape == (b, m) and retok.dtype == np.bool_, (retok.shape, retok.dtype)
 
 
 def test_a_result_without_the_base_is_not_an_attack_output():

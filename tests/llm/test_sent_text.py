@@ -97,12 +97,12 @@ def test_a_break_on_the_blocks_ids_that_does_not_survive_the_whole_text_is_not_a
     r = fn(params, batch, None, key=key, texts=texts, **call)
     assert np.asarray(r.x_adv)[0][np.asarray(r.mask)[0] == 1].tolist() == pieces  # what was searched
     assert np.asarray(r.sent)[0][np.asarray(r.sent_mask)[0] == 1].tolist() == whole  # what is sent
-    assert np.asarray(r.retokenized).tolist() == [True]
+    assert np.asarray(r.retokenized).tolist() == [[True, True]]  # [B, M]: both members read the sent ids
     assert np.asarray(r.success).tolist() == [[False, True]]
     # without the texts the blocks' decoded text is re-tokenized (exact for byte-level BPE; the
     # SentencePiece decoder drops the space before "[/INST]", which changes no bigram here)
     r2 = fn(params, batch, None, key=key, **call)
-    assert np.asarray(r2.retokenized).tolist() == [True] and np.asarray(r2.success).tolist() == [[False, True]]
+    assert np.asarray(r2.retokenized).tolist() == [[True, True]] and np.asarray(r2.success).tolist() == [[False, True]]
     # texts that are not the batch's blocks are refused
     with pytest.raises(ValueError, match=r"texts rows \[0\] do not encode to the batch's before / after blocks"):
         fn(params, batch, None, key=key, texts=(["other request "], texts[1]), **call)
@@ -224,7 +224,7 @@ def test_token_autodan_judges_again_the_rows_whose_rendered_text_tokenizes_other
     ids, mask = left_pad([list(c.target_head) + r + list(c.target_tail) for r in rewrites], c.prompt_pad, 16)
     sentinel = AutoDANTokenResult(
         rw, np.ones((2, 2), bool), np.zeros((2, 2), np.int32), rm, ids, mask, np.full((2, 2), 0.5, np.float32),
-        np.full((2, 2), -0.5, np.float32), ids, mask, np.zeros(2, bool), np.zeros(2, np.int32),
+        np.full((2, 2), -0.5, np.float32), ids, mask, np.zeros((2, 2), bool), np.zeros(2, np.int32),
     )  # fmt: skip
     r = fn._resend(fn.params, sentinel)
     eos, pad = stack_decoding(pool.stacks[0])
@@ -232,7 +232,7 @@ def test_token_autodan_judges_again_the_rows_whose_rendered_text_tokenizes_other
         whole = encode_text(tok, c.target_head_text + tok.decode(rew) + c.target_tail_text)
         assert np.asarray(r.sent[i])[np.asarray(r.sent_mask[i]) == 1].tolist() == whole
         changed = whole != list(c.target_head) + rew + list(c.target_tail)
-        assert bool(r.retokenized[i]) == changed
+        assert np.asarray(r.retokenized[i]).tolist() == [changed] * 2  # [B, M]
         si, sm = left_pad([whole], c.prompt_pad)
         for m in range(2):
             out = np.asarray(

@@ -173,7 +173,8 @@ class AutoDANTokenResult(NamedTuple):
       sent: ``[B, S]`` int32, left-padded: the prompt as it is sent. The audited entry
         re-tokenizes the rendered text (``head text + decode(rewrite) + tail text``); the jit
         entry returns :attr:`ids` (``S = T``). sent_mask: idem.
-      retokenized: ``[B]`` bool, the rows whose :attr:`sent` ids differ from :attr:`ids` (their
+      retokenized: ``[B, M]`` bool, member ``m``'s :attr:`sent` ids differ from its searched
+        :attr:`ids` on request ``b`` (one tokenizer: a row is all True or all False; those
         members were judged again on :attr:`sent`); all False from the jit entry.
       attacker_calls: ``[B]`` int32 rewrites sampled.
     """
@@ -369,7 +370,7 @@ def _result(cfg: AutoDANConfig, state: AutoDANState, params: AutoDANParams) -> A
     q = jnp.where(state.problem.mask > 0, state.calls[:, None], 0).astype(jnp.int32)  # calls x uncovered
     return AutoDANTokenResult(
         state.best, state.best_broken, q, state.best_mask, ids, mask, conf, -conf, ids, mask,
-        jnp.zeros(ids.shape[:1], bool), state.calls,
+        jnp.zeros(q.shape, bool), state.calls,
     )  # fmt: skip
 
 
@@ -611,7 +612,8 @@ class AutoDANTokenFn(Entry):
             conf = np.where(retok[:, None], host(c2), conf)
         return result._replace(
             success=jnp.asarray(broken), confidence=jnp.asarray(conf), member_loss=jnp.asarray(-conf),
-            sent=jnp.asarray(si), sent_mask=jnp.asarray(sm), retokenized=jnp.asarray(retok),
+            sent=jnp.asarray(si), sent_mask=jnp.asarray(sm),
+            retokenized=jnp.asarray(np.broadcast_to(retok[:, None], broken.shape)),
         )  # fmt: skip
 
     def texts(self, result: AutoDANTokenResult) -> list[str]:

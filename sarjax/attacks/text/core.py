@@ -165,8 +165,10 @@ class TextAttackResult(NamedTuple):
         + decode(suffix) + after text``; ``S = T`` unless a row needs more); otherwise (no
         tokenizer, or :meth:`TextAttackFn.jit`) :attr:`x_adv` without its holes (``S = T``).
       sent_mask: ``[B, S]`` int32.
-      retokenized: ``[B]`` bool, the rows whose :attr:`sent` ids differ from :attr:`x_adv`'s
-        (their :attr:`success` was judged again on :attr:`sent`); all False where nothing was
+      retokenized: ``[B, M]`` bool, member ``m``'s :attr:`sent` ids differ from its searched
+        :attr:`x_adv` on request ``b`` (the members share one tokenizer, so a row is all True or
+        all False; the pool attacks across tokenizers have the same field per member); those
+        rows' :attr:`success` was judged again on :attr:`sent`. All False where nothing was
         re-tokenized (no tokenizer, or the jit entry).
     """
 
@@ -1121,7 +1123,7 @@ class TextAttackFn(Entry):
 def resend(name, model, criterion, tokenizer, params, batch, result: TextAttackResult, texts=None) -> TextAttackResult:
     """The result with every prompt re-tokenized as TEXT (host side): :attr:`TextAttackResult.sent`
     the ids of ``before text + decode(suffix) + after text``, :attr:`~TextAttackResult.retokenized`
-    the rows whose ids changed, and those rows' :attr:`~TextAttackResult.success` judged again on
+    (``[B, M]``) the rows whose ids changed, and those rows' :attr:`~TextAttackResult.success` judged again on
     the new ids (:func:`judge_prompts`; the search's loss fields are left as they are)."""
     before, after = _texts_of(name, tokenizer, texts, batch)
     x, xm = host(result.x_adv), host(result.mask)
@@ -1149,7 +1151,7 @@ def resend(name, model, criterion, tokenizer, params, batch, result: TextAttackR
         success=jnp.asarray(success),
         sent=jnp.asarray(sent),
         sent_mask=jnp.asarray(smask),
-        retokenized=jnp.asarray(retok),
+        retokenized=jnp.asarray(np.broadcast_to(retok[:, None], success.shape)),
     )
 
 
@@ -1198,7 +1200,8 @@ def finish(
     nm = jnp.maximum(jnp.sum(covered, axis=1), 1).astype(jnp.int32)
     q = jnp.where(covered, (queries // nm)[:, None], 0).astype(jnp.int32)
     pb = problem.batch.before.shape[1]
-    return TextAttackResult(ids, ok, q, mask, ids[:, pb : pb + ls], sm, best_loss, ml, sent, smask, changed)
+    retokenized = jnp.broadcast_to(changed[:, None], ok.shape)  # [B, M]: one tokenizer for every member
+    return TextAttackResult(ids, ok, q, mask, ids[:, pb : pb + ls], sm, best_loss, ml, sent, smask, retokenized)
 
 
 __all__ = [
