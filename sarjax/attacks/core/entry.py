@@ -202,5 +202,12 @@ class HostDrivenEntry(Entry):
         """Raises ``TypeError``: a host-driven attack has no jit-safe entry; call ``fn(...)``."""
         raise TypeError(f"{self.name}: no jit-safe entry ({self.host_reason}); call fn(...)")
 
+    def _reject_keywords(self, call: dict) -> None:
+        """Raises ``TypeError`` naming the keywords an override's ``**call`` received that it does
+        not take (an override keeps the base's ``**call`` so that its signature stays compatible;
+        its own keywords are explicit)."""
+        if call:
+            raise TypeError(f"{self.name}: unexpected keyword argument(s) {sorted(call)}")
+
 
 __all__ = ["AttackFn", "Entry", "HostDrivenEntry", "host"]

@@ -59,7 +59,7 @@ import jax
 import numpy as np
 
 from sarjax.attacks import queries as Q
-from sarjax.attacks.core.entry import Entry
+from sarjax.attacks.core.entry import HostDrivenEntry
 from sarjax.attacks.core.validate import check_sample_ids
 from sarjax.attacks.text.autodan_judge import judge_generations, judge_labels, rank_key
 from sarjax.attacks.text.core import check_member_mask
@@ -99,7 +99,7 @@ class AutoDANResult(NamedTuple):
     attacker_calls: Any
 
 
-class AutoDANAttack(Entry):
+class AutoDANAttack(HostDrivenEntry):
     """The AutoDAN-style rewriting attack on text (see the module docstring); build with
     :func:`make_autodan`.
 
@@ -116,7 +116,7 @@ class AutoDANAttack(Entry):
     token-level :func:`make_autodan_jit` has one).
     """
 
-    apply = None
+    host_reason = "the rewrites are text; make_autodan_jit has a jit-safe entry"
 
     def __init__(self, propose, evaluate, num_members, *, proposals, anchors, num_steps, name="autodan"):
         self.propose = propose
@@ -128,19 +128,14 @@ class AutoDANAttack(Entry):
         self.name = name
         self.__name__ = name
 
-    @property
-    def attack(self):
-        raise TypeError(f"{self.name}: the host loop on text has no state machine (make_autodan_jit has one)")
-
-    def jit(self, *args, **kwargs):
-        """No jit-safe entry: the rewrites are text (use :func:`make_autodan_jit`)."""
-        raise TypeError(f"{self.name}: no jit-safe entry (the rewrites are text); use make_autodan_jit's fn.jit")
-
-    def __call__(  # pyright: ignore[reportIncompatibleMethodOverride]
-        self, params, requests, ref, *, key, mask=None, max_queries=None, sample_ids=None
+    def __call__(
+        self, params, requests, ref, *, key, mask=None, max_queries=None, sample_ids=None, **call
     ) -> AutoDANResult:
+        """Runs the attack (see the class docstring); ``**call``: none (an unknown keyword raises
+        ``TypeError``)."""
         if key is None:
             raise TypeError(f"{self.name}: key is required (a jax.random key); sarjax never defaults it")
+        self._reject_keywords(call)
         reqs = list(requests.requests if isinstance(requests, AutoDANBatch) else requests)
         if not reqs or isinstance(requests, str) or not all(isinstance(r, str) for r in reqs):
             raise TypeError(f"{self.name}: requests must be a non-empty sequence of strings")

@@ -184,7 +184,7 @@ class CrossBEAST(HostDrivenEntry):
             why = [f"stack 0: {len(ids[0])} tokens exceed suffix_len={self.suffix_len}"]
         return why
 
-    def __call__(  # pyright: ignore[reportIncompatibleMethodOverride]
+    def __call__(
         self,
         params,
         instructions: Sequence[str],
@@ -198,6 +198,7 @@ class CrossBEAST(HostDrivenEntry):
         suffix_init: Sequence[str] | None = None,
         chat_template: bool = True,
         allowed: Sequence[Any] | None = None,
+        **call,
     ) -> CrossBEASTResult:
         """Runs the attack.
 
@@ -216,6 +217,8 @@ class CrossBEAST(HostDrivenEntry):
             pass :meth:`seed_violations`.
           chat_template: False renders ``instruction + " " + suffix`` (base models).
           allowed: optional ``[V_s]`` bool per stack (default :meth:`allowed`).
+          **call: none (an unknown keyword raises ``TypeError``; the base's ``**call`` is kept so
+            that the signature stays compatible with :meth:`~sarjax.attacks.core.entry.Entry.__call__`).
 
         Returns:
           :class:`CrossBEASTResult`.
@@ -225,6 +228,9 @@ class CrossBEAST(HostDrivenEntry):
           ValueError: bad shapes or values (``params`` unlike the pool's included); a seed that violates the threat model (naming the row
             and why); an audit failure of the output.
         """
+        if key is None:
+            raise TypeError(f"{self.name}: key is required (a jax.random key); sarjax never defaults it")
+        self._reject_keywords(call)
         pool = bind_params(self.name, self.pool, params)
         c = pool_call(self.name, pool, instructions, ref, self.target, key, mask, sample_ids, max_queries)
         stacks, instructions, mk, targets, sid, cap = c

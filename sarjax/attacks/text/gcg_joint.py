@@ -212,7 +212,7 @@ class JointGCG(HostDrivenEntry):
                 m[i, slots - len(q) :] = 1
         return out, m
 
-    def __call__(  # pyright: ignore[reportIncompatibleMethodOverride]
+    def __call__(
         self,
         params,
         instructions: Sequence[str],
@@ -226,6 +226,7 @@ class JointGCG(HostDrivenEntry):
         suffix_init: str | Sequence[str] | None = None,
         chat_template: bool = True,
         allowed: Sequence[Any] | None = None,
+        **call,
     ) -> JointGCGResult:
         """Runs the attack (see the class docstring).
 
@@ -242,6 +243,8 @@ class JointGCG(HostDrivenEntry):
           suffix_init: the start suffix text (one, or one per request); default the factory's.
           chat_template: False renders ``instruction + " " + suffix`` (base models).
           allowed: optional ``[V_s]`` bool per stack (default :func:`~sarjax.attacks.text.core.allowed_vocab`).
+          **call: none (an unknown keyword raises ``TypeError``; the base's ``**call`` is kept so
+            that the signature stays compatible with :meth:`~sarjax.attacks.core.entry.Entry.__call__`).
 
         Returns:
           :class:`JointGCGResult`.
@@ -251,6 +254,9 @@ class JointGCG(HostDrivenEntry):
           ValueError: bad shapes or values (``params`` unlike the pool's included); a start suffix that violates the threat model (naming
             the row and why); an audit failure of the output.
         """
+        if key is None:
+            raise TypeError(f"{self.name}: key is required (a jax.random key); sarjax never defaults it")
+        self._reject_keywords(call)
         pool = bind_params(self.name, self.pool, params)
         c = pool_call(self.name, pool, instructions, ref, self.target, key, mask, sample_ids, max_queries)
         stacks, instructions, mk, targets, sid, cap = c
