@@ -19,6 +19,7 @@ Rows (docs/scale.md says what each models):
 Usage:
   python benchmarks/scale_table.py [--rows sar frontier autoattack llm] [--out FILE]
   python benchmarks/scale_table.py --render benchmarks/results/scale_table.json [--check]   # docs/scale.md
+  (``--render`` also renders benchmarks/results/plan_validation.json's ratios: ``--validation``)
 """
 
 from __future__ import annotations
@@ -78,7 +79,9 @@ def run_rows(names: list[str], work: Path) -> dict:
     (cfg_dir / "config.json").write_text(json.dumps(LLAMA3_8B))
     for name in names:
         title, argv = ROWS[name]
-        if name == "llm":
+        shown = argv
+        if name == "llm":  # the page shows a folder name: Meta's config.json (LLAMA3_8B) in llama3-8b/
+            shown = ["--llm-config", *["llama3-8b"] * 4, *argv]
             argv = ["--llm-config", *[str(cfg_dir)] * 4, *argv]
         out = work / f"{name}.json"
         cmd = [sys.executable, "-m", "sarjax.cli", "plan", *argv, "--out", str(out), "--overwrite"]
@@ -88,7 +91,7 @@ def run_rows(names: list[str], work: Path) -> dict:
         print(r.stdout, flush=True)
         if r.returncode != 0:
             raise SystemExit(f"row {name} failed:\n{r.stderr[-3000:]}")
-        rows[name] = {"title": title, "argv": ["sarjax", "plan", *argv], "seconds_to_plan": secs,
+        rows[name] = {"title": title, "argv": ["sarjax", "plan", *shown], "seconds_to_plan": secs,
                       "plan": json.loads(out.read_text())}  # fmt: skip
     return rows
 
@@ -97,33 +100,69 @@ def _h(sec: float) -> str:
     return f"{sec / 3600:.3g} h" if sec >= 3600 else f"{sec / 60:.3g} min" if sec >= 60 else f"{sec:.3g} s"
 
 
-def render(data: dict) -> str:
+def render(data: dict, validation: dict | None = None) -> str:
+    """The table, the commands, the validation ratios (from ``validation``, plan_validation.py's
+    JSON) and the multi-host recipes, between the page's markers."""
     lines = [
         BEGIN,
         "",
-        "| run | devices | mesh | memory per device | largest batch (projection) | time (projection) | bound |",
-        "|---|---|---|---|---|---|---|",
+        "| run | devices | mesh | memory per device (projection) | largest batch (projection) | time (projection) "
+        "| bound | FLOPs per device and step (projection) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for row in data["rows"].values():
         p = row["plan"]
         dev = p["device"]["label"]
         bounds = sorted({r["roofline_step"]["bound"] for r in p["programs"]})
         lb = p.get("largest_batch", {}).get("batch")
+        flops = ", ".join(f"{r['name']}: {r['flops']:.3g}" for r in p["programs"])
         lines.append(
             f"| {row['title']} | {p['settings']['devices']} x {dev} | {p['mesh_label']} | "
             f"{p['memory_per_device'] / 1e9:.3g} GB at batch {p['settings']['batch']} "
             f"({'fits' if p['fits'] else 'does not fit'}) | {lb} | {_h(p['run_seconds']['seconds'])} | "
-            f"{', '.join(bounds)} |"
+            f"{', '.join(bounds)} | {flops} |"
         )
     prov = data["provenance"]
     lines += [
         "",
         f"Generated from `benchmarks/results/scale_table.json` (commit {prov['commit']}, {prov['date']}, "
-        f"{prov['machine']['processor']}); the commands:",
+        f"{prov['machine']['processor']}, load average {', '.join(f'{x:.1f}' for x in prov['load'])}); every "
+        "figure in the table is a projection. The commands, the time each plan took here (all its compiles, "
+        "in a fresh process) and how each step's cost was counted:",
         "",
     ]
     for row in data["rows"].values():
-        lines.append(f"- {row['title']}: `{' '.join(row['argv'])}` (planned in {row['seconds_to_plan']:.0f} s)")
+        how = "; ".join(sorted({r["cost_from"] for r in row["plan"]["programs"]}))
+        compiles = sum(r["compile_seconds"] for r in row["plan"]["programs"])
+        lines.append(
+            f"- {row['title']}: `{' '.join(row['argv'])}` (planned in {row['seconds_to_plan']:.0f} s, of which "
+            f"{compiles:.0f} s analysing the step at the planned batch; cost: {how})"
+        )
+    if validation is not None:
+        vp = validation["provenance"]
+        lines += [
+            "",
+            "How good is the method? `benchmarks/plan_validation.py` builds three step programs as `sarjax plan` "
+            "does (one CPU device) and runs them here: measured / projected. Memory: XLA's `memory_analysis` "
+            "against the arguments' bytes plus the resident-memory rise of one warm step (and that rise against "
+            "output + temp - alias); time: the roofline with this CPU's peak and bandwidth measured around the "
+            "timed steps (a float32 matmul, an in-place update) against the median warm step. From "
+            f"`benchmarks/results/plan_validation.json` (commit {vp['commit']}, {vp['date']}, load average at the "
+            f"end {', '.join(f'{x:.1f}' for x in vp['load'])}: a shared 2-core machine, so the timings are under "
+            "load):",
+            "",
+            "| step | memory measured / projected | step's rise measured / projected | step time measured "
+            "| this CPU (calibrated) | roofline (projection) | time measured / projected |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for v in validation["rows"].values():
+            r, m, c = v["ratios"], v["measured"], v["cpu"]
+            rise = "n/a" if r["rise_ratio"] is None else f"{r['rise_ratio']:.2f}"
+            lines.append(
+                f"| {v['description']} | {r['memory_ratio']:.2f} | {rise} | {m['step_seconds_median'] * 1e3:.1f} ms "
+                f"| {c['peak_flops'] / 1e9:.0f} GFLOP/s, {c['bandwidth'] / 1e9:.1f} GB/s "
+                f"| {r['roofline']['seconds'] * 1e3:.2f} ms ({r['roofline']['bound']}-bound) | {r['time_ratio']:.1f} |"
+            )
     lines += ["", "Multi-host recipes (every host runs the same command with its own `--process-id`):", ""]
     for name, row in data["rows"].items():
         lines.append(f"- {row['title']}: `{RECIPE[name]}`")
@@ -131,14 +170,15 @@ def render(data: dict) -> str:
     return "\n".join(lines)
 
 
-def render_page(source: str, check: bool) -> int:
+def render_page(source: str, check: bool, validation: str | None = None) -> int:
     data = json.loads(Path(source).read_text())
+    val = json.loads(Path(validation).read_text()) if validation else None
     page = PAGE.read_text()
     if BEGIN not in page or END not in page:
         raise SystemExit(f"{PAGE}: the markers {BEGIN!r} and {END!r} are missing")
     head, rest = page.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
-    new = head + render(data) + tail
+    new = head + render(data, val) + tail
     if check:
         if new != page:
             print(f"{PAGE} is out of date: run python benchmarks/scale_table.py --render JSON", file=sys.stderr)
@@ -160,9 +200,15 @@ def main() -> int:
         help="write docs/scale.md's table from this JSON (the committed one: benchmarks/results/scale_table.json)",
     )
     ap.add_argument("--check", action="store_true", help="with --render: fail if docs/scale.md is out of date")
+    ap.add_argument(
+        "--validation",
+        default=str(ROOT / "benchmarks" / "results" / "plan_validation.json"),
+        metavar="JSON",
+        help="with --render: benchmarks/plan_validation.py's JSON, its ratios rendered under the table ('' for none)",
+    )
     args = ap.parse_args()
     if args.render:
-        return render_page(args.render, args.check)
+        return render_page(args.render, args.check, args.validation or None)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from _timing import provenance, results_path
 
