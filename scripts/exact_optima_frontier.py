@@ -66,11 +66,10 @@ def run_pool(norm: str, *, restarts: int, targeted: int, attacks, cache: Path, c
     """Runs (or reads from ``cache``) every entry of the pool on both nets.
 
     Returns ``(entries, trajectories [2, A, 24, cap // 10], seconds per entry)``."""
-    import jax
     import jax.numpy as jnp
 
     from sarjax.attacks.minnorm import top_k_targets
-    from sarjax.experiments.frontier import attack_pool, run_entry
+    from sarjax.experiments.frontier import FrontierSettings, frontier_attacks, run_entry
 
     nets32 = load_nets(FIXTURES / "exact_nets.npz")
     z = np.load(FIXTURES / "exact_optima.npz")
@@ -81,9 +80,12 @@ def run_pool(norm: str, *, restarts: int, targeted: int, attacks, cache: Path, c
     if not correct.all():
         raise ValueError("the fixture images must be classified correctly by both nets")
     tk = np.stack([np.asarray(top_k_targets(lg, y, max(targeted, 1))) for lg in logits], axis=1)  # [B, M, k]
-    entries = attack_pool(norm, attacks, restarts, targeted)
+    pool_attacks = frontier_attacks(
+        norm, attacks=attacks, restarts=restarts, targeted=targeted, cap=cap, init_eps=INIT_EPS[norm]
+    )
+    entries = list(pool_attacks.entries)
+    settings = FrontierSettings(batch=len(x), seed=seed, keep_points=False)
     cache.mkdir(parents=True, exist_ok=True)
-    key = jax.random.key(seed)
     fns: dict = {}
     trajs, secs = [], {}
     for e in entries:
@@ -93,9 +95,7 @@ def run_pool(norm: str, *, restarts: int, targeted: int, attacks, cache: Path, c
             traj, dt = zz["trajectory"], float(zz["seconds"])
         else:
             t0 = time.time()
-            _, traj, _ = run_entry(
-                fns, pool, e, x, y, correct, tk, norm=norm, cap=cap, init_eps=INIT_EPS[norm], key=key, batch=len(x)
-            )
+            _, traj, _ = run_entry(pool, e, x, y, correct, tk, attacks=pool_attacks, settings=settings, fns=fns)
             dt = time.time() - t0
             np.savez(f, trajectory=traj, seconds=np.array(dt))
             print(f"{norm} {e.name}: {dt:.1f} s", flush=True)

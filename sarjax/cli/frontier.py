@@ -13,40 +13,62 @@ from sarjax.cli.args import (
 )
 
 # NORMS / ATTACK_NORMS build the parser, so sarjax --help loads this module (its heavy imports wait)
-from sarjax.experiments.frontier import ATTACK_NORMS, NORMS, run_frontier_on_dirs
+from sarjax.experiments.frontier import (
+    ATTACK_NORMS,
+    NORMS,
+    FrontierAutoAttack,
+    FrontierSettings,
+    frontier_attacks,
+    frontier_autoattack,
+    run_frontier_on_dirs,
+)
 from sarjax.runtime.compile_cache import add_compile_cache_argument
+
+
+def _names(arg: str | None) -> list[str] | None:
+    """A comma-separated option as a list (None when not given)."""
+    return [a for a in arg.split(",") if a] if arg else None
 
 
 def cmd_frontier(args: argparse.Namespace) -> int:
     """Attack and defense frontiers of saved pools (the frontier paper)."""
     initialize_distributed(args)  # before any JAX computation
-    run_frontier_on_dirs(
-        args.models or [],
+    attacks = frontier_attacks(
         args.norm,
-        out=args.out,
-        model_specs=args.model,
-        images=args.images,
-        tiers=args.tiers,
-        heldout=args.heldout,
-        samples=args.samples,
-        cap=args.cap,
+        attacks=_names(args.attacks),
         restarts=args.restarts,
         targeted=args.targeted,
-        attacks=[a for a in args.attacks.split(",") if a] if args.attacks else None,
+        cap=args.cap,
         init_eps=args.init_eps,
+    )
+    autoattack = None
+    if args.autoattack:
+        autoattack = frontier_autoattack(
+            attacks=_names(args.aa_attacks), n_iter=args.aa_iter, square_queries=args.aa_square, eps_ref=args.eps_ref
+        )
+    elif args.eps_ref is not None:
+        FrontierAutoAttack(eps_ref=args.eps_ref)  # checked as before, though only --autoattack reads it
+    settings = FrontierSettings(
+        tiers=tuple(args.tiers),
+        heldout=args.heldout,
         batch=args.batch,
-        data_dir=args.data_dir,
         seed=args.seed,
         overwrite=args.overwrite,
         progress=not args.no_progress,
-        autoattack=args.autoattack,
-        eps_ref=args.eps_ref,
-        aa_attacks=[a for a in args.aa_attacks.split(",") if a] if args.aa_attacks else None,
-        aa_iter=args.aa_iter,
-        aa_square=args.aa_square,
-        defenses=[a for a in args.defenses.split(",") if a] if args.defenses else None,
         chains=args.chain_updates,
         keep_points=not args.no_points,
+    )
+    run_frontier_on_dirs(
+        args.models or [],
+        attacks,
+        out=args.out,
+        model_specs=args.model,
+        images=args.images,
+        samples=args.samples,
+        data_dir=args.data_dir,
+        defenses=_names(args.defenses),
+        autoattack=autoattack,
+        settings=settings,
     )
     return 0
 

@@ -110,6 +110,211 @@ def attack_pool(norm: str, attacks: list[str] | None = None, restarts: int = 5, 
     return out
 
 
+def _is_int(v: object) -> bool:
+    return not isinstance(v, bool) and isinstance(v, (int, np.integer))
+
+
+@dataclass(frozen=True)
+class FrontierAttacks:
+    """The minimum-norm attack pool of a frontier run (build it with :func:`frontier_attacks`).
+
+    Attributes:
+      norm: ``"l0" | "l1" | "l2" | "linf"``: the threat model.
+      entries: the pool's entries (:func:`attack_pool`), each one cached run per pool.
+      cap: every entry's budget in queries, a positive multiple of 10 (the trajectory records
+        the best distance every 10 queries). Recorded in the cache fingerprint.
+      init_eps: radius of the restarts' random starts, a finite float > 0. Recorded in the cache
+        fingerprint.
+
+    Raises:
+      ValueError: an unknown norm, no entries or an entry whose attack does not support the norm,
+        ``cap`` not a positive multiple of 10, ``init_eps`` not a finite number > 0.
+      TypeError: an entry that is not an :class:`EntrySpec`.
+    """
+
+    norm: str
+    entries: tuple[EntrySpec, ...]
+    cap: int = 1000
+    init_eps: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.norm not in NORMS:
+            raise ValueError(f"norm must be one of {NORMS}, got {self.norm!r}")
+        if not isinstance(self.entries, tuple) or not self.entries:
+            raise ValueError(f"entries must be a non-empty tuple of EntrySpec, got {self.entries!r}")
+        for e in self.entries:
+            if not isinstance(e, EntrySpec):
+                raise TypeError(f"entries must be EntrySpec items (attack_pool), got {type(e).__name__}")
+            if self.norm not in ATTACK_NORMS.get(e.attack, ()):
+                raise ValueError(f"entry {e.name}: attack {e.attack!r} does not support {self.norm}")
+        if not _is_int(self.cap) or self.cap < 10 or self.cap % 10:
+            raise ValueError(
+                f"--cap must be a positive multiple of 10 (the trajectory records every 10 queries), got {self.cap}"
+            )
+        if isinstance(self.init_eps, bool) or not isinstance(self.init_eps, (int, float, np.floating, np.integer)):
+            raise TypeError(f"init_eps must be a number, got {type(self.init_eps).__name__}")
+        if not (self.init_eps > 0 and math.isfinite(self.init_eps)):
+            raise ValueError(f"--init-eps must be a finite number > 0, got {self.init_eps}")
+
+    @property
+    def targeted(self) -> int:
+        """The most likely wrong classes the targeted entries use (0 without targeted entries)."""
+        return max((e.rank for e in self.entries if e.kind == "targeted"), default=0)
+
+
+def frontier_attacks(
+    norm: str,
+    *,
+    attacks: Sequence[str] | None = None,
+    restarts: int = 5,
+    targeted: int = 9,
+    cap: int = 1000,
+    init_eps: float | None = None,
+) -> FrontierAttacks:
+    """The attack pool of a frontier run; ``frontier_attacks(norm)`` is the frontier paper's (Section 5.1).
+
+    Args:
+      norm: ``"l0" | "l1" | "l2" | "linf"``.
+      attacks: a subset of the norm's attacks (default: all of :data:`ATTACK_NORMS` for it).
+      restarts: random restarts per attack that supports them (the frontier paper: 5).
+      targeted: targeted runs per attack, at the top-k most likely wrong classes (the frontier
+        paper: 9; at most ``C - 1``, checked against each pool by :func:`run_frontier`).
+      cap: every entry's budget in queries (the frontier paper: 1000), a positive multiple of 10.
+      init_eps: radius of the restarts' random starts (default :data:`INIT_EPS` of the norm).
+
+    Raises:
+      ValueError: as :func:`attack_pool` and :class:`FrontierAttacks`.
+    """
+    entries = attack_pool(norm, list(attacks) if attacks else None, restarts, targeted)
+    eps0 = INIT_EPS[norm] if init_eps is None else float(init_eps)
+    return FrontierAttacks(norm, tuple(entries), cap=cap, init_eps=eps0)
+
+
+@dataclass(frozen=True)
+class FrontierAutoAttack:
+    """AutoAttack scored as a curve beside the ensembles (build it with :func:`frontier_autoattack`).
+
+    Attributes:
+      attacks: AutoAttack's stages (e.g. ``("apgd-ce", "apgd-t")``; None: the standard version).
+      n_iter: APGD / FAB iterations (AutoAttack: 100), an int >= 1.
+      square_queries: Square queries (AutoAttack: 5000), an int >= 1.
+      eps_ref: the reference eps added to the grid (None: none), a finite number > 0.
+
+    The four fields are the AutoAttack cache's config (``cache/<pool>/autoattack.npz``): a cache
+    written with others is refused.
+
+    Raises:
+      ValueError: ``n_iter`` / ``square_queries`` not an int >= 1, ``eps_ref`` not None or a
+        finite number > 0, an empty stage name.
+    """
+
+    attacks: tuple[str, ...] | None = None
+    n_iter: int = 100
+    square_queries: int = 5000
+    eps_ref: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.attacks is not None and (
+            not isinstance(self.attacks, tuple) or not all(isinstance(a, str) and a for a in self.attacks)
+        ):
+            raise ValueError(f"attacks must be None or a tuple of stage names, got {self.attacks!r}")
+        for name in ("n_iter", "square_queries"):
+            v = getattr(self, name)
+            if not _is_int(v) or v < 1:
+                raise ValueError(f"FrontierAutoAttack.{name} must be an int >= 1, got {v!r}")
+        e = self.eps_ref
+        if e is not None and (
+            isinstance(e, bool) or not isinstance(e, (int, float, np.floating)) or not (e > 0 and math.isfinite(e))
+        ):
+            raise ValueError(f"--eps-ref must be a finite number > 0, got {e}")
+
+    def config(self) -> dict[str, Any]:
+        """The cache's config: ``attacks`` (a list or None), ``n_iter``, ``square_queries``, ``eps_ref``."""
+        return {
+            "attacks": list(self.attacks) if self.attacks else None,
+            "n_iter": self.n_iter,
+            "square_queries": self.square_queries,
+            "eps_ref": self.eps_ref,
+        }
+
+
+def frontier_autoattack(
+    *,
+    attacks: Sequence[str] | None = None,
+    n_iter: int = 100,
+    square_queries: int = 5000,
+    eps_ref: float | None = None,
+) -> FrontierAutoAttack:
+    """AutoAttack for :func:`run_frontier` (``--autoattack``): the standard version, or the ``attacks``
+    stages, with ``n_iter`` APGD / FAB iterations and ``square_queries`` Square queries, on each
+    pool's eps grid plus ``eps_ref`` (see :class:`FrontierAutoAttack`)."""
+    return FrontierAutoAttack(
+        tuple(attacks) if attacks else None,
+        n_iter=n_iter,
+        square_queries=square_queries,
+        eps_ref=eps_ref,
+    )
+
+
+@dataclass(frozen=True)
+class FrontierSettings:
+    """How :func:`run_frontier` runs and reports (not what it attacks with: :class:`FrontierAttacks`).
+
+    Attributes:
+      tiers: the nested budget tiers Q, increasing positive ints (the frontier paper: 4k, 8k, 12k).
+      heldout: the held-out share of the models, in ``[0, 1)`` (the frontier paper: 13 of 30).
+      batch: samples per attack call, an int >= 1 (across processes: the rows' block size).
+      seed: the run's key (``jax.random.key(seed)``); recorded in the cache fingerprint.
+      overwrite: discard the cached runs of the pools (default False: reuse them).
+      progress: show a progress bar (default True).
+      chains: fit Algorithm 1 with completed updates (:func:`sarjax.frontier.greedy_allocation`;
+        default False: as published).
+      keep_points: store each entry's best adversarial points ``x_adv [N, M, *S]`` in its cache
+        file (:func:`load_points`); False for huge runs. A cache file without points is run again
+        when points are wanted.
+
+    Raises:
+      ValueError: ``tiers`` not increasing positive ints, ``heldout`` outside ``[0, 1)``, ``batch``
+        or ``seed`` not an int (``batch >= 1``).
+      TypeError: a flag that is not a bool.
+    """
+
+    tiers: tuple[int, ...] = (4000, 8000, 12000)
+    heldout: float = 13 / 30
+    batch: int = 250
+    seed: int = 0
+    overwrite: bool = False
+    progress: bool = True
+    chains: bool = False
+    keep_points: bool = True
+
+    def __post_init__(self) -> None:
+        ts = tuple(self.tiers) if isinstance(self.tiers, (tuple, list)) else None
+        if (
+            ts is None
+            or not ts
+            or not all(_is_int(t) for t in ts)
+            or ts[0] < 1
+            or any(b <= a for a, b in zip(ts, ts[1:]))
+        ):
+            raise ValueError(f"--tiers must be increasing positive budgets, got {self.tiers!r}")
+        object.__setattr__(self, "tiers", tuple(int(t) for t in ts))
+        if isinstance(self.heldout, bool) or not isinstance(self.heldout, (int, float, np.floating)):
+            raise ValueError(f"--heldout must be a number in [0, 1), got {self.heldout!r}")
+        if not 0 <= self.heldout < 1:
+            raise ValueError(f"--heldout must be in [0, 1), got {self.heldout}")
+        if not _is_int(self.batch) or self.batch < 1:
+            raise ValueError(f"--batch must be an int >= 1, got {self.batch!r}")
+        if not _is_int(self.seed):
+            raise ValueError(f"seed must be an int, got {self.seed!r}")
+        object.__setattr__(self, "batch", int(self.batch))
+        object.__setattr__(self, "seed", int(self.seed))
+        for name in ("overwrite", "progress", "chains", "keep_points"):
+            v = getattr(self, name)
+            if not isinstance(v, (bool, np.bool_)):
+                raise TypeError(f"FrontierSettings.{name} must be a bool, got {type(v).__name__} {v!r}")
+
+
 def _factory(attack: str, apply, norm: str, cap: int, targeted: bool, stacked: bool = False):
     """A ``MinNormAttackFn`` (audited) for one attack; targeted runs look for any
     misclassification (``success="untargeted"``, the frontier paper Section 5.1)."""
@@ -304,7 +509,6 @@ def _random_starts_jit():
 
 
 def run_entry(
-    fns: dict,
     pool,
     entry: EntrySpec,
     x,
@@ -312,21 +516,35 @@ def run_entry(
     correct,
     targets,
     *,
-    norm,
-    cap,
-    init_eps,
-    key,
-    batch,
+    attacks: FrontierAttacks,
+    settings: FrontierSettings | None = None,
     ids=None,
-    points=False,
+    fns: dict | None = None,
 ):
     """Run one entry on every member of ``pool``: ``(norm [B, M], trajectory [B, M, cap // 10],
     queries [B, M])`` as numpy, misclassified (sample, member) pairs at distance 0; with
-    ``points=True`` also the best adversarial points ``x_adv [B, M, *S]`` (float32; the clean
-    image where the pair is misclassified clean or no point was found).
+    ``settings.keep_points`` also the best adversarial points ``x_adv [B, M, *S]`` (float32; the
+    clean image where the pair is misclassified clean or no point was found).
 
-    ``ids``: the samples' ids ``[B]`` (they seed the per-sample random streams; default
-    ``arange(B)``)."""
+    Args:
+      pool: the pool (every member attacked).
+      entry: the entry to run (one of ``attacks.entries``).
+      x: ``[B, *S]`` images; y: ``[B]`` labels.
+      correct: ``[B, M]`` bool, the pairs classified correctly (the others are not attacked).
+      targets: ``[B, M, k]`` each pair's top-k wrong classes (targeted entries use column
+        ``rank - 1``).
+      attacks: the attack pool (its ``norm``, ``cap`` and ``init_eps``).
+      settings: ``batch`` (samples per call), ``seed`` (the key) and ``keep_points`` (default
+        :class:`FrontierSettings`).
+      ids: the samples' ids ``[B]`` (they seed the per-sample random streams; default
+        ``arange(B)``).
+      fns: compiled attacks by (attack, targeted, architecture), shared across calls (default: a
+        fresh dict).
+    """
+    st = FrontierSettings() if settings is None else settings
+    fns = {} if fns is None else fns
+    norm, cap, init_eps = attacks.norm, attacks.cap, attacks.init_eps
+    batch, points, key = st.batch, st.keep_points, jax.random.key(st.seed)
     tg = entry.kind == "targeted"
     apply, params, stacked, arch_key = _apply_of(pool)
     k = (entry.attack, tg, arch_key)
@@ -495,30 +713,14 @@ def run_frontier(
     pools,
     x,
     y,
-    norm: str,
+    attacks: FrontierAttacks,
     *,
     out: str,
     ids=None,
     source: str = "arrays",
-    tiers=(4000, 8000, 12000),
-    heldout: float = 13 / 30,
-    cap: int = 1000,
-    restarts: int = 5,
-    targeted: int = 9,
-    attacks: list[str] | None = None,
-    init_eps: float | None = None,
-    batch: int = 250,
-    seed: int = 0,
-    overwrite: bool = False,
-    progress: bool = True,
-    autoattack: bool = False,
-    eps_ref: float | None = None,
-    aa_attacks: list[str] | None = None,
-    aa_iter: int = 100,
-    aa_square: int = 5000,
-    chains: bool = False,
-    keep_points: bool = True,
     meta: dict[str, Any] | None = None,
+    autoattack: FrontierAutoAttack | None = None,
+    settings: FrontierSettings | None = None,
 ):
     """The frontier of pools in memory on images given as arrays (see the module doc); returns the
     :class:`~sarjax.frontier.report.FrontierReport` (on every process).
@@ -529,53 +731,59 @@ def run_frontier(
         every pool is a model.
       x: ``[N, H, W, C]`` images in ``[0, 1]``; y: ``[N]`` labels (checked against every pool
         with :func:`sarjax.data.images.check_images`).
-      norm: ``"l0" | "l1" | "l2" | "linf"``.
+      attacks: the attack pool, its norm and budget (:func:`frontier_attacks`;
+        ``frontier_attacks(norm)`` is the frontier paper's).
       out: output directory (``frontier.json``, plots, ``cache/``).
       ids: ``[N]`` distinct sample ids seeding each sample's random streams (default
         ``arange(N)``: the first N images of a data set keep their streams in any subset).
       source: where the images come from (recorded in the report, and in a new cache's fingerprint for
         information: the cache is identified by the images' content, so the same arrays from
         another source reuse it).
-      keep_points: store each entry's best adversarial points ``x_adv [N, M, *S]`` in its cache
-        file (:func:`load_points`); False for huge runs. A cache file without points is run
-        again when points are wanted.
       meta: entries put first into the report's ``extra`` (the directory form records its
         directories; default ``{"models": [pool labels]}``).
-      tiers, heldout, cap, restarts, targeted, attacks, init_eps, batch, seed, overwrite,
-        progress: as the ``sarjax frontier`` options.
+      autoattack: also run AutoAttack (:func:`frontier_autoattack`; default None: not).
+      settings: tiers, held-out share, batch, seed, cache and report options
+        (:class:`FrontierSettings`; default: the frontier paper's, ``sarjax frontier``'s defaults).
 
-    With ``autoattack=True`` AutoAttack (:mod:`sarjax.attacks.autoattack`, standard version or
-    the ``aa_attacks`` stages, ``aa_iter`` APGD/FAB iterations, ``aa_square`` Square queries)
+    With ``autoattack`` AutoAttack (:mod:`sarjax.attacks.autoattack`, standard version or
+    its ``attacks`` stages, ``n_iter`` APGD/FAB iterations, ``square_queries`` Square queries)
     also runs on every pool at an eps grid (the percentiles of the pool's frontier distances
     plus ``eps_ref``, :func:`sarjax.frontier.eps_grid`; one grid per pool rather than
     per model, since one AutoAttack call attacks every member at one eps) and is scored as a
-    curve per model (the frontier paper Section 5.1, Tables 4 and 6).  ``chains=True`` fits Algorithm 1
-    with completed updates (:func:`sarjax.frontier.greedy_allocation`; default: as published).
+    curve per model (the frontier paper Section 5.1, Tables 4 and 6).  ``settings.chains`` fits
+    Algorithm 1 with completed updates (:func:`sarjax.frontier.greedy_allocation`; default: as
+    published).
 
     Across processes (after :func:`sarjax.runtime.distributed.initialize`), every process calls
     this with the same arguments; each runs its whole ``batch``-row blocks of the samples and
     only process 0 writes ``frontier.json``, the plots and the merged cache files.
+
+    Raises:
+      TypeError: ``attacks``, ``autoattack`` or ``settings`` of another type.
+      ValueError: bad images or ids, more targeted runs than a pool has wrong classes,
+        AutoAttack on l0 or across processes, a cache written with other settings.
     """
     # deferred: sarjax --help imports this module (cli/frontier's NORMS); sarjax.attacks adds 0.23 s, measured
     from sarjax.attacks.minnorm import top_k_targets
 
-    entries = attack_pool(norm, attacks, restarts, targeted)
-    if cap < 10 or cap % 10:
-        raise ValueError(
-            f"--cap must be a positive multiple of 10 (the trajectory records every 10 queries), got {cap}"
-        )
-    if batch < 1:
-        raise ValueError(f"--batch must be >= 1, got {batch}")
-    ts = [int(t) for t in tiers]
-    if not ts or any(b <= a for a, b in zip(ts, ts[1:])) or ts[0] < 1:
-        raise ValueError(f"--tiers must be increasing positive budgets, got {ts}")
-    if not 0 <= heldout < 1:
-        raise ValueError(f"--heldout must be in [0, 1), got {heldout}")
-    eps0 = INIT_EPS[norm] if init_eps is None else float(init_eps)
-    if autoattack and norm == "l0":
+    if not isinstance(attacks, FrontierAttacks):
+        raise TypeError(f"attacks must be a FrontierAttacks (frontier_attacks(norm)), got {type(attacks).__name__}")
+    if autoattack is not None and not isinstance(autoattack, FrontierAutoAttack):
+        raise TypeError(f"autoattack must be None or a FrontierAutoAttack, got {type(autoattack).__name__}")
+    st = FrontierSettings() if settings is None else settings
+    if not isinstance(st, FrontierSettings):
+        raise TypeError(f"settings must be None or a FrontierSettings, got {type(st).__name__}")
+    norm, entries, cap, eps0, targeted = (
+        attacks.norm,
+        list(attacks.entries),
+        attacks.cap,
+        attacks.init_eps,
+        attacks.targeted,
+    )
+    ts, heldout, batch, seed = list(st.tiers), st.heldout, st.batch, st.seed
+    overwrite, progress, chains, keep_points = st.overwrite, st.progress, st.chains, st.keep_points
+    if autoattack is not None and norm == "l0":
         raise ValueError("AutoAttack has no l0 version (the frontier paper Table 5: no baseline on l0)")
-    if eps_ref is not None and not (eps_ref > 0 and math.isfinite(eps_ref)):
-        raise ValueError(f"--eps-ref must be a finite number > 0, got {eps_ref}")
     loaded = as_models(pools)
     for mdl in loaded:
         pool = mdl.pool
@@ -588,7 +796,7 @@ def run_frontier(
     sample_ids, default_ids = _check_ids(ids, N)
     nproc = distributed.process_count()
     multi = nproc > 1
-    if autoattack and multi:
+    if autoattack is not None and multi:
         raise ValueError(
             "--autoattack runs in one process: run the frontier across processes first, then once more in one "
             "process with --autoattack (it reads the merged cache process 0 wrote)"
@@ -661,10 +869,7 @@ def run_frontier(
                 elif len(rows):
                     bar.update(task, description=f"{mdl.label}: {e.name}")
                     t0 = time.time()
-                    res = run_entry(
-                        fns, pool, e, xr, yr, cr, tkr, norm=norm, cap=cap, init_eps=eps0, key=key, batch=batch,
-                        ids=idr, points=keep_points,
-                    )  # fmt: skip
+                    res = run_entry(pool, e, xr, yr, cr, tkr, attacks=attacks, settings=st, ids=idr, fns=fns)
                     dt = time.time() - t0
                     got = dict(zip(("norm", "trajectory", "queries", "x_adv"), res))
                     _save_entry(f, spec, dt, got)
@@ -711,10 +916,10 @@ def run_frontier(
         "processes": nproc,
     }
     aa_aoi = None
-    if autoattack:
-        aa_cfg = {"attacks": aa_attacks, "n_iter": aa_iter, "square_queries": aa_square, "eps_ref": eps_ref}
+    if autoattack is not None:
+        aa_cfg = autoattack.config()
         aa, aa_secs = _run_autoattack(loaded, tp, x, y, norm=norm, key=key, cfg=aa_cfg, out=outp, progress=progress)
-        report.extra["autoattack"] = _compare_autoattack(report, tp, aa, eps_ref)
+        report.extra["autoattack"] = _compare_autoattack(report, tp, aa, autoattack.eps_ref)
         report.extra["autoattack"]["seconds"] = aa_secs  # per pool directory or zoo defense
         aa_aoi = [report.extra["autoattack"]["models"][n]["aoi"] for n in names]
     if not main_proc:
@@ -744,7 +949,7 @@ def run_frontier(
 
 def run_frontier_on_dirs(
     models: Sequence[str],
-    norm: str,
+    attacks: FrontierAttacks,
     *,
     out: str,
     model_specs: Sequence[str] | None = None,
@@ -752,7 +957,8 @@ def run_frontier_on_dirs(
     samples: int | None = None,
     data_dir: str | None = None,
     defenses: list[str] | None = None,
-    **settings,
+    autoattack: FrontierAutoAttack | None = None,
+    settings: FrontierSettings | None = None,
 ):
     """The whole ``sarjax frontier`` run: loads the pools and the images and calls :func:`run_frontier`.
 
@@ -768,8 +974,10 @@ def run_frontier_on_dirs(
         ``images``).
       data_dir: MNIST IDX directory (default: the embedded split).
       defenses: only these defenses of the zoo directories.
-      settings: the keyword arguments of :func:`run_frontier`.
+      attacks, autoattack, settings: as :func:`run_frontier`.
     """
+    if not isinstance(attacks, FrontierAttacks):
+        raise TypeError(f"attacks must be a FrontierAttacks (frontier_attacks(norm)), got {type(attacks).__name__}")
     specs = list(model_specs or ())
     if not models and not specs:
         raise ValueError("no models: give --models DIR ... and / or --model PKG.MODULE:FUNCTION")
@@ -800,7 +1008,9 @@ def run_frontier_on_dirs(
     meta: dict[str, Any] = {"models_dirs": [str(m) for m in models]}
     if specs:
         meta["model_specs"] = specs
-    return run_frontier(loaded, x, y, norm, out=out, ids=ids, source=source, meta=meta, **settings)
+    return run_frontier(
+        loaded, x, y, attacks, out=out, ids=ids, source=source, meta=meta, autoattack=autoattack, settings=settings
+    )
 
 
 def _run_autoattack(loaded, tp, x, y, *, norm, key, cfg, out: Path, progress: bool) -> tuple[dict[str, Any], dict]:

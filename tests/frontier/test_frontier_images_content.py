@@ -14,14 +14,15 @@ import numpy as np
 import pytest
 
 from sarjax.cli import main
-from sarjax.experiments.frontier import run_frontier
+from sarjax.experiments.frontier import FrontierSettings, frontier_attacks, run_frontier
 from sarjax.models.checkpoint import save_pool
 from sarjax.models.pool import Pool, Stack
 from sarjax.models.zoo import mlp
 
 ARGS = ["--norm", "l2", "--attacks", "fmn", "--restarts", "0", "--targeted", "0", "--cap", "30"]
 ARGS += ["--tiers", "30", "--heldout", "0.5", "--no-progress"]
-KW = dict(attacks=["fmn"], restarts=0, targeted=0, cap=30, tiers=(30,), heldout=0.5, progress=False)
+ATT = frontier_attacks("l2", attacks=["fmn"], restarts=0, targeted=0, cap=30)
+SET = FrontierSettings(tiers=(30,), heldout=0.5, progress=False)
 
 
 def _pool():
@@ -75,7 +76,7 @@ def test_the_same_file_at_another_path_reuses_the_cache(setup):
 
 def test_run_frontier_on_the_same_arrays_shares_the_cli_cache(setup):
     _, pool, _, x, y, out = setup
-    rep = run_frontier({"p": pool}, x, y, "l2", out=str(out), **KW)
+    rep = run_frontier({"p": pool}, x, y, ATT, out=str(out), settings=SET)
     assert rep.extra["ran"] == [] and rep.extra["data"] == "arrays"
     assert [t.q for t in rep.tiers] == [t["q"] for t in _tiers(_report(out))]
 
@@ -83,7 +84,7 @@ def test_run_frontier_on_the_same_arrays_shares_the_cli_cache(setup):
 def test_the_cli_reads_a_cache_run_frontier_wrote(setup, tmp_path):
     tmp, pool, pdir, x, y, _ = setup
     out = tmp_path / "out"
-    rep = run_frontier({"p": pool}, x, y, "l2", out=str(out), **KW)
+    rep = run_frontier({"p": pool}, x, y, ATT, out=str(out), settings=SET)
     assert rep.extra["ran"] == ["0-p:fmn"]
     assert (
         main(["frontier", "--models", str(pdir), "--images", str(tmp / "a" / "imgs.npz"), "--out", str(out), *ARGS])
@@ -97,12 +98,12 @@ def test_other_images_are_refused(setup, tmp_path):
     x2 = x.copy()
     x2[0, 0, 0, 0] = 0.5 if x2[0, 0, 0, 0] != 0.5 else 0.25
     with pytest.raises(ValueError, match="images="):
-        run_frontier({"p": pool}, x2, y, "l2", out=str(out), **KW)
+        run_frontier({"p": pool}, x2, y, ATT, out=str(out), settings=SET)
     y2 = (y + 1) % 4
     with pytest.raises(ValueError, match="images="):
-        run_frontier({"p": pool}, x, y2, "l2", out=str(out), **KW)
+        run_frontier({"p": pool}, x, y2, ATT, out=str(out), settings=SET)
     with pytest.raises(ValueError, match="ids"):  # other sample ids seed other random streams
-        run_frontier({"p": pool}, x, y, "l2", out=str(out), ids=np.arange(4) + 10, **KW)
+        run_frontier({"p": pool}, x, y, ATT, out=str(out), ids=np.arange(4) + 10, settings=SET)
 
 
 def test_a_cache_whose_fingerprint_names_an_old_path_is_still_read(setup, tmp_path):
@@ -114,5 +115,5 @@ def test_a_cache_whose_fingerprint_names_an_old_path_is_still_read(setup, tmp_pa
     fp = json.loads(fpf.read_text())
     fp["data"] = "images /somewhere/else/imgs.npz (4 images, sha256 0123456789abcdef)"
     fpf.write_text(json.dumps(fp))
-    rep = run_frontier({"p": pool}, x, y, "l2", out=str(old), **KW)
+    rep = run_frontier({"p": pool}, x, y, ATT, out=str(old), settings=SET)
     assert rep.extra["ran"] == []

@@ -6,6 +6,7 @@ the entry succeeded, and the clean image where the pair was misclassified clean;
 form gives the same cache as the in-memory call on the same pool and images.
 """
 
+import dataclasses
 import json
 from typing import Any
 
@@ -21,9 +22,9 @@ from sarjax.models.pool import Pool, Stack
 from sarjax.models.zoo import mlp
 
 ARCH = mlp((8,), input_shape=(6, 6, 1), num_classes=4)
-KW: dict[str, Any] = dict(
-    cap=50, restarts=1, targeted=1, attacks=["fmn"], tiers=(50, 100), heldout=0.34, batch=4, progress=False
-)
+ATT = fr.frontier_attacks("l2", attacks=["fmn"], restarts=1, targeted=1, cap=50)
+SET = fr.FrontierSettings(tiers=(50, 100), heldout=0.34, batch=4, progress=False)
+KW: dict[str, Any] = dict(settings=SET)
 
 
 def _pool(seed=0, members=3):
@@ -45,7 +46,7 @@ def data():
 def run(data, tmp_path_factory):
     pool, x, y = data
     out = tmp_path_factory.mktemp("mem") / "out"
-    rep = fr.run_frontier({"tiny": pool}, x, y, "l2", out=str(out), **KW)
+    rep = fr.run_frontier({"tiny": pool}, x, y, ATT, out=str(out), **KW)
     return out, rep
 
 
@@ -95,7 +96,7 @@ def test_directory_form_gives_the_in_memory_cache(data, run, tmp_path, monkeypat
     out, _ = run
     d = save_pool(pool, tmp_path / "tiny")
     np.savez(tmp_path / "imgs.npz", x=x, y=y)
-    rep = fr.run_frontier_on_dirs([str(d)], "l2", out=str(tmp_path / "o"), images=str(tmp_path / "imgs.npz"), **KW)
+    rep = fr.run_frontier_on_dirs([str(d)], ATT, out=str(tmp_path / "o"), images=str(tmp_path / "imgs.npz"), **KW)
     assert rep.models == ["tiny/m0", "tiny/m1", "tiny/m2"] and rep.extra["models_dirs"] == [str(d)]
     assert rep.extra["data"].startswith("images ") and rep.samples == 8
     for e in ("fmn", "fmn_r1", "fmn_t1"):
@@ -106,11 +107,11 @@ def test_directory_form_gives_the_in_memory_cache(data, run, tmp_path, monkeypat
     fb = json.loads((tmp_path / "o" / "cache" / "0-tiny" / "fingerprint.json").read_text())
     assert {k for k in fa if fa[k] != fb.get(k)} == {"data"}
     with pytest.raises(ValueError, match="more than the 8 images"):
-        fr.run_frontier_on_dirs([str(d)], "l2", out=str(tmp_path / "o5"), images=str(tmp_path / "imgs.npz"), samples=9)
+        fr.run_frontier_on_dirs([str(d)], ATT, out=str(tmp_path / "o5"), images=str(tmp_path / "imgs.npz"), samples=9)
     with pytest.raises(ValueError, match="give one"):
-        fr.run_frontier_on_dirs([str(d)], "l2", out=str(tmp_path / "o5"), images="a.npz", data_dir="b")
+        fr.run_frontier_on_dirs([str(d)], ATT, out=str(tmp_path / "o5"), images="a.npz", data_dir="b")
     with pytest.raises(ValueError, match="no models"):
-        fr.run_frontier_on_dirs([], "l2", out=str(tmp_path / "o5"))
+        fr.run_frontier_on_dirs([], ATT, out=str(tmp_path / "o5"))
 
 
 def test_old_cache_without_points_is_rerun_and_no_points_keeps_none(data, run, tmp_path, capsys):
@@ -122,14 +123,14 @@ def test_old_cache_without_points_is_rerun_and_no_points_keeps_none(data, run, t
     z.pop("x_adv")
     np.savez(f, **z)
     capsys.readouterr()
-    rep2 = fr.run_frontier({"tiny": pool}, x, y, "l2", out=str(out), **KW)
+    rep2 = fr.run_frontier({"tiny": pool}, x, y, ATT, out=str(out), **KW)
     assert "holds no adversarial points" in capsys.readouterr().err and rep2.extra["ran"] == ["0-tiny:fmn"]
     assert "x_adv" in np.load(f).files
     np.testing.assert_array_equal(np.load(f)["norm"], z["norm"])  # the same run again
     assert [t.q for t in rep2.tiers] == [t.q for t in rep.tiers]
     # keep_points=False: no points written, the cache is used as it is
     o = tmp_path / "np"
-    rep3 = fr.run_frontier([pool], x, y, "l2", out=str(o), keep_points=False, **KW)
+    rep3 = fr.run_frontier([pool], x, y, ATT, out=str(o), settings=dataclasses.replace(SET, keep_points=False))
     assert rep3.models[0] == "pool0/m0" and not rep3.extra["points"]
     assert "x_adv" not in np.load(o / "cache" / "0-pool0" / "fmn.npz").files
     with pytest.raises(ValueError, match="no adversarial points"):
@@ -140,17 +141,17 @@ def test_old_cache_without_points_is_rerun_and_no_points_keeps_none(data, run, t
 def test_inputs_are_checked(data, tmp_path):
     pool, x, y = data
     with pytest.raises(TypeError, match="list of Pool or a dict"):
-        fr.run_frontier(pool, x, y, "l2", out=str(tmp_path), **KW)
+        fr.run_frontier(pool, x, y, ATT, out=str(tmp_path), **KW)
     with pytest.raises(TypeError, match="pool 1: expected a sarjax.models.Pool"):
-        fr.run_frontier([pool, object()], x, y, "l2", out=str(tmp_path), **KW)
+        fr.run_frontier([pool, object()], x, y, ATT, out=str(tmp_path), **KW)
     with pytest.raises(ValueError, match=r"images for tiny: x must be in \[0, 1\]"):
-        fr.run_frontier({"tiny": pool}, x * 2, y, "l2", out=str(tmp_path), **KW)
+        fr.run_frontier({"tiny": pool}, x * 2, y, ATT, out=str(tmp_path), **KW)
     with pytest.raises(ValueError, match="shape"):
-        fr.run_frontier({"tiny": pool}, x[:, :5], y, "l2", out=str(tmp_path), **KW)
+        fr.run_frontier({"tiny": pool}, x[:, :5], y, ATT, out=str(tmp_path), **KW)
     with pytest.raises(ValueError, match="label y"):
-        fr.run_frontier({"tiny": pool}, x, y + 4, "l2", out=str(tmp_path), **KW)
+        fr.run_frontier({"tiny": pool}, x, y + 4, ATT, out=str(tmp_path), **KW)
     with pytest.raises(ValueError, match="distinct"):
-        fr.run_frontier({"tiny": pool}, x, y, "l2", out=str(tmp_path), ids=[0] * 8, **KW)
+        fr.run_frontier({"tiny": pool}, x, y, ATT, out=str(tmp_path), ids=[0] * 8, **KW)
 
 
 def test_ids_seed_the_streams_and_enter_the_fingerprint(data, run, tmp_path):
@@ -159,7 +160,7 @@ def test_ids_seed_the_streams_and_enter_the_fingerprint(data, run, tmp_path):
     pool, x, y = data
     out, _ = run
     o = tmp_path / "half"
-    fr.run_frontier({"tiny": pool}, x[4:], y[4:], "l2", out=str(o), ids=np.arange(4, 8), **KW)
+    fr.run_frontier({"tiny": pool}, x[4:], y[4:], ATT, out=str(o), ids=np.arange(4, 8), **KW)
     for e in ("fmn", "fmn_r1", "fmn_t1"):
         a, b = np.load(out / "cache" / "0-tiny" / f"{e}.npz"), np.load(o / "cache" / "0-tiny" / f"{e}.npz")
         for k in ("norm", "trajectory", "queries", "x_adv"):

@@ -114,13 +114,15 @@ def test_two_processes_give_the_one_process_frontier_bit_for_bit(runs):
 
 def test_one_process_rerun_reads_the_merged_cache(runs, monkeypatch):
     # the recipe for --autoattack after a multi-process run: one process on process 0's OUT runs nothing
-    from sarjax.experiments.frontier import run_frontier_on_dirs
+    from sarjax.experiments.frontier import FrontierSettings, frontier_attacks, run_frontier_on_dirs
 
     one, two, _, _, _ = runs
     monkeypatch.syspath_prepend(str(two.parent))
+    attacks = frontier_attacks("l2", attacks=["fmn"], restarts=1, targeted=1, cap=30)
+    settings = FrontierSettings(tiers=(30, 60), heldout=0.34, batch=4, progress=False)
     rep = run_frontier_on_dirs(
-        [], "l2", out=str(two), model_specs=[SPEC], images=str(two.parent / "imgs.npz"), samples=8, cap=30,
-        tiers=(30, 60), heldout=0.34, batch=4, attacks=["fmn"], restarts=1, targeted=1, progress=False,
+        [], attacks, out=str(two), model_specs=[SPEC], images=str(two.parent / "imgs.npz"), samples=8,
+        settings=settings,
     )  # fmt: skip
     assert rep.extra["ran"] == [] and rep.extra["processes"] == 1
     ja = json.loads((one / "frontier.json").read_text())
