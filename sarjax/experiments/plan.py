@@ -523,15 +523,18 @@ def vision_program(pool: ShapePool, attack: str, batch: int, mesh, settings: dic
             _program(apgd, apgd.attack, "apgd step (APGD-CE, APGD-T)", params, (x, ref, mask, key), batch, mesh,
                      eps=eps, calls=1 + targets),
             _program(fab, fab.attack_for(pool.num_classes), "fab-t step", params, (x, ref, mask, key), batch, mesh,
-                     calls=targets),
+                     calls=targets, labels=True),
             _program(square, square.attack, "square step", params, (x, ref, mask, key), batch, mesh, eps=eps),
         ]  # fmt: skip
         return progs
     raise ValueError(f"attack must be one of {ATTACKS} for a vision pool, got {attack!r}")
 
 
-def _program(fn, attack, name, params, inputs, batch, mesh, calls: int = 1, **call) -> StepProgram:
-    """A :class:`StepProgram` of ``attack`` (the state machine of entry ``fn``) at abstract ``inputs``."""
+def _program(fn, attack, name, params, inputs, batch, mesh, calls: int = 1, labels: bool = False,
+             **call) -> StepProgram:  # fmt: skip
+    """A :class:`StepProgram` of ``attack`` (the state machine of entry ``fn``) at abstract ``inputs``
+    (``labels``: the call also passes ``labels=`` the ``ref`` array, as a targeted FAB-T needs the
+    true labels beside its targets; the same shape, so the same program)."""
     x, ref, mask, key = inputs
     cfg = attack.cfg
 
@@ -539,7 +542,8 @@ def _program(fn, attack, name, params, inputs, batch, mesh, calls: int = 1, **ca
         return attack.prepare(cfg, p) if attack.prepare is not None else (cfg, p)
 
     def init(p, x, r, mk, k):  # the jit-safe entry's own problem builder (jnp operations only)
-        return attack.init(*prepared(p), fn._traced_problem(p, x, r, mk, k, **call))
+        extra = {"labels": r} if labels else {}
+        return attack.init(*prepared(p), fn._traced_problem(p, x, r, mk, k, **call, **extra))
 
     state = jax.eval_shape(init, params, x, ref, mask, key)
 
