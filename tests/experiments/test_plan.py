@@ -138,3 +138,19 @@ def test_layer_rule_equals_the_full_unroll_on_a_small_decoder():
     assert rolled < 0.8 * full[0]  # XLA's own count: each layer scan's body once
     with pytest.raises(ValueError, match="llm_cost"):
         PL.PlanSettings(llm_cost="guess").check()
+
+
+def test_autoattack_programs_compile():
+    """AutoAttack standard's three step programs build and compile on one device (FAB-T passes the
+    labels a targeted minimum-norm attack requires), with APGD run 1 + targets times and FAB-T
+    targets times per call."""
+    from sarjax.models.sharding import make_mesh
+
+    s = {"n_iter": 3, "targets": 2, "square_queries": 5, "eps": 8 / 255}
+    progs = PL.vision_program(PL.zoo_pool("low:1"), "autoattack", 2, make_mesh(1, 1), s)
+    assert [p.name.split()[0] for p in progs] == ["apgd", "fab-t", "square"]
+    assert progs[0].steps_per_call % 3 == 0 and progs[1].steps_per_call % 2 == 0
+    for p in progs:
+        assert PL.analyse_memory(p) > 0
+    with pytest.raises(ValueError, match="one model"):
+        PL.vision_program(PL.zoo_pool("low:2"), "autoattack", 2, make_mesh(1, 1), s)
