@@ -37,7 +37,7 @@ Example::
     st = placed.stacks[0]
     lg = mesh_logits(st.params, st.cfg, ids, mask, mesh=mesh)                 # [M, B, T, V]
     out = mesh_greedy_generate(st.params, st.cfg, ids, mask, 16, mesh=mesh)   # [M, B, 16]
-    res = make_joint_gcg(...)(placed, requests, None, key=key)    # GCG on the placed params
+    res = make_joint_gcg(placed)(pool_params(placed), requests, None, key=key)   # GCG on the placed params
 """
 
 from __future__ import annotations
