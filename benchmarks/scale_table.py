@@ -1,7 +1,7 @@
 """The scale table of docs/scale.md: ``sarjax plan`` on four runs at full size (projections).
 
-Each row is one ``sarjax plan`` command in its own process (its own fake CPU devices), with the
-plan's JSON kept whole; ``--render`` writes the table into docs/scale.md between its markers,
+Each row is one ``sarjax plan`` command in its own process (its own fake CPU devices, no
+persistent compilation cache: cold compiles), with the plan's JSON kept whole; ``--render`` writes the table into docs/scale.md between its markers,
 ``--render --check`` fails when the page is not what the JSON renders (a test runs it).
 
 Rows (docs/scale.md says what each models):
@@ -86,7 +86,9 @@ def run_rows(names: list[str], work: Path) -> dict:
         out = work / f"{name}.json"
         cmd = [sys.executable, "-m", "sarjax.cli", "plan", *argv, "--out", str(out), "--overwrite"]
         t0 = time.perf_counter()
-        r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+        # no persistent compilation cache: each plan's compile times are cold, as on a fresh machine
+        env = {**os.environ, "JAX_PLATFORMS": "cpu", "SARJAX_NO_COMPILE_CACHE": "1"}
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env)
         secs = time.perf_counter() - t0
         print(r.stdout, flush=True)
         if r.returncode != 0:
