@@ -146,7 +146,7 @@ def render(data: dict, validation: dict | None = None) -> str:
             "",
             "How good is the method? `benchmarks/plan_validation.py` builds three step programs as `sarjax plan` "
             "does (one CPU device) and runs them here: measured / projected. Memory: XLA's `memory_analysis` "
-            "against the arguments' bytes plus the resident-memory rise of one warm step (and that rise against "
+            "against the arguments' bytes plus the resident-memory rise of the step's first run (and that rise against "
             "output + temp - alias); time: the roofline with this CPU's peak and bandwidth measured around the "
             "timed steps (a float32 matmul, an in-place update) against the median warm step. From "
             f"`benchmarks/results/plan_validation.json` (commit {vp['commit']}, {vp['date']}, load average at the "
