@@ -259,7 +259,7 @@ def main(argv=None) -> dict:
     import torch
     import torchattacks
 
-    from sarjax.attacks.autoattack import autoattack
+    from sarjax.attacks.autoattack import AutoAttackSettings, autoattack, autoattack_config
     from sarjax.data.mnist import load_mnist
 
     torch.set_num_threads(max(a.threads))
@@ -282,11 +282,12 @@ def main(argv=None) -> dict:
     clean = float(np.mean(np.argmax(zj, 1) == y))
 
     def run_sarjax(n_iter=a.iters, rescale=True):
-        res = autoattack(
-            arch.apply, params, x, y, norm=a.norm, eps=a.eps, key=jax.random.PRNGKey(a.seed), n_iter=n_iter,
-            fab_iter=n_iter, square_queries=a.square_queries, log=False, checks=False, batch_size=a.batch_size,
+        cfg = autoattack_config(
+            a.norm, a.eps, n_iter=n_iter, fab_iter=n_iter, square_queries=a.square_queries,
             square_rescale_schedule=rescale,  # torchattacks' Square default: True; the reference's AutoAttack: False
         )  # fmt: skip
+        quiet = AutoAttackSettings(log=False, checks=False, batch_size=a.batch_size)
+        res = autoattack(arch.apply, params, x, y, attack=cfg, key=jax.random.PRNGKey(a.seed), settings=quiet)
         return float(res.robust_accuracy[0]), res
 
     def run_torch():

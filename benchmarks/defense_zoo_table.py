@@ -70,7 +70,7 @@ def main(argv=None) -> int:
         jax.config.update("jax_compilation_cache_dir", str(Path(args.compile_cache).absolute()))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
-    from sarjax.attacks.autoattack import autoattack
+    from sarjax.attacks.autoattack import AutoAttackSettings, autoattack, autoattack_config
     from sarjax.data.mnist import load_mnist
     from sarjax.defenses.zoo import defense_names
     from sarjax.defenses.zoo_io import load_zoo
@@ -138,13 +138,11 @@ def main(argv=None) -> int:
                 stack.params,
                 x,
                 y,
-                norm=norm,
-                eps=eps,
+                attack=autoattack_config(norm, eps, **{kk: v for kk, v in kw.items() if kk != "batch_size"}),
                 key=jax.random.fold_in(jax.random.fold_in(key, pi), j),
+                settings=AutoAttackSettings(log=False, batch_size=kw.get("batch_size")),
                 stacked=True,
                 names=(k,),
-                log=False,
-                **kw,
             )
             dt = time.perf_counter() - t0
             runs.append({"point": label, "models": [k], "version": "standard", "seconds": dt, **res.to_json()})
@@ -174,13 +172,10 @@ def main(argv=None) -> int:
                 m.params,
                 x,
                 y,
-                norm=norm,
-                eps=eps,
+                attack=autoattack_config(norm, eps, "rand", **{kk: v for kk, v in kw_r.items() if kk != "batch_size"}),
                 key=jax.random.fold_in(jax.random.fold_in(key, pi), 100 + j),
-                version="rand",
+                settings=AutoAttackSettings(log=False, batch_size=kw_r.get("batch_size")),
                 names=(k,),
-                log=False,
-                **kw_r,
             )
             dt = time.perf_counter() - t0
             runs.append({"point": label, "models": [k], "version": "rand", "seconds": dt, **res.to_json()})

@@ -80,6 +80,7 @@ import os
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -116,6 +117,201 @@ BATCH = 250  # rows per compiled call (autoattack.py run_standard_evaluation: bs
 N_BUCKETS = 4  # chunk sizes bs, bs / 2, bs / 4, bs / 8 (sarjax: padding vs compiled shapes)
 MIN_BUCKET = 32  # no chunk size below 32 rows unless bs is smaller (sarjax)
 SQUARE_GRANULE = 8  # Square's last chunk: its rows rounded up to a multiple of 8, one shape (sarjax)
+
+
+def _is_int(v: object) -> bool:
+    return not isinstance(v, bool) and isinstance(v, (int, np.integer))
+
+
+@dataclass(frozen=True)
+class AutoAttackConfig:
+    """What AutoAttack attacks with: the threat model, the version and its budgets (the attack's
+    hyperparameters; build it with :func:`autoattack_config`, which gives AutoAttack's reference
+    defaults, ``autoattack/autoattack.py``, ``set_version``).
+
+    Attributes:
+        norm: ``"linf"``, ``"l2"`` or ``"l1"`` (as given; the fingerprints record it so).
+        eps: the radius, a finite float > 0.
+        version: ``"standard"``, ``"plus"`` or ``"rand"``.
+        attacks: a custom tuple of stages from ``ATTACKS`` (AutoAttack's ``version='custom'``), or
+            None: the version's (:func:`stages_of`).
+        n_iter: APGD iterations (AutoAttack: 100).
+        fab_iter: FAB iterations (AutoAttack: 100; at least 3 when FAB runs).
+        square_queries: Square queries (AutoAttack: 5,000).
+        square_rescale_schedule: rescale Square's ``p`` schedule to ``square_queries``
+            (:func:`sarjax.attacks.square.p_schedule`); AutoAttack: False, torchattacks'
+            ``AutoAttack``: True (its ``Square`` default).
+        box: input bounds ``(lo, hi)`` (default ``(0.0, 1.0)``).
+
+    Raises:
+        ValueError: a bad norm, eps, version, stage list, budget (an int >= 1; ``fab_iter >= 3``
+            when FAB runs) or box.
+        TypeError: ``square_rescale_schedule`` not a bool.
+    """
+
+    norm: Any
+    eps: float
+    version: str = "standard"
+    attacks: tuple[str, ...] | None = None
+    n_iter: int = N_ITER
+    fab_iter: int = N_ITER
+    square_queries: int = SQUARE_QUERIES
+    square_rescale_schedule: bool = SQUARE_RESCALE
+    box: tuple[float, float] = (0.0, 1.0)
+
+    def __post_init__(self) -> None:
+        if self.version not in VERSIONS:
+            raise ValueError(f"version must be one of {VERSIONS}, got {self.version!r}")
+        p = canonical_norm(self.norm)
+        if p not in (1.0, 2.0, math.inf):
+            raise ValueError(f"AutoAttack supports norm linf, l2 or l1, got {self.norm!r}")
+        eps = self.eps
+        if isinstance(eps, bool) or not isinstance(eps, (int, float, np.floating)) or not (0 < float(eps) < math.inf):
+            raise ValueError(f"eps must be a finite float > 0, got {eps!r}")
+        object.__setattr__(self, "eps", float(eps))
+        for name in ("n_iter", "fab_iter", "square_queries"):
+            v = getattr(self, name)
+            if not _is_int(v) or v < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+            object.__setattr__(self, name, int(v))
+        if not isinstance(self.square_rescale_schedule, bool):
+            raise TypeError(f"square_rescale_schedule must be a bool, got {self.square_rescale_schedule!r}")
+        if self.attacks is not None:
+            if isinstance(self.attacks, str):
+                raise ValueError(f"attacks must be a non-empty list from {ATTACKS}, got {self.attacks!r}")
+            object.__setattr__(self, "attacks", tuple(self.attacks))
+        stages = self.stages
+        bad = [a for a in stages if a not in ATTACKS]
+        if bad or not stages:
+            raise ValueError(f"attacks must be a non-empty list from {ATTACKS}, got {self.attacks!r}")
+        if self.fab_iter < 3 and ({"fab", "fab-t"} & set(stages)):
+            raise ValueError(
+                f"fab_iter must be >= 3 when FAB runs (sarjax's minimum-norm budget is at least 10 queries, "
+                f"1 + 3 fab_iter for FAB-T), got {self.fab_iter}"
+            )
+        box = tuple(self.box)
+        if len(box) != 2 or not all(isinstance(v, (int, float, np.floating)) and math.isfinite(v) for v in box):
+            raise ValueError(f"box must be two finite floats (lo, hi), got {self.box!r}")
+        if not box[0] < box[1]:
+            raise ValueError(f"box must have lo < hi, got {self.box!r}")
+        object.__setattr__(self, "box", (float(box[0]), float(box[1])))
+
+    @property
+    def stages(self) -> tuple[str, ...]:
+        """The stages run, in order (``attacks``, or the version's)."""
+        return stages_of(self.version, self.norm) if self.attacks is None else self.attacks
+
+
+def autoattack_config(
+    norm: Any,
+    eps: float,
+    version: str = "standard",
+    *,
+    attacks: Any = None,
+    n_iter: int = N_ITER,
+    fab_iter: int = N_ITER,
+    square_queries: int = SQUARE_QUERIES,
+    square_rescale_schedule: bool = SQUARE_RESCALE,
+    box: tuple[float, float] = (0.0, 1.0),
+) -> AutoAttackConfig:
+    """AutoAttack's attack (Croce & Hein, ICML 2020): threat model, version and budgets, with the
+    reference's defaults (``autoattack/autoattack.py``: APGD and FAB ``n_iter = 100``, Square
+    ``n_queries = 5000`` and ``resc_schedule=False``; the version's stages from ``set_version``).
+
+    Args:
+      norm: ``"linf"``, ``"l2"`` or ``"l1"``.
+      eps: the radius (a float > 0).
+      version: ``"standard"`` (default), ``"plus"`` or ``"rand"``.
+      attacks: a custom list of stages from ``ATTACKS`` (AutoAttack's ``version='custom'``); None:
+        the version's.
+      n_iter, fab_iter, square_queries, square_rescale_schedule, box: see :class:`AutoAttackConfig`.
+
+    Returns:
+      The frozen, validated :class:`AutoAttackConfig`.
+
+    Raises:
+      ValueError, TypeError: as :class:`AutoAttackConfig`.
+    """
+    return AutoAttackConfig(
+        norm, eps, version, attacks, n_iter, fab_iter, square_queries,
+        square_rescale_schedule, box,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class AutoAttackSettings:
+    """How the AutoAttack pipelines (:func:`autoattack`, :func:`autoattack_pool`,
+    :func:`sarjax.experiments.autoattack.run_autoattack`) run, not what they attack with
+    (:class:`AutoAttackConfig`).
+
+    Attributes:
+        batch_size: rows per compiled call (default None: ``min(B, 250)``, AutoAttack's ``bs``);
+            see :func:`autoattack`. An int >= 1.
+        checks: run :func:`sarjax.attacks.autoattack_checks.sanity_checks` on the first batch
+            first (default True; warnings).
+        log: print the AutoAttack-like log while running (default True).
+        progress: optional ``progress(stage, done, total)`` (see :func:`autoattack`); it only
+            observes.
+        distribute: spread every run's chunks over the processes of JAX's distributed runtime
+            (default False; see :func:`autoattack`).
+        per_member: :func:`autoattack_pool` runs every member on its own (default False: one
+            vmapped call per stack; see there). Ignored by :func:`autoattack`.
+        checkpoint_dir: resume (default None: no checkpoint): the state of the ``j``-th cascade
+            call goes to ``checkpoint_dir/call_<j>.npz`` (:func:`autoattack`: ``call_0.npz``);
+            a finished call is restored whole, an interrupted one resumes at its next run.
+            ``run_autoattack`` also fingerprints the folder.
+        overwrite: start afresh: ignore (:func:`autoattack`, :func:`autoattack_pool`) or delete
+            (``run_autoattack``: and replace ``out`` written with other settings) what an earlier
+            run wrote (default False).
+        out: ``run_autoattack`` only: the JSON report's path (``OUT.npz`` beside it); default
+            None, nothing written. :func:`autoattack` and :func:`autoattack_pool` refuse it.
+
+    Raises:
+        ValueError: ``batch_size`` not None or an int >= 1.
+        TypeError: a flag that is not a bool, a ``progress`` that is not callable, a path that is
+            not None, a str or a path.
+    """
+
+    batch_size: int | None = None
+    checks: bool = True
+    log: bool = True
+    progress: Callable[[str, int, int], None] | None = None
+    distribute: bool = False
+    per_member: bool = False
+    checkpoint_dir: str | os.PathLike | None = None
+    overwrite: bool = False
+    out: str | os.PathLike | None = None
+
+    def __post_init__(self) -> None:
+        if self.batch_size is not None and (not _is_int(self.batch_size) or self.batch_size < 1):
+            raise ValueError(f"batch_size must be an int >= 1, got {self.batch_size!r}")
+        for name in ("checks", "log", "distribute", "per_member", "overwrite"):
+            v = getattr(self, name)
+            if not isinstance(v, (bool, np.bool_)):
+                raise TypeError(f"AutoAttackSettings.{name} must be a bool, got {type(v).__name__} {v!r}")
+        if self.progress is not None and not callable(self.progress):
+            raise TypeError(f"progress must be a callable progress(stage, done, total) or None, got {self.progress!r}")
+        for name in ("checkpoint_dir", "out"):
+            v = getattr(self, name)
+            if v is not None and not isinstance(v, (str, os.PathLike)):
+                raise TypeError(f"AutoAttackSettings.{name} must be None, a str or a path, got {type(v).__name__}")
+
+
+def _settings(settings: Any, who: str) -> AutoAttackSettings:
+    if settings is None:
+        return AutoAttackSettings()
+    if not isinstance(settings, AutoAttackSettings):
+        raise TypeError(f"{who}: settings must be an AutoAttackSettings or None, got {type(settings).__name__}")
+    return settings
+
+
+def _config(attack: Any, who: str) -> AutoAttackConfig:
+    if not isinstance(attack, AutoAttackConfig):
+        raise TypeError(
+            f"{who}: attack must be an AutoAttackConfig (autoattack_config(norm, eps, version, ...)), "
+            f"got {type(attack).__name__}"
+        )
+    return attack
 
 
 class StageLog(NamedTuple):
@@ -550,25 +746,12 @@ def autoattack(
     x,
     y,
     *,
-    norm,
-    eps: float,
+    attack: AutoAttackConfig,
     key,
-    version: str = "standard",
-    stacked: bool = False,
-    batch_size: int | None = None,
+    settings: AutoAttackSettings | None = None,
     sample_ids=None,
     names=None,
-    log: bool = True,
-    checks: bool = True,
-    n_iter: int = N_ITER,
-    fab_iter: int = N_ITER,
-    square_queries: int = SQUARE_QUERIES,
-    attacks=None,
-    box=(0.0, 1.0),
-    square_rescale_schedule: bool = SQUARE_RESCALE,
-    progress: Callable[[str, int, int], None] | None = None,
-    distribute: bool = False,
-    checkpoint_file: str | os.PathLike | None = None,
+    stacked: bool = False,
 ) -> AutoAttackResult:
     """AutoAttack on a single model or on every member of a pool, as a cascade (module docstring).
 
@@ -582,86 +765,90 @@ def autoattack(
       params: the model's params.
       x: ``[B, *S]`` clean inputs in ``box`` (Square needs images ``[B, H, W, C]``).
       y: ``[B]`` int labels in ``[0, C)``.
-      norm: ``"linf"``, ``"l2"`` or ``"l1"``.
-      eps: the radius (a float > 0).
+      attack: what to attack with, an :class:`AutoAttackConfig` (:func:`autoattack_config`:
+        norm, eps, version, stages, budgets, box; AutoAttack's defaults).
       key: PRNG key (required): run ``r`` of stage ``s`` uses ``fold_in(fold_in(key, s), r)``, and
         sample ``b`` draws from its own stream (``sample_ids[b]``) inside each attack.
-      version: ``"standard"``, ``"plus"`` or ``"rand"``.
-      stacked: see ``apply``.
-      batch_size: rows per compiled call (default ``min(B, 250)``, AutoAttack's ``bs``). Every
-        run packs the rows still robust for some member into chunks of this size, the last one
-        padded with all-zero masks (no queries) to the smallest bucket ``ceil(batch_size / 2^j)``
-        (``j < 4``, at least ``min(batch_size, 32)``) that holds it: a run costs ``ceil(still
-        robust / batch_size)`` kernel calls of at most four shapes per attack. With a deterministic model a sample's result does
-        not depend on its chunk (its draws come from its sample id); with EOT the building blocks
-        draw the noise per batch, so results are equal in distribution only.
+      settings: how it runs, an :class:`AutoAttackSettings` (default ``AutoAttackSettings()``):
+
+        * ``batch_size``: rows per compiled call (default ``min(B, 250)``, AutoAttack's ``bs``).
+          Every run packs the rows still robust for some member into chunks of this size, the
+          last one padded with all-zero masks (no queries) to the smallest bucket ``ceil(batch_size
+          / 2^j)`` (``j < 4``, at least ``min(batch_size, 32)``) that holds it: a run costs
+          ``ceil(still robust / batch_size)`` kernel calls of at most four shapes per attack. With
+          a deterministic model a sample's result does not depend on its chunk (its draws come
+          from its sample id); with EOT the building blocks draw the noise per batch, so results
+          are equal in distribution only.
+        * ``log``: print the AutoAttack-like log while running.
+        * ``checks``: run :func:`sarjax.attacks.autoattack_checks.sanity_checks` on the first
+          batch first (warnings).
+        * ``progress``: optional ``progress(stage, done, total)``, called at the start of every
+          stage that runs (``done = 0``; a stage resumed from a checkpoint starts at its saved
+          ``done``) and after every chunk: ``total`` is the rows still robust for some member when
+          the stage starts times its runs (restarts, targets), ``done`` the rows attacked so far
+          plus, at the start of each later run, the rows it no longer needs (broken by an earlier
+          run); ``done`` reaches ``total`` when the stage ends. It only observes: results are the
+          same with or without it.
+        * ``distribute``: spread every run's chunks over the processes of JAX's distributed
+          runtime (:mod:`sarjax.runtime.distributed`): every process calls ``autoattack`` with the
+          same arguments, runs its share of each run's chunks (chunk ``j`` of a run on process
+          ``j mod P``), and the chunks' results are gathered after each run, so every process
+          returns the whole result. Each chunk is the one-process chunk (same rows, same padded
+          shape, same keys), so the result is bit-identical to one process on the same kind of
+          device. With one process it changes nothing.
+        * ``checkpoint_dir``: resume: after every completed run (after its gather when
+          distributed) the cascade's state (robust flags, ``x_adv``, queries, the per-stage logs,
+          the next run) is written to ``checkpoint_dir/call_0.npz`` atomically; a call that finds
+          the file skips the runs it records and restores the state, so its result is
+          bit-identical to an uninterrupted call (the keys depend on the stage, run and sample
+          only). The caller checks that the file was written with the same settings
+          (:func:`sarjax.experiments.autoattack.run_autoattack` fingerprints its directory); here
+          only the batch size, members and stages are checked. Distributed, each process keeps its
+          own folder and all resume at the same run. ``overwrite``: ignore the file and start
+          afresh.
+        * ``per_member`` is :func:`autoattack_pool`'s; ``out`` (``run_autoattack``'s) is refused.
       sample_ids: ``[B]`` each sample's index in the data set (default ``arange(B)``).
       names: member names for the log (default ``member0, ...`` or ``("model",)``).
-      log: print the AutoAttack-like log while running.
-      checks: run :func:`sarjax.attacks.autoattack_checks.sanity_checks` on the first batch first (warnings).
-      n_iter: APGD iterations (AutoAttack: 100).
-      fab_iter: FAB iterations (AutoAttack: 100; at least 3).
-      square_queries: Square queries (AutoAttack: 5,000).
-      square_rescale_schedule: rescale Square's ``p`` schedule to ``square_queries``
-        (:func:`sarjax.attacks.square.p_schedule`); AutoAttack: False (its default here),
-        torchattacks' ``AutoAttack``: True (its ``Square`` default).
-      attacks: a custom list from ``ATTACKS`` (AutoAttack's ``version='custom'``); None: the
-        version's list.
-      box: input bounds.
-      progress: optional ``progress(stage, done, total)``, called at the start of every stage
-        that runs (``done = 0``; a stage resumed from ``checkpoint_file`` starts at its saved
-        ``done``) and after every chunk: ``total`` is the rows still robust for
-        some member when the stage starts times its runs (restarts, targets), ``done`` the rows
-        attacked so far plus, at the start of each later run, the rows it no longer needs
-        (broken by an earlier run); ``done`` reaches ``total`` when the stage ends. It only
-        observes: results are the same with or without it.
-      distribute: spread every run's chunks over the processes of JAX's distributed runtime
-        (:mod:`sarjax.runtime.distributed`): every process calls ``autoattack`` with the same
-        arguments, runs its share of each run's chunks (chunk ``j`` of a run on process ``j mod
-        P``), and the chunks' results are gathered after each run, so every process returns the
-        whole result. Each chunk is the one-process chunk (same rows, same padded shape, same
-        keys), so the result is bit-identical to one process on the same kind of device. With
-        one process it changes nothing.
-      checkpoint_file: resume: after every completed run (after its gather when distributed) the
-        cascade's state (robust flags, ``x_adv``, queries, the per-stage logs, the next run) is
-        written to this file atomically; a call that finds the file skips the runs it records and
-        restores the state, so its result is bit-identical to an uninterrupted call (the keys
-        depend on the stage, run and sample only). The caller checks that the file was written
-        with the same settings (:func:`sarjax.experiments.autoattack.run_autoattack` fingerprints
-        its directory); here only the batch size, members and stages are checked. Distributed,
-        each process keeps its own file and all resume at the same run.
+      stacked: see ``apply``.
 
     Returns:
       An :class:`AutoAttackResult` (``robust [B, M]``, ``x_adv [B, M, *S]``, ``queries [B, M]``,
       the per-stage log).
 
     Raises:
-      ValueError / TypeError: bad inputs (shapes, box, labels, eps, version, norm, attacks).
+      ValueError / TypeError: bad inputs (shapes, box, labels), a non-config ``attack``, bad ``settings``.
     """
+    attack = _config(attack, "autoattack")
+    settings = _settings(settings, "autoattack")
+    if settings.out is not None:
+        raise ValueError("autoattack: settings.out is written by run_autoattack only (autoattack writes nothing)")
+    ckf = None if settings.checkpoint_dir is None else Path(settings.checkpoint_dir) / "call_0.npz"
+    return _cascade(apply, params, x, y, attack, key, settings, sample_ids, names, stacked, ckf)
+
+
+def _cascade(
+    apply,
+    params,
+    x,
+    y,
+    cfg: AutoAttackConfig,
+    key,
+    settings: AutoAttackSettings,
+    sample_ids,
+    names,
+    stacked: bool,
+    checkpoint_file,
+) -> AutoAttackResult:
+    """:func:`autoattack`'s cascade; ``checkpoint_file``: this call's state file (or None)."""
+    norm, eps, version, box = cfg.norm, cfg.eps, cfg.version, cfg.box
+    n_iter, fab_iter, square_queries = cfg.n_iter, cfg.fab_iter, cfg.square_queries
+    square_rescale_schedule = cfg.square_rescale_schedule
+    batch_size, log, checks, progress = settings.batch_size, settings.log, settings.checks, settings.progress
+    distribute = bool(settings.distribute)
     if key is None:
         raise TypeError("autoattack: key is required (a jax.random key); sarjax never defaults it")
-    if version not in VERSIONS:
-        raise ValueError(f"version must be one of {VERSIONS}, got {version!r}")
     p = canonical_norm(norm)
-    if p not in (1.0, 2.0, math.inf):
-        raise ValueError(f"AutoAttack supports norm linf, l2 or l1, got {norm!r}")
-    if isinstance(eps, bool) or not isinstance(eps, (int, float, np.floating)) or not (0 < float(eps) < math.inf):
-        raise ValueError(f"eps must be a finite float > 0, got {eps!r}")
-    eps = float(eps)
-    for name, v in (("n_iter", n_iter), ("fab_iter", fab_iter), ("square_queries", square_queries)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-            raise ValueError(f"{name} must be an int >= 1, got {v!r}")
-    if not isinstance(square_rescale_schedule, bool):
-        raise TypeError(f"square_rescale_schedule must be a bool, got {square_rescale_schedule!r}")
-    stages = stages_of(version, p) if attacks is None else tuple(attacks)
-    bad = [a for a in stages if a not in ATTACKS]
-    if bad or not stages:
-        raise ValueError(f"attacks must be a non-empty list from {ATTACKS}, got {attacks!r}")
-    if fab_iter < 3 and ({"fab", "fab-t"} & set(stages)):
-        raise ValueError(
-            f"fab_iter must be >= 3 when FAB runs (sarjax's minimum-norm budget is at least 10 queries, "
-            f"1 + 3 fab_iter for FAB-T), got {fab_iter}"
-        )
+    stages = cfg.stages
     x0 = np.asarray(x)
     if not np.issubdtype(x0.dtype, np.floating) or x0.ndim < 2:
         raise TypeError(f"x must be a float array [B, *S], got dtype {x0.dtype} shape {x0.shape}")
@@ -694,7 +881,7 @@ def autoattack(
         raise TypeError(f"progress must be a callable progress(stage, done, total) or None, got {progress!r}")
     share = (process_index(), process_count()) if distribute and process_count() > 1 else None
     want = {"batch_size": bs, "members": list(names), "stages": list(stages), "samples": B, "checks": checks}
-    resumed = None if checkpoint_file is None else _resume_state(checkpoint_file, share, want)
+    resumed = None if checkpoint_file is None or settings.overwrite else _resume_state(checkpoint_file, share, want)
 
     found: list[str] = []
     if resumed is not None:
@@ -1018,16 +1205,12 @@ def autoattack_pool(
     x,
     y,
     *,
-    norm,
-    eps: float,
+    attack: AutoAttackConfig,
     key,
-    version: str = "standard",
-    log: bool = True,
-    wrap=None,
+    settings: AutoAttackSettings | None = None,
+    sample_ids=None,
+    wrap: Callable | None = None,
     stochastic: dict[str, Callable] | None = None,
-    per_member: bool = False,
-    checkpoint_dir: str | os.PathLike | None = None,
-    **kw,
 ) -> AutoAttackResult:
     """:func:`autoattack` on every member of a :class:`sarjax.models.pool.Pool`, each attacked on
     its own: one call per stack (``stacked=True``, members vmapped), results concatenated in member
@@ -1035,7 +1218,22 @@ def autoattack_pool(
 
     Args:
       pool: the pool.
-      x, y, norm, eps, key, version, log: as :func:`autoattack` (stack ``i`` uses ``fold_in(key, i)``).
+      x, y, attack, key, sample_ids: as :func:`autoattack` (stack ``i`` uses ``fold_in(key, i)``).
+      settings: as :func:`autoattack` (an :class:`AutoAttackSettings`; default
+        ``AutoAttackSettings()``), and:
+
+        * ``per_member``: run every member on its own (one cascade per member, the stack's key;
+          the compiled kernels are shared within a stack). The vmapped call packs the images still
+          robust for ANY member of the stack, so a member broken early keeps paying for the robust
+          members' later stages (Square's 5,000 queries); one call per member attacks only its own
+          robust images. Results are identical (a member's draws do not depend on the other
+          members); pick per member for pools whose members differ in robustness (a defense zoo),
+          vmapped for members alike.
+        * ``checkpoint_dir``: resume: the state of the ``j``-th cascade call (per stack, or per
+          member) goes to ``checkpoint_dir/call_<j>.npz``; a finished call is restored whole, an
+          interrupted one resumes at its next run.
+        * ``progress`` is called by each cascade call in turn (one per stack, or per member with
+          ``per_member`` / ``stochastic``): a call's stage starts with ``done = 0``.
       wrap: optional ``wrap(member_apply) -> apply``: the deployed model of each stack, e.g.
         ``lambda a: with_input_noise(a, 0.3)`` for a randomized defense (``version="rand"`` needs
         a stochastic ``apply(params, x, key)``: a Pool alone is deterministic).
@@ -1045,20 +1243,6 @@ def autoattack_pool(
         ``with_input_noise(stack.member_apply, sigma)``. Only these members are attacked (each in
         its own call, the stack's key); the others, deterministic, are left out of the result
         (run ``version="standard"`` on them).
-      per_member: run every member on its own (one :func:`autoattack` call per member, the
-        stack's key; the compiled kernels are shared within a stack). The vmapped call packs the
-        images still robust for ANY member of the stack, so a member broken early keeps paying for
-        the robust members' later stages (Square's 5,000 queries); one call per member attacks
-        only its own robust images. Results are identical (a member's draws do not depend on the
-        other members); pick per member for pools whose members differ in robustness (a defense
-        zoo), vmapped for members alike.
-      checkpoint_dir: resume (:func:`autoattack`'s ``checkpoint_file``): the state of the ``j``-th
-        :func:`autoattack` call (per stack, or per member) goes to ``checkpoint_dir/call_<j>.npz``;
-        a finished call is restored whole, an interrupted one resumes at its next run.
-      **kw: the other :func:`autoattack` keywords (``batch_size``, ``n_iter``, ``progress``,
-        ``distribute``, ...). ``progress`` is called by each :func:`autoattack` call in turn (one
-        per stack, or per member with ``per_member`` / ``stochastic``): a call's stage starts with
-        ``done = 0``.
 
     Returns:
       One :class:`AutoAttackResult` over all members (the per-stage log's robust accuracies
@@ -1067,8 +1251,15 @@ def autoattack_pool(
     Raises:
       ValueError: ``version="rand"`` with neither ``wrap`` nor ``stochastic``; ``stochastic`` with
         another version, with ``wrap``, empty, or naming a member the pool lacks.
-      TypeError: ``per_member`` not a bool, a ``stochastic`` value not callable.
+      TypeError: a ``stochastic`` value not callable; a non-config ``attack``, bad ``settings``.
     """
+    attack = _config(attack, "autoattack_pool")
+    settings = _settings(settings, "autoattack_pool")
+    if settings.out is not None:
+        raise ValueError(
+            "autoattack_pool: settings.out is written by run_autoattack only (autoattack_pool writes nothing)"
+        )
+    version, per_member, checkpoint_dir = attack.version, settings.per_member, settings.checkpoint_dir
     if stochastic is not None:
         if version != "rand":
             raise ValueError(f"stochastic= gives randomized members: it needs version='rand', got {version!r}")
@@ -1092,8 +1283,6 @@ def autoattack_pool(
             "apply(params, x, key) (e.g. lambda a: with_input_noise(a, sigma)) or stochastic= naming the "
             "randomized members' applies"
         )
-    if not isinstance(per_member, bool):
-        raise TypeError(f"per_member must be a bool, got {per_member!r}")
     outs = []
     for i, stack in enumerate(pool.stacks):
         apply = stack.member_apply if wrap is None else wrap(stack.member_apply)
@@ -1110,18 +1299,11 @@ def autoattack_pool(
                 for j, nm in enumerate(stack.names)
             ]
         for params, names, member_apply in parts:
-            if checkpoint_dir is not None:
-                kw["checkpoint_file"] = Path(checkpoint_dir) / f"call_{len(outs)}.npz"
+            ckf = None if checkpoint_dir is None else Path(checkpoint_dir) / f"call_{len(outs)}.npz"
             outs.append(
-                autoattack(
-                    member_apply,
-                    params,
-                    x,
-                    y,
-                    norm=norm,
-                    eps=eps,
-                    key=jax.random.fold_in(key, i),
-                    version=version, stacked=True, names=names, log=log, **kw,
+                _cascade(
+                    member_apply, params, x, y, attack, jax.random.fold_in(key, i), settings, sample_ids, names,
+                    True, ckf,
                 )
             )  # fmt: skip
     if len(outs) == 1:
@@ -1175,21 +1357,27 @@ class AutoAttack(HostDrivenEntry):
     the per-stage log). The cascade is host-driven (each stage packs the rows still robust), so
     there is no jit-safe entry: ``fn.jit`` raises ``TypeError``. AutoAttack evaluates every member
     on every image with its own fixed budgets, so ``mask`` and ``max_queries`` must be None.
+
+    Attributes:
+      model: the apply or the :class:`~sarjax.models.pool.Pool` it attacks.
+      config: the :class:`AutoAttackConfig` (norm, eps, version, budgets).
+      settings: the :class:`AutoAttackSettings` it runs with.
     """
 
     host_reason = "the cascade runs on the host, stage by stage"
 
-    def __init__(self, model, *, norm, eps: float, version: str, kwargs: dict):
+    def __init__(self, model, config: AutoAttackConfig, settings: AutoAttackSettings):
         self.model = model
-        self.norm = norm
-        self.eps = eps
-        self.version = version
-        self.kwargs = kwargs
+        self.config = _config(config, "make_autoattack")
+        self.settings = _settings(settings, "make_autoattack")
+        self.norm = config.norm
+        self.eps = config.eps
+        self.version = config.version
         self.name = "autoattack"
         self.__name__ = self.name
         self.apply = None if hasattr(model, "stacks") else model
 
-    def __call__(self, params, x0, ref, *, key, mask=None, max_queries=None, sample_ids=None, **call):  # pyright: ignore[reportIncompatibleMethodOverride]
+    def __call__(self, params, x0, ref, *, key, mask=None, max_queries=None, sample_ids=None):
         """Runs the cascade (validated inputs, every returned point audited against ``x0``)."""
         if key is None:
             raise TypeError("autoattack: key is required (a jax.random key); sarjax never defaults it")
@@ -1198,50 +1386,70 @@ class AutoAttack(HostDrivenEntry):
                 "autoattack: every member is attacked on every image with AutoAttack's own budgets; "
                 f"mask and max_queries must be None, got mask={mask is not None}, max_queries={max_queries!r}"
             )
-        kw = {**self.kwargs, **call}
-        if sample_ids is not None:
-            kw["sample_ids"] = sample_ids
         if self.apply is None:  # a Pool: its own params
             if params is not None and not _same_leaves(params, self.model.params):
                 raise ValueError("autoattack on a Pool: pass the pool's own params (pool.params) or None")
             return autoattack_pool(
-                self.model, x0, ref, norm=self.norm, eps=self.eps, key=key, version=self.version, **kw
+                self.model, x0, ref, attack=self.config, key=key, settings=self.settings, sample_ids=sample_ids
             )
         return autoattack(
-            self.apply, params, x0, ref, norm=self.norm, eps=self.eps, key=key, version=self.version, **kw
+            self.apply, params, x0, ref, attack=self.config, key=key, settings=self.settings, sample_ids=sample_ids
         )
 
     def __repr__(self) -> str:
         return f"AutoAttack({self.version}, {self.norm}, eps={self.eps:g})"
 
 
-def make_autoattack(model, *, norm, eps: float, version: str = "standard", **kwargs) -> AutoAttack:
+def make_autoattack(
+    model,
+    *,
+    norm,
+    eps: float,
+    version: str = "standard",
+    attacks: Any = None,
+    n_iter: int = N_ITER,
+    fab_iter: int = N_ITER,
+    square_queries: int = SQUARE_QUERIES,
+    square_rescale_schedule: bool = SQUARE_RESCALE,
+    settings: AutoAttackSettings | None = None,
+) -> AutoAttack:
     """AutoAttack (Croce & Hein, ICML 2020) as an attack entry: ``fn(params, x, y, *, key, ...)``.
 
     Args:
-      model: ``apply(params, x) -> logits`` (one model ``[B, C]`` or a pool apply ``[M, B, C]``;
-        with ``stacked=True`` in ``kwargs``, one member's apply over stacked params), or a
-        :class:`sarjax.models.pool.Pool` (:func:`autoattack_pool`: stack by stack; call it with
-        ``pool.params`` or None).
+      model: ``apply(params, x) -> logits`` (one model ``[B, C]`` or a pool apply ``[M, B, C]``),
+        or a :class:`sarjax.models.pool.Pool` (:func:`autoattack_pool`: stack by stack; call it
+        with ``pool.params`` or None).
       norm: ``"linf"``, ``"l2"`` or ``"l1"``.
       eps: the radius (a float > 0).
       version: ``"standard"`` (default, AutoAttack's), ``"plus"`` or ``"rand"``.
-      **kwargs: the other keywords of :func:`autoattack` / :func:`autoattack_pool`
-        (``batch_size``, ``n_iter``, ``attacks``, ``log``, ``checks``, ``per_member``, ...).
+      attacks, n_iter, fab_iter, square_queries, square_rescale_schedule: the attack's
+        hyperparameters, AutoAttack's defaults (:func:`autoattack_config`).
+      settings: how the cascade runs (:class:`AutoAttackSettings`: ``batch_size``, ``log``,
+        ``checks``, ``per_member``, ...; default ``AutoAttackSettings()``).
 
     Returns:
-      An :class:`AutoAttack` entry. Settings are checked when it is called (as
-      :func:`autoattack` does).
+      An :class:`AutoAttack` entry.
+
+    Raises:
+      ValueError, TypeError: bad hyperparameters (:class:`AutoAttackConfig`) or ``settings``,
+        checked here, when the entry is built.
     """
-    return AutoAttack(model, norm=norm, eps=eps, version=version, kwargs=dict(kwargs))
+    config = autoattack_config(
+        norm, eps, version, attacks=attacks, n_iter=n_iter, fab_iter=fab_iter, square_queries=square_queries,
+        square_rescale_schedule=square_rescale_schedule,
+    )  # fmt: skip
+    return AutoAttack(model, config, _settings(settings, "make_autoattack"))
 
 
 __all__ = [
     "ATTACKS",
     "AutoAttack",
+    "AutoAttackConfig",
     "AutoAttackResult",
+    "AutoAttackSettings",
     "StageLog",
     "autoattack",
+    "autoattack_config",
     "autoattack_pool",
     "make_autoattack",
     "stages_of",

@@ -142,6 +142,7 @@ def cmd_autoattack(args: argparse.Namespace) -> int:
     # deferred: keeps sarjax --help fast (3.8 s vs 6.7 s, measured)
     import numpy as np
 
+    from sarjax.attacks.autoattack import AutoAttackSettings, autoattack_config
     from sarjax.attacks.eot import with_input_noise
     from sarjax.experiments.autoattack import check_outputs, output_paths, run_autoattack
     from sarjax.runtime.distributed import is_main, process_count
@@ -153,6 +154,15 @@ def cmd_autoattack(args: argparse.Namespace) -> int:
     if args.noise_sigma is not None and args.version != "rand":
         raise ValueError("--noise-sigma makes the pool randomized: it needs --version rand")
     json_path, npz_path = output_paths(args.out)
+    # the attack's settings, checked before anything is read or written (a bad --fab-iter leaves no trace)
+    attack = autoattack_config(
+        args.norm,
+        float(args.eps),
+        args.version,
+        n_iter=args.n_iter,
+        fab_iter=args.fab_iter,
+        square_queries=args.square_queries,
+    )
     if args.model:
         where = {"pool": None, "model": args.model[0]}
     else:
@@ -246,24 +256,21 @@ def cmd_autoattack(args: argparse.Namespace) -> int:
             pool,
             x,
             y,
-            norm=args.norm,
-            eps=args.eps,
-            out=json_path,
-            version=args.version,
+            attack=attack,
             seed=args.seed,
             ids=ids,
-            batch_size=args.batch_size,
-            n_iter=args.n_iter,
-            fab_iter=args.fab_iter,
-            square_queries=args.square_queries,
             wrap=wrap,
             stochastic=stochastic,
-            per_member=args.per_member,
-            log=main,
-            progress=None if args.no_progress or not main else _progress_callback(bar, groups),
-            distribute=process_count() > 1,
-            checkpoint_dir=args.checkpoint,
-            overwrite=args.overwrite,
+            settings=AutoAttackSettings(
+                batch_size=args.batch_size,
+                log=main,
+                progress=None if args.no_progress or not main else _progress_callback(bar, groups),
+                distribute=process_count() > 1,
+                per_member=args.per_member,
+                checkpoint_dir=args.checkpoint,
+                overwrite=args.overwrite,
+                out=json_path,
+            ),
             meta=dict(
                 where,
                 sample_indices=sample_indices,

@@ -14,7 +14,7 @@ images against the pool, runs :func:`sarjax.attacks.autoattack.autoattack_pool`,
   ``x_adv [N, M, *S]`` (float32; the clean image where the member was not broken), ``ids [N]``
   (each image's sample id, which seeds its random streams), ``y [N]`` and ``members [M]``.
 
-:func:`load_autoattack` reads both back. Across processes (``distribute=True`` on JAX's
+:func:`load_autoattack` reads both back. Across processes (``AutoAttackSettings(distribute=True)`` on JAX's
 distributed runtime) every process runs its share of each attack run's chunks, the chunks'
 results are gathered after every run (:func:`sarjax.attacks.autoattack.autoattack`), and
 process 0 writes the outputs: bit-identical to one process (docs/autoattack.md).
@@ -33,6 +33,7 @@ the settings that differ) unless its settings are the same (an identical rerun, 
 ``overwrite`` is given (``sarjax autoattack --overwrite``).
 """
 
+import dataclasses
 import json
 import os
 import time
@@ -44,7 +45,7 @@ import jax
 import numpy as np
 
 from sarjax.attacks import autoattack as aa  # the module: autoattack_pool is looked up at call time (tests replace it)
-from sarjax.attacks.autoattack import N_ITER, SQUARE_QUERIES, AutoAttackResult
+from sarjax.attacks.autoattack import AutoAttackConfig, AutoAttackResult, AutoAttackSettings
 from sarjax.data.images import check_ids, check_images
 from sarjax.runtime import fingerprint as fingerprints
 from sarjax.runtime.compile_stats import CompileStats, count_compiles
@@ -180,66 +181,56 @@ def run_autoattack(
     x,
     y,
     *,
-    norm: str,
-    eps: float,
-    out: str | os.PathLike | None = None,
-    version: str = "standard",
+    attack: AutoAttackConfig,
     seed: int = 0,
     ids=None,
-    batch_size: int | None = None,
-    n_iter: int = N_ITER,
-    fab_iter: int = N_ITER,
-    square_queries: int = SQUARE_QUERIES,
     wrap: Callable | None = None,
     stochastic: dict[str, Callable] | None = None,
-    per_member: bool = False,
-    attacks=None,
-    checks: bool = True,
-    log: bool = True,
-    progress: Callable[[str, int, int], None] | None = None,
-    distribute: bool = False,
     meta: dict[str, Any] | None = None,
-    checkpoint_dir: str | os.PathLike | None = None,
-    overwrite: bool = False,
+    settings: AutoAttackSettings | None = None,
 ) -> AutoAttackResult:
-    """AutoAttack on every member of ``pool`` for the images ``x, y``; writes ``out`` when given.
+    """AutoAttack on every member of ``pool`` for the images ``x, y``; writes ``settings.out`` when given.
 
     Args:
       pool: a :class:`sarjax.models.pool.Pool`.
       x: ``[N, *pool.input_shape]`` images in [0, 1]; y: ``[N]`` labels in ``[0, pool.num_classes)``
         (checked by :func:`sarjax.data.images.check_images`).
-      norm, eps, version: the threat model and AutoAttack's version (``"standard"``, ``"plus"``,
-        ``"rand"``).
-      out: the JSON report's path (``OUT.npz`` is written beside it), or None to write nothing.
-        Existing files are replaced only by a run with the same settings (the report records
-        them under ``"fingerprint"``, and ``meta``): :func:`check_outputs`, before any attack work.
+      attack: the threat model, AutoAttack's version and budgets, an
+        :class:`~sarjax.attacks.autoattack.AutoAttackConfig`
+        (:func:`~sarjax.attacks.autoattack.autoattack_config`; its ``box`` must be ``(0, 1)`` and
+        ``square_rescale_schedule`` AutoAttack's False: the fingerprint does not record them).
       seed: the attack's key is ``jax.random.PRNGKey(seed)``.
       ids: ``[N]`` distinct non-negative sample ids (each image's random streams; default
         ``0 .. N-1``), recorded in the npz.
-      batch_size, n_iter, fab_iter, square_queries, per_member, attacks, checks: as
-        :func:`sarjax.attacks.autoattack.autoattack_pool` / :func:`~sarjax.attacks.autoattack.autoattack`
-        (``attacks``: a custom list of stages; None: the version's).
       wrap, stochastic: the randomized models of ``version="rand"`` (as ``autoattack_pool``).
         Callables cannot be fingerprinted: describe them in ``meta`` (``noise_sigma``,
         ``randomized_members``, as ``sarjax autoattack`` does), and those fields enter the
         checkpoint's fingerprint, so a resume with another noise sigma is refused.
-      log: print AutoAttack's log (on process 0 only when distributed).
-      progress: ``progress(stage, done, total)`` after every chunk of every stage
-        (:func:`~sarjax.attacks.autoattack.autoattack`); it only observes.
-      distribute: spread the attack runs' chunks over the processes of JAX's distributed runtime
-        (every process calls this with the same arguments; each returns the whole result,
-        bit-identical to one process; process 0 writes ``out``).
       meta: more fields for the JSON report (e.g. the pool's path, the data's source); they may
         not replace the result's own fields.
-      checkpoint_dir: resume: the cascade's state is saved here after every completed attack run
-        (per process in ``process_<i>_of_<n>`` when distributed), with a fingerprint of the
-        settings (pool content hash, images, ids, norm, eps, version, stages, budgets, batch
-        size, seed, processes, sarjax version); a rerun with the same fingerprint skips the
-        completed runs and gives the uninterrupted result bit for bit. None: no checkpoint. A
-        run that fails before its first state is saved (e.g. a setting the attack refuses)
-        removes the fingerprint it wrote.
-      overwrite: replace ``OUT.json`` / ``OUT.npz`` of other settings, and discard the
-        checkpoints ``checkpoint_dir`` holds (any settings) and start over.
+      settings: how it runs, an :class:`~sarjax.attacks.autoattack.AutoAttackSettings` (default
+        ``AutoAttackSettings()``):
+
+        * ``out``: the JSON report's path (``OUT.npz`` is written beside it), or None to write
+          nothing. Existing files are replaced only by a run with the same settings (the report
+          records them under ``"fingerprint"``, and ``meta``): :func:`check_outputs`, before any
+          attack work.
+        * ``batch_size``, ``per_member``, ``checks``: as
+          :func:`sarjax.attacks.autoattack.autoattack_pool` / :func:`~sarjax.attacks.autoattack.autoattack`.
+        * ``log``: print AutoAttack's log (on process 0 only when distributed).
+        * ``progress``: ``progress(stage, done, total)`` after every chunk of every stage
+          (:func:`~sarjax.attacks.autoattack.autoattack`); it only observes.
+        * ``distribute``: spread the attack runs' chunks over the processes of JAX's distributed
+          runtime (every process calls this with the same arguments; each returns the whole
+          result, bit-identical to one process; process 0 writes ``out``).
+        * ``checkpoint_dir``: resume: the cascade's state is saved here after every completed
+          attack run (per process in ``process_<i>_of_<n>`` when distributed), with a fingerprint
+          of the settings (pool content hash, images, ids, norm, eps, version, stages, budgets,
+          batch size, seed, processes, sarjax version); a rerun with the same fingerprint skips
+          the completed runs and gives the uninterrupted result bit for bit. None: no checkpoint.
+          A run that fails before its first state is saved removes the fingerprint it wrote.
+        * ``overwrite``: replace ``OUT.json`` / ``OUT.npz`` of other settings, and discard the
+          checkpoints ``checkpoint_dir`` holds (any settings) and start over.
 
     Returns:
       The :class:`~sarjax.attacks.autoattack.AutoAttackResult` (every process, when distributed).
@@ -247,31 +238,50 @@ def run_autoattack(
     Raises:
       ValueError: images that fail the checks (naming what is wrong), ``ids`` that are not
         ``N`` distinct non-negative ints, an ``out`` ending in ``.npz``, ``meta`` clashing with
-        a result field; the attack's own errors (bad eps, norm, version, ...); an ``out`` or a
-        ``checkpoint_dir`` written with other settings (naming each one that differs) unless
-        ``overwrite``.
+        a result field, an ``attack`` with another box or Square schedule; the attack's own
+        errors; an ``out`` or a ``checkpoint_dir`` written with other settings (naming each one
+        that differs) unless ``overwrite``.
+      TypeError: ``attack`` not an ``AutoAttackConfig``, ``settings`` not an ``AutoAttackSettings``.
     """
+    if not isinstance(attack, AutoAttackConfig):
+        raise TypeError(
+            "run_autoattack: attack must be an AutoAttackConfig (autoattack_config(norm, eps, version, ...)), "
+            f"got {type(attack).__name__}"
+        )
+    if settings is None:
+        settings = AutoAttackSettings()
+    if not isinstance(settings, AutoAttackSettings):
+        raise TypeError(
+            f"run_autoattack: settings must be an AutoAttackSettings or None, got {type(settings).__name__}"
+        )
+    if attack.box != (0.0, 1.0) or attack.square_rescale_schedule:
+        raise ValueError(
+            "run_autoattack attacks images in [0, 1] with AutoAttack's Square schedule (its fingerprint records "
+            f"neither): attack.box must be (0.0, 1.0) and square_rescale_schedule False, got box={attack.box}, "
+            f"square_rescale_schedule={attack.square_rescale_schedule}"
+        )
+    out, overwrite, distribute = settings.out, settings.overwrite, settings.distribute
     xf, yi = check_images(x, y, input_shape=tuple(pool.input_shape), num_classes=int(pool.num_classes))
     sample_ids = np.arange(len(xf), dtype=np.int64) if ids is None else check_ids(ids, len(xf))
     paths = output_paths(out) if out is not None else None
     clash = sorted(set(meta or {}) & _OWN_FIELDS)
     if clash:
         raise ValueError(f"meta may not replace the report's own fields, got {clash}")
-    settings = {
+    fingerprint = {
         **fingerprints.pool_fingerprint(pool),
         "images": fingerprints.array_digest(xf, yi),
         "ids": fingerprints.array_digest(sample_ids),
-        "norm": norm,
-        "eps": float(eps),
-        "version": version,
-        "stages": list(aa.stages_of(version, norm) if attacks is None else attacks),
-        "n_iter": n_iter,
-        "fab_iter": fab_iter,
-        "square_queries": square_queries,
-        "batch_size": batch_size,
+        "norm": attack.norm,
+        "eps": float(attack.eps),
+        "version": attack.version,
+        "stages": list(attack.stages),
+        "n_iter": attack.n_iter,
+        "fab_iter": attack.fab_iter,
+        "square_queries": attack.square_queries,
+        "batch_size": settings.batch_size,
         "seed": seed,
-        "per_member": per_member,
-        "checks": checks,
+        "per_member": settings.per_member,
+        "checks": settings.checks,
         "wrap": wrap is not None,
         "stochastic": None if stochastic is None else sorted(stochastic),
         "sarjax": fingerprints.sarjax_version(),
@@ -279,11 +289,14 @@ def run_autoattack(
     }
     multi = distribute and process_count() > 1
     if paths is not None:  # before any attack work: another run's outputs are refused now
-        check_outputs(paths[0], settings, meta, overwrite=overwrite, distribute=multi)
+        check_outputs(paths[0], fingerprint, meta, overwrite=overwrite, distribute=multi)
     ck, wrote = None, False
-    if checkpoint_dir is not None:
+    if settings.checkpoint_dir is not None:
         ck, wrote = _open_checkpoint(
-            Path(checkpoint_dir), {**settings, "processes": process_count() if distribute else 1}, overwrite, multi
+            Path(settings.checkpoint_dir),
+            {**fingerprint, "processes": process_count() if distribute else 1},
+            overwrite,
+            multi,
         )
     t0 = time.perf_counter()
     compiles = count_compiles()
@@ -292,24 +305,12 @@ def run_autoattack(
             pool,
             xf,
             yi,
-            norm=norm,
-            eps=eps,
+            attack=attack,
             key=jax.random.PRNGKey(seed),
-            version=version,
-            batch_size=batch_size,
-            n_iter=n_iter,
-            fab_iter=fab_iter,
-            square_queries=square_queries,
+            settings=dataclasses.replace(settings, out=None, checkpoint_dir=ck, overwrite=False),
+            sample_ids=None if ids is None else sample_ids,
             wrap=wrap,
             stochastic=stochastic,
-            per_member=per_member,
-            attacks=attacks,
-            checks=checks,
-            log=log,
-            **({} if ids is None else {"sample_ids": sample_ids}),
-            **({} if progress is None else {"progress": progress}),
-            **({"distribute": True} if distribute else {}),
-            **({} if ck is None else {"checkpoint_dir": ck}),
         )
     except BaseException:
         if wrote and ck is not None:  # refused or stopped before its first state: the folder holds no run
@@ -317,8 +318,8 @@ def run_autoattack(
         raise
     seconds = time.perf_counter() - t0
     if paths is not None and is_main():
-        budget = (n_iter, fab_iter, square_queries)
-        _write(paths, res, yi, sample_ids, seconds, compiles.stop(), seed, budget, meta or {}, settings)
+        budget = (attack.n_iter, attack.fab_iter, attack.square_queries)
+        _write(paths, res, yi, sample_ids, seconds, compiles.stop(), seed, budget, meta or {}, fingerprint)
     return res
 
 

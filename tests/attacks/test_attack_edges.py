@@ -14,7 +14,7 @@ import pytest
 from _attacks_affine import affine_apply, pool_apply
 
 from sarjax.attacks import attack_members, make_joint_pgd, make_pgd, make_square
-from sarjax.attacks.autoattack import autoattack
+from sarjax.attacks.autoattack import AutoAttackSettings, autoattack, autoattack_config
 from sarjax.models.pool import Pool, Stack
 from sarjax.models.zoo import mlp
 
@@ -196,4 +196,4 @@ def test_empty_batch_in_member_mode_and_autoattack():
         attack_members(pool, make_pgd, _x()[:0], _y()[:0], key=KEY, eps=0.05, steps=2)
     with pytest.raises(ValueError, match=r"empty batch: x has 0 samples"):
         autoattack(affine_apply, {"W": jnp.zeros((8, 4)), "b": jnp.zeros(4)}, _x()[:0], _y()[:0],
-                   norm="linf", eps=0.05, key=KEY, log=False)  # fmt: skip
+                   attack=autoattack_config("linf", 0.05), key=KEY, settings=AutoAttackSettings(log=False))  # fmt: skip

@@ -86,8 +86,9 @@ def _member_case():
 
 def _autoattack_case():
     params, x0, y = _image_problem()
-    kw = dict(attacks=["apgd-ce"], n_iter=2, log=False, checks=False)
-    res = A.make_autoattack(pool_apply, norm="linf", eps=0.1, **kw)(params, x0, y, key=KEY)
+    quiet = A.autoattack.AutoAttackSettings(log=False, checks=False)
+    fn = A.make_autoattack(pool_apply, norm="linf", eps=0.1, attacks=["apgd-ce"], n_iter=2, settings=quiet)
+    res = fn(params, x0, y, key=KEY)
     np.testing.assert_array_equal(np.asarray(res.success), _preds(params, res.x_adv, True) != np.asarray(y)[:, None])
     return res, B, M, (B, M, D)
 

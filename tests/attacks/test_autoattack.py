@@ -13,13 +13,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sarjax.attacks.autoattack import autoattack
+from sarjax.attacks.autoattack import AutoAttackSettings, autoattack, autoattack_config
 from sarjax.attacks.autoattack_checks import AutoAttackWarning, sanity_checks
 
 FULL = os.environ.get("SARJAX_AUTOATTACK_FULL") == "1"
 C = 5
 N_IT, FAB_IT, SQ = 10, 10, 20
-BUDGET = dict(n_iter=N_IT, fab_iter=FAB_IT, square_queries=SQ, log=False)
+BUDGET = dict(n_iter=N_IT, fab_iter=FAB_IT, square_queries=SQ)
+QUIET = AutoAttackSettings(log=False)
+QUIET_NC = AutoAttackSettings(log=False, checks=False)
 
 
 def linear(p, x):
@@ -66,7 +68,15 @@ def cascade():
     eps = gap_eps(d[1:])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", AutoAttackWarning)
-        res = autoattack(linear, params, x, y, norm="linf", eps=eps, key=jax.random.PRNGKey(0), **BUDGET)
+        res = autoattack(
+            linear,
+            params,
+            x,
+            y,
+            attack=autoattack_config("linf", eps, **BUDGET),
+            key=jax.random.PRNGKey(0),
+            settings=QUIET,
+        )
     return params, x, y, d, res, eps
 
 
@@ -121,7 +131,13 @@ def test_cascade_never_above_any_single_stage(cascade):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", AutoAttackWarning)
             one = autoattack(
-                linear, params, x, y, norm="linf", eps=EPS, key=jax.random.PRNGKey(0), attacks=[name], **BUDGET
+                linear,
+                params,
+                x,
+                y,
+                attack=autoattack_config("linf", EPS, attacks=[name], **BUDGET),
+                key=jax.random.PRNGKey(0),
+                settings=QUIET,
             )
         assert final <= one.robust_accuracy[0] + 1e-12, name
         if name == "apgd-ce":  # the same first stage (same key, same mask): per sample too
@@ -135,23 +151,31 @@ def test_pool_members_match_single_models(cascade):
     params, x, y, _, _, EPS = cascade
     p2 = {"W": params["W"] * jnp.asarray(1.0 + 0.5 * np.arange(16)[:, None] / 16, jnp.float32), "b": params["b"]}
     stacked = jax.tree.map(lambda a, b: jnp.stack([a, b]), params, p2)
-    kw = dict(norm="linf", eps=EPS, key=jax.random.PRNGKey(0), attacks=["apgd-ce"], checks=False, **BUDGET)
-    pool = autoattack(linear, stacked, x, y, stacked=True, **kw)
+    kw = dict(attack=autoattack_config("linf", EPS, attacks=["apgd-ce"], **BUDGET), key=jax.random.PRNGKey(0))
+    pool = autoattack(linear, stacked, x, y, stacked=True, settings=QUIET_NC, **kw)
     assert pool.robust.shape == (16, 2) and pool.x_adv.shape == (16, 2, 4, 4, 1)
     for m, pm in enumerate((params, p2)):
-        single = autoattack(linear, pm, x, y, **kw)
+        single = autoattack(linear, pm, x, y, settings=QUIET_NC, **kw)
         assert pool.robust[:, m].tolist() == single.robust[:, 0].tolist()
         assert pool.queries[:, m].tolist() == single.queries[:, 0].tolist()
 
 
 def test_batch_size_padding_gives_the_same_result(cascade):
     params, x, y, _, _, EPS = cascade
-    kw = dict(norm="linf", eps=EPS, key=jax.random.PRNGKey(0), attacks=["apgd-ce"], checks=False, **BUDGET)
-    whole = autoattack(linear, params, x, y, **kw)
+    kw = dict(attack=autoattack_config("linf", EPS, attacks=["apgd-ce"], **BUDGET), key=jax.random.PRNGKey(0))
+    whole = autoattack(linear, params, x, y, settings=QUIET_NC, **kw)
     # 20 samples in chunks of 16 (the last one padded with 12 masked rows): the fixture's kernels;
     # samples 16..19 repeat samples 0..3 with their sample ids, so they draw the same streams
     x20, y20, sid = np.concatenate([x, x[:4]]), np.concatenate([y, y[:4]]), np.r_[np.arange(16), np.arange(4)]
-    parts = autoattack(linear, params, x20, y20, batch_size=16, sample_ids=sid, **kw)
+    parts = autoattack(
+        linear,
+        params,
+        x20,
+        y20,
+        settings=AutoAttackSettings(batch_size=16, log=False, checks=False),
+        sample_ids=sid,
+        **kw,
+    )
     assert parts.robust[:, 0].tolist() == np.r_[whole.robust[:, 0], whole.robust[:4, 0]].tolist()
     assert parts.queries[:, 0].tolist() == np.r_[whole.queries[:, 0], whole.queries[:4, 0]].tolist()
     assert parts.stage_queries.shape == (2, 20, 1)  # the padding rows are dropped
@@ -174,7 +198,13 @@ def test_every_run_attacks_only_rows_still_robust(cascade, monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", AutoAttackWarning)
         res = autoattack(
-            linear, params, x, y, norm="linf", eps=EPS, key=jax.random.PRNGKey(0), attacks=["apgd-t"], **BUDGET
+            linear,
+            params,
+            x,
+            y,
+            attack=autoattack_config("linf", EPS, attacks=["apgd-t"], **BUDGET),
+            key=jax.random.PRNGKey(0),
+            settings=QUIET,
         )
     assert len(seen) == C - 1  # one call per target (16 rows: one chunk)
     live = [set(sid[mk.any(axis=1)].tolist()) for sid, mk in seen]
@@ -194,15 +224,15 @@ def test_pool_per_member_equals_vmapped(cascade):
     params, x, y, _, _, EPS = cascade
     p2 = {"W": params["W"] * jnp.asarray(1.0 + 0.5 * np.arange(16)[:, None] / 16, jnp.float32), "b": params["b"]}
     pool = Pool.from_functions([(linear, params), (linear, p2)], ["a", "b"], input_shape=(4, 4, 1))
-    kw = dict(norm="linf", eps=EPS, key=jax.random.PRNGKey(0), attacks=["apgd-ce"], checks=False, **BUDGET)
-    vm = autoattack_pool(pool, x, y, **kw)
-    pm = autoattack_pool(pool, x, y, per_member=True, **kw)
+    kw = dict(attack=autoattack_config("linf", EPS, attacks=["apgd-ce"], **BUDGET), key=jax.random.PRNGKey(0))
+    vm = autoattack_pool(pool, x, y, settings=QUIET_NC, **kw)
+    pm = autoattack_pool(pool, x, y, settings=AutoAttackSettings(log=False, checks=False, per_member=True), **kw)
     assert pm.names == vm.names == ("a", "b")
     assert pm.robust.tolist() == vm.robust.tolist() and 0 < vm.robust.sum() < vm.robust.size
     assert pm.queries.tolist() == vm.queries.tolist()
     np.testing.assert_array_equal(pm.x_adv, vm.x_adv)
     with pytest.raises(TypeError, match="per_member"):
-        autoattack_pool(pool, x, y, per_member=1, **kw)
+        AutoAttackSettings(per_member=1)  # pyright: ignore[reportArgumentType]
 
 
 def test_chunk_buckets():
@@ -243,8 +273,8 @@ def test_square_tail_is_one_granular_chunk(cascade, monkeypatch):
     assert aa._square_tail(1, 250) == [8] and aa._square_tail(249, 250) == [250]
     assert aa._square_tail(5, 6) == [6]  # never above the batch size
     params, x, y, _, _, EPS = cascade
-    kw = dict(norm="linf", eps=EPS, key=jax.random.PRNGKey(0), attacks=["square"], checks=False, **BUDGET)
-    whole = autoattack(linear, params, x, y, **kw)
+    kw = dict(attack=autoattack_config("linf", EPS, attacks=["square"], **BUDGET), key=jax.random.PRNGKey(0))
+    whole = autoattack(linear, params, x, y, settings=QUIET_NC, **kw)
     seen = []
     real = aa._square_run
 
@@ -255,7 +285,15 @@ def test_square_tail_is_one_granular_chunk(cascade, monkeypatch):
     monkeypatch.setattr(aa, "_square_run", spy)
     # 20 samples in chunks of 12: one full chunk, then the 8 left in one chunk of 8 (buckets: 12)
     x20, y20, sid = np.concatenate([x, x[:4]]), np.concatenate([y, y[:4]]), np.r_[np.arange(16), np.arange(4)]
-    parts = autoattack(linear, params, x20, y20, batch_size=12, sample_ids=sid, **kw)
+    parts = autoattack(
+        linear,
+        params,
+        x20,
+        y20,
+        settings=AutoAttackSettings(batch_size=12, log=False, checks=False),
+        sample_ids=sid,
+        **kw,
+    )
     assert seen == [12, 8]
     assert parts.robust[:, 0].tolist() == np.r_[whole.robust[:, 0], whole.robust[:4, 0]].tolist()
     assert parts.queries[:, 0].tolist() == np.r_[whole.queries[:, 0], whole.queries[:4, 0]].tolist()
@@ -267,7 +305,15 @@ def test_known_answer_affine_l2():
     eps = gap_eps(d)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", AutoAttackWarning)
-        res = autoattack(linear, params, x, y, norm="l2", eps=eps, key=jax.random.PRNGKey(1), **BUDGET)
+        res = autoattack(
+            linear,
+            params,
+            x,
+            y,
+            attack=autoattack_config("l2", eps, **BUDGET),
+            key=jax.random.PRNGKey(1),
+            settings=QUIET,
+        )
     assert res.robust[:, 0].tolist() == (d > eps).tolist()
 
 
@@ -280,9 +326,9 @@ def test_pool_apply_not_stacked_matches_stacked(cascade):
     def pool_apply(p, xx):
         return jax.vmap(linear, in_axes=(0, None))(p, xx)
 
-    kw = dict(norm="linf", eps=EPS, key=jax.random.PRNGKey(0), attacks=["apgd-ce"], checks=False, **BUDGET)
-    a = autoattack(pool_apply, stacked, x, y, **kw)
-    b = autoattack(linear, stacked, x, y, stacked=True, **kw)
+    kw = dict(attack=autoattack_config("linf", EPS, attacks=["apgd-ce"], **BUDGET), key=jax.random.PRNGKey(0))
+    a = autoattack(pool_apply, stacked, x, y, settings=QUIET_NC, **kw)
+    b = autoattack(linear, stacked, x, y, stacked=True, settings=QUIET_NC, **kw)
     assert a.robust.tolist() == b.robust.tolist()
 
 
@@ -369,21 +415,23 @@ def test_autoattack_validates_inputs(small):
     params, x, y = small
     k = jax.random.PRNGKey(0)
     with pytest.raises(TypeError, match="key is required"):
-        autoattack(linear, params, x, y, norm="linf", eps=0.1, key=None)
+        autoattack(linear, params, x, y, attack=autoattack_config("linf", 0.1), key=None)
     with pytest.raises(ValueError, match="version"):
-        autoattack(linear, params, x, y, norm="linf", eps=0.1, key=k, version="fast")
+        autoattack_config("linf", 0.1, "fast")
     with pytest.raises(ValueError, match="norm"):
-        autoattack(linear, params, x, y, norm="l0", eps=0.1, key=k)
+        autoattack_config("l0", 0.1)
     with pytest.raises(ValueError, match="eps"):
-        autoattack(linear, params, x, y, norm="linf", eps=-1.0, key=k)
+        autoattack_config("linf", -1.0)
     with pytest.raises(ValueError, match="labels"):
-        autoattack(linear, params, x, y + 10, norm="linf", eps=0.1, key=k)
+        autoattack(linear, params, x, y + 10, attack=autoattack_config("linf", 0.1), key=k)
     with pytest.raises(ValueError, match="box"):
-        autoattack(linear, params, x + 2.0, y, norm="linf", eps=0.1, key=k)
+        autoattack(linear, params, x + 2.0, y, attack=autoattack_config("linf", 0.1), key=k)
     with pytest.raises(ValueError, match="attacks"):
-        autoattack(linear, params, x, y, norm="linf", eps=0.1, key=k, attacks=["pgd"])
+        autoattack_config("linf", 0.1, attacks=["pgd"])
     with pytest.raises(ValueError, match="fab_iter"):
-        autoattack(linear, params, x, y, norm="linf", eps=0.1, key=k, fab_iter=2)
+        autoattack_config("linf", 0.1, fab_iter=2)
+    with pytest.raises(TypeError, match="AutoAttackConfig"):
+        autoattack(linear, params, x, y, attack="linf", key=k)  # pyright: ignore[reportArgumentType]
 
 
 # -- the Note: chained rounds vs the bounded combinator -------------------------------------------

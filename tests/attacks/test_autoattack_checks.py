@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sarjax.attacks.autoattack import autoattack
+from sarjax.attacks.autoattack import AutoAttackSettings, autoattack, autoattack_config
 from sarjax.attacks.autoattack_checks import AutoAttackWarning, sanity_checks
 
 C = 5
@@ -50,8 +50,8 @@ def test_autoattack_checks_true_on_a_pure_callback_model_runs_square(batch):
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")
         res = autoattack(
-            host_model, {}, x, y, norm="linf", eps=0.05, key=jax.random.key(0), attacks=["square"],
-            checks=True, square_queries=5, log=False,
+            host_model, {}, x, y, attack=autoattack_config("linf", 0.05, attacks=["square"], square_queries=5),
+            key=jax.random.key(0), settings=AutoAttackSettings(checks=True, log=False),
         )  # fmt: skip
     got = [str(w.message) for w in rec if issubclass(w.category, AutoAttackWarning)]
     assert any("calls the host" in m for m in got) and any("cannot differentiate" in m for m in got)

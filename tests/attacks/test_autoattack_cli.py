@@ -18,17 +18,17 @@ def fake(monkeypatch):
     """autoattack_pool replaced: every pair robust; records its keywords and images."""
     seen = {}
 
-    def stand_in(pool, x, y, **kw):
-        seen.update(kw, x=np.asarray(x), y=np.asarray(y))
+    def stand_in(pool, x, y, *, attack, settings, **kw):
+        seen.update(kw, attack=attack, settings=settings, x=np.asarray(x), y=np.asarray(y))
         b, m = len(x), pool.num_members
-        if kw.get("progress") is not None:
-            kw["progress"]("apgd-ce", 0, b)
-            kw["progress"]("apgd-ce", b, b)
+        if settings.progress is not None:
+            settings.progress("apgd-ce", 0, b)
+            settings.progress("apgd-ce", b, b)
         z = np.ones((b, m), bool)
         log = (aa.StageLog("apgd-ce", z.mean(0), 0.1, 0, int(z.sum()), 0),)
         return aa.AutoAttackResult(
             np.repeat(np.asarray(x)[:, None], m, axis=1), z, z, np.ones((b, m), np.int64),
-            np.ones((2, b, m), np.int64), np.stack([z, z]), log, kw["version"], kw["norm"], kw["eps"],
+            np.ones((2, b, m), np.int64), np.stack([z, z]), log, attack.version, attack.norm, attack.eps,
             tuple(pool.names), (),
         )  # fmt: skip
 
@@ -54,7 +54,7 @@ def test_model_and_images(fake, mine, tmp_path):
     assert _cli("--model", "_aa_tiny:make_pool", "--images", path, "--samples", 6, "--out", out, "--no-progress") == 0
     np.testing.assert_array_equal(fake["x"], x[:6])  # the file's first 6 images, as stored
     assert fake["y"].tolist() == y[:6].tolist() and fake["sample_ids"].tolist() == list(range(50, 56))
-    assert "progress" not in fake and "distribute" not in fake  # --no-progress; one process
+    assert fake["settings"].progress is None and not fake["settings"].distribute  # --no-progress; one process
     report = json.loads(out.read_text())
     assert report["model"] == "_aa_tiny:make_pool" and report["pool"] is None
     assert report["samples"] == 6 and report["sample_indices"] == list(range(6))
@@ -78,8 +78,8 @@ def test_pool_on_mnist_writes_todays_report_and_the_npz(fake, monkeypatch, tmp_p
     assert _cli("--pool", tmp_path / "P", "--samples", 5, "--out", out) == 0
     idx = np.sort(np.random.default_rng(0).permutation(30)[:5])
     np.testing.assert_array_equal(fake["x"], x[idx])
-    assert "sample_ids" not in fake  # MNIST: the sample ids stay 0 .. N-1, as before
-    assert callable(fake["progress"])
+    assert fake["sample_ids"] is None  # MNIST: the sample ids stay 0 .. N-1, as before
+    assert callable(fake["settings"].progress)
     report = json.loads(out.read_text())
     today = {"version", "norm", "eps", "members", "clean_accuracy", "robust_accuracy", "queries_total"}
     today |= {"queries_per_sample_mean", "stages", "warnings", "pool", "samples", "sample_indices", "data", "seed"}

@@ -57,6 +57,7 @@ def test_two_processes_give_the_one_process_autoattack_bit_for_bit(runs):
     ja, jb = json.loads(one.read_text()), json.loads(two.read_text())
     for j in (ja, jb):
         j.pop("seconds"), j.pop("npz")
+        j.pop("compile")  # process 0's XLA compilations: the gathers compile programs of their own
         for s in j["stages"]:
             s.pop("seconds")
     assert ja == jb

@@ -14,13 +14,14 @@ import warnings
 
 import numpy as np
 import pytest
+from _aa_kw import run as run_autoattack
 from _aa_tiny import BUDGET, EPS, SHAPE, images, linear, make_pool
 
 import sarjax.attacks.autoattack as aa
 import sarjax.experiments.autoattack as runner
 from sarjax.attacks.autoattack_checks import AutoAttackWarning
 from sarjax.cli import main
-from sarjax.experiments.autoattack import load_autoattack, run_autoattack
+from sarjax.experiments.autoattack import load_autoattack
 from sarjax.models import Pool
 
 KW = dict(norm="linf", eps=EPS, batch_size=8, attacks=["apgd-ce"], checks=False, log=False, **BUDGET)
@@ -31,14 +32,14 @@ def calls(monkeypatch):
     """autoattack_pool replaced: every pair robust; counts its calls (the attack work)."""
     seen = []
 
-    def stand_in(pool, x, y, **kw):
+    def stand_in(pool, x, y, *, attack, **kw):
         seen.append(kw)
         b, m = len(x), pool.num_members
         z = np.ones((b, m), bool)
         log = (aa.StageLog("apgd-ce", z.mean(0), 0.1, 0, int(z.sum()), 0),)
         return aa.AutoAttackResult(
             np.repeat(np.asarray(x)[:, None], m, axis=1), z, z, np.full((b, m), len(seen), np.int64),
-            np.ones((1, b, m), np.int64), z[None], log, kw["version"], kw["norm"], kw["eps"], tuple(pool.names), (),
+            np.ones((1, b, m), np.int64), z[None], log, attack.version, attack.norm, attack.eps, tuple(pool.names), (),
         )  # fmt: skip
 
     monkeypatch.setattr(aa, "autoattack_pool", stand_in)
@@ -138,17 +139,21 @@ def test_every_process_agrees_on_the_refusal(calls, tmp_path, monkeypatch):
 
 
 def test_a_run_refused_for_a_bad_setting_leaves_no_fingerprint(tmp_path):
-    """The attack's own validation refuses fab_iter=2 with FAB; the checkpoint folder must not keep
-    that run's fingerprint, or the corrected run would be refused as a rerun with other settings."""
+    """fab_iter=2 with FAB is refused when the attack is built (before any folder is touched);
+    a setting the pool refuses (version="rand" on a deterministic Pool without wrap=) is refused
+    inside autoattack_pool, after the fingerprint was written: the folder must not keep it, or the
+    corrected run would be refused as a rerun with other settings."""
     pool, (x, y) = make_pool(stacks=1), images(6)
     ck = tmp_path / "ck"
-    bad = {**KW, "attacks": ["apgd-ce", "fab"], "fab_iter": 2}
+    with pytest.raises(ValueError, match="fab_iter must be >= 3 when FAB runs"):
+        run_autoattack(pool, x, y, checkpoint_dir=ck, **{**KW, "attacks": ["apgd-ce", "fab"], "fab_iter": 2})
+    assert not ck.exists()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", AutoAttackWarning)
-        with pytest.raises(ValueError, match="fab_iter must be >= 3 when FAB runs"):
-            run_autoattack(pool, x, y, checkpoint_dir=ck, **bad)
+        with pytest.raises(ValueError, match="a Pool is deterministic"):
+            run_autoattack(pool, x, y, checkpoint_dir=ck, **{**KW, "version": "rand"})
         assert not (ck / "fingerprint.json").exists()
-        res = run_autoattack(pool, x, y, checkpoint_dir=ck, **{**bad, "attacks": ["apgd-ce"]})  # corrected
+        res = run_autoattack(pool, x, y, checkpoint_dir=ck, **KW)  # corrected
     assert res.robust.shape == (6, 2)
     assert json.loads((ck / "fingerprint.json").read_text())["stages"] == ["apgd-ce"]
     assert (ck / "call_0.npz").is_file()

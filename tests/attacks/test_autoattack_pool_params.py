@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 
 from sarjax.attacks import make_autoattack
+from sarjax.attacks.autoattack import AutoAttackSettings
 from sarjax.models.pool import Pool, Stack
 from sarjax.models.zoo import mlp
 
-KW = dict(attacks=["apgd-ce"], n_iter=3, log=False, checks=False)
+KW = dict(attacks=["apgd-ce"], n_iter=3, settings=AutoAttackSettings(log=False, checks=False))
 
 
 @pytest.fixture(scope="module")

@@ -110,21 +110,21 @@ def test_randomized_members_other_layouts_and_errors(pool):
     with pytest.raises(ValueError, match="marks 'plain-mlp' randomized"):
         randomized_members(mlps, {"members": {"plain-mlp": _record(True, {})}})
     # autoattack_pool's stochastic= is checked before any work
-    from sarjax.attacks.autoattack import autoattack_pool
+    from sarjax.attacks.autoattack import autoattack_config, autoattack_pool
 
     x, y = np.zeros((2, 28, 28, 1), np.float32), np.zeros(2, np.int32)
-    kw = dict(norm="linf", eps=0.1, key=jax.random.key(0))
+    kw = dict(attack=autoattack_config("linf", 0.1, "rand"), key=jax.random.key(0))
     f = got["noise-mlp"][0]
     with pytest.raises(ValueError, match="needs version='rand'"):
-        autoattack_pool(mlps, x, y, stochastic={"noise-mlp": f}, **kw)
+        autoattack_pool(mlps, x, y, **{**kw, "attack": autoattack_config("linf", 0.1)}, stochastic={"noise-mlp": f})
     with pytest.raises(ValueError, match="not both"):
-        autoattack_pool(mlps, x, y, version="rand", stochastic={"noise-mlp": f}, wrap=lambda a: a, **kw)
+        autoattack_pool(mlps, x, y, stochastic={"noise-mlp": f}, wrap=lambda a: a, **kw)
     with pytest.raises(ValueError, match="lacks"):
-        autoattack_pool(mlps, x, y, version="rand", stochastic={"nope": f}, **kw)
+        autoattack_pool(mlps, x, y, stochastic={"nope": f}, **kw)
     with pytest.raises(ValueError, match="non-empty dict"):
-        autoattack_pool(mlps, x, y, version="rand", stochastic={}, **kw)
+        autoattack_pool(mlps, x, y, stochastic={}, **kw)
     with pytest.raises(TypeError, match="callable"):
-        autoattack_pool(mlps, x, y, version="rand", stochastic={"noise-mlp": 3}, **kw)
+        autoattack_pool(mlps, x, y, stochastic={"noise-mlp": 3}, **kw)  # pyright: ignore[reportArgumentType]
 
 
 def _run_cli(args):
@@ -161,14 +161,14 @@ def test_cli_rand_hands_the_randomized_members_to_autoattack(pool, tmp_path, cap
 
     seen = {}
 
-    def fake(pool, x, y, **kw):
-        seen.update(kw, n=len(x))
+    def fake(pool, x, y, *, attack, **kw):
+        seen.update(kw, n=len(x), version=attack.version)
         names = tuple(kw["stochastic"] or pool.names)
         b, m = len(x), len(names)
         z = np.zeros((b, m), bool)
         return aa.AutoAttackResult(
             np.zeros((b, m, *x.shape[1:]), np.float32), z, z, np.zeros((b, m), np.int64),
-            np.zeros((1, b, m), np.int64), z[None], (), kw["version"], kw["norm"], kw["eps"], names, (),
+            np.zeros((1, b, m), np.int64), z[None], (), attack.version, attack.norm, attack.eps, names, (),
         )  # fmt: skip
 
     monkeypatch.setattr(aa, "autoattack_pool", fake)

@@ -16,13 +16,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _aa_kw import run as run_autoattack
 from _aa_tiny import BUDGET, EPS, images, make_pool
 from _procs import coordinator_args, free_port, run_at_once
 
 import sarjax.attacks.autoattack as aa
 from sarjax.attacks.autoattack_checks import AutoAttackWarning
 from sarjax.cli import main
-from sarjax.experiments.autoattack import load_autoattack, run_autoattack
+from sarjax.experiments.autoattack import load_autoattack
 
 KW = dict(norm="linf", eps=EPS, batch_size=8, attacks=["apgd-ce", "apgd-t"], checks=False, log=False, **BUDGET)
 FIELDS = ("x_adv", "robust", "clean", "queries", "stage_queries", "stage_robust")

@@ -12,10 +12,12 @@ import warnings
 
 import numpy as np
 import pytest
+from _aa_kw import run as run_autoattack
+from _aa_kw import split
 from _aa_tiny import BUDGET, EPS, images, logits64, make_pool
 
 from sarjax.attacks.autoattack_checks import AutoAttackWarning
-from sarjax.experiments.autoattack import load_autoattack, run_autoattack
+from sarjax.experiments.autoattack import load_autoattack
 
 KW = dict(norm="linf", eps=EPS, batch_size=8, attacks=["apgd-ce", "apgd-t"], checks=False, log=False, **BUDGET)
 IDS = np.arange(20) * 3 + 7
@@ -113,11 +115,14 @@ def test_runner_checks_its_inputs_before_attacking(tmp_path):
 
 
 def test_progress_must_be_callable():
-    from sarjax.attacks.autoattack import autoattack_pool
+    from sarjax.attacks.autoattack import AutoAttackSettings, autoattack_config, autoattack_pool
 
     pool = make_pool(stacks=1)
     x, y = images(4)
+    c, s, _ = split(KW)
     with pytest.raises(TypeError, match="progress must be a callable"):
-        autoattack_pool(pool, x, y, key=np.zeros(2, np.uint32), progress=3, **KW)
+        AutoAttackSettings(**s, progress=3)  # pyright: ignore[reportArgumentType]
     with pytest.raises(TypeError, match="distribute must be a bool"):
-        autoattack_pool(pool, x, y, key=np.zeros(2, np.uint32), distribute=1, **KW)
+        AutoAttackSettings(**s, distribute=1)  # pyright: ignore[reportArgumentType]
+    with pytest.raises(TypeError, match="settings must be an AutoAttackSettings"):
+        autoattack_pool(pool, x, y, attack=autoattack_config(**c), key=np.zeros(2, np.uint32), settings=s)  # pyright: ignore[reportArgumentType]

@@ -97,10 +97,11 @@ def test_rounds_take_x_init_and_have_a_jit_entry():
 
 def test_make_autoattack_has_the_call_shape_and_equals_the_function():
     params, x0, y = _pool_problem()
-    kw = dict(attacks=["apgd-ce"], n_iter=3, log=False, checks=False)
-    fn = A.make_autoattack(pool_apply, norm="linf", eps=0.1, **kw)
+    quiet = A.autoattack.AutoAttackSettings(log=False, checks=False)
+    fn = A.make_autoattack(pool_apply, norm="linf", eps=0.1, attacks=["apgd-ce"], n_iter=3, settings=quiet)
     res = fn(params, x0, y, key=KEY)
-    ref = A.autoattack.autoattack(pool_apply, params, x0, y, norm="linf", eps=0.1, key=KEY, **kw)
+    cfg = A.autoattack.autoattack_config("linf", 0.1, attacks=["apgd-ce"], n_iter=3)
+    ref = A.autoattack.autoattack(pool_apply, params, x0, y, attack=cfg, key=KEY, settings=quiet)
     np.testing.assert_array_equal(res.x_adv, ref.x_adv)
     np.testing.assert_array_equal(res.robust, ref.robust)
     assert res.x_adv.shape == (B, M, D) and res.success.shape == (B, M) and res.queries.shape == (B, M)

@@ -251,8 +251,8 @@ def test_autoattack_l1_square_stage_runs_with_exact_queries(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", AutoAttackWarning)
         res = aa.autoattack(
-            affine_apply, params, np.asarray(x0), y, norm="l1", eps=eps, key=jax.random.PRNGKey(0),
-            attacks=["square"], square_queries=sq, log=False,
+            affine_apply, params, np.asarray(x0), y, attack=aa.autoattack_config("l1", eps, attacks=["square"],
+            square_queries=sq), key=jax.random.PRNGKey(0), settings=aa.AutoAttackSettings(log=False),
         )  # fmt: skip
     assert [s.skipped for s in res.log] == [""]
     assert seen and all(k["norm"] == "l1" and k["rescale_schedule"] is False and k["p_init"] == 0.8 for k in seen)
