@@ -34,7 +34,14 @@ from sarjax.attacks.alma import make_alma
 from sarjax.attacks.apgd import make_apgd, make_apgd_t
 from sarjax.attacks.apgd_min import make_apgd_min
 from sarjax.attacks.audit import AuditReport, audit, check
-from sarjax.attacks.autoattack import AutoAttack, AutoAttackResult, make_autoattack
+from sarjax.attacks.autoattack import (
+    AutoAttack,
+    AutoAttackConfig,
+    AutoAttackResult,
+    AutoAttackSettings,
+    autoattack_config,
+    make_autoattack,
+)
 from sarjax.attacks.core import Attack, AttackFn, AttackOutput, Problem
 from sarjax.attacks.core.entry import Entry
 from sarjax.attacks.ddn import make_ddn
@@ -77,6 +84,9 @@ __all__ = [
     "make_alma",
     "make_apgd_min",
     "make_autoattack",
+    "AutoAttackConfig",
+    "AutoAttackSettings",
+    "autoattack_config",
     "make_autodan",
     "make_autodan_jit",
     "make_beast",

@@ -1020,7 +1020,7 @@ def _run_autoattack(loaded, tp, x, y, *, norm, key, cfg, out: Path, progress: bo
     {pool tag: wall seconds of its AutoAttack runs (as measured when they ran; None for caches
     written before the time was recorded)})``."""
     # deferred: sarjax --help imports this module (cli/frontier's NORMS); sarjax.attacks adds 0.23 s, measured
-    from sarjax.attacks.autoattack import autoattack_pool
+    from sarjax.attacks.autoattack import AutoAttackSettings, autoattack_config, autoattack_pool
 
     front = tp.frontier()  # [M_total, B]
     res: dict[str, Any] = {}
@@ -1048,12 +1048,21 @@ def _run_autoattack(loaded, tp, x, y, *, norm, key, cfg, out: Path, progress: bo
                 t0 = time.time()
                 for k, e in enumerate(grid):
                     bar.update(task, description=f"autoattack {mdl.label} eps={e:.4g}")
-                    kw: dict[str, Any] = {"n_iter": cfg["n_iter"], "fab_iter": cfg["n_iter"]}
-                    kw["square_queries"] = cfg["square_queries"]
-                    if cfg["attacks"]:
-                        kw["attacks"] = cfg["attacks"]
+                    attack = autoattack_config(
+                        norm,
+                        float(e),
+                        attacks=cfg["attacks"] or None,
+                        n_iter=cfg["n_iter"],
+                        fab_iter=cfg["n_iter"],
+                        square_queries=cfg["square_queries"],
+                    )
                     r = autoattack_pool(
-                        pool, x, y, norm=norm, eps=float(e), key=jax.random.fold_in(key, 7000 + k), log=False, **kw
+                        pool,
+                        x,
+                        y,
+                        attack=attack,
+                        key=jax.random.fold_in(key, 7000 + k),
+                        settings=AutoAttackSettings(log=False),
                     )
                     rob.append(np.asarray(r.robust))
                     qs.append(np.asarray(r.queries))
