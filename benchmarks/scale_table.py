@@ -204,13 +204,17 @@ def main() -> int:
     ap.add_argument("--check", action="store_true", help="with --render: fail if docs/scale.md is out of date")
     ap.add_argument(
         "--validation",
-        default=str(ROOT / "benchmarks" / "results" / "plan_validation.json"),
+        default=None,
         metavar="JSON",
-        help="with --render: benchmarks/plan_validation.py's JSON, its ratios rendered under the table ('' for none)",
+        help="with --render: benchmarks/plan_validation.py's JSON, its ratios rendered under the table (default: "
+        "plan_validation.json beside the --render JSON; '' for none)",
     )
     args = ap.parse_args()
     if args.render:
-        return render_page(args.render, args.check, args.validation or None)
+        validation = (
+            str(Path(args.render).with_name("plan_validation.json")) if args.validation is None else args.validation
+        )
+        return render_page(args.render, args.check, validation or None)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from _timing import provenance, results_path
 
