@@ -118,7 +118,7 @@ import re
 import jax.numpy as jnp
 jax.config.update("jax_disable_most_optimizations", True)   # compile-bound tiny shapes
 from sarjax.attacks.text import core as T
-from sarjax.attacks.text.gcg_joint import _propose, make_joint_gcg
+from sarjax.attacks.text.gcg_joint import _member_select, _propose, make_joint_gcg
 from sarjax.attacks.text.pool import allowed_for, pool_params, pool_requests
 from sarjax.models.llm import decoder, generate
 from sarjax.models.llm import mesh as LM
@@ -159,11 +159,16 @@ sf[:, 1:] = tok.convert_tokens_to_ids(["x", "y", "z"]); sm[:, 1:] = 1
 base = jax.vmap(lambda s: jax.random.fold_in(jax.random.key(0), s))(jnp.arange(2, dtype=jnp.uint32))
 keys = jax.vmap(lambda k: jax.random.fold_in(k, 0))(base)
 al = jnp.asarray(allowed_for(tok, 96, True))
-def propose(p):
+def propose(p, select="sum"):
     c, ok = _propose(p, jnp.int32(1), jb, jnp.asarray(sf), jnp.asarray(sm), al, keys, cfg=cfg,
-                     loss=gcg.loss, topk=8, nc=8)
+                     loss=gcg.loss, topk=8, nc=8, select=select)
     return np.asarray(c), np.asarray(ok)
 ref_cands = propose(params)
+# one device: the attack slices the proposer out (one member read), the same candidates as the sum
+assert _member_select(params) == "slice"
+slice_cands = propose(params, "slice")
+np.testing.assert_array_equal(slice_cands[0], ref_cands[0])
+np.testing.assert_array_equal(slice_cands[1], ref_cands[1])
 
 worst = 0.0
 for shape in [(2, 2, 2), (1, 4, 2)]:
@@ -183,6 +188,7 @@ for shape in [(2, 2, 2), (1, 4, 2)]:
     assert 0 < d <= 1e-6, (shape, d)   # not bit for bit: the partial sums are added in another order
     toks = LM.mesh_greedy_generate(LM.shard_llm_params(hot, cfg, mesh), cfg, ids, mask, 4, mesh=mesh)
     np.testing.assert_array_equal(np.asarray(toks), ref_tokens, err_msg=str(shape))
+    assert _member_select(sp) == "sum", shape   # split weights: the masked sum, no gather
     if shape[0] > 1:   # the proposer's program gathers no member's weights along pool
         gathered = {(4,) + tuple(x.addressable_shards[0].data.shape[1:]) for x in jax.tree.leaves(sp)}
         hlo = _propose.lower(sp, jnp.int32(1), jb, jnp.asarray(sf), jnp.asarray(sm), al, keys, cfg=cfg,

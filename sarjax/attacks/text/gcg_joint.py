@@ -36,20 +36,35 @@ from sarjax.models.llm.pool import LLMPool
 from sarjax.models.llm.prompts import encode_text
 
 
-def _select_member(x, m):
-    """Member ``m`` (traced) of a stacked leaf ``x [M_s, ...]`` as a masked sum over the member axis.
+def _select_member(x, m, select: str = "sum"):
+    """Member ``m`` (traced) of a stacked leaf ``x [M_s, ...]``.
 
-    A dynamic slice along a pool-sharded axis is partitioned by XLA as an all-gather of the whole
-    stack along ``pool`` (every device would hold every member's weights during the step); a
-    masked sum is partitioned as a local sum plus an all-reduce of ONE member's shard. Exact: the
-    other members contribute exact zeros (``where``, so a non-finite weight elsewhere cannot leak).
+    ``select="sum"``: a masked sum over the member axis. A dynamic slice along a pool-sharded axis
+    is partitioned by XLA as an all-gather of the whole stack along ``pool`` (every device would
+    hold every member's weights during the step); a masked sum is partitioned as a local sum plus
+    an all-reduce of ONE member's shard. Exact: the other members contribute exact zeros
+    (``where``, so a non-finite weight elsewhere cannot leak). It reads every member's weights, so
+    on unsharded params ``select="slice"`` (a dynamic slice: one member read) is the cheaper
+    equal; :func:`_member_select` chooses.
     """
+    if select == "slice":
+        return jax.lax.dynamic_index_in_dim(x, m, axis=0, keepdims=False)
     sel = (jnp.arange(x.shape[0]) == m).reshape((-1,) + (1,) * (x.ndim - 1))
     return jnp.sum(jnp.where(sel, x, jnp.zeros((), x.dtype)), axis=0, dtype=x.dtype)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "loss", "topk", "nc"))
-def _propose(params, m, batch: T.TextBatch, suffix, smask, allowed, keys, *, cfg, loss, topk, nc):
+def _member_select(params) -> str:
+    """``"sum"`` when a leaf of the stacked ``params`` is split over several devices (a pool on a
+    mesh: :func:`_select_member`'s masked sum avoids gathering the stack), else ``"slice"``."""
+    for leaf in jax.tree.leaves(params):
+        sharding = getattr(leaf, "sharding", None)
+        if sharding is not None and len(sharding.device_set) > 1 and not sharding.is_fully_replicated:
+            return "sum"
+    return "slice"
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "loss", "topk", "nc", "select"))
+def _propose(params, m, batch: T.TextBatch, suffix, smask, allowed, keys, *, cfg, loss, topk, nc, select="sum"):
     """Member ``m`` of a stack proposes ``nc`` single-token substitutions per request.
 
     Args:
@@ -57,12 +72,13 @@ def _propose(params, m, batch: T.TextBatch, suffix, smask, allowed, keys, *, cfg
       batch: the stack's :class:`~sarjax.attacks.text.core.TextBatch` ``[B, ...]``.
       suffix, smask: ``[B, Ls]`` current suffix ids and its right-aligned real slots.
       allowed: ``[V]`` bool; keys: ``[B]`` keys of this step.
+      select: how member ``m`` is taken from ``params`` (:func:`_select_member`).
 
     Returns:
       ``(cands [B, nc, Ls] int32, ok [B, nc] bool)``: ``ok`` is False for a banned id (fewer
       allowed ids than ``topk``).
     """
-    p = jax.tree.map(lambda x: _select_member(x, m), params)
+    p = jax.tree.map(lambda x: _select_member(x, m, select), params)
     v = allowed.shape[0]
     k = min(topk, v)
     ls = suffix.shape[1]
@@ -333,6 +349,7 @@ class JointGCG(HostDrivenEntry):
                 cands, ok = _propose(
                     st.params, jnp.int32(p - offsets[s]), jb[s], jnp.asarray(sf), jnp.asarray(sm),
                     jnp.asarray(als[s]), keys, cfg=st.cfg, loss=self.loss, topk=self.topk, nc=nc,
+                    select=_member_select(st.params),
                 )  # fmt: skip
                 cands, ok = np.asarray(cands), np.asarray(ok)
                 for b in np.flatnonzero(proposers[t] == p):
