@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from sarjax.cli.args import add_model_argument, positive_float, positive_int
+from sarjax.cli.autoattack import N_ITER, SQUARE_QUERIES
 from sarjax.runtime.devices import DEVICES
 
 
@@ -95,9 +96,14 @@ def register(sub) -> None:
     p.add_argument("--steps", type=positive_int, default=40, help="joint PGD steps (the SAR paper: 40)")
     p.add_argument("--restarts", type=positive_int, default=3, help="joint PGD restarts (the SAR paper: 3)")
     p.add_argument("--eps", type=positive_float, default=8 / 255, help="linf radius (default 8/255)")
-    p.add_argument("--n-iter", type=positive_int, default=100, help="AutoAttack APGD / FAB iterations (100)")
+    p.add_argument("--n-iter", type=positive_int, default=N_ITER, help=f"AutoAttack APGD / FAB iterations ({N_ITER})")
     p.add_argument("--targets", type=positive_int, default=9, help="AutoAttack APGD-T / FAB-T targets (9)")
-    p.add_argument("--square-queries", type=positive_int, default=5000, help="AutoAttack Square queries (5,000)")
+    p.add_argument(
+        "--square-queries",
+        type=positive_int,
+        default=SQUARE_QUERIES,
+        help=f"AutoAttack Square queries ({SQUARE_QUERIES:,})",
+    )
     p.add_argument("--gcg-steps", type=positive_int, default=20, help="joint GCG steps per round (20)")
     p.add_argument("--topk", type=positive_int, default=256, help="joint GCG top-k (256)")
     p.add_argument("--candidates", type=positive_int, default=64, help="joint GCG candidates per step (64)")

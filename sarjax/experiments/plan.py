@@ -44,6 +44,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from sarjax.attacks.apgd import make_apgd
+from sarjax.attacks.autoattack import N_ITER, SQUARE_QUERIES
+from sarjax.attacks.autoattack_checks import N_TARGETS
 from sarjax.attacks.fab import make_fab
 from sarjax.attacks.joint import make_joint_pgd
 from sarjax.attacks.square import make_square
@@ -667,9 +669,9 @@ class PlanSettings:
     steps: int = 40
     restarts: int = 3
     eps: float = 8 / 255
-    n_iter: int = 100
-    targets: int = 9
-    square_queries: int = 5000
+    n_iter: int = N_ITER
+    targets: int = N_TARGETS
+    square_queries: int = SQUARE_QUERIES
     gcg_steps: int = 20
     topk: int = 256
     candidates: int = 64
