@@ -271,6 +271,7 @@ def run_wrn(spec: WrnSpec, stages: Stages | None = None) -> dict:
 
     from sarjax.attacks.joint import make_joint_pgd
     from sarjax.models.pool import Pool
+    from sarjax.sar.settings import SARSettings
     from sarjax.sar.vision import run_sar
 
     torch.set_num_threads(os.cpu_count() or 1)
@@ -307,7 +308,9 @@ def run_wrn(spec: WrnSpec, stages: Stages | None = None) -> dict:
     sar = timed_calls(
         st,
         "run_sar",
-        lambda i: run_sar(pool, x, spec.eps, [0.0, 0.5], attack=attack, key=jax.random.key(i), **_no_packing()),
+        lambda i: run_sar(
+            pool, x, spec.eps, [0.0, 0.5], attack=attack, key=jax.random.key(i), settings=SARSettings(pack_levels=0)
+        ),
         0,
     )
     broken, checked = 0, 0
@@ -326,20 +329,6 @@ def run_wrn(spec: WrnSpec, stages: Stages | None = None) -> dict:
     )
     st.put(memory_end=memory_mib())
     return st.record
-
-
-def _no_packing() -> dict:
-    """``run_sar``'s keyword for one batch shape per call (``pack_levels=0``): a ``SARSettings``
-    where ``run_sar`` takes ``settings`` (the pipeline's knobs moved there), else the keyword."""
-    import inspect
-
-    from sarjax.sar.vision import run_sar
-
-    if "settings" in inspect.signature(run_sar).parameters:
-        from sarjax.sar import settings  # the settings module, where this checkout has it
-
-        return {"settings": settings.SARSettings(pack_levels=0)}
-    return {"pack_levels": 0}
 
 
 def _sar_linf(sar, x) -> float:
