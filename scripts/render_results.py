@@ -26,9 +26,12 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -202,8 +205,11 @@ ADDED = re.compile(
 )
 
 
+ADDED_DATE = re.compile(r"not recorded \(file added \d{4}-\d{2}-\d{2}\)")
+
+
 def _without_commits(text: str) -> str:
-    return ADDED.sub("The file was (history not compared).", text)
+    return ADDED_DATE.sub("not recorded", ADDED.sub("The file was (history not compared).", text))
 
 
 def _legacy_line(name: str, missing: list[str], added: dict[str, tuple[str, str]]) -> str:
@@ -234,21 +240,9 @@ def render_file(path: Path, added: dict[str, tuple[str, str]] | None = None) -> 
         out += [f"A JSON {kind} (not an object; {size} entries): see the file.", ""]
         out += [_legacy_line(path.name, list(PROVENANCE), added), ""]
         return "\n".join(out)
-    prov: dict[str, list[tuple[str, object]]] = {c: [] for c in PROVENANCE}
-    figures: dict = {}
-    for key, value in data.items():
-        cat = _category(key)
-        if cat is not None:
-            prov[cat].append((key, value))
-        else:
-            figures[key] = value
-    # Provenance a script recorded inside a nested object (``settings.command``, ``machine.loadavg``).
-    for key, value in data.items():
-        if isinstance(value, dict):
-            for sub, subvalue in value.items():
-                cat = _category(sub)
-                if cat is not None and all("." in k for k, _ in prov[cat]):
-                    prov[cat].append((f"{key}.{sub}", subvalue))
+    # provenance a script recorded at the top level or inside a nested object (``machine.loadavg``)
+    prov = provenance_of(data)
+    figures = {key: value for key, value in data.items() if _category(key) is None}
     missing = [c for c, items in prov.items() if not items]
     if missing:
         out += [_legacy_line(path.name, missing, added), ""]
@@ -303,14 +297,246 @@ def render_note(path: Path) -> tuple[str, str]:
     return heading, "\n".join(section)
 
 
-def render(results_dir: Path) -> str:
+class Headline(NamedTuple):
+    """One row of the headline table: ``work`` measured against ``peer``; ``file`` holds the figure at
+    ``path`` (object keys, list indices, or ``{field: value}`` to pick the one list entry whose
+    fields match), or ``reduce`` turns the value at ``path`` into the ratio (its text says how)."""
+
+    work: str
+    peer: str
+    file: str
+    path: tuple
+    how: str
+    reduce: Callable[[object], float] | None = None
+
+
+def _median_speedup(rows: object) -> float:
+    if not isinstance(rows, list) or not rows:
+        raise ValueError(f"expected a non-empty list of records with a 'speedup' field, got {type(rows).__name__}")
+    return statistics.median(float(r["speedup"]) for r in rows)
+
+
+# The headline table: where sarjax stands against each peer, one row per comparison, each ratio read
+# from its results file (sarjax's speed over the peer's: above 1, sarjax is faster). A row's file
+# that moves, or a path that no longer holds a number, fails the render (and so CI).
+HEADLINES: tuple[Headline, ...] = (
+    Headline(
+        'Joint PGD, 20 zoo CNNs (`conv_impl="fused"`), B=64',
+        "PyTorch loop / `torch.func` (faster of 1, 2 threads)",
+        "joint_attack_throughput.json",
+        ("results", {"family": "cnn", "B": 64}, "ratio_vs_faster_torch", "sarjax[fused]"),
+        "`ratio_vs_faster_torch`",
+    ),
+    Headline(
+        "Joint PGD, 20 zoo MLPs, B=256",
+        "PyTorch loop / `torch.func` (faster of 1, 2 threads)",
+        "joint_attack_throughput_mlp.json",
+        ("results", {"family": "mlp", "B": 256}, "ratio_vs_faster_torch", "sarjax[dense]"),
+        "`ratio_vs_faster_torch`",
+    ),
+    Headline(
+        "Joint PGD, 8 CNNs converted from PyTorch",
+        "the same modules in PyTorch (fastest variant)",
+        "torch_pool_throughput.json",
+        ("rows", 0, "ratio_vs_fastest_torch", "sarjax[pool.apply]"),
+        "`ratio_vs_fastest_torch`",
+    ),
+    Headline(
+        "PGD-AT training step, 8 zoo CNNs (fused)",
+        "PyTorch loop (faster of 1, 2 threads)",
+        "adv_training_throughput.json",
+        ("ratio_vs_faster_torch", "sarjax[fused]"),
+        "`ratio_vs_faster_torch`",
+    ),
+    Headline(
+        "AutoAttack standard, 200 MNIST images, PGD-AT CNN (warm)",
+        "torchattacks (faster of 1, 2 threads)",
+        "autoattack_vs_torch_pgd-at-linf-0.3_quiet.json",
+        ("speed_ratio_torch_over_sarjax",),
+        "`speed_ratio_torch_over_sarjax`",
+    ),
+    Headline(
+        "SAR greedy (Algorithm 1), 8-member pool",
+        "PyTorch reference of Algorithm 1 (faster of 1, 2 threads)",
+        "sar_torch_reference_quiet.json",
+        ("speed", "ratio_sarjax_vs_baseline"),
+        "`speed.ratio_sarjax_vs_baseline`",
+    ),
+    Headline(
+        "SAR greedy (Algorithm 1), 8-member pool",
+        "PyTorch reference of Algorithm 1 (faster of 1, 2 threads)",
+        "sar_torch_reference_quiet_epyc.json",
+        ("speed", "ratio_sarjax_vs_baseline"),
+        "`speed.ratio_sarjax_vs_baseline`",
+    ),
+    Headline(
+        "Minimum-norm attacks (FMN, DDN, ALMA, PDGD, PDPGD, sigma-zero, FAB), MNIST",
+        "adv-lib (faster of 1, 2 threads)",
+        "minnorm_vs_advlib.json",
+        ("mnist",),
+        "median of the rows' `speedup`",
+        _median_speedup,
+    ),
+    Headline(
+        "LLM candidate scoring (target NLL), 4 tiny LMs, full prompts",
+        "transformers loop (faster of 1, 2 threads)",
+        "llm_throughput.json",
+        ("scoring", "ratio_jax_vs_torch"),
+        "`scoring.ratio_jax_vs_torch`",
+    ),
+    Headline(
+        "LLM greedy decoding, 4 tiny LMs",
+        "transformers loop (faster of 1, 2 threads)",
+        "llm_throughput.json",
+        ("greedy", "ratio_jax_vs_torch"),
+        "`greedy.ratio_jax_vs_torch`",
+    ),
+    Headline(
+        "Joint GCG step, 4 tiny Llamas",
+        "transformers loop (fastest variant)",
+        "gcg_throughput.json",
+        ("speedup_jax_vs_fastest_torch",),
+        "`speedup_jax_vs_fastest_torch`",
+    ),
+    Headline(
+        "BEAST candidate scoring, 6 demo LMs",
+        "transformers loop (faster of 1, 2 threads)",
+        "beast_call.json",
+        ("scoring", "ratio_sarjax_vs_torch"),
+        "`scoring.ratio_sarjax_vs_torch`",
+    ),
+)
+
+
+def _lookup(data: object, path: tuple, where: str) -> object:
+    """The value at ``path`` in ``data`` (see :class:`Headline`); ValueError naming ``where`` and
+    the step that failed."""
+    value = data
+    for step in path:
+        if isinstance(step, dict):
+            found = (
+                [r for r in value if isinstance(r, dict) and all(r.get(k) == v for k, v in step.items())]
+                if isinstance(value, list)
+                else []
+            )
+            if len(found) != 1:
+                raise ValueError(f"{where}: expected one list entry with {step}, got {len(found)}")
+            value = found[0]
+        elif isinstance(step, int):
+            if not isinstance(value, list) or not -len(value) <= step < len(value):
+                raise ValueError(f"{where}: expected a list with an entry {step}, got {type(value).__name__}")
+            value = value[step]
+        else:
+            if not isinstance(value, dict) or step not in value:
+                raise ValueError(f"{where}: expected a field {step!r}, got {type(value).__name__} without it")
+            value = value[step]
+    return value
+
+
+def provenance_of(data: dict) -> dict[str, list[tuple[str, object]]]:
+    """``{category: [(field name, value), ...]}`` of the five provenance categories a results
+    file records, top-level fields first, then those of nested objects (``machine.cpus``)."""
+    prov: dict[str, list[tuple[str, object]]] = {c: [] for c in PROVENANCE}
+    for key, value in data.items():
+        cat = _category(key)
+        if cat is not None:
+            prov[cat].append((key, value))
+    for key, value in data.items():
+        if isinstance(value, dict):
+            for sub, subvalue in value.items():
+                cat = _category(sub)
+                if cat is not None and all("." in k for k, _ in prov[cat]):
+                    prov[cat].append((f"{key}.{sub}", subvalue))
+    return prov
+
+
+def missing_provenance(path: Path) -> list[str]:
+    """The provenance categories (command, commit, machine, date, load) ``path`` does not record
+    (all five for a file that is not a JSON object)."""
+    data = json.loads(path.read_text())
+    if not isinstance(data, dict):
+        return list(PROVENANCE)
+    return [c for c, items in provenance_of(data).items() if not items]
+
+
+def _machine_text(prov: dict[str, list[tuple[str, object]]]) -> str:
+    """Processor, CPU count, platform and any non-CPU device a file recorded, in that order."""
+    fields: dict[str, object] = {}
+    for key, value in prov["machine"]:
+        if isinstance(value, dict):
+            fields.update({k: v for k, v in value.items() if k not in fields})
+        else:
+            fields.setdefault(key.split(".")[-1], value)
+    parts: list[str] = []
+    for name in ("processor", "cpus", "cpu_count", "machine", "platform", "device", "devices", "jax_device", "backend"):
+        value = fields.get(name)
+        if value is None or isinstance(value, (bool, dict, list)):
+            continue
+        if name in ("cpus", "cpu_count"):
+            parts.append(f"{value} cpus")
+        elif not str(value).lower().startswith("cpu"):  # a backend name ("cpu", "cpu:0") says nothing more
+            parts.append(str(value))
+    text = ", ".join(dict.fromkeys(p for p in parts if p))
+    return _cell(text) if text else "not recorded"
+
+
+def _date_text(prov: dict[str, list[tuple[str, object]]], name: str, added: dict[str, tuple[str, str]]) -> str:
+    for _, value in prov["date"]:
+        if isinstance(value, str) and re.match(r"\d{4}-\d{2}-\d{2}", value):
+            return value[:10]
+    if name in added:
+        return f"not recorded (file added {added[name][1]})"
+    return "not recorded"
+
+
+def render_headlines(results_dir: Path, added: dict[str, tuple[str, str]] | None = None) -> str:
+    """The headline table (:data:`HEADLINES`): work, peer, ratio, machine, date, load, and a link to
+    the file's section. Raises ValueError when a row's file or figure is missing."""
+    added = added or {}
+    out = [
+        "## Headline: where sarjax stands against each peer",
+        "",
+        "Generated from the results files below (`HEADLINES` in `scripts/render_results.py`). Ratio: "
+        "sarjax's speed over the peer's on the same work in one alternated run (above 1, sarjax is "
+        'faster). Machine, date and load are what the file recorded; "not recorded" marks a file '
+        "written before the scripts recorded provenance, whose figure waits for a rerun.",
+        "",
+        "| work | peer | ratio | machine | date | load | section |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for h in HEADLINES:
+        path = results_dir / h.file
+        if not path.is_file():
+            raise ValueError(f"headline {h.work!r}: expected the results file {path}, got no such file")
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict):
+            raise ValueError(f"headline {h.work!r}: expected {h.file} to hold a JSON object")
+        value = _lookup(data, h.path, f"headline {h.work!r} ({h.file})")
+        ratio = h.reduce(value) if h.reduce is not None else value
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)):
+            raise ValueError(f"headline {h.work!r}: expected a number at {h.how} of {h.file}, got {ratio!r}")
+        prov = provenance_of(data)
+        load = "recorded" if prov["load"] else "not recorded"
+        out.append(
+            f"| {h.work} | {h.peer} | **{ratio:.2f}x** ({h.how}) | {_machine_text(prov)} | "
+            f"{_date_text(prov, h.file, added)} | {load} | [{h.file}](#{_anchor(h.file)}) |"
+        )
+    return "\n".join([*out, ""])
+
+
+def render(results_dir: Path, headlines: bool | None = None) -> str:
+    """The page for ``results_dir``; the headline table (:data:`HEADLINES`) opens it when
+    ``headlines`` is True, or when it is None and ``results_dir`` is the project's own folder (a
+    folder of other files has no headline rows to read)."""
+    if headlines is None:
+        headlines = results_dir.resolve() == RESULTS.resolve()
     files = sorted(results_dir.glob("*.json"), key=lambda p: p.name)
     notes_dir = results_dir / "notes"
     notes = [render_note(p) for p in sorted(notes_dir.glob("*.md"), key=lambda p: p.name)] if notes_dir.is_dir() else []
     added = added_commits(results_dir)
     sections = [render_file(p, added) for p in files]
     legacy = sum(LEGACY in s for s in sections)
-    parts = [HEADER]
+    parts = [HEADER, render_headlines(results_dir, added)] if headlines else [HEADER]
     if notes:
         parts.append(
             "Dated reproductions and analyses: " + ", ".join(f"[{h}](#{_anchor(h)})" for h, _ in notes) + ".\n"

@@ -152,3 +152,76 @@ def test_check_in_a_shallow_clone_skips_only_the_commits(tmp_path):
     page = clone / "docs" / "results.md"
     page.write_text(page.read_text().replace("| `samples` | 30 |", "| `samples` | 31 |", 1))
     assert check().returncode == 1
+
+
+def _module():
+    """scripts/render_results.py as a module (loaded from its file: no ``sys.path`` edit)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("render_results", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["render_results"] = module  # dataclass / NamedTuple machinery looks the module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_headline_table_opens_the_committed_page():
+    """docs/results.md opens (after its generated header) with the headline table re-rendered from
+    today's results files, one row per comparison, each ratio the file's own figure."""
+    rr = _module()
+    text = (ROOT / "docs" / "results.md").read_text()
+    table = rr.render_headlines(rr.RESULTS, rr.added_commits(rr.RESULTS))
+    assert text.startswith(rr.HEADER + "\n" + table) or rr._without_commits(text).startswith(
+        rr._without_commits(rr.HEADER + "\n" + table)
+    )
+    rows = [ln for ln in table.splitlines() if ln.startswith("| ") and not ln.startswith("| work ")]
+    assert len(rows) == len(rr.HEADLINES) >= 10
+    # known answers read straight from two files, not through the script's path lookup
+    gcg = json.loads((rr.RESULTS / "gcg_throughput.json").read_text())["speedup_jax_vs_fastest_torch"]
+    assert f"**{gcg:.2f}x**" in next(r for r in rows if "gcg_throughput.json" in r)
+    cnn = next(
+        r
+        for r in json.loads((rr.RESULTS / "joint_attack_throughput.json").read_text())["results"]
+        if r["family"] == "cnn" and r["B"] == 64
+    )
+    row = next(r for r in rows if "(#joint_attack_throughputjson)" in r)
+    assert f"**{cnn['ratio_vs_faster_torch']['sarjax[fused]']:.2f}x**" in row
+
+
+def test_headline_rows_read_their_files(tmp_path):
+    """A row's path picks list entries by their fields, a reducer turns a list into the ratio, the
+    machine and date come from the file's provenance, and a missing file or figure raises."""
+    rr = _module()
+    (tmp_path / "a.json").write_text(
+        json.dumps(
+            {
+                "rows": [{"B": 64, "ratio": 1.5}, {"B": 256, "ratio": 2.25}],
+                "speedups": [{"speedup": 1.0}, {"speedup": 3.0}, {"speedup": 2.0}],
+                "machine": {"processor": "x86_64", "cpus": 2, "backend": "cpu"},
+                "date": "2026-12-07T21:00:00+00:00",
+                "load": [1.0, 1.0, 1.0],
+            }
+        )
+    )
+    (tmp_path / "b.json").write_text(json.dumps({"ratio": 0.5}))
+    rr.HEADLINES = (
+        rr.Headline("work a", "peer a", "a.json", ("rows", {"B": 256}, "ratio"), "`ratio`"),
+        rr.Headline("work m", "peer m", "a.json", ("speedups",), "median", rr._median_speedup),
+        rr.Headline("work b", "peer b", "b.json", ("ratio",), "`ratio`"),
+    )
+    table = rr.render_headlines(tmp_path, {"b.json": ("abc", "2026-11-30")})
+    assert (
+        "| work a | peer a | **2.25x** (`ratio`) | x86_64, 2 cpus | 2026-12-07 | recorded | [a.json](#ajson) |" in table
+    )
+    assert "| work m | peer m | **2.00x** (median) |" in table
+    assert (
+        "| work b | peer b | **0.50x** (`ratio`) | not recorded | not recorded (file added 2026-11-30) | not recorded |"
+        in table
+    )
+    rr.HEADLINES = (rr.Headline("w", "p", "a.json", ("rows", {"B": 32}, "ratio"), "`ratio`"),)
+    with pytest.raises(ValueError, match="one list entry"):
+        rr.render_headlines(tmp_path)
+    rr.HEADLINES = (rr.Headline("w", "p", "gone.json", ("ratio",), "`ratio`"),)
+    with pytest.raises(ValueError, match="gone.json"):
+        rr.render_headlines(tmp_path)
