@@ -33,6 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # torch threads must not spin on a shared CPU
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sarjax.cli.llm_sar import hide_broken_torchvision  # noqa: E402
 

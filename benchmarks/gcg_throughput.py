@@ -29,6 +29,8 @@ import sys
 import tempfile
 import time
 
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # torch threads must not spin on a shared CPU
+
 # the torchvision guard and the tiny-Llama builder are shared with llm_throughput.py (same folder)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from llm_throughput import _build_members  # noqa: E402  (also hides a broken torchvision)

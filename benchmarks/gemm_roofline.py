@@ -28,6 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 from _timing import provenance, results_path  # benchmarks/ is on sys.path when run as a script
 
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # torch threads must not spin on a shared CPU
+
 M, D, H = 20, 784, 256
 
 

@@ -56,6 +56,11 @@ import statistics
 import sys
 import time
 
+# OpenMP worker threads that spin-wait (the default ACTIVE policy) make PyTorch's multi-threaded rows
+# collapse when the cores are shared; PASSIVE (as benchmarks/train_throughput.py) keeps the 2-thread
+# baseline honest. The environment's value wins; it must be set before torch is imported.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 if "--jax-single-thread" in sys.argv:  # must be set before JAX initialises its CPU backend
     os.environ["XLA_FLAGS"] = (
         os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
@@ -486,6 +491,7 @@ def main():
                 "jax": jax.__version__,
                 "torch": torch.__version__,
                 "threads": threads,
+                "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
                 "jax_single_thread": args.jax_single_thread,
                 "xla_flags": os.environ.get("XLA_FLAGS", ""),
                 "command": " ".join(sys.argv),

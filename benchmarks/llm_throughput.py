@@ -26,6 +26,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+
+os.environ.setdefault(
+    "OMP_WAIT_POLICY", "PASSIVE"
+)  # torch threads must not spin on a shared CPU (joint_attack_throughput.py)
 import platform
 import sys
 import tempfile

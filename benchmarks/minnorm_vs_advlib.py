@@ -40,6 +40,8 @@ from pathlib import Path
 import numpy as np
 from _timing import add_torch_threads_argument, provenance, results_path  # benchmarks/ is on sys.path
 
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # torch threads must not spin on a shared CPU
+
 
 def _import_advlib():
     for name in ("torchvision", "visdom"):

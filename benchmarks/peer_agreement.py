@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -36,6 +37,8 @@ from sarjax.attacks.apgd import make_apgd
 from sarjax.attacks.pgd import make_pgd
 from sarjax.data.mnist import load_mnist
 from sarjax.models import zoo
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # torch threads must not spin on a shared CPU
 
 
 def train_mlp(x, y, epochs=15, seed=0):
