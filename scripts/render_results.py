@@ -17,6 +17,8 @@ benchmarks/results/NAME``, then this script). The page has two parts:
 
     python scripts/render_results.py            # writes docs/results.md
     python scripts/render_results.py --check    # exit 1 when docs/results.md is not up to date
+    python scripts/render_results.py --docs     # re-render the results blocks of README.md and docs/*.md
+    python scripts/render_results.py --docs --check
 
 CI runs ``--check`` (``.ci/run``), so a results file committed without its page fails CI.
 """
@@ -524,6 +526,49 @@ def render_headlines(results_dir: Path, added: dict[str, tuple[str, str]] | None
     return "\n".join([*out, ""])
 
 
+def _llm_demo_sar(data: dict) -> str:
+    rows = _lookup(data, ("sar",), "llm_demo.json")
+    one = _lookup(data, ("one_minus_asr",), "llm_demo.json")
+    if not isinstance(rows, list) or not isinstance(one, dict):
+        raise ValueError(f"llm_demo.json: expected a list 'sar' and an object 'one_minus_asr', got {rows!r}, {one!r}")
+    out = ["| delta | SAR before | SAR after | SAR drop |", "|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['delta']:g} | {r['sar_before']:.3f} | {r['sar_after']:.3f} | {r['sar_drop']:.3f} |")
+    out += [
+        "",
+        f"`1 - ASR` (joint BEAST on each member alone): {one['before']:.3f} before, {one['after']:.3f} after "
+        f"(a drop of {one['drop']:.3f}).",
+    ]
+    return "\n".join(out)
+
+
+# Blocks of the guides (README.md, docs/*.md) filled from a results file: ``<!-- results:begin NAME -->``
+# ... ``<!-- results:end -->``, NAME a key here: (results file, renderer of its JSON object).
+DOC_BLOCKS: dict[str, tuple[str, Callable[[dict], str]]] = {
+    "llm-demo-sar": ("llm_demo.json", _llm_demo_sar),
+}
+DOC_BLOCK = re.compile(r"(<!-- results:begin ([a-z0-9-]+) [^>]*-->\n)(.*?)(<!-- results:end -->)", re.S)
+GUIDES = (ROOT / "README.md", *sorted(p for p in (ROOT / "docs").glob("*.md") if p != PAGE))
+
+
+def render_doc_blocks(text: str, results_dir: Path = RESULTS) -> str:
+    """``text`` (a guide) with every ``results`` block re-rendered from its results file; the
+    block's first line names its file and links its section of the results page. ValueError for
+    a block name that is not in :data:`DOC_BLOCKS`."""
+
+    def fill(m: re.Match) -> str:
+        name = m.group(2)
+        if name not in DOC_BLOCKS:
+            raise ValueError(f"expected a results block named one of {sorted(DOC_BLOCKS)}, got {name!r}")
+        file, renderer = DOC_BLOCKS[name]
+        data = json.loads((results_dir / file).read_text())
+        body = renderer(data)
+        source = f"*Rendered from [{file}](results.md#{_anchor(file)}) by `scripts/render_results.py --docs`.*"
+        return f"{m.group(1)}{source}\n\n{body}\n{m.group(4)}"
+
+    return DOC_BLOCK.sub(fill, text)
+
+
 def render(results_dir: Path, headlines: bool | None = None) -> str:
     """The page for ``results_dir``; the headline table (:data:`HEADLINES`) opens it when
     ``headlines`` is True, or when it is None and ``results_dir`` is the project's own folder (a
@@ -561,7 +606,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--results", type=Path, default=RESULTS, help="folder of results JSON files")
     ap.add_argument("--out", type=Path, default=PAGE, help="the page to write (or check)")
     ap.add_argument("--check", action="store_true", help="exit 1 when --out differs from what would be written")
+    ap.add_argument(
+        "--docs",
+        action="store_true",
+        help="(re)write the results blocks of README.md and docs/*.md instead (with --check: compare them)",
+    )
     args = ap.parse_args(argv)
+    if args.docs:
+        stale = []
+        for guide in GUIDES:
+            current = guide.read_text()
+            fresh = render_doc_blocks(current, args.results)
+            if fresh != current:
+                stale.append(guide)
+                if not args.check:
+                    guide.write_text(fresh)
+                    print(f"wrote {guide}")
+        if args.check and stale:
+            print(
+                f"stale results blocks in {', '.join(str(g) for g in stale)}: run python scripts/render_results.py --docs",
+                file=sys.stderr,
+            )
+            return 1
+        return 0
     text = render(args.results)
     if args.check:
         current = args.out.read_text() if args.out.exists() else None
