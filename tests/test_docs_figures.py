@@ -45,7 +45,7 @@ FIGURE = re.compile(
     r"(?<![\w.])("
     r"x\d+\.\d+\b"  # x10.5 (not a name such as x0)
     r"|\d[\d,]*(?:\.\d+)?(?:-\d[\d,]*(?:\.\d+)?)?\s?x\b(?!\s?\d)"  # 1.5x, 2-3x (not 5 x 5)
-    r"|\d[\d,]*(?:\.\d+)?(?:-\d[\d,]*(?:\.\d+)?)?\s?(?:ms|us|µs|s|pp|CPU s|CPU seconds)\b"  # 3 s, 12 ms
+    r"|\d[\d,]*(?:\.\d+)?(?:-\d[\d,]*(?:\.\d+)?)?\s?(?:ms|us|µs|s|min|minutes|h|hours|seconds|pp|CPU s|CPU seconds)\b"  # 3 s, 12 ms, 3 minutes
     r"|\d[\d,]*(?:\.\d+)?(?:-\d[\d,]*(?:\.\d+)?)?\s?%"  # 72.0%, 26-32 %
     r"|\d[\d,]*(?:\.\d+)?\s?(?:[A-Za-z]+)/s\b"  # 5.39 images/s, 41 GFLOP/s
     r")"
@@ -289,7 +289,7 @@ def _allowed(page: str, line: str) -> int | None:
 def test_the_detector_finds_typed_figures_and_skips_generated_ones():
     page = (
         "sarjax ran **1.50x** the fastest PyTorch (93.2 ms vs 139.9 ms per step); 5.39 images/s, 72.0%\n"
-        "robust, +0.4 pp, x10.5 on the H200, 26-32 % compiling, 2,700 pairs, 20 steps, eps 0.1.\n"
+        "robust, +0.4 pp, x10.5 on the H200, 26-32 % compiling, 2,700 pairs, 20 steps, eps 0.1, ~3 minutes.\n"
         "`--timeout 100s` is code.\n"
         "<!-- some-table:begin (a script) -->\n| 2.04x | 3 s |\n<!-- some-table:end -->\n"
         "```python\nprint(f'{1.5}x')  # 3 s\n```\n"
@@ -304,6 +304,7 @@ def test_the_detector_finds_typed_figures_and_skips_generated_ones():
         (2, "0.4 pp"),
         (2, "x10.5"),
         (2, "26-32 %"),
+        (2, "3 minutes"),
     ]
 
 
