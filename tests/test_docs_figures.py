@@ -116,19 +116,19 @@ RERUN: dict[str, str] = {
         "python benchmarks/adv_training_throughput.py --out benchmarks/results/adv_training_throughput.json"
     ),
     "autoattack_vs_torch.json": (
-        "python benchmarks/autoattack_vs_torch.py --pgd-at --train-eps 0.1 --epochs 2 --samples 200 --eps 0.1 --iters 10 --out benchmarks/results/autoattack_vs_torch.json"
+        "python benchmarks/autoattack_vs_torch.py --pgd-at --train-eps 0.1 --epochs 2 --samples 200 --eps 0.1 --iters 10 --repeats 1 --batch-size 50 --threads 2 --out benchmarks/results/autoattack_vs_torch.json"
     ),
     "autoattack_vs_torch_pgd-at-l2-1.5.json": (
-        "python benchmarks/autoattack_vs_torch.py --zoo ZOO --defense pgd-at-l2-1.5 --norm l2 --eps 2.0 --samples 200 --iters 10 --out benchmarks/results/autoattack_vs_torch_pgd-at-l2-1.5.json"
+        "python benchmarks/autoattack_vs_torch.py --zoo ZOO --defense pgd-at-l2-1.5 --norm l2 --eps 2.0 --samples 200 --iters 10 --repeats 0 --batch-size 250 --threads 2 --arbiter --out benchmarks/results/autoattack_vs_torch_pgd-at-l2-1.5.json"
     ),
     "autoattack_vs_torch_pgd-at-linf-0.3.json": (
-        "python benchmarks/autoattack_vs_torch.py --zoo ZOO --defense pgd-at-linf-0.3 --eps 0.3 --samples 200 --iters 10 --out benchmarks/results/autoattack_vs_torch_pgd-at-linf-0.3.json"
+        "python benchmarks/autoattack_vs_torch.py --zoo ZOO --defense pgd-at-linf-0.3 --eps 0.3 --samples 200 --iters 10 --repeats 1 --batch-size 250 --threads 2 --out benchmarks/results/autoattack_vs_torch_pgd-at-linf-0.3.json"
     ),
     "autoattack_vs_torch_pgd-at-linf-0.3_quiet.json": (
-        "python benchmarks/autoattack_vs_torch.py --zoo ZOO --defense pgd-at-linf-0.3 --eps 0.3 --samples 200 --iters 10 --out benchmarks/results/autoattack_vs_torch_pgd-at-linf-0.3_quiet.json"
+        "python benchmarks/autoattack_vs_torch.py --zoo ZOO --defense pgd-at-linf-0.3 --eps 0.3 --samples 200 --iters 10 --repeats 3 --batch-size 250 --threads 1 2 --out benchmarks/results/autoattack_vs_torch_pgd-at-linf-0.3_quiet.json"
     ),
     "autoattack_vs_torch_trades-linf-0.1.json": (
-        "python benchmarks/autoattack_vs_torch.py --zoo ZOO --defense trades-linf-0.1 --eps 0.1 --samples 200 --iters 10 --out benchmarks/results/autoattack_vs_torch_trades-linf-0.1.json"
+        "python benchmarks/autoattack_vs_torch.py --zoo ZOO --defense trades-linf-0.1 --eps 0.1 --samples 200 --iters 10 --repeats 0 --batch-size 250 --threads 2 --arbiter --out benchmarks/results/autoattack_vs_torch_trades-linf-0.1.json"
     ),
     "beast_call.json": (
         "sarjax llm-demo --out OUT && python benchmarks/beast_call.py --pool-dir OUT/pool_before --out benchmarks/results/beast_call.json"
