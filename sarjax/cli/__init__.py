@@ -13,7 +13,9 @@ Every command counts the XLA programs it compiles (:mod:`sarjax.runtime.compile_
 compiled or loaded any ends, when it completes, with one line on stderr, ``sarjax COMMAND: compiled
 N XLA programs in S s (K loaded from the compilation cache in T s; tracing and lowering U s)``
 (none for one that compiled nothing, such as ``train-defenses --list``; none after an error, whose
-message stays the last line).
+message stays the last line). ``SARJAX_COMPILE_LOG=1`` adds, before that line, one line per jitted
+function that compiled: its compiled programs, their seconds and its cache hits
+(:func:`sarjax.runtime.compile_stats.by_name`), the most seconds first.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import sys
 
 from sarjax.cli import autoattack, defenses, demo, frontier, llm_demo, llm_sar, plan, sar, train_pool
 from sarjax.runtime.compile_cache import enable_command_compile_cache
-from sarjax.runtime.compile_stats import count_compiles
+from sarjax.runtime.compile_stats import by_name, count_compiles
 
 # Every command, in the order ``sarjax --help`` lists them: each module's ``register(sub)``.
 COMMANDS = (train_pool, demo, sar, defenses, autoattack, frontier, llm_sar, llm_demo, plan)
@@ -58,6 +60,13 @@ def main(argv: list[str] | None = None) -> int:
             enable_command_compile_cache(args.compile_cache)
         rc = int(args.func(args) or 0)
         line = compiles.stop().summary()
+        if line is not None and os.environ.get("SARJAX_COMPILE_LOG", "") not in ("", "0"):
+            for row in by_name(compiles.programs()):
+                print(
+                    f"sarjax {args.command}: {row['compiled']:3d} x {row['seconds']:8.2f} s  "
+                    f"(+{row['cache_hits']} cached)  {row['name']}",
+                    file=sys.stderr,
+                )
         if line is not None:
             print(f"sarjax {args.command}: {line}", file=sys.stderr, flush=True)
         return rc

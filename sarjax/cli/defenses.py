@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from sarjax.runtime.compile_cache import enable_compile_cache
+from sarjax.runtime.compile_stats import count_compiles
 
 
 def register(sub) -> None:
@@ -53,7 +54,8 @@ def register(sub) -> None:
 
 
 def cmd_train_defenses(args: argparse.Namespace) -> int:
-    """Run ``sarjax train-defenses`` (prints progress, writes OUT/summary.json, prints the summary)."""
+    """Run ``sarjax train-defenses`` (prints progress, writes OUT/summary.json, prints the summary;
+    ``"compile"``: the run's XLA compilations, :meth:`~sarjax.runtime.compile_stats.CompileStats.to_json`)."""
     from sarjax.defenses import zoo, zoo_train  # deferred: keeps sarjax --help fast (3.8 s vs 6.7 s, measured)
 
     if args.list:
@@ -65,6 +67,7 @@ def cmd_train_defenses(args: argparse.Namespace) -> int:
         return 0
     if args.out is None:
         raise ValueError("--out is required (the directory to train the zoo into)")
+    compiles = count_compiles()  # summary.json's "compile"
     settings = zoo_train.QUICK if args.quick else zoo_train.ZooSettings()
     for flag, fld in (("epochs", "epochs"), ("self_ensemble_epochs", "self_ensemble_epochs")):
         v = getattr(args, flag)
@@ -85,6 +88,7 @@ def cmd_train_defenses(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         progress=not args.no_progress,
     )
+    summary["compile"] = compiles.stop().to_json()  # this run's XLA programs (CompileStats.to_json)
     Path(args.out, "summary.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary, indent=1))
     return 0

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from sarjax.cli.args import add_model_argument, positive_float, positive_int
 from sarjax.cli.autoattack import N_ITER, SQUARE_QUERIES
+from sarjax.runtime.compile_stats import count_compiles
 from sarjax.runtime.devices import DEVICES
 
 
@@ -24,7 +25,8 @@ def _shape(s: str) -> tuple[int, ...]:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    """Size the attack; print the plan; write ``--out`` JSON when given."""
+    """Size the attack; print the plan; write ``--out`` JSON when given (``"compile"``: the XLA
+    programs the plan compiled, :meth:`~sarjax.runtime.compile_stats.CompileStats.to_json`)."""
     given = [n for n, v in (("--zoo", args.zoo), ("--pool", args.pool), ("--model", args.model),
                             ("--llm-config", args.llm_config)) if v]  # fmt: skip
     if len(given) != 1:
@@ -38,6 +40,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from sarjax.experiments import plan as PL  # deferred: imports jax
 
     PL.use_fake_devices(args.devices)  # first: before anything starts JAX's backend
+    compiles = count_compiles()  # the JSON's "compile": the programs the plan compiled to measure them
     settings = PL.PlanSettings(
         attack=args.attack, batch=args.batch, device=args.device, devices=args.devices, mesh=args.mesh,
         samples=args.samples, rounds=args.rounds, steps=args.steps, restarts=args.restarts, eps=args.eps,
@@ -59,6 +62,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
         pool = PL.pool_shapes(load_model(args.model[0]) if args.model else load_pool(args.pool))
     result = PL.plan(settings, pool=pool, llm=llm, dtype=args.dtype, log=print)
+    result["compile"] = compiles.stop().to_json()
     print(PL.report(result))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,8 @@ are cached per (pool, entry) in ``OUT/cache``; a rerun reuses them and a cache w
 settings is refused (a fingerprint, as ``sarjax sar`` does). Then Algorithm 1 is fitted on the
 train models at the nested tiers (``--tiers``), the held-out AOI is reported beside the train
 AOI, the DOI of every model at every tier, the rank instability, and ``OUT/frontier.json`` plus
-four plots are written; :func:`load_points` reads the adversarial points back.
+four plots are written (``frontier.json``'s ``extra["compile"]``: the run's XLA compilations,
+:meth:`sarjax.runtime.compile_stats.CompileStats.to_json`); :func:`load_points` reads the adversarial points back.
 
 Across processes (JAX's distributed runtime, ``--coordinator``): every process runs every
 (pool, entry) on its share of the samples, in whole attack batches
@@ -46,6 +47,7 @@ from sarjax.frontier import plots as fplots
 from sarjax.models.builders import load_model
 from sarjax.runtime import compile_cache, distributed  # the modules: tests replace their functions
 from sarjax.runtime import fingerprint as fingerprints
+from sarjax.runtime.compile_stats import count_compiles
 from sarjax.runtime.progress import progress_bar
 
 NORMS = ("l0", "l1", "l2", "linf")
@@ -766,6 +768,7 @@ def run_frontier(
     # deferred: sarjax --help imports this module (cli/frontier's NORMS); sarjax.attacks adds 0.23 s, measured
     from sarjax.attacks.minnorm import top_k_targets
 
+    compiles = count_compiles()  # frontier.json's "compile": this run's XLA programs
     if not isinstance(attacks, FrontierAttacks):
         raise TypeError(f"attacks must be a FrontierAttacks (frontier_attacks(norm)), got {type(attacks).__name__}")
     if autoattack is not None and not isinstance(autoattack, FrontierAutoAttack):
@@ -924,6 +927,7 @@ def run_frontier(
         aa_aoi = [report.extra["autoattack"]["models"][n]["aoi"] for n in names]
     if not main_proc:
         return report
+    report.extra["compile"] = compiles.stop().to_json()  # process 0's (CompileStats.to_json)
     report.to_json(outp / "frontier.json")
     last = report.tiers[-1]
     fplots.plot_curves(tp.distances(last.q), names, last.doi, outp / "curves.png", norm=norm[1:])

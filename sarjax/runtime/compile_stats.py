@@ -20,6 +20,11 @@ listeners are registered once per process, at the first :func:`start_compile_sta
 :func:`count_compiles`); compilations before that are not seen. ``jax.monitoring.clear_event_listeners()``
 removes them (and so stops the counts).
 
+Each program is also recorded by name (:func:`program_records`; the name is the one JAX's
+compile event gives, ``jit(f)`` for a jitted function ``f``, ``jit(multiply)`` for an eager ``*``): :meth:`CompileCounter.programs` lists a counter's, and
+:func:`by_name` sums them per name, which shows the functions that compile at several shapes (or
+twice at one). ``SARJAX_COMPILE_LOG=1`` makes ``sarjax``'s commands print that table on stderr.
+
 Usage::
 
     with count_compiles() as c:
@@ -101,8 +106,25 @@ class CompileStats:
         return f"{line} ({'; '.join(extra)})"
 
 
+@dataclasses.dataclass(frozen=True)
+class ProgramRecord:
+    """One program handed to XLA (compiled, or read back from the persistent cache).
+
+    Attributes:
+      name: the name JAX's compile event gives it (``jit(f)`` for a jitted function ``f``; ``"?"``
+        when JAX gave none).
+      seconds: its compile (or cache read) seconds.
+      cached: read back from the persistent compilation cache instead of compiled.
+    """
+
+    name: str
+    seconds: float
+    cached: bool
+
+
 _lock = threading.Lock()
 _totals: dict[str, Any] = dataclasses.asdict(CompileStats())
+_records: list[ProgramRecord] = []
 _hit = threading.local()  # set by the cache-retrieval event, read by the backend-compile event around it
 _registered = False
 
@@ -114,13 +136,15 @@ def _on_duration(event: str, duration_secs: float, **kwargs: str | int) -> None:
         return
     with _lock:
         if event == BACKEND_COMPILE_EVENT:
-            if getattr(_hit, "value", False):
+            hit = bool(getattr(_hit, "value", False))
+            if hit:
                 _hit.value = False
                 _totals["cache_hits"] += 1
                 _totals["cache_load_seconds"] += duration_secs
             else:
                 _totals["programs_compiled"] += 1
                 _totals["compile_seconds"] += duration_secs
+            _records.append(ProgramRecord(str(kwargs.get("fun_name", "?")), float(duration_secs), hit))
         elif event == TRACE_EVENT:
             _totals["trace_seconds"] += duration_secs
         elif event == LOWER_EVENT:
@@ -145,6 +169,30 @@ def compile_stats() -> CompileStats:
     return start_compile_stats()
 
 
+def program_records() -> list[ProgramRecord]:
+    """Every program handed to XLA since counting began in this process, in order (a copy)."""
+    start_compile_stats()
+    with _lock:
+        return list(_records)
+
+
+def by_name(records: list[ProgramRecord]) -> list[dict[str, Any]]:
+    """``records`` summed per name, the most compile seconds first: ``{"name", "compiled",
+    "seconds", "cache_hits"}`` each (seconds: compiled programs only, rounded to milliseconds)."""
+    rows: dict[str, dict[str, Any]] = {}
+    for r in records:
+        row = rows.setdefault(r.name, {"name": r.name, "compiled": 0, "seconds": 0.0, "cache_hits": 0})
+        if r.cached:
+            row["cache_hits"] += 1
+        else:
+            row["compiled"] += 1
+            row["seconds"] += r.seconds
+    out = sorted(rows.values(), key=lambda row: (-row["seconds"], row["name"]))
+    for row in out:
+        row["seconds"] = round(row["seconds"], 3)
+    return out
+
+
 class CompileCounter:
     """Counts the compilations from its creation on: ``stats`` is the difference to the totals at
     creation, and stops changing when the ``with`` block ends (or :meth:`stop` is called).
@@ -153,7 +201,10 @@ class CompileCounter:
 
     def __init__(self) -> None:
         self._start = start_compile_stats()
+        with _lock:
+            self._first = len(_records)
         self._end: CompileStats | None = None
+        self._last: int | None = None
 
     def __enter__(self) -> CompileCounter:
         return self
@@ -165,7 +216,14 @@ class CompileCounter:
         """Freezes the counts (a second call keeps the first) and returns them."""
         if self._end is None:
             self._end = compile_stats()
+            with _lock:
+                self._last = len(_records)
         return self._end - self._start
+
+    def programs(self) -> list[ProgramRecord]:
+        """The programs handed to XLA since this counter began (until it stopped), in order."""
+        with _lock:
+            return list(_records[self._first : self._last])
 
     @property
     def stats(self) -> CompileStats:
