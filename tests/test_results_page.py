@@ -167,14 +167,13 @@ def _module():
 
 
 def test_headline_table_opens_the_committed_page():
-    """docs/results.md opens (after its generated header) with the headline table re-rendered from
+    """docs/results.md opens (under its title) with the headline table re-rendered from
     today's results files, one row per comparison, each ratio the file's own figure."""
     rr = _module()
     text = (ROOT / "docs" / "results.md").read_text()
     table = rr.render_headlines(rr.RESULTS, rr.added_commits(rr.RESULTS))
-    assert text.startswith(rr.HEADER + "\n" + table) or rr._without_commits(text).startswith(
-        rr._without_commits(rr.HEADER + "\n" + table)
-    )
+    opening = rr.TITLE + "\n" + table + "\n" + rr.HEADER  # the title, then the table, then the prose
+    assert text.startswith(opening) or rr._without_commits(text).startswith(rr._without_commits(opening))
     rows = [ln for ln in table.splitlines() if ln.startswith("| ") and not ln.startswith("| work ")]
     assert len(rows) == len(rr.HEADLINES) >= 10
     # known answers read straight from two files, not through the script's path lookup
