@@ -29,7 +29,8 @@ from _timing import provenance, results_path  # benchmarks/ is on sys.path when 
 from sarjax.attacks.joint import make_joint_pgd
 from sarjax.data.augment import transfer_set
 from sarjax.data.mnist import load_idx_dir, load_mnist
-from sarjax.experiments.demo import DemoSettings, evaluate_pool, get_pool
+from sarjax.experiments.demo import DemoSettings, get_pool
+from sarjax.experiments.sar import PoolSARSettings, evaluate_pool
 from sarjax.models import zoo
 from sarjax.models.pool import Pool, Stack
 from sarjax.models.train import MemberConfig, TrainConfig, teacher_targets, train_pool, train_stack
@@ -164,11 +165,9 @@ def main() -> None:
             x,
             a.eps,
             [delta],
-            steps=a.steps,
-            restarts=a.restarts,
             key=jax.random.key(a.seed),
-            progress=False,
             attack=attack,
+            settings=PoolSARSettings(steps=a.steps, restarts=a.restarts, progress=False),
         )
         v = res.valid
         row = {

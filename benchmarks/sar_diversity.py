@@ -33,7 +33,8 @@ import numpy as np
 from _timing import provenance, results_path  # benchmarks/ is on sys.path when run as a script
 
 from sarjax.data.mnist import load_mnist
-from sarjax.experiments.demo import COVERAGES, DemoSettings, attack_copy, evaluate_pool, get_pool, shared_joint_pgd
+from sarjax.experiments.demo import COVERAGES, DemoSettings, attack_copy, get_pool, shared_joint_pgd
+from sarjax.experiments.sar import PoolSARSettings, evaluate_pool
 from sarjax.models.presets import PRESETS
 from sarjax.models.train import LR_SCHEDULES
 
@@ -195,12 +196,14 @@ def main() -> None:
                 x,
                 eps,
                 deltas,
-                steps=a.steps,
-                restarts=a.restarts,
                 key=jax.random.key(a.seed),
-                progress=False,
-                checkpoint_dir=None if a.checkpoint is None else Path(a.checkpoint) / preset / f"eps{eps:g}",
                 attack=attacks[preset],
+                settings=PoolSARSettings(
+                    steps=a.steps,
+                    restarts=a.restarts,
+                    progress=False,
+                    checkpoint_dir=None if a.checkpoint is None else Path(a.checkpoint) / preset / f"eps{eps:g}",
+                ),
             )
             v = res.valid
             rec = {

@@ -11,7 +11,7 @@ import pytest
 
 from sarjax.cli import main
 from sarjax.data.mnist import load_mnist
-from sarjax.experiments import demo
+from sarjax.experiments import demo, sar
 from sarjax.models.checkpoint import save_pool
 from sarjax.models.pool import Pool, Stack
 from sarjax.models.zoo import mlp
@@ -37,6 +37,7 @@ def data():
     split = load_mnist()
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(demo, "load_mnist", lambda data_dir=None: split)
+        mp.setattr(sar, "load_mnist", lambda data_dir=None: split)  # sarjax sar's loader
         yield split
 
 
@@ -85,7 +86,7 @@ def test_sar_rerun_with_other_settings_is_refused_and_overwrite_reruns(pool_dir,
 
 
 def test_sar_new_delta_on_finished_run_is_derived_or_refused(pool_dir, fresh, tmp_path, capsys):
-    # The old code ended in KeyError: '0.5' (demo.py) after loading the delta-0 result.
+    # The old code ended in KeyError: '0.5' (experiments/demo.py, now sar.py) after loading the delta-0 result.
     # delta 0.5 (tau=1) from a finished delta-0 run (tau=2) is always determined: the first
     # recorded input broke a member, or no attack broke any.
     out = tmp_path / "O"

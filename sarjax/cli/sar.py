@@ -31,23 +31,25 @@ def cmd_sar(args: argparse.Namespace) -> int:
         raise ValueError("give one pool: --pool DIR or --model PKG.MODULE:FUNCTION")
     initialize_distributed(args)  # before any JAX work
     # deferred: keeps sarjax --help fast (3.8 s vs 6.7 s, measured)
-    from sarjax.experiments.demo import run_sar_on_saved_pool
+    from sarjax.experiments.sar import SavedPoolSARSettings, run_sar_on_saved_pool
 
     run_sar_on_saved_pool(
         args.pool,
         args.eps,
         args.delta,
-        samples=args.samples,
-        out=args.out,
-        data_dir=args.data_dir,
-        steps=args.steps,
-        restarts=args.restarts,
-        seed=args.seed,
-        conv_impl=args.conv_impl,
-        overwrite=args.overwrite,
-        devices=args.devices,
         model=args.model[0] if args.model else None,
         images=args.images,
+        data_dir=args.data_dir,
+        samples=args.samples,
+        out=args.out,
+        settings=SavedPoolSARSettings(
+            steps=args.steps,
+            restarts=args.restarts,
+            seed=args.seed,
+            conv_impl=args.conv_impl,
+            overwrite=args.overwrite,
+            devices=args.devices,
+        ),
     )
     return 0
 

@@ -222,7 +222,8 @@ def test_demo_record_table_and_plots(tmp_path, capsys):
     from types import SimpleNamespace
 
     from sarjax.cover.plots import plot_sar
-    from sarjax.experiments.demo import plot_demo, pool_record, print_table
+    from sarjax.experiments.demo import plot_demo, print_table
+    from sarjax.experiments.sar import pool_record
 
     m = 4
     sets = np.zeros((3, 2, m), bool)

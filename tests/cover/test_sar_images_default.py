@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from sarjax.cli import main
-from sarjax.experiments import demo
+from sarjax.experiments import sar
+from sarjax.experiments.sar import SavedPoolSARSettings
 from sarjax.models.checkpoint import save_pool
 from sarjax.models.pool import Pool, Stack
 from sarjax.models.zoo import mlp
@@ -52,15 +53,21 @@ def test_sar_images_without_samples_attacks_the_whole_file(user):
 def test_sar_images_with_more_samples_than_the_file_is_refused(user):
     tmp, pdir = user
     with pytest.raises(ValueError, match=r"samples must be at most 12 \(the images in .*imgs\.npz\), got 13"):
-        demo.run_sar_on_saved_pool(
-            str(pdir), 0.1, 0.2, samples=13, out=str(tmp / "o13"), images=str(tmp / "imgs.npz"), progress=False
+        sar.run_sar_on_saved_pool(
+            str(pdir),
+            0.1,
+            0.2,
+            samples=13,
+            out=str(tmp / "o13"),
+            images=str(tmp / "imgs.npz"),
+            settings=SavedPoolSARSettings(progress=False),
         )
 
 
 def test_the_mnist_default_is_still_100():
-    assert demo.SAR_DEFAULT_SAMPLES == 100
-    assert demo.sar_samples(None, None) == 100 and demo.sar_samples(7, None) == 7
-    assert demo.sar_samples(None, 12) == 12 and demo.sar_samples(5, 12) == 5
+    assert sar.SAR_DEFAULT_SAMPLES == 100
+    assert sar.sar_samples(None, None) == 100 and sar.sar_samples(7, None) == 7
+    assert sar.sar_samples(None, 12) == 12 and sar.sar_samples(5, 12) == 5
     parser_help = _help("sar")
     assert "default 100" in parser_help and "every image of --images" in parser_help
 

@@ -126,13 +126,13 @@ def test_train_pool_cli_on_cifar_files(cifar10, tmp_path):
 def test_sar_reads_cifar_batches_from_data_dir(cifar10, tmp_path):
     """``sarjax sar --data-dir`` takes CIFAR batches: the loader it uses picks CIFAR, and a pool of
     another input shape is refused naming both shapes."""
-    from sarjax.experiments import demo
+    from sarjax.experiments import sar
     from sarjax.models.checkpoint import save_pool
     from sarjax.models.pool import Pool
     from sarjax.models.zoo import mlp
 
     root, _, batches = cifar10
-    data = demo._load_data(str(root))
+    data = sar._load_data(str(root))
     assert data.x_test.shape == (3, 32, 32, 3) and "CIFAR-10" in data.source
     np.testing.assert_array_equal(data.y_test, batches["test_batch"][b"labels"])
     import jax
@@ -140,7 +140,7 @@ def test_sar_reads_cifar_batches_from_data_dir(cifar10, tmp_path):
     pool = Pool.from_members([(mlp((8,)), mlp((8,)).init(jax.random.PRNGKey(0)))], ["m0"])  # MNIST-shaped
     save_pool(pool, tmp_path / "p", {"preset": "test"})
     with pytest.raises(ValueError, match=r"inputs of shape \(28, 28, 1\), the data has \(32, 32, 3\)"):
-        demo.run_sar_on_saved_pool(
+        sar.run_sar_on_saved_pool(
             str(tmp_path / "p"), 0.05, 0.2, samples=2, out=str(tmp_path / "o"), data_dir=str(root)
         )
 
