@@ -344,7 +344,7 @@ HEADLINES: tuple[Headline, ...] = (
         "Joint PGD, 8 CNNs converted from PyTorch",
         "the same modules in PyTorch (fastest variant)",
         "torch_pool_throughput.json",
-        ("rows", 0, "ratio_vs_fastest_torch", "sarjax[pool.apply]"),
+        ("rows", {"M": 8, "B": 64}, "ratio_vs_fastest_torch", "sarjax[pool.apply]"),
         "`ratio_vs_fastest_torch`",
     ),
     Headline(

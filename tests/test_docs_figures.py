@@ -240,10 +240,10 @@ RERUN: dict[str, str] = {
         "python benchmarks/sar_torch_reference.py --pool DEMO/pools/high-... --images 16 --eps 0.2 --steps 10 --restarts 1 --out benchmarks/results/sar_torch_reference_eps0.2_packed.json"
     ),
     "sar_torch_reference_members_quiet.json": (
-        "python benchmarks/sar_torch_reference.py --pool DEMO/pools/high-... --images 16 --eps 0.2 --steps 10 --restarts 1 --no-agreement --reps 3 --out benchmarks/results/sar_torch_reference_members_quiet.json (with member gating, commit 5b137c2: a removed option)"
+        "python benchmarks/sar_torch_reference.py --pool DEMO/pools/high-... --images 16 --eps 0.2 --steps 10 --restarts 1 --no-agreement --no-sarjax-unpacked --reps 3 --out benchmarks/results/sar_torch_reference_members_quiet.json (with member gating, commit 5b137c2: a removed option)"
     ),
     "sar_torch_reference_quiet.json": (
-        "python benchmarks/sar_torch_reference.py --pool DEMO/pools/high-... --images 16 --eps 0.2 --steps 10 --restarts 1 --no-agreement --reps 3 --out benchmarks/results/sar_torch_reference_quiet.json"
+        "python benchmarks/sar_torch_reference.py --pool DEMO/pools/high-... --images 16 --eps 0.2 --steps 10 --restarts 1 --no-agreement --no-sarjax-unpacked --reps 3 --out benchmarks/results/sar_torch_reference_quiet.json"
     ),
     "sar_torch_reference_quiet_epyc.json": (
         "python benchmarks/sar_torch_reference.py --pool DEMO/pools/high-... --images 16 --eps 0.2 --steps 10 --restarts 1 --reps 3 --out benchmarks/results/sar_torch_reference_quiet_epyc.json (on a 2-core AMD EPYC)"
