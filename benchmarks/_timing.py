@@ -8,13 +8,7 @@ reported.  Compile first (:func:`first_calls`), then time (:func:`round_robin`).
 from __future__ import annotations
 
 import argparse
-import datetime
-import os
-import platform
-import shlex
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -36,40 +30,12 @@ def results_path(name: str, out: str | None, *, quick: bool = False) -> Path:
 
 
 def provenance() -> dict:
-    """What produced a result, written by the script into its JSON: ``command`` (this process's
-    command line), ``commit`` (``git rev-parse HEAD`` of the checkout, ``+dirty`` when tracked
-    files differ from it; None outside a git checkout), ``machine`` (platform, processor, CPU
-    count, jax backend), ``date`` (UTC, ISO 8601) and ``load`` (1, 5, 15-minute load averages)."""
-    root = Path(__file__).resolve().parent.parent
-    commit = None
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
-        if head.returncode == 0:
-            commit = head.stdout.strip()
-            dirty = subprocess.run(
-                ["git", "status", "--porcelain", "--untracked-files=no"],
-                cwd=root,
-                capture_output=True,
-                text=True,
-                timeout=30,
-            )
-            if dirty.returncode == 0 and dirty.stdout.strip():
-                commit += "+dirty"
-    except (OSError, subprocess.SubprocessError):
-        commit = None
-    return {
-        "command": shlex.join([Path(sys.executable).name, *sys.argv]),
-        "commit": commit,
-        "machine": {
-            "platform": platform.platform(),
-            "processor": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(),
-            "backend": jax.default_backend(),
-            "jax": jax.__version__,
-        },
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "load": list(os.getloadavg()),
-    }
+    """What produced a result, written by the script into its JSON: ``command``, ``commit``,
+    ``sarjax``, ``machine``, ``date``, ``load`` (:func:`sarjax.runtime.provenance.provenance`, the
+    record the ``sarjax`` commands write too)."""
+    from sarjax.runtime.provenance import provenance as run_provenance
+
+    return run_provenance()
 
 
 def add_torch_threads_argument(ap: argparse.ArgumentParser, what: str) -> None:
