@@ -348,7 +348,7 @@ def _sar_linf(sar, x) -> float:
 def build_tokenizer():
     """A tiny offline word-level tokenizer with an [INST] chat template (``!`` for GCG's start;
     no decoder clean-up, so that ``"! ! !"`` decodes back to itself)."""
-    from sarjax.models.llm.tokenizers import word_level_tokenizer
+    from sarjax.models.llm.tokenizers import WordLevelOptions, word_level_tokenizer
 
     specials = ["<pad>", "<s>", "</s>", "<unk>", "[INST]", "[/INST]"]
     words = (
@@ -357,7 +357,7 @@ def build_tokenizer():
     ).split()
     return word_level_tokenizer(
         specials + words + list("abcdefghijklmnopqrstuvwxyz"), unk="<unk>", bos="<s>", eos="</s>", pad="<pad>",
-        extra_special=["[INST]", "[/INST]"], chat_template=CHAT_TEMPLATE, cleanup=False,
+        extra_special=["[INST]", "[/INST]"], chat_template=CHAT_TEMPLATE, options=WordLevelOptions(cleanup=False),
     )  # fmt: skip
 
 

@@ -109,9 +109,21 @@ def cmd_llm_sar(args: argparse.Namespace) -> int:
     # sarjax --help fast (3.8 s vs 6.7 s, measured)
     import jax
 
-    from sarjax.sar import harmbench_judge_fn, load_llm_pool, pool_llm_sar, refusal_judge_fn
+    from sarjax.sar import (
+        LLMAttackSpec,
+        PoolLLMSARSettings,
+        harmbench_judge_fn,
+        load_llm_pool,
+        pool_llm_sar,
+        refusal_judge_fn,
+    )
 
     st = _settings(args)
+    # the pipeline's settings, checked before any model is loaded
+    settings = PoolLLMSARSettings(
+        max_new_tokens=args.max_new_tokens, system=args.system, with_asr=not args.no_asr, out=args.out,
+        overwrite=args.overwrite, progress=not args.no_progress,
+    )  # fmt: skip
     cats = None if args.functional_category == "all" else [args.functional_category]
     rows = load_behaviors(args.behaviors, functional_categories=cats)
     if args.limit is not None:
@@ -145,12 +157,13 @@ def cmd_llm_sar(args: argparse.Namespace) -> int:
     if args.attack == "autodan" and args.attacker is not None:
         attacker = load_llm_pool([args.attacker], args.dtype)
     try:
-        run, report = pool_llm_sar(
-            pool, [r.behavior for r in rows], args.deltas, key=key, attack=args.attack,
-            judge=judge, target=args.target, refusal=args.refusal, settings=st, max_new_tokens=args.max_new_tokens,
-            with_asr=not args.no_asr, system=args.system, out=args.out, overwrite=args.overwrite,
-            progress=not args.no_progress, attacker=attacker, seed_fn=seed_fn, seed_tokens=args.seed_tokens,
+        spec = LLMAttackSpec(
+            args.attack, options=st, target=args.target, refusal=args.refusal, attacker=attacker, seed_fn=seed_fn,
+            seed_tokens=args.seed_tokens,
         )  # fmt: skip
+        run, report = pool_llm_sar(
+            pool, [r.behavior for r in rows], args.deltas, key=key, attack=spec, judge=judge, settings=settings
+        )
     except FingerprintMismatch as e:
         raise ValueError(f"{e.reason}; pass --overwrite to discard it or choose another --out") from None
     print(f"M = {pool.size} members, {len(rows)} behaviors, attack {args.attack}")

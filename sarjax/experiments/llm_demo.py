@@ -46,10 +46,10 @@ from sarjax.models.llm.finetune import SFTData, sft_loss
 from sarjax.models.llm.generate import greedy_generate
 from sarjax.models.llm.loader import load_model
 from sarjax.models.llm.pool import left_pad, stack_params
-from sarjax.models.llm.tokenizers import word_level_tokenizer
+from sarjax.models.llm.tokenizers import WordLevelOptions, word_level_tokenizer
 from sarjax.runtime.compile_stats import count_compiles
 from sarjax.runtime.fingerprint import array_digest, check_fingerprint, remove_paths, write_fingerprint
-from sarjax.sar import load_llm_pool, pool_llm_sar
+from sarjax.sar import LLMAttackSpec, PoolLLMSARSettings, load_llm_pool, pool_llm_sar
 
 SPECIALS = ("<pad>", "<s>", "</s>", "<unk>", "[INST]", "[/INST]")
 CHAT_TEMPLATE = (
@@ -210,8 +210,8 @@ def build_tokenizer(corpus: Corpus) -> Any:
     vocab_words = sorted({w for t in texts for w in words(t)})
     return word_level_tokenizer(
         list(SPECIALS) + vocab_words, unk="<unk>", bos="<s>", eos="</s>", pad="<pad>",
-        extra_special=["[INST]", "[/INST]"], lowercase=True, split="whitespace", cleanup=False,
-        chat_template=CHAT_TEMPLATE,
+        extra_special=["[INST]", "[/INST]"], chat_template=CHAT_TEMPLATE,
+        options=WordLevelOptions(lowercase=True, split="whitespace", cleanup=False),
     )  # fmt: skip
 
 
@@ -558,8 +558,10 @@ def run_demo(
         t = time.perf_counter()
         pool = load_llm_pool([root / f"pool_{tag}" / s.name for s in MEMBERS])
         run, rep = pool_llm_sar(
-            pool, evals, settings.deltas, key=jax.random.key(seed), attack="beast", settings=st,
-            max_new_tokens=settings.max_new_tokens, with_asr=True, out=root / f"sar_{tag}", progress=progress,
+            pool, evals, settings.deltas, key=jax.random.key(seed), attack=LLMAttackSpec("beast", options=st),
+            settings=PoolLLMSARSettings(
+                max_new_tokens=settings.max_new_tokens, with_asr=True, out=root / f"sar_{tag}", progress=progress
+            ),
         )  # fmt: skip
         times[f"sar_{tag}"] = time.perf_counter() - t
         runs[tag] = rep

@@ -5,7 +5,7 @@
 - :mod:`~sarjax.sar.llm`: LLM pools with a text attack, a responder and a judge
   (:func:`run_llm_sar`), its judges and responder (:mod:`~sarjax.sar.llm_judging`) and requests
   (:mod:`~sarjax.sar.llm_requests`); :mod:`~sarjax.sar.llm_pool`: the whole run on a pool of sarjax decoders
-  (:func:`pool_llm_sar`), each text attack through its pool adapter
+  (:func:`pool_llm_sar`), their settings in :mod:`~sarjax.sar.llm_settings`, each text attack through its pool adapter
   (:mod:`~sarjax.sar.llm_adapters`, one table: :data:`POOL_ADAPTERS`); :mod:`~sarjax.sar.llm_report`:
   the report and plots;
 - :mod:`~sarjax.sar.driver`: the resumable run both pipelines share (fingerprint, cached steps,
@@ -25,17 +25,19 @@ from sarjax.sar import (
     llm_pool,
     llm_report,
     llm_requests,
+    llm_settings,
     settings,
     vision,
 )
 from sarjax.sar.distributed import allgather_parts, process_checkpoint_dir, run_sar_across_processes
 from sarjax.sar.driver import ResumableRun
-from sarjax.sar.llm import LLMSARRun, make_llm_oracles, member_asr, run_llm_sar
+from sarjax.sar.llm import LLMSARAttack, LLMSARRun, make_llm_oracles, member_asr, run_llm_sar
 from sarjax.sar.llm_adapters import ATTACK_DEFAULTS, POOL_ADAPTERS, PoolAttack, PoolRequest
 from sarjax.sar.llm_judging import PoolResponder, compact_left, harmbench_judge_fn, judge_members, refusal_judge_fn
 from sarjax.sar.llm_pool import pool_llm_sar
 from sarjax.sar.llm_report import llm_sar_report, plot_llm_sar
 from sarjax.sar.llm_requests import behavior_batch, clean_prompt_ids, load_llm_pool, pool_digest, sampled_seed_fn
+from sarjax.sar.llm_settings import LLMAttackSpec, LLMSARSettings, PoolLLMSARSettings
 from sarjax.sar.settings import SARSettings
 from sarjax.sar.vision import PACK_LEVELS, StackGate, default_sar_attack, make_attack_oracles, pack_sizes, run_sar
 
@@ -48,13 +50,18 @@ __all__ = [
     "llm_pool",
     "llm_report",
     "llm_requests",
+    "llm_settings",
     "settings",
     "vision",
     "ATTACK_DEFAULTS",
+    "LLMAttackSpec",
+    "LLMSARAttack",
     "LLMSARRun",
+    "LLMSARSettings",
     "PACK_LEVELS",
     "POOL_ADAPTERS",
     "PoolAttack",
+    "PoolLLMSARSettings",
     "PoolRequest",
     "PoolResponder",
     "ResumableRun",

@@ -10,14 +10,14 @@ fallback when the joint attack breaks nothing new, one run for every delta.
 
 The adapter sees the pool through three host callables, so any model family, attack and judge fit:
 
-- ``attack(params, batch, None, *, key, mask [B, M], **attack_kwargs) -> result`` (every sarjax
-  text attack's call shape) with ``sent, sent_mask [B, T]`` (the whole attacked prompt as it is
+- the attack, an :class:`LLMSARAttack`: ``fn(params, batch, None, *, key, mask [B, M],
+  **kwargs) -> result`` (every sarjax text attack's call shape) with ``sent, sent_mask [B, T]`` (the whole attacked prompt as it is
   sent, holes allowed; a tuple per stack: the first stack's is read), ``member_loss [B, M]``
   (minimised by the attacker), ``queries [B, M]`` and ``success [B, M]``: a
   :class:`~sarjax.attacks.text.core.TextAttackFn` (joint BEAST, joint GCG), a pool attack
   (:class:`~sarjax.attacks.text.gcg_joint.JointGCG`, :class:`~sarjax.attacks.text.beast_cross.CrossBEAST`:
   ``params`` the stacks' params, ``batch`` the request strings) or the AutoDAN-style rewriter
-  (:mod:`sarjax.attacks.text.autodan`). With ``self_judged`` the result's ``success`` is the
+  (:mod:`sarjax.attacks.text.autodan`). With ``LLMSARAttack.self_judged`` the result's ``success`` is the
   coverage (AutoDAN: the SAR judge's verdict on every member, each in its own tokens); otherwise
   every candidate is judged through ``respond``. A batch with ``judge_clean(judge, behaviors)``
   (AutoDAN's) judges the unmodified requests itself;
@@ -37,8 +37,7 @@ the greedy decoding used to judge a candidate is not charged to the attack's bud
 from __future__ import annotations
 
 import dataclasses
-import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -55,12 +54,13 @@ from sarjax.sar.llm_judging import (
     compact_left,
     judge_members,
 )
+from sarjax.sar.llm_settings import LLMSARSettings
 
 _JOINT_STREAM = 0
 _SINGLE_STREAM = 1
 _ASR_STREAM = 2
 _CKPT_FILES = ("fingerprint.json", "clean.json", "greedy", "result", "asr.npz")  # what run_llm_sar writes
-_CKPT_HINT = "pass overwrite=True (--overwrite) to discard it or choose another output directory"
+_CKPT_HINT = "pass overwrite=True (the settings; --overwrite) to discard it or choose another output directory"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -76,46 +76,89 @@ def _prompt_ids(res: Any) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(ids), np.asarray(mask)
 
 
+@dataclasses.dataclass(frozen=True)
+class LLMSARAttack:
+    """The text attack of an LLM SAR run and what every call passes it.
+
+    Attributes:
+      fn: ``fn(params, batch, None, *, key, mask [B, M], sample_ids=..., **kwargs)`` -> a result
+        with ``sent``, ``sent_mask`` ``[B, T]`` (or one per stack: the first is recorded),
+        ``member_loss [B, M]`` (minimised), ``queries [B, M]`` and, with ``self_judged``,
+        ``success [B, M]`` (see the module docstring).
+      params: passed through to ``fn`` untouched.
+      batch: the requests as ``fn`` reads them (e.g. a :class:`~sarjax.attacks.text.TextBatch`),
+        ``B`` rows.
+      kwargs: extra keyword arguments of every call (``max_queries``, ``allowed``, ...); None:
+        none. ``key``, ``mask`` and ``sample_ids`` are the oracle's own.
+      single: the single-member fallback's attack, called like ``fn`` (default None: ``fn`` with a
+        one-member mask).
+      self_judged: the result's ``success`` is the coverage (the attack judged every member with
+        the SAR's judge: AutoDAN); False (default): every candidate's prompt is judged through
+        ``respond``.
+      clean_prompts: ``(ids [B, T], mask [B, T])`` of the unmodified requests as they are sent
+        (:func:`~sarjax.sar.llm_requests.clean_prompt_ids`); None: ``batch.clean_prompts()`` when
+        the batch has it, else the batch's ``before | after`` blocks.
+
+    Raises:
+      TypeError: ``fn`` or ``single`` not callable; ``kwargs`` not None or a mapping.
+      ValueError: ``kwargs`` naming ``key``, ``mask`` or ``sample_ids``; ``self_judged`` not a
+        bool; ``clean_prompts`` not None or an ``(ids, mask)`` pair.
+    """
+
+    fn: Callable
+    params: Any = None
+    batch: Any = None
+    kwargs: Mapping[str, Any] | None = None
+    single: Callable | None = None
+    self_judged: bool = False
+    clean_prompts: tuple[Any, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if not callable(self.fn):
+            raise TypeError(f"LLMSARAttack.fn must be callable, got {type(self.fn).__name__}")
+        if self.single is not None and not callable(self.single):
+            raise TypeError(f"LLMSARAttack.single must be None or callable, got {type(self.single).__name__}")
+        if self.kwargs is not None and not isinstance(self.kwargs, Mapping):
+            raise TypeError(f"LLMSARAttack.kwargs must be None or a mapping, got {type(self.kwargs).__name__}")
+        reserved = sorted(set(self.kwargs or {}) & {"key", "mask", "sample_ids"})
+        if reserved:
+            raise ValueError(f"LLMSARAttack.kwargs must not hold the oracle's own arguments, got {reserved}")
+        if not isinstance(self.self_judged, (bool, np.bool_)):
+            raise ValueError(f"LLMSARAttack.self_judged must be a bool, got {self.self_judged!r}")
+        if self.clean_prompts is not None and (
+            not isinstance(self.clean_prompts, (tuple, list)) or len(self.clean_prompts) != 2
+        ):
+            raise ValueError(
+                f"LLMSARAttack.clean_prompts must be None or an (ids, mask) pair, got {self.clean_prompts!r}"
+            )
+
+
 def make_llm_oracles(
-    attack: Callable,
-    params: Any,
-    batch: Any,
+    attack: LLMSARAttack,
     behaviors: Sequence[str],
     respond: Respond,
     judge: Judge,
-    key: Any,
     *,
+    key: Any,
     num_members: int,
     calls: int = 1,
-    attack_kwargs: dict | None = None,
     sample_ids: Any = None,
-    single_attack: Callable | None = None,
     log: dict | None = None,
-    self_judged: bool = False,
 ) -> tuple[JointAttack, SingleAttack]:
     """Joint and single-member oracles for :func:`sarjax.cover.greedy_sar` from a text attack.
 
     Args:
-      attack: ``attack(params, batch, None, *, key, mask [B, M], **attack_kwargs)`` -> a result
-        with ``sent``, ``sent_mask`` ``[B, T]`` (or one per stack: the first is recorded),
-        ``member_loss [B, M]`` (minimised), ``queries [B, M]`` and, with ``self_judged``,
-        ``success [B, M]``.
-      params: passed through to ``attack`` untouched.
-      batch: the requests (e.g. a :class:`~sarjax.attacks.text.core.TextBatch`), ``B`` rows.
+      attack: the :class:`LLMSARAttack` (its ``fn``, ``params``, ``batch``, ``kwargs``, fallback
+        ``single`` and ``self_judged``).
       behaviors: ``[B]`` request texts (the judge's context).
       respond, judge: see the module docstring.
-      key: PRNG key. Round ``r``, call ``c`` of the joint attack uses
+      key: PRNG key (required). Round ``r``, call ``c`` of the joint attack uses
         ``fold_in(fold_in(fold_in(key, 0), r), c)``; the fallback stream 1 likewise.
       num_members: ``M``.
-      calls: at most this many attack calls per round and oracle; a call runs only the requests
-        whose earlier calls broke no targeted member (the SAR paper Table 2: BEAST "at most 4
-        calls" of 15,000 queries; 1 for GCG's rounds and AutoDAN).
-      attack_kwargs: extra keyword arguments of every call (``max_queries``, ``allowed``, ...).
+      calls: at most this many attack calls per round and oracle (see
+        :attr:`~sarjax.sar.llm_settings.LLMSARSettings.calls`).
       sample_ids: ``[B]`` ids folded into the attack's per-request keys (default ``arange(B)``).
-      single_attack: the fallback's attack (default ``attack`` with a one-member mask).
       log: optional dict; ``log["calls"]`` collects ``(oracle, round, call, rows attacked)``.
-      self_judged: the result's ``success`` is the coverage (the attack judged every member with
-        the SAR's judge: AutoDAN); False: every candidate's prompt is judged through ``respond``.
 
     Returns:
       ``(joint, single)``. ``x_adv`` of a candidate is its prompt ``[B, W]`` with -1 at holes
@@ -124,15 +167,21 @@ def make_llm_oracles(
       closest to breaking).
 
     Raises:
-      ValueError: a result whose ``success`` / ``queries`` are not ``[B, M]``, or whose prompt
-        holds more tokens than the recorded width (naming the row).
+      TypeError: ``attack`` not an :class:`LLMSARAttack`; no key.
+      ValueError: ``calls < 1``; a result whose ``success`` / ``queries`` are not ``[B, M]``, or
+        whose prompt holds more tokens than the recorded width (naming the row).
     """
-    kw = dict(attack_kwargs or {})
+    if not isinstance(attack, LLMSARAttack):
+        raise TypeError(f"make_llm_oracles: attack must be an LLMSARAttack, got {type(attack).__name__}")
+    if key is None:
+        raise TypeError("make_llm_oracles: key is required (a jax.random key); sarjax never defaults it")
+    params, batch, self_judged = attack.params, attack.batch, attack.self_judged
+    kw = dict(attack.kwargs or {})
     if int(calls) < 1:
         raise ValueError(f"calls must be >= 1, got {calls}")
     b, m = len(behaviors), int(num_members)
     ids_kw = {} if sample_ids is None else {"sample_ids": np.asarray(sample_ids)}
-    single_fn = attack if single_attack is None else single_attack
+    single_fn = attack.fn if attack.single is None else attack.single
 
     width: dict[str, int] = {}
 
@@ -182,7 +231,7 @@ def make_llm_oracles(
         return Candidates(x, covered, queries, objective)
 
     def joint(uncovered: np.ndarray, round_index: int) -> Candidates:
-        return run(attack, _JOINT_STREAM, np.asarray(uncovered, bool), round_index)
+        return run(attack.fn, _JOINT_STREAM, np.asarray(uncovered, bool), round_index)
 
     def single(target: np.ndarray, active: np.ndarray, round_index: int) -> Candidates:
         mask = (np.arange(m)[None, :] == np.asarray(target)[:, None]) & np.asarray(active, bool)[:, None]
@@ -259,9 +308,7 @@ def member_asr(joint: JointAttack, clean_broken: Any) -> dict[str, np.ndarray]:
 
 
 def run_llm_sar(
-    attack: Callable,
-    params: Any,
-    batch: Any,
+    attack: LLMSARAttack,
     behaviors: Sequence[str],
     respond: Respond,
     judge: Judge,
@@ -269,48 +316,47 @@ def run_llm_sar(
     *,
     key: Any,
     num_members: int,
-    calls: int = 1,
-    attack_kwargs: dict | None = None,
-    single_attack: Callable | None = None,
-    with_asr: bool = False,
-    checkpoint_dir: str | os.PathLike | None = None,
+    settings: LLMSARSettings | None = None,
     fingerprint: dict | None = None,
-    overwrite: bool = False,
-    progress: bool = False,
-    self_judged: bool = False,
-    clean_prompts: tuple[Any, Any] | None = None,
 ) -> LLMSARRun:
     """SAR_{1-delta} of an LLM pool on a batch of requests (the SAR paper, LLM half).
 
     Args:
-      attack, params, batch, behaviors, respond, judge, calls, attack_kwargs, single_attack,
-        self_judged: see :func:`make_llm_oracles`.
-      clean_prompts: ``(ids [B, T], mask [B, T])`` of the unmodified requests as they are sent
-        (:func:`clean_prompt_ids`); None: ``batch.clean_prompts()`` when the batch has it, else
-        the batch's ``before | after`` blocks.
+      attack: the :class:`LLMSARAttack` (the attack, its params and batch, its extra call
+        arguments, the fallback's attack, ``self_judged``, the clean prompts).
+      behaviors, respond, judge: see :func:`make_llm_oracles`.
       deltas: allowed uncovered shares, each in ``[0, 1)``; one run serves all of them.
       key: PRNG key (required).
       num_members: ``M``.
-      with_asr: also measure the per-member ASR (:func:`member_asr`); its single-member attacks
-        then serve as the greedy's fallback (the fallback for member ``j`` IS member ``j``
-        attacked alone on the clean request), at no extra attack cost.
-      checkpoint_dir: if set, the greedy checkpoints every round there and the run resumes with
-        the fingerprint rule (:mod:`sarjax.runtime.fingerprint`): ``fingerprint.json`` holds
-        ``fingerprint`` (the caller's: pool hash, attack settings, judge, ...) plus the
-        requests' digest, deltas, key and options; a rerun with other settings raises naming
-        them; other deltas are re-derived from a finished run.
+      settings: the pipeline's knobs (:class:`~sarjax.sar.llm_settings.LLMSARSettings`: ``calls``,
+        ``with_asr``, ``checkpoint_dir``, ``overwrite``, ``progress``); default
+        ``LLMSARSettings()``. With ``with_asr`` the per-member ASR is measured too
+        (:func:`member_asr`); its single-member attacks then serve as the greedy's fallback (the
+        fallback for member ``j`` IS member ``j`` attacked alone on the clean request), at no
+        extra attack cost. With ``checkpoint_dir`` the greedy checkpoints every round there and
+        the run resumes with the fingerprint rule (:mod:`sarjax.runtime.fingerprint`):
+        ``fingerprint.json`` holds ``fingerprint`` (the caller's: pool hash, attack settings,
+        judge, ...) plus the requests' digest, deltas, key and options; a rerun with other
+        settings raises naming them; other deltas are re-derived from a finished run.
       fingerprint: the caller's part of the fingerprint (JSON data).
-      overwrite: delete an earlier run's files in ``checkpoint_dir`` first.
-      progress: show the greedy's progress bar.
 
     Returns:
       :class:`LLMSARRun`.
 
     Raises:
-      TypeError: no key. ValueError: bad deltas, a mismatching checkpoint.
+      TypeError: no key; ``attack`` not an :class:`LLMSARAttack`; ``settings`` not an
+        :class:`~sarjax.sar.llm_settings.LLMSARSettings`. ValueError: bad deltas, a mismatching
+        checkpoint.
     """
     if key is None:
         raise TypeError("run_llm_sar: key is required (a jax.random key); sarjax never defaults it")
+    if not isinstance(attack, LLMSARAttack):
+        raise TypeError(f"run_llm_sar: attack must be an LLMSARAttack, got {type(attack).__name__}")
+    if settings is None:
+        settings = LLMSARSettings()
+    if not isinstance(settings, LLMSARSettings):
+        raise TypeError(f"run_llm_sar: settings must be an LLMSARSettings or None, got {type(settings).__name__}")
+    batch, calls, with_asr = attack.batch, settings.calls, settings.with_asr
     if isinstance(deltas, (int, float)):
         deltas = (float(deltas),)
     deltas = tuple(float(d) for d in deltas)
@@ -320,7 +366,7 @@ def run_llm_sar(
     for d in deltas:
         coverage_target(d, m)
     behaviors = list(behaviors)
-    run = ResumableRun(checkpoint_dir, hint=_CKPT_HINT)
+    run = ResumableRun(settings.checkpoint_dir, hint=_CKPT_HINT)
     if run.root is not None:
         fp = {
             "kind": "llm_sar",
@@ -334,30 +380,17 @@ def run_llm_sar(
             "calls": int(calls),
             "with_asr": bool(with_asr),
         }
-        run.open(fp, overwrite=overwrite, files=_CKPT_FILES, results=("greedy", "result"), parts=("result",))
+        run.open(fp, overwrite=settings.overwrite, files=_CKPT_FILES, results=("greedy", "result"), parts=("result",))
 
-    def oracles(fn: Callable, k: Any, **kw: Any) -> tuple[JointAttack, SingleAttack]:
-        return make_llm_oracles(
-            fn,
-            params,
-            batch,
-            behaviors,
-            respond,
-            judge,
-            k,
-            num_members=m,
-            calls=calls,
-            attack_kwargs=attack_kwargs,
-            self_judged=self_judged,
-            **kw,
-        )
+    def oracles(a: LLMSARAttack, k: Any) -> tuple[JointAttack, SingleAttack]:
+        return make_llm_oracles(a, behaviors, respond, judge, key=k, num_members=m, calls=calls)
 
     def judge_clean() -> dict[str, Any]:  # deterministic decoding of the unmodified request
         judge_batch = getattr(batch, "judge_clean", None)
         if judge_batch is not None:  # each member on its own rendering (AutoDAN's batch)
             broken, gens = judge_batch(judge, behaviors)
         else:
-            cids, cmask = _clean_prompts(batch) if clean_prompts is None else clean_prompts
+            cids, cmask = _clean_prompts(batch) if attack.clean_prompts is None else attack.clean_prompts
             broken, gens = judge_members(respond, judge, behaviors, cids, cmask)
         return {"broken": np.asarray(broken).tolist(), "generations": gens}
 
@@ -368,18 +401,21 @@ def run_llm_sar(
     if with_asr:
 
         def per_member() -> dict[str, np.ndarray]:
-            asr_joint, _ = oracles(single_attack or attack, jax.random.fold_in(key, _ASR_STREAM))
+            alone = dataclasses.replace(attack, fn=attack.single or attack.fn, single=None)
+            asr_joint, _ = oracles(alone, jax.random.fold_in(key, _ASR_STREAM))
             return member_asr(asr_joint, clean_broken)
 
         single_runs = run.cached_arrays("asr.npz", per_member)
 
     def greedy_oracles() -> tuple[JointAttack, SingleAttack]:
-        joint, single = oracles(attack, key, single_attack=single_attack)
+        joint, single = oracles(attack, key)
         if single_runs is not None:
             single = precomputed_single(single_runs)
         return joint, single
 
-    result = run.greedy(greedy_oracles, clean_broken, deltas, checkpoint="greedy", result="result", progress=progress)
+    result = run.greedy(
+        greedy_oracles, clean_broken, deltas, checkpoint="greedy", result="result", progress=settings.progress
+    )
     asr = None if single_runs is None else single_runs["asr"]
     broken_single = None if single_runs is None else single_runs["broken"]
     return LLMSARRun(result, behaviors, [list(g) for g in clean_gens], asr, broken_single)
@@ -423,4 +459,4 @@ def _clean_prompts(batch: Any) -> tuple[np.ndarray, np.ndarray]:
     return ids, mask
 
 
-__all__ = ["LLMSARRun", "make_llm_oracles", "member_asr", "precomputed_single", "run_llm_sar"]
+__all__ = ["LLMSARAttack", "LLMSARRun", "make_llm_oracles", "member_asr", "precomputed_single", "run_llm_sar"]

@@ -8,17 +8,18 @@ then the report and the plots.
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from sarjax.models.llm.pool import tokenizer_fingerprint
-from sarjax.sar.llm import LLMSARRun, run_llm_sar
+from sarjax.runtime.compile_stats import count_compiles
+from sarjax.sar.llm import LLMSARAttack, LLMSARRun, run_llm_sar
 from sarjax.sar.llm_adapters import POOL_ADAPTERS, PoolRequest
 from sarjax.sar.llm_judging import Judge, PoolResponder, refusal_judge_fn
 from sarjax.sar.llm_report import llm_sar_report, plot_llm_sar
 from sarjax.sar.llm_requests import pool_digest
+from sarjax.sar.llm_settings import LLMAttackSpec, LLMSARSettings, PoolLLMSARSettings
 
 
 def pool_llm_sar(
@@ -27,20 +28,9 @@ def pool_llm_sar(
     deltas: Sequence[float],
     *,
     key: Any,
-    attack: str = "beast",
+    attack: LLMAttackSpec | str = "beast",
     judge: Judge | None = None,
-    target: str = "Sure, here is",
-    refusal: str = "I'm sorry, but I cannot help with that.",
-    settings: dict[str, Any] | None = None,
-    max_new_tokens: int = 32,
-    with_asr: bool = True,
-    system: str | None = None,
-    out: str | os.PathLike | None = None,
-    overwrite: bool = False,
-    progress: bool = False,
-    attacker: Any = None,
-    seed_fn: Callable[[str], Sequence[str]] | None = None,
-    seed_tokens: int = 20,
+    settings: PoolLLMSARSettings | None = None,
 ) -> tuple[LLMSARRun, dict[str, Any]]:
     """SAR (and per-member ASR) of a pool of sarjax decoders on text requests, end to end.
 
@@ -58,36 +48,37 @@ def pool_llm_sar(
       behaviors: ``[B]`` requests (HarmBench behaviors).
       deltas: allowed uncovered shares.
       key: PRNG key (required).
-      attack: a name in :data:`~sarjax.sar.llm_adapters.POOL_ADAPTERS` (the attack's pool adapter
-        builds it): ``"beast"`` (target ``target``, mean per-token NLL minimised), ``"gcg"`` (the
-        refusal ``refusal``'s NLL maximised) or ``"autodan"`` (the request rewritten by
-        ``attacker``; :mod:`sarjax.attacks.text.autodan`).
+      attack: the :class:`~sarjax.sar.llm_settings.LLMAttackSpec` (the attack's name in
+        :data:`~sarjax.sar.llm_adapters.POOL_ADAPTERS`, whose pool adapter builds it, and its
+        hyperparameters: ``options`` (overrides of
+        :data:`~sarjax.sar.llm_adapters.ATTACK_DEFAULTS`), BEAST's ``target``, GCG's
+        ``refusal``, AutoDAN's ``attacker``, BEAST's warm start ``seed_fn`` / ``seed_tokens``),
+        or a name alone (``"beast"``, ``"gcg"``, ``"autodan"``: ``LLMAttackSpec(name)``). With
+        several tokenizers BEAST's seed is cut in the first stack's tokens, and a seed that
+        another tokenizer cannot reproduce is dropped for its request (listed in the report's
+        ``settings["settings"]["seeds"]["dropped"]``).
       judge: default :func:`refusal_judge_fn`.
-      target, refusal: the scored responses of BEAST and GCG.
-      settings: overrides of the attack's defaults (:data:`~sarjax.sar.llm_adapters.ATTACK_DEFAULTS`) (``suffix_len``, ``beam_width``,
-        ``max_queries``, ``calls``, ``num_steps``, ``topk``, ``num_candidates``, ...).
-      max_new_tokens: greedy response length judged.
-      with_asr: measure the per-member ASR too (its attacks serve as the greedy's fallback).
-      system: optional system message of the chat template.
-      out: directory for the checkpoint, ``llm_sar.json`` and ``llm_sar.png`` (None: nothing written).
-      overwrite, progress: see :func:`run_llm_sar`.
-      attacker: AutoDAN's attacker: an LLM pool whose first member rewrites (None: the target
-        pool's first member; see :func:`sarjax.attacks.text.autodan.make_autodan`) or a proposer
-        ``propose(anchors, key, sample_ids) -> rewrites``.
-      seed_fn: BEAST's warm start: ``seed_fn(request) -> suffix texts`` (the SAR paper uses
-        AmpleGCG; any callable); every call starts its beams from the first ``seed_tokens``
-        tokens (20, the SAR paper Table 2) of the first usable candidate
-        (:func:`~sarjax.attacks.text.beast.seed_suffixes`; with several tokenizers the seed is
-        cut in the first stack's tokens, and a seed that another tokenizer cannot reproduce is
-        dropped for its request, listed in ``settings["seeds"]["dropped"]``). None: no seed.
-        :func:`sampled_seed_fn` makes one from a local checkpoint.
+      settings: the pipeline's knobs (:class:`~sarjax.sar.llm_settings.PoolLLMSARSettings`:
+        ``max_new_tokens`` judged, ``system`` message, ``with_asr``, ``out`` directory for the
+        checkpoint, ``llm_sar.json`` and ``llm_sar.png``, ``overwrite``, ``progress``); default
+        ``PoolLLMSARSettings()``.
 
     Returns:
-      ``(run, report)``: the :class:`LLMSARRun` and the JSON report (also written to ``out``).
+      ``(run, report)``: the :class:`LLMSARRun` and the JSON report (also written to ``out``;
+      ``"compile"``: the run's XLA compilations, :meth:`sarjax.runtime.compile_stats.CompileStats.to_json`).
     """
-    adapter = POOL_ADAPTERS.get(attack)
-    if adapter is None:
-        raise ValueError(f"attack must be one of {', '.join(map(repr, POOL_ADAPTERS))}, got {attack!r}")
+    spec = LLMAttackSpec(attack) if isinstance(attack, str) else attack
+    if not isinstance(spec, LLMAttackSpec):
+        raise TypeError(f"pool_llm_sar: attack must be an LLMAttackSpec or a name, got {type(attack).__name__}")
+    if settings is None:
+        settings = PoolLLMSARSettings()
+    if not isinstance(settings, PoolLLMSARSettings):
+        raise TypeError(f"pool_llm_sar: settings must be a PoolLLMSARSettings or None, got {type(settings).__name__}")
+    compiles = count_compiles()  # the report's "compile": this run's XLA programs
+    adapter = POOL_ADAPTERS.get(spec.name)
+    if adapter is None:  # registered when the spec was built, gone since
+        raise ValueError(f"attack must be one of {', '.join(map(repr, POOL_ADAPTERS))}, got {spec.name!r}")
+    max_new_tokens, system, out = settings.max_new_tokens, settings.system, settings.out
     fps = [tokenizer_fingerprint(s.tokenizer) for s in pool.stacks]
     if None in fps:
         raise ValueError(f"pool_llm_sar: every stack needs a tokenizer, stack {fps.index(None)} has none")
@@ -99,14 +90,14 @@ def pool_llm_sar(
     )
     parts = adapter(
         PoolRequest(
-            pool, list(behaviors), respond, judge, mixed, {**(settings or {})}, target, refusal, system,
-            int(max_new_tokens), attacker, seed_fn, seed_tokens,
+            pool, list(behaviors), respond, judge, mixed, {**(spec.options or {})}, spec.target, spec.refusal, system,
+            int(max_new_tokens), spec.attacker, spec.seed_fn, spec.seed_tokens,
         )
     )  # fmt: skip
     fp = {
         "pool": pool_digest(pool),
         "members": list(pool.names),
-        "attack": attack,
+        "attack": spec.name,
         "settings": parts.settings,
         "judge": getattr(judge, "name", "custom"),
         "response": parts.response,
@@ -117,14 +108,21 @@ def pool_llm_sar(
         fp["tokenizers"] = len(set(fps))
     m = pool.size
     run = run_llm_sar(
-        parts.attack, parts.params, parts.batch, behaviors, respond, judge, deltas, key=key, num_members=m,
-        calls=parts.calls, attack_kwargs=parts.attack_kwargs, with_asr=with_asr, checkpoint_dir=out, fingerprint=fp,
-        overwrite=overwrite, progress=progress, self_judged=parts.self_judged, clean_prompts=parts.clean_prompts,
+        LLMSARAttack(
+            parts.attack, parts.params, parts.batch, parts.attack_kwargs, self_judged=parts.self_judged,
+            clean_prompts=parts.clean_prompts,
+        ),
+        behaviors, respond, judge, deltas, key=key, num_members=m, fingerprint=fp,
+        settings=LLMSARSettings(
+            calls=int(parts.calls), with_asr=settings.with_asr, checkpoint_dir=out, overwrite=settings.overwrite,
+            progress=settings.progress,
+        ),
     )  # fmt: skip
     report = {"settings": fp, **llm_sar_report(run, tok, pool.names)}
+    report["compile"] = compiles.stop().to_json()  # CompileStats.to_json
     if out is not None:
         Path(out, "llm_sar.json").write_text(json.dumps(report, indent=1))
-        plot_llm_sar(run, Path(out, "llm_sar.png"), title=f"LLM SAR, {attack}, M={m}, {len(behaviors)} requests")
+        plot_llm_sar(run, Path(out, "llm_sar.png"), title=f"LLM SAR, {spec.name}, M={m}, {len(behaviors)} requests")
     return run, report
 
 

@@ -145,7 +145,7 @@ def sampled_seed_fn(
     k = int(num_samples)
     texts = [prompt.replace("{request}", r) for r in reqs for _ in range(k)]
     out = pool_generate_text(
-        one, texts, max_new_tokens=int(max_new_tokens), do_sample=True, key=key, chat_template=chat_template,
+        one, texts, max_new_tokens=int(max_new_tokens), key=key, chat_template=chat_template,
         sample_ids=np.arange(len(texts)),
     )[0]  # fmt: skip
     table = {r: out[i * k : (i + 1) * k] for i, r in enumerate(reqs)}

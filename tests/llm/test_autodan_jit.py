@@ -11,7 +11,7 @@ import pytest
 from sarjax.attacks.text.autodan import AutoDANAttack, PoolEvaluator, attacker_proposer
 from sarjax.attacks.text.autodan_jit import audit_rewrite, make_autodan_jit
 from sarjax.judges.refusal import TokenRefusalJudge
-from sarjax.models.llm.tokenizers import word_level_tokenizer
+from sarjax.models.llm.tokenizers import WordLevelOptions, word_level_tokenizer
 
 V = 48  # embedding rows; the tokenizer has fewer tokens (ids past it are dropped from rewrites)
 REWRITE, RESPONSE, STEPS = 6, 6, 3
@@ -31,7 +31,7 @@ def _word_tokenizer():
     ).split()
     fast = word_level_tokenizer(
         specials + words, unk="<unk>", bos="<s>", eos="</s>", pad="<pad>", extra_special=["[INST]", "[/INST]"],
-        cleanup=False, clean_up_tokenization_spaces=False,
+        options=WordLevelOptions(cleanup=False, clean_up_tokenization_spaces=False),
         chat_template="{% for m in messages %}[INST] {{ m['content'] }} [/INST]{% endfor %}",
     )  # fmt: skip
     assert len(fast.get_vocab()) < V

@@ -120,7 +120,7 @@ def test_llm_sar_autodan_on_a_mixed_tokenizer_pool(pools, monkeypatch):
     own tokens (equal to the groups' evaluators alone on the rewrite), and every member the greedy
     covered in round r is broken by a candidate of that round."""
     from sarjax.attacks.text import autodan as ad
-    from sarjax.sar import pool_llm_sar
+    from sarjax.sar import LLMAttackSpec, PoolLLMSARSettings, pool_llm_sar
 
     mixed, pa, pb = pools
     seen = []
@@ -139,8 +139,9 @@ def test_llm_sar_autodan_on_a_mixed_tokenizer_pool(pools, monkeypatch):
 
     reqs = TEXTS[:2]
     run, report = pool_llm_sar(
-        mixed, reqs, (0.0, 0.5), key=jax.random.key(0), attack="autodan", judge=_judge, attacker=propose,
-        settings={"proposals": 4, "anchors": 1, "num_steps": 1}, max_new_tokens=RESPONSE, with_asr=False,
+        mixed, reqs, (0.0, 0.5), key=jax.random.key(0),
+        attack=LLMAttackSpec("autodan", options={"proposals": 4, "anchors": 1, "num_steps": 1}, attacker=propose),
+        judge=_judge, settings=PoolLLMSARSettings(max_new_tokens=RESPONSE, with_asr=False),
     )  # fmt: skip
     alone = [PoolEvaluator(p, None, _judge, 24, response_tokens=RESPONSE) for p in (pa, pb)]
     clean = np.concatenate([a(reqs, reqs)[0] for a in alone], axis=1)

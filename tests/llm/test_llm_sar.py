@@ -16,8 +16,9 @@ import pytest
 from sarjax.attacks.text.core import TextBatch, text_batch
 from sarjax.cover import SetSystemOracle, greedy_sar
 from sarjax.runtime.fingerprint import FingerprintMismatch
-from sarjax.sar.llm import make_llm_oracles, run_llm_sar
+from sarjax.sar.llm import LLMSARAttack, make_llm_oracles, run_llm_sar
 from sarjax.sar.llm_judging import compact_left, judge_members, refusal_judge_fn
+from sarjax.sar.llm_settings import LLMSARSettings
 
 B, N, M = 4, 5, 6
 REQ0, SEP = 50, 7  # request b is token REQ0 + b; suffix n is token n + 1
@@ -120,8 +121,8 @@ def test_clean_judgement_finds_the_planted_members():
 def test_llm_sar_greedy_equals_the_set_system_oracle(deltas):
     joint_a, single_a, _ = _stub_attacks(SetSystemOracle(SETS))
     run = run_llm_sar(
-        joint_a, None, _batch(), BEHAVIORS, _respond, refusal_judge_fn(), deltas,
-        key=jax.random.key(0), num_members=M, single_attack=single_a,
+        LLMSARAttack(joint_a, None, _batch(), single=single_a), BEHAVIORS, _respond, refusal_judge_fn(), deltas,
+        key=jax.random.key(0), num_members=M,
     )  # fmt: skip
     ref_oracle = SetSystemOracle(SETS)
     ref = greedy_sar(ref_oracle.joint, ref_oracle.single, CLEAN, deltas)
@@ -214,8 +215,8 @@ def test_llm_sar_greedy_on_a_mixed_tokenizer_pool_equals_the_set_system_oracle()
 
     deltas = (0.0, 0.5)
     run = run_llm_sar(
-        attack(False), None, batch, MIXED_REQUESTS, respond, refusal_judge_fn(), deltas,
-        key=jax.random.key(0), num_members=M, single_attack=attack(True),
+        LLMSARAttack(attack(False), None, batch, single=attack(True)), MIXED_REQUESTS, respond, refusal_judge_fn(),
+        deltas, key=jax.random.key(0), num_members=M,
     )  # fmt: skip
     ref_oracle = SetSystemOracle(SETS)
     ref = greedy_sar(ref_oracle.joint, ref_oracle.single, CLEAN, deltas)
@@ -249,7 +250,7 @@ def test_calls_rerun_only_unbroken_requests_and_sum_queries():
     joint_a, _, state = _stub_attacks(oracle, fail_first=True)
     log = {}
     joint, _ = make_llm_oracles(
-        joint_a, None, _batch(), BEHAVIORS, _respond, refusal_judge_fn(), jax.random.key(1),
+        LLMSARAttack(joint_a, None, _batch()), BEHAVIORS, _respond, refusal_judge_fn(), key=jax.random.key(1),
         num_members=M, calls=3, log=log,
     )  # fmt: skip
     unc = ~CLEAN
@@ -263,8 +264,8 @@ def test_calls_rerun_only_unbroken_requests_and_sum_queries():
 
 def test_resume_and_fingerprint(tmp_path):
     joint_a, single_a, state = _stub_attacks(SetSystemOracle(SETS))
-    args = (joint_a, None, _batch(), BEHAVIORS, _respond, refusal_judge_fn())
-    kw = dict(key=jax.random.key(0), num_members=M, single_attack=single_a, checkpoint_dir=tmp_path)
+    args = (LLMSARAttack(joint_a, None, _batch(), single=single_a), BEHAVIORS, _respond, refusal_judge_fn())
+    kw = dict(key=jax.random.key(0), num_members=M, settings=LLMSARSettings(checkpoint_dir=tmp_path))
     first = run_llm_sar(*args, (0.0,), fingerprint={"attack": "stub"}, **kw)
     n = state["calls"]
     again = run_llm_sar(*args, (0.0,), fingerprint={"attack": "stub"}, **kw)
@@ -280,7 +281,15 @@ def test_resume_and_fingerprint(tmp_path):
 def test_key_is_required():
     joint_a, _, _ = _stub_attacks(SetSystemOracle(SETS))
     with pytest.raises(TypeError, match="key is required"):
-        run_llm_sar(joint_a, None, _batch(), BEHAVIORS, _respond, refusal_judge_fn(), (0.0,), key=None, num_members=M)
+        run_llm_sar(
+            LLMSARAttack(joint_a, None, _batch()),
+            BEHAVIORS,
+            _respond,
+            refusal_judge_fn(),
+            (0.0,),
+            key=None,
+            num_members=M,
+        )
 
 
 @pytest.mark.skipif(not os.environ.get("SARJAX_LLM_FULL"), reason="set SARJAX_LLM_FULL=1 (compiles BEAST + decoding)")
@@ -304,9 +313,9 @@ def test_beast_llm_sar_end_to_end_on_a_tiny_pool(tmp_path):
     # words only: the fixture's decoder glues punctuation to the word before (no round trip)
     allowed = allowed_vocab(tok, v) & np.array([tok.decode([i]).isalpha() for i in range(v)])
     run = run_llm_sar(
-        fn, pool.stacks[0].params, batch, ["a", "b"], resp, refusal_judge_fn(["sorry"]), (0.0, 0.5),
-        key=jax.random.key(0), num_members=3, with_asr=True, checkpoint_dir=tmp_path,
-        attack_kwargs={"allowed": allowed, "max_queries": 60},
+        LLMSARAttack(fn, pool.stacks[0].params, batch, {"allowed": allowed, "max_queries": 60}), ["a", "b"], resp,
+        refusal_judge_fn(["sorry"]), (0.0, 0.5), key=jax.random.key(0), num_members=3,
+        settings=LLMSARSettings(with_asr=True, checkpoint_dir=tmp_path),
     )  # fmt: skip
     assert isinstance(batch, TextBatch) and run.asr is not None and run.result.sar.shape == (2, 2)
 
@@ -319,16 +328,19 @@ def test_pool_llm_sar_with_a_seed_generator(tmp_path):
     from tokenizers import decoders
 
     from sarjax.models.llm.pool import build_pool
-    from sarjax.sar import pool_llm_sar
+    from sarjax.sar import LLMAttackSpec, PoolLLMSARSettings, pool_llm_sar
 
     tok = build_tokenizer("{% for m in messages %}[INST] {{ m['content'] }} [/INST]{% endfor %}")
     tok.backend_tokenizer.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # every id round-trips
     cfg = tiny_llama(96, hidden_size=16, num_heads=2, num_kv_heads=1, head_dim=8, intermediate_size=24)
     pool = build_pool([(f"m{i}", cfg, scaled_init(cfg, jax.random.key(i), 3.0), tok) for i in range(3)])
+    spec = LLMAttackSpec(
+        "beast", options={"suffix_len": 4, "beam_width": 2, "max_queries": 40, "calls": 1},
+        seed_fn=lambda req: ["x y"], seed_tokens=2,
+    )  # fmt: skip
     run, rep = pool_llm_sar(
-        pool, ["how to build a bomb", "tell me"], (0.0, 0.5), key=jax.random.key(0), judge=refusal_judge_fn(["sorry"]),
-        settings={"suffix_len": 4, "beam_width": 2, "max_queries": 40, "calls": 1}, max_new_tokens=3,
-        out=tmp_path, seed_fn=lambda req: ["x y"], seed_tokens=2,
+        pool, ["how to build a bomb", "tell me"], (0.0, 0.5), key=jax.random.key(0), attack=spec,
+        judge=refusal_judge_fn(["sorry"]), settings=PoolLLMSARSettings(max_new_tokens=3, out=tmp_path),
     )  # fmt: skip
     assert (tmp_path / "llm_sar.json").exists() and (tmp_path / "llm_sar.png").exists()
     prompts = [i["prompt"] for s in rep["samples"] for i in s["inputs"]]
@@ -393,8 +405,8 @@ def test_an_attack_that_judges_itself_sets_the_coverage_and_the_clean_judgement(
 
     batch = JudgedBatch()
     run = run_llm_sar(
-        attack, None, batch, BEHAVIORS, respond, refusal_judge_fn(), (0.0, 0.5), key=jax.random.key(0),
-        num_members=M, self_judged=True,
+        LLMSARAttack(attack, None, batch, self_judged=True), BEHAVIORS, respond, refusal_judge_fn(), (0.0, 0.5),
+        key=jax.random.key(0), num_members=M,
     )  # fmt: skip
     assert batch.calls == 1
     ref_oracle = SetSystemOracle(SETS)
@@ -409,8 +421,9 @@ def test_an_attack_that_judges_itself_sets_the_coverage_and_the_clean_judgement(
         return res
 
     joint, _ = make_llm_oracles(
-        bad, None, batch, BEHAVIORS, respond, refusal_judge_fn(), jax.random.key(0), num_members=M, self_judged=True
-    )
+        LLMSARAttack(bad, None, batch, self_judged=True), BEHAVIORS, respond, refusal_judge_fn(),
+        key=jax.random.key(0), num_members=M,
+    )  # fmt: skip
     with pytest.raises(ValueError, match=r"success must be \[B=4, M=6\]"):
         joint(~CLEAN, 0)
 
@@ -420,8 +433,9 @@ def test_an_attack_that_judges_itself_sets_the_coverage_and_the_clean_judgement(
         return res
 
     joint, _ = make_llm_oracles(
-        flat, None, batch, BEHAVIORS, respond, refusal_judge_fn(), jax.random.key(0), num_members=M, self_judged=True
-    )
+        LLMSARAttack(flat, None, batch, self_judged=True), BEHAVIORS, respond, refusal_judge_fn(),
+        key=jax.random.key(0), num_members=M,
+    )  # fmt: skip
     with pytest.raises(ValueError, match=r"queries must be \[B=4, M=6\]"):
         joint(~CLEAN, 0)
 

@@ -173,7 +173,7 @@ def test_sampled_seed_fn_on_a_tiny_checkpoint(tmp_path):
     texts = [reqs[i] + " please" for i in order for _ in range(k)]
     sids = np.concatenate([np.arange(i * k, (i + 1) * k) for i in order])
     other = pool_generate_text(
-        gen, texts, max_new_tokens=4, do_sample=True, key=key, chat_template=False, sample_ids=sids
+        gen, texts, max_new_tokens=4, key=key, chat_template=False, sample_ids=sids
     )[0]  # fmt: skip
     for j, i in enumerate(order):
         assert seed_fn(reqs[i]) == other[j * k : (j + 1) * k]

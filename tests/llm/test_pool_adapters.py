@@ -7,7 +7,7 @@ import pytest
 from conftest import build_tokenizer, scaled_init, tiny_llama
 
 from sarjax.models.llm.pool import build_pool
-from sarjax.sar import POOL_ADAPTERS, PoolAttack, pool_llm_sar
+from sarjax.sar import POOL_ADAPTERS, LLMAttackSpec, PoolAttack, PoolLLMSARSettings, pool_llm_sar
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +54,8 @@ def test_a_registered_adapter_runs_in_pool_llm_sar(pool, monkeypatch, tmp_path):
 
     monkeypatch.setitem(POOL_ADAPTERS, "mine", adapter)
     run, rep = pool_llm_sar(
-        pool, ["a", "b"], (0.0,), key=jax.random.key(0), attack="mine", settings={"x": 2}, with_asr=False,
-        out=tmp_path,
+        pool, ["a", "b"], (0.0,), key=jax.random.key(0), attack=LLMAttackSpec("mine", options={"x": 2}),
+        settings=PoolLLMSARSettings(with_asr=False, out=tmp_path),
     )  # fmt: skip
     req = seen["req"]
     assert req.settings == {"x": 2} and req.behaviors == ["a", "b"] and not req.mixed

@@ -90,7 +90,9 @@ def test_one_step_generation_frequencies_match_the_members_softmax(stack):
     ids, mask = left_pad([PROMPTS[0]] * n, 0)
     t, k, p = 0.9, 6, 0.95
     out = np.asarray(
-        generate.stack_sample_generate(stack, CFG, ids, mask, 1, key=jax.random.key(3), temperature=t, top_k=k, top_p=p)
+        generate.stack_sample_generate(
+            stack, CFG, ids, mask, 1, key=jax.random.key(3), sampling=generate.SamplingConfig(t, k, p)
+        )
     )
     for m in range(2):
         pm = jax.tree.map(lambda x, m=m: x[m], stack)
@@ -104,18 +106,22 @@ def test_top_k_one_tiny_top_p_and_zero_temperature_equal_greedy(stack):
     ids, mask = _prompts()
     greedy = np.asarray(generate.stack_greedy_generate(stack, CFG, ids, mask, NEW, eos_id=[7, 11]))
     key = jax.random.key(4)
-    kw = dict(key=key, eos_id=[7, 11])
+    kw = dict(key=key)
     for t, k, p in [(1.5, 1, 1.0), (1.5, 0, 1e-6), (0.0, 0, 1.0)]:
-        got = generate.stack_sample_generate(stack, CFG, ids, mask, NEW, temperature=t, top_k=k, top_p=p, **kw)
+        got = generate.stack_sample_generate(
+            stack, CFG, ids, mask, NEW, sampling=generate.SamplingConfig(t, k, p, eos_id=[7, 11]), **kw
+        )
         np.testing.assert_array_equal(np.asarray(got), greedy)
     one = jax.tree.map(lambda x: x[1], stack)
-    single = generate.sample_generate(one, CFG, ids, mask, NEW, temperature=1.0, top_k=1, **kw)
+    single = generate.sample_generate(
+        one, CFG, ids, mask, NEW, sampling=generate.SamplingConfig(temperature=1.0, top_k=1, eos_id=[7, 11]), **kw
+    )
     np.testing.assert_array_equal(np.asarray(single), greedy[1])
 
 
 def test_same_key_same_output_rows_independent_of_the_batch(stack):
     ids, mask = _prompts()
-    kw = dict(temperature=1.5, top_k=0, top_p=1.0)
+    kw = dict(sampling=generate.SamplingConfig(temperature=1.5, top_k=0, top_p=1.0))
     a = np.asarray(generate.stack_sample_generate(stack, CFG, ids, mask, NEW, key=jax.random.key(5), **kw))
     b = np.asarray(generate.stack_sample_generate(stack, CFG, ids, mask, NEW, key=jax.random.key(5), **kw))
     c = np.asarray(generate.stack_sample_generate(stack, CFG, ids, mask, NEW, key=jax.random.key(6), **kw))
@@ -142,6 +148,10 @@ def test_sampling_arguments_are_checked(stack):
         (dict(top_k=1.5), "top_k"),
         (dict(top_p=0.0), "top_p"),
         (dict(top_p=1.2), "top_p"),
+    ]:
+        with pytest.raises(ValueError, match=match):  # the settings are checked when built
+            generate.SamplingConfig(**bad)
+    for bad, match in [
         (dict(sample_ids=[0, 1]), "sample_ids"),
         (dict(member_ids=[0, 1, 2]), "member_ids"),
     ]:
@@ -195,10 +205,10 @@ def test_pool_generate_text_chat_template_end_tokens_and_member_order(stack, tmp
     assert out[0] != out[2]  # the chat template matters
     # sampling through the same helper: T = 0 is greedy; a key is required
     again = P_.pool_generate_text(
-        pool, REQUESTS, do_sample=True, key=jax.random.key(0), temperature=0.0, pad_to_multiple=P
+        pool, REQUESTS, key=jax.random.key(0), sampling=generate.SamplingConfig(temperature=0.0), pad_to_multiple=P
     )
     assert again == out
     with pytest.raises(TypeError, match="needs a key"):
-        P_.pool_generate_text(pool, REQUESTS, do_sample=True)
+        P_.pool_generate_text(pool, REQUESTS, sampling=generate.SamplingConfig())
     with pytest.raises(ValueError, match="chat_template"):
         P_.pool_generate_text(P_.build_pool([("x", CFG, pa[0], build_tokenizer())]), REQUESTS)

@@ -112,7 +112,7 @@ def test_a_break_on_the_blocks_ids_that_does_not_survive_the_whole_text_is_not_a
 def test_llm_sar_records_and_judges_the_ids_that_are_sent(kind):
     """The SAR adapter records the attack's sent prompt and has the members respond to it: the
     member that is broken only on the blocks' ids is not covered."""
-    from sarjax.sar.llm import make_llm_oracles
+    from sarjax.sar.llm import LLMSARAttack, make_llm_oracles
     from sarjax.sar.llm_judging import refusal_judge_fn
 
     tok, fn, batch, call, texts, pieces, whole = _gcg_setup(kind)
@@ -130,8 +130,8 @@ def test_llm_sar_records_and_judges_the_ids_that_are_sent(kind):
         return out
 
     joint, _ = make_llm_oracles(
-        fn, {"w": jnp.zeros(1)}, batch, [REQUEST], respond, refusal_judge_fn(["sorry"]), jax.random.key(0),
-        num_members=2, attack_kwargs={**call, "texts": texts},
+        LLMSARAttack(fn, {"w": jnp.zeros(1)}, batch, {**call, "texts": texts}), [REQUEST], respond,
+        refusal_judge_fn(["sorry"]), key=jax.random.key(0), num_members=2,
     )  # fmt: skip
     cand = joint(np.ones((1, 2), bool), 0)
     assert seen == [whole]

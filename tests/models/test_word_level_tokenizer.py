@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("tokenizers")
 pytest.importorskip("transformers")
 
-from sarjax.models.llm.tokenizers import word_level_tokenizer  # noqa: E402
+from sarjax.models.llm.tokenizers import WordLevelOptions, word_level_tokenizer  # noqa: E402
 
 INST = "{% for m in messages %}[INST] {{ m['content'] }} [/INST]{% endfor %}"
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>", "[INST]", "[/INST]"]
@@ -70,7 +70,8 @@ def _configs():
             ),
             lambda: word_level_tokenizer(
                 demo, unk="<unk>", bos="<s>", eos="</s>", pad="<pad>", extra_special=["[INST]", "[/INST]"],
-                lowercase=True, split="whitespace", cleanup=False, chat_template=llm_demo.CHAT_TEMPLATE,
+                chat_template=llm_demo.CHAT_TEMPLATE,
+                options=WordLevelOptions(lowercase=True, split="whitespace", cleanup=False),
             ),
         ),
         (
@@ -114,7 +115,7 @@ def _configs():
             ),
             lambda: word_level_tokenizer(
                 jit, unk="<unk>", bos="<s>", eos="</s>", pad="<pad>", extra_special=["[INST]", "[/INST]"],
-                cleanup=False, clean_up_tokenization_spaces=False, chat_template=INST,
+                options=WordLevelOptions(cleanup=False, clean_up_tokenization_spaces=False), chat_template=INST,
             ),
         ),
     ]  # fmt: skip
@@ -157,14 +158,14 @@ def test_options_change_what_they_say():
     base = SPECIALS + WORDS + [",", "."]
     plain = word_level_tokenizer(base, bos="<s>", eos="</s>", pad="<pad>")
     assert plain.encode("How to", add_special_tokens=False) == [plain.unk_token_id, plain.convert_tokens_to_ids("to")]
-    low = word_level_tokenizer(base, lowercase=True)
+    low = word_level_tokenizer(base, options=WordLevelOptions(lowercase=True))
     assert low.encode("How to", add_special_tokens=False) == low.convert_tokens_to_ids(["how", "to"])
     assert plain.encode("that.", add_special_tokens=False) == [plain.unk_token_id]
-    split = word_level_tokenizer(base, split="whitespace")
+    split = word_level_tokenizer(base, options=WordLevelOptions(split="whitespace"))
     assert split.encode("that.", add_special_tokens=False) == split.convert_tokens_to_ids(["that", "."])
     ids = plain.convert_tokens_to_ids(["sorry", ",", "i", "cannot", "."])
     assert plain.decode(ids) == "sorry, i cannot."
-    assert word_level_tokenizer(base, cleanup=False).decode(ids) == "sorry , i cannot ."
+    assert word_level_tokenizer(base, options=WordLevelOptions(cleanup=False)).decode(ids) == "sorry , i cannot ."
     dup = word_level_tokenizer(["<unk>", "a", "b", "a", "c"])
     assert dup.get_vocab() == {"<unk>": 0, "a": 1, "b": 2, "c": 3}
     assert plain.chat_template is None and word_level_tokenizer(base, chat_template=INST).chat_template == INST
@@ -178,12 +179,30 @@ def test_options_change_what_they_say():
         (["a", "b"], {}, "unk='<unk>'"),
         (["<unk>", "a"], {"eos": "</s>"}, "eos='</s>'"),
         (["<unk>", "a"], {"extra_special": ["[INST]"]}, r"extra_special\[0\]='\[INST\]'"),
-        (["<unk>", "a"], {"split": "bpe"}, "split must be one of"),
     ],
 )
 def test_bad_input_raises_value_error(tokens, kwargs, match):
     with pytest.raises(ValueError, match=match):
         word_level_tokenizer(tokens, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"split": "bpe"}, "WordLevelOptions.split must be one of .* got 'bpe'"),
+        ({"lowercase": 1}, "WordLevelOptions.lowercase must be a bool, got 1"),
+        ({"cleanup": None}, "WordLevelOptions.cleanup must be a bool, got None"),
+        (
+            {"clean_up_tokenization_spaces": "no"},
+            "WordLevelOptions.clean_up_tokenization_spaces must be a bool, got 'no'",
+        ),
+    ],
+)
+def test_bad_options_raise_value_error_when_built(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        WordLevelOptions(**kwargs)
+    with pytest.raises(TypeError, match="options must be a WordLevelOptions"):
+        word_level_tokenizer(["<unk>"], options={"split": "whitespace"})  # type: ignore[arg-type]
 
 
 def test_bad_token_types_raise_type_error():

@@ -63,7 +63,7 @@ from sarjax.attacks.core.entry import HostDrivenEntry
 from sarjax.attacks.core.validate import check_sample_ids
 from sarjax.attacks.text.autodan_judge import judge_generations, judge_labels, rank_key
 from sarjax.attacks.text.core import check_member_mask
-from sarjax.models.llm.generate import stack_greedy_generate
+from sarjax.models.llm.generate import SamplingConfig, stack_greedy_generate
 from sarjax.models.llm.pool import LLMPool, LLMStack, pool_generate_text, stack_decoding, tokenizer_fingerprint
 from sarjax.models.llm.prompts import encode_text, split_chat_template
 
@@ -411,8 +411,8 @@ def attacker_proposer(
     def propose(anchors, key, sample_ids):
         prompts = [rewrite_prompt.format(request=a) for a in anchors]
         out = pool_generate_text(
-            one, prompts, max_new_tokens=max_new_tokens, do_sample=True, key=key, temperature=temperature,
-            top_k=0, top_p=top_p, sample_ids=np.asarray(sample_ids), pad_to_multiple=pad_to_multiple,
+            one, prompts, max_new_tokens=max_new_tokens, key=key, sampling=SamplingConfig(temperature, 0, top_p),
+            sample_ids=np.asarray(sample_ids), pad_to_multiple=pad_to_multiple,
         )  # fmt: skip
         return out[0]
 

@@ -23,7 +23,7 @@ from sarjax.attacks.core.validate import check_sample_ids
 from sarjax.attacks.text.autodan import REWRITE_PROMPT, check_search
 from sarjax.attacks.text.core import check_member_mask
 from sarjax.judges.refusal import token_refusal_judge
-from sarjax.models.llm.generate import greedy_one, sample_one
+from sarjax.models.llm.generate import SamplingConfig, greedy_one, sample_one
 from sarjax.models.llm.pool import left_pad, stack_decoding, tokenizer_fingerprint
 from sarjax.models.llm.prompts import PLACEHOLDER, encode_text, retokenizes
 
@@ -236,10 +236,11 @@ def _propose_one(cfg: AutoDANConfig, aparams, anchor, amask, key):
     """One rewrite of one anchor: ``(ids [W], mask [W])`` right-aligned; the anchor itself when
     the rewrite keeps no token (the host loop's ``text.strip() or anchor``)."""
     ids, m = _wrap(cfg.attacker_head, anchor, amask, cfg.attacker_tail, cfg.prompt_pad)
-    toks = sample_one(
-        aparams, cfg.attacker_cfg, ids, m, cfg.rewrite_len, key, jnp.float32(cfg.temperature), jnp.int32(0),
-        jnp.float32(cfg.top_p), _ids(cfg.attacker_eos or (-1,)), jnp.int32(cfg.attacker_pad),
-    )  # fmt: skip
+    eos = _ids(cfg.attacker_eos) if cfg.attacker_eos else None  # None: no end token ([-1], as before)
+    sampling = SamplingConfig(
+        jnp.float32(cfg.temperature), jnp.int32(0), jnp.float32(cfg.top_p), eos, jnp.int32(cfg.attacker_pad)
+    )
+    toks = sample_one(aparams, cfg.attacker_cfg, ids, m, cfg.rewrite_len, key, sampling)
     keep = _kept(cfg, toks, cfg.attacker_eos)
     r, rm = _compact_right(toks, keep, 0)
     fill = cfg.slot - cfg.rewrite_len

@@ -29,6 +29,7 @@ from sarjax.models.llm.finetune import (
     sft_pool,
 )
 from sarjax.models.llm.generate import (
+    SamplingConfig,
     filter_logits,
     greedy_generate,
     greedy_one,
@@ -83,7 +84,7 @@ from sarjax.models.llm.scoring import (
     target_nll,
     target_nll_from_embeds,
 )
-from sarjax.models.llm.tokenizers import word_level_tokenizer
+from sarjax.models.llm.tokenizers import WordLevelOptions, word_level_tokenizer
 
 __all__ = [
     "abstract_llm_params",
@@ -135,6 +136,7 @@ __all__ = [
     "retokenizes",
     "rope_inv_freq",
     "sample_generate",
+    "SamplingConfig",
     "sample_one",
     "sample_token",
     "save_params",
@@ -153,4 +155,5 @@ __all__ = [
     "tokenizer_fingerprint",
     "unstack_params",
     "word_level_tokenizer",
+    "WordLevelOptions",
 ]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import partial
+from typing import NamedTuple
 
 import jax
 import jax.core  # jax.core.Tracer: a concrete value can be checked on the host
@@ -107,6 +108,90 @@ def sample_token(key, logits, temperature=1.0, top_k=0, top_p=1.0):
     return jnp.where(jnp.asarray(temperature) > 0, drawn, jnp.argmax(logits).astype(jnp.int32))
 
 
+class _SamplingFields(NamedTuple):
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    eos_id: int | Sequence[int] | None = None
+    pad_id: int = 0
+
+
+class SamplingConfig(_SamplingFields):
+    """The sampling settings of :func:`sample_one`, :func:`sample_generate`,
+    :func:`stack_sample_generate` and :func:`sarjax.models.llm.pool.pool_generate_text`.
+
+    A NamedTuple (a pytree: its fields may be traced inside ``jit``, one compile for every
+    setting); concrete values are checked when it is built.
+
+    Attributes:
+      temperature: ``>= 0``; 0 is greedy (transformers' default 1.0).
+      top_k: an int ``>= 0``, 0 = off (transformers' ``GenerationConfig`` default is 50; here 0, so
+        that a call samples ``softmax(logits / T)`` unless asked otherwise).
+      top_p: in ``(0, 1]``, 1 = off (transformers' default 1.0).
+      eos_id: None (no end token), an int, or a non-empty list of ints (the list form of
+        Llama-3 / Qwen2.5 ``generation_config.json``): tokens after the first of them become
+        ``pad_id``. Checked against the vocabulary when a decoder uses it.
+      pad_id: an int ``>= 0``, the filler after the end token.
+
+    Raises:
+      ValueError: a concrete field out of range (naming the field and the value).
+      TypeError: a field of the wrong type (a number that is not one, a bool for an int).
+    """
+
+    __slots__ = ()
+
+    def __new__(
+        cls,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        eos_id: int | Sequence[int] | None = None,
+        pad_id: int = 0,
+    ) -> SamplingConfig:
+        _check_sampling(temperature, top_k, top_p, eos_id, pad_id)
+        return super().__new__(cls, temperature, top_k, top_p, eos_id, pad_id)
+
+
+def _traced(v) -> bool:
+    return any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(v))
+
+
+def _check_sampling(temperature, top_k, top_p, eos_id, pad_id) -> None:
+    """Host checks of the concrete fields of a :class:`SamplingConfig` (traced ones are skipped)."""
+    for name, v in (("temperature", temperature), ("top_p", top_p)):
+        if _traced(v):
+            continue
+        if isinstance(v, (bool, str, bytes)) or np.ndim(v) != 0:
+            raise TypeError(f"SamplingConfig.{name}: expected a number, got {v!r}")
+        try:
+            float(v)
+        except (TypeError, ValueError):
+            raise TypeError(f"SamplingConfig.{name}: expected a number, got {v!r}") from None
+    if not _traced(temperature) and (not np.isfinite(float(temperature)) or float(temperature) < 0):
+        raise ValueError(f"SamplingConfig.temperature: expected a finite number >= 0 (0: greedy), got {temperature!r}")
+    if not _traced(top_p) and not 0.0 < float(top_p) <= 1.0:
+        raise ValueError(f"SamplingConfig.top_p: expected a number in (0, 1] (1: no nucleus filter), got {top_p!r}")
+    for name, v, what in (("top_k", top_k, "(0: no top-k filter)"), ("pad_id", pad_id, "")):
+        if _traced(v):
+            continue
+        a = np.asarray(v)
+        if isinstance(v, bool) or a.ndim != 0 or not np.issubdtype(a.dtype, np.integer) or int(a) < 0:
+            raise ValueError(f"SamplingConfig.{name}: expected an int >= 0 {what}, got {v!r}".replace("  ", " "))
+    if eos_id is not None and not _traced(eos_id):
+        e = np.asarray(eos_id)
+        if (
+            isinstance(eos_id, bool)
+            or e.dtype == bool
+            or not np.issubdtype(e.dtype, np.integer)
+            or e.ndim > 1
+            or e.size == 0
+            or np.any(e < 0)
+        ):
+            raise ValueError(
+                f"SamplingConfig.eos_id: expected None, an int >= 0 or a non-empty list of ints >= 0, got {eos_id!r}"
+            )
+
+
 def sample_one(
     params: Params,
     cfg: DecoderConfig,
@@ -114,11 +199,7 @@ def sample_one(
     mask,
     max_new_tokens: int,
     key,
-    temperature=1.0,
-    top_k=0,
-    top_p=1.0,
-    eos_id=-1,
-    pad_id: int = 0,
+    sampling: SamplingConfig | None = None,
     prefix: Sequence[KVBlock] = (),
 ):
     """Sampled continuation of ONE (left-padded) prompt (same KV-cache path as :func:`greedy_one`).
@@ -126,18 +207,23 @@ def sample_one(
     Token ``t`` is drawn with :func:`sample_token` from ``fold_in(key, t)``.
 
     Args:
-      params, cfg, ids, mask, max_new_tokens, eos_id, pad_id, prefix: as in :func:`greedy_one`.
+      params, cfg, ids, mask, max_new_tokens, prefix: as in :func:`greedy_one`.
       key: PRNG key of this sequence.
-      temperature, top_k, top_p: as in :func:`sample_token` (traced scalars allowed).
+      sampling: a :class:`SamplingConfig` (temperature, top-k, top-p, end tokens, pad id; its
+        fields may be traced scalars, ``eos_id`` an int or ``[K]`` ints); None: ``SamplingConfig()``.
 
     Returns:
       [max_new_tokens] int32 generated ids.
     """
+    if sampling is None:
+        sampling = SamplingConfig()
+    t, k, p = sampling.temperature, sampling.top_k, sampling.top_p
+    eos_id = -1 if sampling.eos_id is None else sampling.eos_id
 
-    def pick(lg, t):
-        return sample_token(jax.random.fold_in(key, t), lg, temperature, top_k, top_p)
+    def pick(lg, step):
+        return sample_token(jax.random.fold_in(key, step), lg, t, k, p)
 
-    return _decode_one(params, cfg, ids, mask, max_new_tokens, eos_id, pad_id, prefix, pick)
+    return _decode_one(params, cfg, ids, mask, max_new_tokens, eos_id, sampling.pad_id, prefix, pick)
 
 
 def _decode_one(params, cfg, ids, mask, max_new_tokens, eos_id, pad_id, prefix, pick):
@@ -206,7 +292,9 @@ def _stack_sample(params, cfg, ids, mask, max_new_tokens, key, sample_ids, membe
 
         def row(i, m, sid):
             k = jax.random.fold_in(jax.random.fold_in(key, sid), mid)
-            return sample_one(p, cfg, i, m, max_new_tokens, k, temperature, top_k, top_p, eos_id, pad_id, pre)
+            return sample_one(
+                p, cfg, i, m, max_new_tokens, k, SamplingConfig(temperature, top_k, top_p, eos_id, pad_id), pre
+            )
 
         return jax.vmap(row)(ids, mask, sample_ids)
 
@@ -222,24 +310,22 @@ def _batch_sample(params, cfg, ids, mask, max_new_tokens, key, sample_ids, knobs
 
     def row(i, m, sid):
         k = jax.random.fold_in(key, sid)
-        return sample_one(params, cfg, i, m, max_new_tokens, k, temperature, top_k, top_p, eos_id, pad_id, pre)
+        return sample_one(
+            params, cfg, i, m, max_new_tokens, k, SamplingConfig(temperature, top_k, top_p, eos_id, pad_id), pre
+        )
 
     return jax.vmap(row)(ids, mask, sample_ids)
 
 
-def _sampling_knobs(temperature, top_k, top_p):
-    """Host checks of the sampling settings -> traced scalars (one compile for every setting)."""
-    try:
-        t, p = float(temperature), float(top_p)
-    except (TypeError, ValueError):
-        raise TypeError(f"temperature / top_p: expected numbers, got {temperature!r} / {top_p!r}") from None
-    if not np.isfinite(t) or t < 0:
-        raise ValueError(f"temperature: expected a finite number >= 0 (0: greedy), got {temperature!r}")
-    if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 0:
-        raise ValueError(f"top_k: expected an int >= 0 (0: no top-k filter), got {top_k!r}")
-    if not 0.0 < p <= 1.0:
-        raise ValueError(f"top_p: expected a number in (0, 1] (1: no nucleus filter), got {top_p!r}")
-    return jnp.float32(t), jnp.int32(top_k), jnp.float32(p)
+def _sampling_args(cfg, sampling):
+    """A :class:`SamplingConfig` (checked when built) -> ``(knobs, eos [K], pad)`` as the compiled
+    decoders take them (traced scalars: one compile for every setting)."""
+    if sampling is None:
+        sampling = SamplingConfig()
+    if not isinstance(sampling, SamplingConfig):
+        raise TypeError(f"sampling: expected a SamplingConfig or None, got {type(sampling).__name__}")
+    knobs = (jnp.float32(sampling.temperature), jnp.int32(sampling.top_k), jnp.float32(sampling.top_p))
+    return knobs, _eos_array(cfg, sampling.eos_id), jnp.int32(sampling.pad_id)
 
 
 def _ids_vector(name, v, n, default):
@@ -257,11 +343,7 @@ def sample_generate(
     max_new_tokens: int = 32,
     *,
     key,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    eos_id: int | Sequence[int] | None = None,
-    pad_id: int = 0,
+    sampling: SamplingConfig | None = None,
     prefix: KVBlock | None = None,
     sample_ids=None,
 ):
@@ -269,31 +351,29 @@ def sample_generate(
 
     Row ``b`` draws from ``fold_in(key, sample_ids[b])`` (token ``t`` from a further
     ``fold_in(., t)``), so a row's output does not depend on the batch it is in, and the same key
-    gives the same output. ``temperature=0`` is greedy (equal to :func:`greedy_generate`).
+    gives the same output. ``SamplingConfig(temperature=0)`` is greedy (equal to
+    :func:`greedy_generate`).
 
     Args:
-      params, cfg, ids, mask, max_new_tokens, eos_id, pad_id, prefix: as in :func:`greedy_generate`.
+      params, cfg, ids, mask, max_new_tokens, prefix: as in :func:`greedy_generate`.
       key: PRNG key (required).
-      temperature: >= 0 (transformers' default 1.0).
-      top_k: >= 0, 0 = off (transformers' ``GenerationConfig`` default is 50; here 0, so that
-        the call samples ``softmax(logits / T)`` unless asked otherwise).
-      top_p: in (0, 1], 1 = off (transformers' default 1.0).
+      sampling: a :class:`SamplingConfig` (temperature, top_k, top_p, eos_id, pad_id; default
+        None: ``SamplingConfig()``, temperature 1, no top-k / top-p filter, no end token, pad 0).
       sample_ids: [B] non-negative ints (default ``arange(B)``).
 
     Returns:
       [B, max_new_tokens] int32.
 
     Raises:
-      TypeError: ``key`` is None.
-      ValueError / TypeError: as :func:`greedy_generate`; a sampling setting out of range.
+      TypeError: ``key`` is None; ``sampling`` not a :class:`SamplingConfig`.
+      ValueError / TypeError: as :func:`greedy_generate` (``sampling.eos_id`` outside the vocabulary).
     """
     if key is None:
         raise TypeError("sample_generate: key is required (a jax.random key); sarjax never defaults it")
+    knobs, eos, pad = _sampling_args(cfg, sampling)
     ids, mask = _validate(cfg, ids, mask, max_new_tokens, prefix)
-    knobs = _sampling_knobs(temperature, top_k, top_p)
     sid = _ids_vector("sample_ids", sample_ids, ids.shape[0], "one per prompt")
-    eos = _eos_array(cfg, eos_id)
-    return _batch_sample(params, cfg, ids, mask, max_new_tokens, key, sid, knobs, eos, jnp.int32(pad_id), prefix)
+    return _batch_sample(params, cfg, ids, mask, max_new_tokens, key, sid, knobs, eos, pad, prefix)
 
 
 def stack_sample_generate(
@@ -304,11 +384,7 @@ def stack_sample_generate(
     max_new_tokens: int = 32,
     *,
     key,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    eos_id: int | Sequence[int] | None = None,
-    pad_id: int = 0,
+    sampling: SamplingConfig | None = None,
     prefix: KVBlock | None = None,
     sample_ids=None,
     member_ids=None,
@@ -321,8 +397,7 @@ def stack_sample_generate(
 
     Args:
       params: stacked parameters [M, ...].
-      ids, mask, max_new_tokens, key, temperature, top_k, top_p, eos_id, pad_id, sample_ids: as
-        in :func:`sample_generate`.
+      ids, mask, max_new_tokens, key, sampling, sample_ids: as in :func:`sample_generate`.
       prefix: optional stacked shared-prefix cache from ``scoring.stack_prefix_cache``.
       member_ids: [M] non-negative ints (default ``arange(M)``).
 
@@ -334,13 +409,12 @@ def stack_sample_generate(
     """
     if key is None:
         raise TypeError("stack_sample_generate: key is required (a jax.random key); sarjax never defaults it")
+    knobs, eos, pad = _sampling_args(cfg, sampling)
     ids, mask = _validate(cfg, ids, mask, max_new_tokens, prefix)
-    knobs = _sampling_knobs(temperature, top_k, top_p)
     sid = _ids_vector("sample_ids", sample_ids, ids.shape[0], "one per prompt")
     m = int(jax.tree.leaves(params)[0].shape[0])
     mid = _ids_vector("member_ids", member_ids, m, "one per member")
-    eos = _eos_array(cfg, eos_id)
-    return _stack_sample(params, cfg, ids, mask, max_new_tokens, key, sid, mid, knobs, eos, jnp.int32(pad_id), prefix)
+    return _stack_sample(params, cfg, ids, mask, max_new_tokens, key, sid, mid, knobs, eos, pad, prefix)
 
 
 def _concrete(*xs) -> bool:

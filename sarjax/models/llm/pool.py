@@ -359,11 +359,8 @@ def pool_generate_text(
     requests: Sequence[Any],
     *,
     max_new_tokens: int | None = None,
-    do_sample: bool = False,
     key=None,
-    temperature: float | None = None,
-    top_k: int | None = None,
-    top_p: float | None = None,
+    sampling: generate.SamplingConfig | None = None,
     system: str | None = None,
     chat_template: bool = True,
     sample_ids=None,
@@ -382,12 +379,14 @@ def pool_generate_text(
       requests: N user requests (strings) or conversations (lists of message dicts).
       max_new_tokens: tokens to generate (default: the stack's ``generation_config.json``
         ``max_new_tokens``, else 32).
-      do_sample: False (default): greedy, deterministic (the SAR paper judges greedy decoding; a
-        checkpoint's ``do_sample`` is not followed). True: sampling with ``key``.
-      key: PRNG key (required when sampling). Member ``m`` (its index in ``pool.names``) of request
-        ``n`` draws from ``fold_in(fold_in(key, sample_ids[n]), m)``.
-      temperature, top_k, top_p: sampling settings (default: each stack's generation config,
-        else transformers' defaults 1.0 / 50 / 1.0).
+      key: None (default): greedy decoding, deterministic (the SAR paper judges greedy decoding;
+        a checkpoint's ``do_sample`` is not followed). A PRNG key: sampled decoding; member ``m``
+        (its index in ``pool.names``) of request ``n`` draws from
+        ``fold_in(fold_in(key, sample_ids[n]), m)``.
+      sampling: with a key, the :class:`~sarjax.models.llm.generate.SamplingConfig` whose
+        temperature, top_k and top_p every stack samples with (default None: each stack's
+        generation config, else transformers' defaults 1.0 / 50 / 1.0). Its ``eos_id`` and
+        ``pad_id`` must stay None / 0: each stack decodes with its own (:func:`stack_decoding`).
       system: optional system message for string requests.
       chat_template: False for base models (raw text).
       sample_ids: [N] non-negative ints (default ``arange(N)``).
@@ -398,12 +397,23 @@ def pool_generate_text(
       ``[M][N]`` response strings, members in ``pool.names`` order.
 
     Raises:
-      ValueError / TypeError: a stack without a tokenizer, ``do_sample`` without a key, and the
-        errors of :func:`render_requests` and the decoders.
+      TypeError: ``sampling`` without a key, or not a :class:`~sarjax.models.llm.generate.SamplingConfig`.
+      ValueError / TypeError: a stack without a tokenizer, ``sampling`` naming end tokens / a pad
+        id, and the errors of :func:`render_requests` and the decoders.
     """
 
-    if do_sample and key is None:
-        raise TypeError("pool_generate_text: do_sample=True needs a key (a jax.random key)")
+    if sampling is not None:
+        if not isinstance(sampling, generate.SamplingConfig):
+            raise TypeError(
+                f"pool_generate_text: sampling must be a SamplingConfig or None, got {type(sampling).__name__}"
+            )
+        if key is None:
+            raise TypeError("pool_generate_text: sampling needs a key (a jax.random key); no key: greedy decoding")
+        if sampling.eos_id is not None or sampling.pad_id != 0:
+            raise ValueError(
+                "pool_generate_text: each stack decodes with its own end tokens and pad id (stack_decoding); "
+                f"sampling must leave eos_id / pad_id unset, got eos_id={sampling.eos_id!r}, pad_id={sampling.pad_id!r}"
+            )
     if len(requests) == 0:
         raise ValueError("pool_generate_text: expected at least one request")
     if pad_to_multiple < 1:
@@ -421,13 +431,11 @@ def pool_generate_text(
         longest = max(len(e) for e in enc)
         ids, mask = left_pad(enc, pad, length=-(-longest // pad_to_multiple) * pad_to_multiple)
         eos_ids = list(eos) if eos else None
-        if do_sample:
+        if key is not None:
+            t, k, p = (gen.temperature, gen.top_k, gen.top_p) if sampling is None else sampling[:3]
             toks = generate.stack_sample_generate(
                 s.params, s.cfg, ids, mask, n_new, key=key, sample_ids=sample_ids,
-                member_ids=np.arange(offset, offset + s.size),
-                temperature=gen.temperature if temperature is None else temperature,
-                top_k=gen.top_k if top_k is None else top_k,
-                top_p=gen.top_p if top_p is None else top_p, eos_id=eos_ids, pad_id=pad,
+                member_ids=np.arange(offset, offset + s.size), sampling=generate.SamplingConfig(t, k, p, eos_ids, pad),
             )  # fmt: skip
         else:
             toks = generate.stack_greedy_generate(s.params, s.cfg, ids, mask, n_new, eos_id=eos_ids, pad_id=pad)

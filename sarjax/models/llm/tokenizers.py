@@ -10,9 +10,43 @@ re-encodes to the same ids whenever no token is unknown.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 SPLITS = ("whitespace_split", "whitespace")
+
+
+@dataclass(frozen=True)
+class WordLevelOptions:
+    """How a :func:`word_level_tokenizer` normalizes, splits and decodes text.
+
+    Attributes:
+      lowercase: lower-case the text before splitting (a ``Lowercase`` normalizer); default none.
+      split: ``"whitespace_split"`` splits on whitespace only (``"x."`` is one piece, unknown
+        unless it is a token); ``"whitespace"`` also splits punctuation from words (the regex
+        ``\\w+|[^\\w\\s]+``).
+      cleanup: the WordPiece decoder's clean-up (True: ``"x ."`` decodes to ``"x."``, ``"i ' m"``
+        to ``"i'm"``; False: the tokens joined by spaces, so decode -> encode round-trips).
+      clean_up_tokenization_spaces: passed to ``PreTrainedTokenizerFast`` when not None (it is
+        then saved in ``tokenizer_config.json``); None keeps transformers' default.
+
+    Raises:
+      ValueError: ``split`` not one of ``"whitespace_split"`` / ``"whitespace"``; a flag that is
+        not a bool (``clean_up_tokenization_spaces``: a bool or None), naming the field and value.
+    """
+
+    lowercase: bool = False
+    split: str = "whitespace_split"
+    cleanup: bool = True
+    clean_up_tokenization_spaces: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.split not in SPLITS:
+            raise ValueError(f"WordLevelOptions.split must be one of {SPLITS}, got {self.split!r}")
+        for name in ("lowercase", "cleanup", "clean_up_tokenization_spaces"):
+            v = getattr(self, name)
+            if not isinstance(v, bool) and not (v is None and name == "clean_up_tokenization_spaces"):
+                raise ValueError(f"WordLevelOptions.{name} must be a bool, got {v!r}")
 
 
 def word_level_tokenizer(
@@ -23,11 +57,8 @@ def word_level_tokenizer(
     eos: str | None = None,
     pad: str | None = None,
     extra_special: Sequence[str] = (),
-    lowercase: bool = False,
-    split: str = "whitespace_split",
-    cleanup: bool = True,
-    clean_up_tokenization_spaces: bool | None = None,
     chat_template: str | None = None,
+    options: WordLevelOptions | None = None,
 ) -> Any:
     """A word-level ``transformers.PreTrainedTokenizerFast`` over ``tokens``, built offline.
 
@@ -45,23 +76,17 @@ def word_level_tokenizer(
         ``tokens``). None leaves the argument out of the ``PreTrainedTokenizerFast`` call.
       extra_special: further special tokens (``additional_special_tokens``, e.g. ``"[INST]"``);
         each must be in ``tokens``. Empty leaves the argument out.
-      lowercase: lower-case the text before splitting (a ``Lowercase`` normalizer); default none.
-      split: ``"whitespace_split"`` splits on whitespace only (``"x."`` is one piece, unknown
-        unless it is a token); ``"whitespace"`` also splits punctuation from words (the regex
-        ``\\w+|[^\\w\\s]+``).
-      cleanup: the WordPiece decoder's clean-up (True: ``"x ."`` decodes to ``"x."``, ``"i ' m"``
-        to ``"i'm"``; False: the tokens joined by spaces, so decode -> encode round-trips).
-      clean_up_tokenization_spaces: passed to ``PreTrainedTokenizerFast`` when not None (it is
-        then saved in ``tokenizer_config.json``); None keeps transformers' default.
       chat_template: the jinja chat template, or None for none.
+      options: how text is normalized, split and decoded (:class:`WordLevelOptions`; default
+        None: ``WordLevelOptions()``, case kept, whitespace split, decoder clean-up on).
 
     Returns:
       The ``PreTrainedTokenizerFast``.
 
     Raises:
-      TypeError: ``tokens`` is a single string, or a token is not a string.
-      ValueError: ``tokens`` is empty, ``unk`` or a special token is not in ``tokens``, or
-        ``split`` is not one of ``"whitespace_split"`` / ``"whitespace"``.
+      TypeError: ``tokens`` is a single string, a token is not a string, or ``options`` is not a
+        :class:`WordLevelOptions`.
+      ValueError: ``tokens`` is empty, or ``unk`` or a special token is not in ``tokens``.
     """
     if isinstance(tokens, str):
         raise TypeError(f"word_level_tokenizer: tokens must be a sequence of strings, got the string {tokens!r}")
@@ -71,8 +96,12 @@ def word_level_tokenizer(
         raise TypeError(f"word_level_tokenizer: every token must be a str, got {bad[:3]!r}")
     if not tokens:
         raise ValueError("word_level_tokenizer: expected at least one token, got an empty token list")
-    if split not in SPLITS:
-        raise ValueError(f"word_level_tokenizer: split must be one of {SPLITS}, got {split!r}")
+    if options is None:
+        options = WordLevelOptions()
+    if not isinstance(options, WordLevelOptions):
+        raise TypeError(
+            f"word_level_tokenizer: options must be a WordLevelOptions or None, got {type(options).__name__}"
+        )
     vocab = {t: i for i, t in enumerate(dict.fromkeys(tokens))}
     specials = {"unk": unk, "bos": bos, "eos": eos, "pad": pad}
     specials.update({f"extra_special[{i}]": t for i, t in enumerate(extra_special)})
@@ -85,20 +114,22 @@ def word_level_tokenizer(
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=unk))
-    if lowercase:
+    if options.lowercase:
         tok.normalizer = normalizers.Lowercase()
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit() if split == "whitespace_split" else pre_tokenizers.Whitespace()
-    tok.decoder = decoders.WordPiece(prefix="##", cleanup=cleanup)  # joins tokens with spaces
+    tok.pre_tokenizer = (
+        pre_tokenizers.WhitespaceSplit() if options.split == "whitespace_split" else pre_tokenizers.Whitespace()
+    )
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=options.cleanup)  # joins tokens with spaces
     kwargs: dict[str, Any] = {"unk_token": unk}
     kwargs.update({f"{name}_token": t for name, t in (("bos", bos), ("eos", eos), ("pad", pad)) if t is not None})
     if extra_special:
         kwargs["additional_special_tokens"] = list(extra_special)
-    if clean_up_tokenization_spaces is not None:
-        kwargs["clean_up_tokenization_spaces"] = clean_up_tokenization_spaces
+    if options.clean_up_tokenization_spaces is not None:
+        kwargs["clean_up_tokenization_spaces"] = options.clean_up_tokenization_spaces
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, **kwargs)
     if chat_template is not None:
         fast.chat_template = chat_template
     return fast
 
 
-__all__ = ["word_level_tokenizer"]
+__all__ = ["WordLevelOptions", "word_level_tokenizer"]
