@@ -131,7 +131,7 @@ class SamplingConfig(_SamplingFields):
       eos_id: None (no end token), an int, or a non-empty list of ints (the list form of
         Llama-3 / Qwen2.5 ``generation_config.json``): tokens after the first of them become
         ``pad_id``. Checked against the vocabulary when a decoder uses it.
-      pad_id: an int ``>= 0``, the filler after the end token.
+      pad_id: an int, the filler after the end token (a checkpoint's ``pad_token_id`` may be -1).
 
     Raises:
       ValueError: a concrete field out of range (naming the field and the value).
@@ -171,12 +171,18 @@ def _check_sampling(temperature, top_k, top_p, eos_id, pad_id) -> None:
         raise ValueError(f"SamplingConfig.temperature: expected a finite number >= 0 (0: greedy), got {temperature!r}")
     if not _traced(top_p) and not 0.0 < float(top_p) <= 1.0:
         raise ValueError(f"SamplingConfig.top_p: expected a number in (0, 1] (1: no nucleus filter), got {top_p!r}")
-    for name, v, what in (("top_k", top_k, "(0: no top-k filter)"), ("pad_id", pad_id, "")):
+    for name, v, low in (("top_k", top_k, 0), ("pad_id", pad_id, None)):
         if _traced(v):
             continue
         a = np.asarray(v)
-        if isinstance(v, bool) or a.ndim != 0 or not np.issubdtype(a.dtype, np.integer) or int(a) < 0:
-            raise ValueError(f"SamplingConfig.{name}: expected an int >= 0 {what}, got {v!r}".replace("  ", " "))
+        if (
+            isinstance(v, bool)
+            or a.ndim != 0
+            or not np.issubdtype(a.dtype, np.integer)
+            or (low is not None and a < low)
+        ):
+            what = "an int >= 0 (0: no top-k filter)" if low is not None else "an int"
+            raise ValueError(f"SamplingConfig.{name}: expected {what}, got {v!r}")
     if eos_id is not None and not _traced(eos_id):
         e = np.asarray(eos_id)
         if (
