@@ -90,7 +90,10 @@ def main(argv=None):
 
     import torch
 
-    from sarjax.attacks.text import core as T
+    from sarjax.attacks.text import losses as TL
+    from sarjax.attacks.text import model as TM
+    from sarjax.attacks.text import requests as TR
+    from sarjax.attacks.text import retokenize as TK
     from sarjax.attacks.text.beast import make_beast
     from sarjax.sar.llm_requests import behavior_batch, load_llm_pool
 
@@ -110,7 +113,7 @@ def main(argv=None):
     tok = pool.stacks[0].tokenizer
     cfgs = tuple(s.cfg for s in pool.stacks)
     params = tuple(s.params for s in pool.stacks)
-    model = T.llm_text_model(cfgs)
+    model = TM.llm_text_model(cfgs)
     v = cfgs[0].vocab_size
     m = pool.size
     from sarjax.experiments import llm_demo as D
@@ -119,8 +122,8 @@ def main(argv=None):
         os.path.join(HB, "harmbench_behaviors_text_test.csv"), os.path.join(HB, "harmbench_behaviors_text_val.csv")
     )
     batch = behavior_batch(tok, corpus.eval_harmful[:1], "Sure, here is")
-    texts = T.slot_texts(tok, corpus.eval_harmful[:1])  # the audited call re-tokenizes the sent prompt
-    allowed = T.allowed_vocab(tok, v)
+    texts = TR.slot_texts(tok, corpus.eval_harmful[:1])  # the audited call re-tokenizes the sent prompt
+    allowed = TK.allowed_vocab(tok, v)
     fn = make_beast(model, vocab_size=v, suffix_len=a.suffix_len, beam_width=a.beam_width, tokenizer=tok)
 
     # 1. whole calls
@@ -151,8 +154,8 @@ def main(argv=None):
     n = a.beam_width * a.beam_width
     ok = np.flatnonzero(allowed)
     sufs = rng.choice(ok, (n, a.suffix_len)).astype(np.int32)
-    row = T.row(T.TextBatch(*(np.asarray(x) for x in batch)), 0)
-    score = jax.jit(lambda p, s: T.member_losses(model, T.target_loss, p, row, s, np.ones(a.suffix_len, np.int32)))
+    row = TR.row(TR.TextBatch(*(np.asarray(x) for x in batch)), 0)
+    score = jax.jit(lambda p, s: TM.member_losses(model, TL.target_loss, p, row, s, np.ones(a.suffix_len, np.int32)))
     ours = np.asarray(score(params, sufs))  # [M, N]
     before = np.asarray(row.before)[np.asarray(row.before_mask) == 1]
     after = np.asarray(row.after)[np.asarray(row.after_mask) == 1]

@@ -165,8 +165,10 @@ def main(argv=None):
 
     import torch
 
-    from sarjax.attacks.text import core as T
     from sarjax.attacks.text import llm_text_model, make_gcg, text_batch
+    from sarjax.attacks.text import losses as TL
+    from sarjax.attacks.text import model as TM
+    from sarjax.attacks.text import requests as TR
     from sarjax.models.llm import load_model, stack_params
 
     load_start = os.getloadavg()
@@ -190,10 +192,10 @@ def main(argv=None):
 
     # correctness first: the same candidates, every member, both sides
     cands = rng.integers(3, v, (a.candidates, a.suffix_len)).astype(np.int32)
-    r0 = T.row(T.TextBatch(*(np.asarray(x) for x in batch)), 0)
+    r0 = TR.row(TR.TextBatch(*(np.asarray(x) for x in batch)), 0)
     ml = np.asarray(
-        jax.jit(T.member_losses, static_argnums=(0, 1))(
-            model, T.refusal_loss, params, r0, cands, np.ones(a.suffix_len, np.int32)
+        jax.jit(TM.member_losses, static_argnums=(0, 1))(
+            model, TL.refusal_loss, params, r0, cands, np.ones(a.suffix_len, np.int32)
         )
     )
     want = []
@@ -215,9 +217,9 @@ def main(argv=None):
         return _torch_gcg(models, *tb[:3], tb[3], a.steps, a.topk, a.candidates, 0, cache)[1]
 
     # where sarjax's step goes: the candidate scoring alone, and its matmuls alone (the floor)
-    jb = T.TextBatch(*(jax.numpy.asarray(x) for x in batch))
+    jb = TR.TextBatch(*(jax.numpy.asarray(x) for x in batch))
     score = jax.jit(
-        lambda p, c: T.member_losses_cached(model, T.refusal_loss, p, T.row(jb, 0), c, np.ones(a.suffix_len))
+        lambda p, c: TM.member_losses_cached(model, TL.refusal_loss, p, TR.row(jb, 0), c, np.ones(a.suffix_len))
     )
     score_call = lambda: score(params, cands).block_until_ready()  # noqa: E731
     tp = a.suffix_len + a.after_len + a.target_len - 1  # the scored rows per candidate (last target token not run)

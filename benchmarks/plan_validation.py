@@ -161,7 +161,7 @@ def _llm():
     import numpy as np
 
     from sarjax.attacks.queries import NO_CAP
-    from sarjax.attacks.text import core as T
+    from sarjax.attacks.text import requests as TR
     from sarjax.experiments import plan as PL
     from sarjax.models.llm.config import config_from_hf
     from sarjax.models.llm.decoder import init_params
@@ -182,8 +182,8 @@ def _llm():
 
     ones = lambda n: np.ones((b, n), np.int32)  # noqa: E731
     pb, pa, tt, ls = s["prompt_len"], s["after_len"], s["target_len"], s["suffix_len"]
-    batch = T.TextBatch(ids(pb), ones(pb), ids(pa), ones(pa), ids(tt), ones(tt))
-    problem = T.TextProblem(batch, np.ones((b, m), np.float32), np.ones((cfg.vocab_size,), bool),
+    batch = TR.TextBatch(ids(pb), ones(pb), ids(pa), ones(pa), ids(tt), ones(tt))
+    problem = TR.TextProblem(batch, np.ones((b, m), np.float32), np.ones((cfg.vocab_size,), bool),
                             np.full((b,), NO_CAP, np.int32), jax.random.key(3), np.arange(b, dtype=np.int32),
                             ids(ls), np.full((b,), ls, np.int32))  # fmt: skip
     return prog, params, (problem,)

@@ -450,7 +450,9 @@ def run_llm_jax(spec: LlmSpec, dtype: str, dirs: list[str], folder: str | Path, 
     """Loads the checkpoints with ``load_llm_pool``, compares the logits with the saved ones and
     runs one joint GCG step and one joint BEAST step; the attacks' prompts and member losses go to
     ``folder/attacks.npz`` for :func:`check_llm_torch`. Returns the measured record."""
-    from sarjax.attacks.text import core as T
+    from sarjax.attacks.text import model as TM
+    from sarjax.attacks.text import requests as TR
+    from sarjax.attacks.text import retokenize as TK
     from sarjax.attacks.text.beast import make_beast
     from sarjax.attacks.text.gcg_joint import make_joint_gcg
     from sarjax.attacks.text.pool import pool_params
@@ -495,9 +497,9 @@ def run_llm_jax(spec: LlmSpec, dtype: str, dirs: list[str], folder: str | Path, 
     )
 
     batch = behavior_batch(tok, REQUESTS, BEAST_TARGET)
-    texts = T.slot_texts(tok, REQUESTS)
-    allowed = T.allowed_vocab(tok, v)
-    model = T.llm_text_model(stack.cfg)
+    texts = TR.slot_texts(tok, REQUESTS)
+    allowed = TK.allowed_vocab(tok, v)
+    model = TM.llm_text_model(stack.cfg)
     beast = make_beast(
         model, vocab_size=v, suffix_len=1, beam_width=spec.beast_beam, candidates=spec.beast_candidates, tokenizer=tok
     )

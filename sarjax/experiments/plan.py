@@ -49,7 +49,8 @@ from sarjax.attacks.autoattack_checks import N_TARGETS
 from sarjax.attacks.fab import make_fab
 from sarjax.attacks.joint import make_joint_pgd
 from sarjax.attacks.square import make_square
-from sarjax.attacks.text import core as T
+from sarjax.attacks.text import model as TM
+from sarjax.attacks.text import requests as TR
 from sarjax.attacks.text.gcg import make_gcg
 from sarjax.models.llm.config import config_from_hf
 from sarjax.models.llm.decoder import init_params
@@ -614,12 +615,12 @@ def llm_program(cfgs: Sequence, batch: int, mesh_shape: dict, settings: dict, dt
         params = jax.tree.map(lambda a: _on(mesh, P(), a), params)
         label = "unsharded fallback (sarjax.models.llm.mesh not available): ONE device holds the whole pool"
     ls, pb, pa, tt = settings["suffix_len"], settings["prompt_len"], settings["after_len"], settings["target_len"]
-    fn = make_gcg(T.llm_text_model(cfg), vocab_size=cfg.vocab_size, num_steps=settings["steps"], suffix_len=ls,
+    fn = make_gcg(TM.llm_text_model(cfg), vocab_size=cfg.vocab_size, num_steps=settings["steps"], suffix_len=ls,
                   topk=settings["topk"], num_candidates=settings["candidates"])  # fmt: skip
     i32 = jnp.int32
-    batch_t = T.TextBatch(*(jax.ShapeDtypeStruct((batch, n), i32) for n in (pb, pb, pa, pa, tt, tt)))
+    batch_t = TR.TextBatch(*(jax.ShapeDtypeStruct((batch, n), i32) for n in (pb, pb, pa, pa, tt, tt)))
     f32 = jnp.float32
-    problem = T.TextProblem(
+    problem = TR.TextProblem(
         batch_t, jax.ShapeDtypeStruct((batch, m), f32), jax.ShapeDtypeStruct((cfg.vocab_size,), jnp.bool_),
         jax.ShapeDtypeStruct((batch,), i32), jax.eval_shape(lambda: jax.random.key(0)),
         jax.ShapeDtypeStruct((batch,), i32), jax.ShapeDtypeStruct((batch, ls), i32), jax.ShapeDtypeStruct((batch,), i32),

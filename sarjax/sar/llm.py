@@ -14,7 +14,7 @@ The adapter sees the pool through three host callables, so any model family, att
   **kwargs) -> result`` (every sarjax text attack's call shape) with ``sent, sent_mask [B, T]`` (the whole attacked prompt as it is
   sent, holes allowed; a tuple per stack: the first stack's is read), ``member_loss [B, M]``
   (minimised by the attacker), ``queries [B, M]`` and ``success [B, M]``: a
-  :class:`~sarjax.attacks.text.core.TextAttackFn` (joint BEAST, joint GCG), a pool attack
+  :class:`~sarjax.attacks.text.entry.TextAttackFn` (joint BEAST, joint GCG), a pool attack
   (:class:`~sarjax.attacks.text.gcg_joint.JointGCG`, :class:`~sarjax.attacks.text.beast_cross.CrossBEAST`:
   ``params`` the stacks' params, ``batch`` the request strings) or the AutoDAN-style rewriter
   (:mod:`sarjax.attacks.text.autodan`). With ``LLMSARAttack.self_judged`` the result's ``success`` is the

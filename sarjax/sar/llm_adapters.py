@@ -29,17 +29,13 @@ import numpy as np
 from sarjax.attacks.text.autodan import AutoDANBatch, make_autodan
 from sarjax.attacks.text.beast import make_beast, seed_suffixes
 from sarjax.attacks.text.beast_cross import make_cross_beast
-from sarjax.attacks.text.core import (
-    allowed_vocab,
-    llm_text_model,
-    refusal_loss,
-    slot_texts,
-    suffix_text_violations,
-    target_loss,
-)
 from sarjax.attacks.text.gcg import make_gcg
 from sarjax.attacks.text.gcg_joint import make_joint_gcg
+from sarjax.attacks.text.losses import refusal_loss, target_loss
+from sarjax.attacks.text.model import llm_text_model
 from sarjax.attacks.text.pool import allowed_for, pool_params
+from sarjax.attacks.text.requests import slot_texts
+from sarjax.attacks.text.retokenize import allowed_vocab, suffix_text_violations
 from sarjax.runtime import fingerprint as fingerprints
 from sarjax.sar.llm_judging import Judge, PoolResponder
 from sarjax.sar.llm_requests import behavior_batch, clean_prompt_ids

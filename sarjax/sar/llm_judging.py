@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from sarjax.attacks.text.autodan_judge import judge_labels
-from sarjax.attacks.text.core import slot_texts
+from sarjax.attacks.text.requests import slot_texts
 from sarjax.judges.refusal import GCG_REFUSAL_PHRASES, refusal_judge
 from sarjax.models.llm.generate import stack_greedy_generate
 from sarjax.models.llm.pool import left_pad, tokenizer_fingerprint
@@ -129,7 +129,7 @@ class PoolResponder:
     ``i``'s reference prompt with only the suffix changed, or the unmodified request
     (:func:`clean_prompt_ids`); a ValueError names the rows that are not. The row is decoded to
     text with the reference tokenizer and its suffix text read between the rendered text around
-    the suffix slot (:func:`~sarjax.attacks.text.core.slot_texts`); each other group renders
+    the suffix slot (:func:`~sarjax.attacks.text.requests.slot_texts`); each other group renders
     request ``i`` with its own tokenizer and chat template around that text and tokenizes the
     whole text at once (the prompt its members read as sent), then decodes greedily with its own
     end token and decodes the response with its own tokenizer. A suffix text that another

@@ -1,4 +1,4 @@
-"""GCG's prefix cache and batched candidate scoring (sarjax.attacks.text.core / gcg).
+"""GCG's prefix cache and batched candidate scoring (sarjax.attacks.text.model / gcg).
 
 The cached paths must give what full prompts give: every candidate's per-token NLL (the batched
 llama scorer, ``TextModel.nll_cached_many``), the token gradient (``nll_one_hot_cached``), and a
@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from conftest import scaled_init, tiny_gpt2, tiny_llama
 
-from sarjax.attacks.text import core as T
 from sarjax.attacks.text import llm_text_model, make_gcg, refusal_loss, target_loss, text_batch
+from sarjax.attacks.text import model as TM
+from sarjax.attacks.text import requests as TR
 
 V = 24
 BEFORE = [[1, 2, 3, 4], [5, 6]]  # row 1: a left-padded (holed) before block
@@ -43,13 +44,13 @@ def test_batched_cached_scoring_equals_full_prompts(name):
     params = _stack(cfg, 0)
     model = llm_text_model(cfg)
     assert model.nll_cached_many is not None
-    batch = T.TextBatch(*(np.asarray(a) for a in text_batch(BEFORE, AFTER, TARGET)))
+    batch = TR.TextBatch(*(np.asarray(a) for a in text_batch(BEFORE, AFTER, TARGET)))
     sufs = np.array([[3, 4, 5], [0, 7, 7], [20, 21, 22], [9, 9, 1]], np.int32)
     sm = np.array([[1, 1, 1], [0, 1, 1], [1, 1, 1], [0, 0, 1]], np.int32)  # holes in the suffix slots
-    full = jax.jit(T.member_losses, static_argnums=(0, 1))
-    cached = jax.jit(T.member_losses_cached, static_argnums=(0, 1))
+    full = jax.jit(TM.member_losses, static_argnums=(0, 1))
+    cached = jax.jit(TM.member_losses_cached, static_argnums=(0, 1))
     for b in range(2):
-        r = T.row(batch, b)
+        r = TR.row(batch, b)
         want = np.asarray(full(model, target_loss, params, r, sufs, sm))  # [M, N], full prompts
         got = np.asarray(cached(model, target_loss, params, r, sufs, sm))
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
@@ -76,10 +77,10 @@ def test_batched_cached_scoring_two_stacks_llama_and_gpt2():
     )
     params = (_stack(cfg, 0, 2), _stack(gcfg, 1, 1))
     model = llm_text_model((cfg, gcfg))
-    r = T.row(T.TextBatch(*(np.asarray(a) for a in text_batch(BEFORE, AFTER, TARGET))), 1)
+    r = TR.row(TR.TextBatch(*(np.asarray(a) for a in text_batch(BEFORE, AFTER, TARGET))), 1)
     sufs = np.array([[3, 4, 5], [0, 7, 7]], np.int32)
-    want = np.asarray(T.member_losses(model, target_loss, params, r, sufs, np.ones(3, np.int32)))
-    got = np.asarray(T.member_losses_cached(model, target_loss, params, r, sufs, np.ones(3, np.int32)))
+    want = np.asarray(TM.member_losses(model, target_loss, params, r, sufs, np.ones(3, np.int32)))
+    got = np.asarray(TM.member_losses_cached(model, target_loss, params, r, sufs, np.ones(3, np.int32)))
     assert want.shape == (3, 2)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
@@ -88,13 +89,13 @@ def test_token_gradient_from_the_cache_equals_full_prompt_gradient():
     cfg = tiny_llama(V, **CONFIGS["gqa"])
     params = _stack(cfg, 2)
     model = llm_text_model(cfg)
-    r = T.row(T.TextBatch(*(np.asarray(a) for a in text_batch(BEFORE, AFTER, TARGET))), 1)
+    r = TR.row(TR.TextBatch(*(np.asarray(a) for a in text_batch(BEFORE, AFTER, TARGET))), 1)
     suffix = jnp.array([3, 9, 14], jnp.int32)
     full = jnp.ones(3, jnp.int32)
     pb = r.before.shape[0]
 
     def g_full(params):
-        ids, pm = T.assemble(r, suffix, full)
+        ids, pm = TR.assemble(r, suffix, full)
         oh = jax.nn.one_hot(ids, V)
 
         def f(s):
@@ -151,8 +152,8 @@ def test_member_count_traces_once_per_model_and_shapes():
     model = base._replace(logits=logits)
     batch = text_batch(BEFORE, AFTER, TARGET)
     p3, p2 = _stack(cfg, 4, 3), _stack(cfg, 5, 2)
-    assert T.member_count(model, p3, batch) == 3
-    assert T.member_count(model, p3, batch) == 3
+    assert TM.member_count(model, p3, batch) == 3
+    assert TM.member_count(model, p3, batch) == 3
     assert len(traces) == 1  # remembered
-    assert T.member_count(model, p2, batch) == 2  # other shapes: traced again
+    assert TM.member_count(model, p2, batch) == 2  # other shapes: traced again
     assert len(traces) == 2

@@ -117,7 +117,7 @@ _MESH_RUN = """
 import re
 import jax.numpy as jnp
 jax.config.update("jax_disable_most_optimizations", True)   # compile-bound tiny shapes
-from sarjax.attacks.text import core as T
+from sarjax.attacks.text import requests as TR
 from sarjax.attacks.text.gcg_joint import _member_select, _propose, make_joint_gcg
 from sarjax.attacks.text.pool import allowed_for, pool_params, pool_requests
 from sarjax.models.llm import decoder, generate
@@ -153,7 +153,7 @@ ref = gcg(pool_params(pool), reqs, None, **call)
 # the proposer's kernel on the step's inputs (as gcg_joint builds them): the candidates
 st0 = pool.stacks[0]
 batch = pool_requests("t", st0, reqs, [target] * 2, None, True).batch
-jb = T.TextBatch(*(jnp.asarray(a) for a in batch))
+jb = TR.TextBatch(*(jnp.asarray(a) for a in batch))
 sf = np.zeros((2, 4), np.int32); sm = np.zeros((2, 4), np.int32)
 sf[:, 1:] = tok.convert_tokens_to_ids(["x", "y", "z"]); sm[:, 1:] = 1
 base = jax.vmap(lambda s: jax.random.fold_in(jax.random.key(0), s))(jnp.arange(2, dtype=jnp.uint32))

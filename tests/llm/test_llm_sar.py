@@ -13,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 
-from sarjax.attacks.text.core import TextBatch, text_batch
+from sarjax.attacks.text.requests import TextBatch, text_batch
 from sarjax.cover import SetSystemOracle, greedy_sar
 from sarjax.runtime.fingerprint import FingerprintMismatch
 from sarjax.sar.llm import LLMSARAttack, make_llm_oracles, run_llm_sar

@@ -75,7 +75,7 @@ def test_cross_beast_joint_objective_and_exact_queries():
     """(a) each member's loss on the returned suffix equals that member's target NLL computed
     alone with ITS OWN tokenizer and template, and the joint loss is their mean over the covered
     members; (b) queries follow the closed form (every candidate passes the filter here)."""
-    from sarjax.attacks.text import core as T
+    from sarjax.attacks.text import requests as TR
     from sarjax.attacks.text.beast_cross import make_cross_beast
     from sarjax.attacks.text.pool import pool_params
     from sarjax.models.llm import decoder, scoring
@@ -115,7 +115,7 @@ def test_cross_beast_joint_objective_and_exact_queries():
         # the prompt that is sent: the whole text tokenized by its own tokenizer
         for j, (s, m, tok) in enumerate(stacks.values()):
             st = pool.stacks[s]
-            (bt,), (at,) = T.slot_texts(tok, [req])
+            (bt,), (at,) = TR.slot_texts(tok, [req])
             sent = encode_text(tok, bt + r.x_adv[b] + at)
             assert r.sent[s][b][r.sent_mask[s][b] == 1].tolist() == sent
             tgt = encode_text(tok, TARGET)

@@ -23,7 +23,9 @@ from sarjax.attacks.text import (
     target_loss,
     text_batch,
 )
-from sarjax.attacks.text import core as T
+from sarjax.attacks.text import entry as TE
+from sarjax.attacks.text import model as TM
+from sarjax.attacks.text import requests as TR
 from sarjax.models.llm import decoder, scoring
 from sarjax.models.llm.pool import unstack_params
 
@@ -55,8 +57,8 @@ def beast(pool):
 
 _nll_one = jax.jit(scoring.target_nll, static_argnums=1)
 _logits_one = jax.jit(decoder.logits, static_argnums=1)
-_member_losses = jax.jit(T.member_losses, static_argnums=(0, 1))
-_member_losses_cached = jax.jit(T.member_losses_cached, static_argnums=(0, 1))
+_member_losses = jax.jit(TM.member_losses, static_argnums=(0, 1))
+_member_losses_cached = jax.jit(TM.member_losses_cached, static_argnums=(0, 1))
 
 
 def _member_nll(cfg, params, m, prompt, target):
@@ -76,7 +78,7 @@ def _joint_by_hand(cfg, params, b, suffix, mask=MASK, members=(0, 1, 2)):
 
 def test_joint_loss_equals_mean_of_members_one_by_one(pool):
     cfg, params, model, batch = pool
-    r = T.row(T.TextBatch(*(np.asarray(a) for a in batch)), 1)  # row 1: before is left-padded (a hole)
+    r = TR.row(TR.TextBatch(*(np.asarray(a) for a in batch)), 1)  # row 1: before is left-padded (a hole)
     sufs = np.array([[3, 4, 5], [0, 7, 7]], np.int32)
     sm = np.array([[1, 1, 1], [0, 1, 1]], np.int32)  # the second suffix has one hole
     ml = np.asarray(_member_losses(model, target_loss, params, r, sufs, sm))  # [M, N]
@@ -97,7 +99,7 @@ def test_pool_of_two_stacks_scores_members_in_stack_order(pool):
     gcfg = tiny_gpt2(V)
     gp = jax.vmap(lambda k: scaled_init(gcfg, k, 3.0))(jax.random.split(jax.random.key(1), 1))
     two = (jax.tree.map(lambda x: x[:2], params), gp)
-    r = T.row(T.TextBatch(*(np.asarray(a) for a in batch)), 0)
+    r = TR.row(TR.TextBatch(*(np.asarray(a) for a in batch)), 0)
     ml = np.asarray(_member_losses(llm_text_model((cfg, gcfg)), target_loss, two, r, np.array([[3, 4, 5]]), np.ones(3)))
     prompt = BEFORE[0] + [3, 4, 5] + AFTER[0]
     want = [_member_nll(cfg, params, m, prompt, TARGET[0]).mean() for m in range(2)]
@@ -116,12 +118,12 @@ def test_gcg_finds_the_brute_force_optimum_over_a_tiny_vocabulary(pool, gcg):
     allowed[[12, 15, 17, 20]] = True
     r = gcg(params, batch, None, key=jax.random.key(3), mask=MASK, allowed=allowed, suffix_init=[12, 12, 12])
     every = list(itertools.product([12, 15, 17, 20], repeat=LS))
-    nb = T.TextBatch(*(np.asarray(a) for a in batch))
+    nb = TR.TextBatch(*(np.asarray(a) for a in batch))
     for b in range(2):
         # default loss: MAXIMISE the mean refusal NLL (the SAR paper), i.e. minimise its negative;
         # the batched scorer is checked against one-by-one scoring in the test above
         ml = _member_losses(
-            pool[2], refusal_loss, params, T.row(nb, b), np.asarray(every, np.int32), np.ones(LS, np.int32)
+            pool[2], refusal_loss, params, TR.row(nb, b), np.asarray(every, np.int32), np.ones(LS, np.int32)
         )
         brute = dict(zip(every, np.asarray(joint_loss(ml, MASK)).tolist(), strict=True))
         best = min(brute, key=lambda s: brute[s])
@@ -267,7 +269,7 @@ def test_audit_names_offending_rows(pool, gcg):
     ids = np.concatenate([np.asarray(batch.before), np.asarray(prob.suffix_init), np.asarray(batch.after)], axis=1)
     mask = np.concatenate([batch.before_mask, np.ones((2, LS), np.int32), batch.after_mask], axis=1)
     q = np.zeros((2, 3), np.int32)
-    good = T.TextAttackResult(
+    good = TE.TextAttackResult(
         ids, np.zeros((2, 3), bool), q, mask, np.asarray(prob.suffix_init), np.ones((2, LS), np.int32), np.zeros(2),
         np.zeros((2, 3)), ids, mask, np.zeros(2, bool),
     )  # fmt: skip

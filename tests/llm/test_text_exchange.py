@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from conftest import VOCAB, build_tokenizer, tiny_llama
 
-from sarjax.attacks.text import core as T
+from sarjax.attacks.text import retokenize as TK
 from sarjax.attacks.text.gcg_joint import make_joint_gcg
 from sarjax.attacks.text.pool import pool_params
 from sarjax.models.llm.tokenizers import word_level_tokenizer
@@ -46,17 +46,17 @@ def _tokenizers():
 
 def test_suffix_text_check_keeps_only_texts_every_tokenizer_reproduces():
     ta, tb = _tokenizers()
-    al = [T.allowed_vocab(t, VOCAB) for t in (ta, tb)]
-    ids, why = T.suffix_text_violations("x y z", [ta, tb], al, [4, 4])
+    al = [TK.allowed_vocab(t, VOCAB) for t in (ta, tb)]
+    ids, why = TK.suffix_text_violations("x y z", [ta, tb], al, [4, 4])
     assert why == [] and ids[0] != ids[1]  # the same text, other ids in each vocabulary
     assert ta.decode(ids[0]) == tb.decode(ids[1]) == "x y z"
-    _, why = T.suffix_text_violations("a bomb", [ta, tb], al, [4, 4])
+    _, why = TK.suffix_text_violations("a bomb", [ta, tb], al, [4, 4])
     assert len(why) == 1 and why[0].startswith("stack 1: the ids do not decode back")  # unknown in B
-    _, why = T.suffix_text_violations("x y z x y", [ta, tb], al, [4, 8])
+    _, why = TK.suffix_text_violations("x y z x y", [ta, tb], al, [4, 8])
     assert why == ["stack 0: 5 tokens exceed the 4 suffix slots"]
-    _, why = T.suffix_text_violations("x [INST] y", [ta, tb], al, [4, 4])
+    _, why = TK.suffix_text_violations("x [INST] y", [ta, tb], al, [4, 4])
     assert any(w.startswith("stack 0: ids outside the allowed vocabulary: [4]") for w in why)  # a special token
-    assert T.allowed_vocab(ta, VOCAB)[len(ta) :].sum() == 0  # ids past the tokenizer's vocabulary: masked
+    assert TK.allowed_vocab(ta, VOCAB)[len(ta) :].sum() == 0  # ids past the tokenizer's vocabulary: masked
 
 
 @pytest.fixture(scope="module")

@@ -1,9 +1,13 @@
 """Attacks on LLM pools (docs/llm.md, "Attacks on LLM pools"): joint GCG
 (:mod:`~sarjax.attacks.text.gcg`) and joint BEAST (:mod:`~sarjax.attacks.text.beast`) on the
 attack protocol (state machines, query counting, a required key), model-agnostic through a
-:class:`~sarjax.attacks.text.core.TextModel` and member masks; :mod:`~sarjax.attacks.text.core`
-holds the request layout, the losses, the success criteria, the pool adapter, the threat-model
-audit and the re-tokenization of the prompts that are sent; :mod:`~sarjax.attacks.text.autodan`
+:class:`~sarjax.attacks.text.model.TextModel` and member masks. The shared pieces, one concept
+per module: :mod:`~sarjax.attacks.text.requests` (the request layout and the text around each
+suffix slot), :mod:`~sarjax.attacks.text.model` (the pool adapter and the per-member scoring),
+:mod:`~sarjax.attacks.text.losses` (losses and success criteria),
+:mod:`~sarjax.attacks.text.retokenize` (the text that is sent, the re-tokenization filter, suffixes
+passed as text across tokenizers) and :mod:`~sarjax.attacks.text.entry` (the entry, its
+validation, the threat-model audit); :mod:`~sarjax.attacks.text.autodan`
 is the black-box AutoDAN-style rewriting on text (:mod:`~sarjax.attacks.text.autodan_jit`: on
 token ids with a jit-safe entry; :mod:`~sarjax.attacks.text.autodan_judge`: how both judge and
 rank a candidate);
@@ -16,31 +20,32 @@ Every attack is an :class:`~sarjax.attacks.core.entry.Entry` called
 every result starts with ``x_adv``, ``success [B, M]`` and ``queries [B, M]``.
 """
 
-from sarjax.attacks.text import autodan, autodan_jit, autodan_judge, beast, beast_cross, core, gcg, gcg_joint, pool
+from sarjax.attacks.text import (
+    autodan,
+    autodan_jit,
+    autodan_judge,
+    beast,
+    beast_cross,
+    entry,
+    gcg,
+    gcg_joint,
+    losses,
+    model,
+    pool,
+    requests,
+    retokenize,
+)
 from sarjax.attacks.text.autodan import AutoDANAttack, AutoDANBatch, AutoDANResult, PoolEvaluator, make_autodan
 from sarjax.attacks.text.autodan_jit import AutoDANTokenFn, AutoDANTokenResult, make_autodan_jit
 from sarjax.attacks.text.beast import make_beast, seed_suffixes
 from sarjax.attacks.text.beast_cross import CrossBEAST, CrossBEASTResult, make_cross_beast
-from sarjax.attacks.text.core import (
-    TextAttackFn,
-    TextAttackResult,
-    TextBatch,
-    TextModel,
-    allowed_vocab,
-    audit_text,
-    exchange_suffix,
-    joint_loss,
-    llm_text_model,
-    member_success,
-    refusal_loss,
-    sent_ids,
-    slot_texts,
-    suffix_text_violations,
-    target_loss,
-    text_batch,
-)
+from sarjax.attacks.text.entry import TextAttackFn, TextAttackResult, audit_text
 from sarjax.attacks.text.gcg import make_gcg
 from sarjax.attacks.text.gcg_joint import JointGCG, JointGCGResult, make_joint_gcg
+from sarjax.attacks.text.losses import joint_loss, member_success, refusal_loss, target_loss
+from sarjax.attacks.text.model import TextModel, llm_text_model
+from sarjax.attacks.text.requests import TextBatch, slot_texts, text_batch
+from sarjax.attacks.text.retokenize import allowed_vocab, exchange_suffix, sent_ids, suffix_text_violations
 
 __all__ = [
     "AutoDANAttack",
@@ -64,7 +69,11 @@ __all__ = [
     "autodan_judge",
     "beast",
     "beast_cross",
-    "core",
+    "entry",
+    "losses",
+    "model",
+    "requests",
+    "retokenize",
     "exchange_suffix",
     "gcg",
     "gcg_joint",

@@ -62,7 +62,7 @@ from sarjax.attacks import queries as Q
 from sarjax.attacks.core.entry import HostDrivenEntry
 from sarjax.attacks.core.validate import check_sample_ids
 from sarjax.attacks.text.autodan_judge import judge_generations, judge_labels, rank_key
-from sarjax.attacks.text.core import check_member_mask
+from sarjax.attacks.text.requests import check_member_mask
 from sarjax.models.llm.generate import SamplingConfig, stack_greedy_generate
 from sarjax.models.llm.pool import LLMPool, LLMStack, pool_generate_text, stack_decoding, tokenizer_fingerprint
 from sarjax.models.llm.prompts import encode_text, split_chat_template

@@ -21,7 +21,7 @@ from sarjax.attacks.core.entry import Entry, host
 from sarjax.attacks.core.protocol import Attack
 from sarjax.attacks.core.validate import check_sample_ids
 from sarjax.attacks.text.autodan import REWRITE_PROMPT, check_search
-from sarjax.attacks.text.core import check_member_mask
+from sarjax.attacks.text.requests import check_member_mask
 from sarjax.judges.refusal import token_refusal_judge
 from sarjax.models.llm.generate import SamplingConfig, greedy_one, sample_one
 from sarjax.models.llm.pool import left_pad, stack_decoding, tokenizer_fingerprint

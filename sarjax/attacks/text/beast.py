@@ -50,7 +50,11 @@ import numpy as np
 
 from sarjax.attacks import queries as Q
 from sarjax.attacks.core.protocol import Attack
-from sarjax.attacks.text import core as T
+from sarjax.attacks.text import entry as TE
+from sarjax.attacks.text import losses as TL
+from sarjax.attacks.text import model as TM
+from sarjax.attacks.text import requests as TR
+from sarjax.attacks.text import retokenize as TK
 from sarjax.models.llm.prompts import retokenizes
 
 
@@ -58,20 +62,20 @@ class BEASTConfig(NamedTuple):
     """Static hyperparameters (hashable).
 
     Attributes:
-      model: the :class:`~sarjax.attacks.text.core.TextModel`.
+      model: the :class:`~sarjax.attacks.text.model.TextModel`.
       loss: per-member loss, minimised.
       suffix_len: ``Ls`` (30, the SAR paper Table 2).
       beam_width: ``k1`` (10, the SAR paper Table 2).
       candidates: ``k2`` tokens drawn per beam (10: BEAST uses ``k1 = k2``).
       temperature: of the next-token distribution (1, the SAR paper Table 2).
       sampler: ``"multinomial"`` (BEAST) or ``"greedy"`` (deterministic top-``k2``).
-      criterion: the success criterion (:attr:`~sarjax.attacks.text.core.TextAttackResult.success`).
-      retok: a :class:`~sarjax.attacks.text.core.Retokenizer` (the factory's tokenizer): every
+      criterion: the success criterion (:attr:`~sarjax.attacks.text.entry.TextAttackResult.success`).
+      retok: a :class:`~sarjax.attacks.text.retokenize.Retokenizer` (the factory's tokenizer): every
         candidate goes through the re-tokenization filter and is scored on the ids of the prompt
         text that is sent; None: scored on the blocks ``before | suffix | after``.
     """
 
-    model: T.TextModel
+    model: TM.TextModel
     loss: Callable
     suffix_len: int
     beam_width: int
@@ -94,7 +98,7 @@ class BEASTState(NamedTuple):
       queries: ``[B]`` int32.
       step: scalar int32.
       keys: ``[B]`` per-request keys.
-      problem: the :class:`~sarjax.attacks.text.core.TextProblem`.
+      problem: the :class:`~sarjax.attacks.text.requests.TextProblem`.
     """
 
     beams: Any
@@ -115,18 +119,18 @@ def _candidate_losses(cfg: BEASTConfig, params, r, mk, texts, cands, n):
     re-tokenization filter drops a candidate."""
     ls = cfg.suffix_len
     if cfg.retok is None:
-        return T.joint_loss(T.member_losses(cfg.model, cfg.loss, params, r, cands, T.suffix_mask(ls, n)), mk)
+        return TL.joint_loss(TM.member_losses(cfg.model, cfg.loss, params, r, cands, TR.suffix_mask(ls, n)), mk)
     width = r.before.shape[0] + ls + r.after.shape[0]
     ids, mask, ok = cfg.retok.sent(r, texts, cands, n, width)
-    jl = T.joint_loss(T.prompt_losses(cfg.model, cfg.loss, params, r, ids, mask), mk)
+    jl = TL.joint_loss(TM.prompt_losses(cfg.model, cfg.loss, params, r, ids, mask), mk)
     return jnp.where(ok, jl, jnp.inf)
 
 
-def _init(cfg: BEASTConfig, params, problem: T.TextProblem) -> BEASTState:
+def _init(cfg: BEASTConfig, params, problem: TR.TextProblem) -> BEASTState:
     ls, k1 = cfg.suffix_len, cfg.beam_width
 
     def one(r, mk, s, n, tx):
-        return _candidate_losses(cfg, params, r, mk, tx, s[None] * T.suffix_mask(ls, n), n)[0]
+        return _candidate_losses(cfg, params, r, mk, tx, s[None] * TR.suffix_mask(ls, n), n)[0]
 
     n0 = problem.init_len
     seeded = n0 > 0
@@ -139,7 +143,7 @@ def _init(cfg: BEASTConfig, params, problem: T.TextProblem) -> BEASTState:
     best_len = jnp.where(ok & jnp.isfinite(loss), n0, 0)  # a seed the filter drops is not a result
     ok_beams = jnp.ones(beams.shape[:2], bool)
     return BEASTState(
-        beams, n0, ok_beams, problem.suffix_init, best_len, best_loss, q, jnp.int32(0), T.sample_keys(problem), problem
+        beams, n0, ok_beams, problem.suffix_init, best_len, best_loss, q, jnp.int32(0), TR.sample_keys(problem), problem
     )
 
 
@@ -152,7 +156,7 @@ def _step(cfg: BEASTConfig, state: BEASTState, params) -> BEASTState:
         nm = jnp.sum(mk > 0).astype(jnp.int32)
         cost = (k1 + k1 * k2) * nm
         active = Q.allowed(count, cost, cap) & (nm > 0) & (n < ls)
-        sm = T.suffix_mask(ls, n)
+        sm = TR.suffix_mask(ls, n)
         at = jnp.where(n > 0, pb + ls - 1, pb - 1)  # the last real token of the user turn
         w = mk.astype(jnp.float32) / jnp.maximum(jnp.sum(mk.astype(jnp.float32)), 1.0)
 
@@ -211,15 +215,15 @@ def _step(cfg: BEASTConfig, state: BEASTState, params) -> BEASTState:
     )
 
 
-def _result(cfg: BEASTConfig, state: BEASTState, params) -> T.TextAttackResult:
-    return T.finish(
+def _result(cfg: BEASTConfig, state: BEASTState, params) -> TE.TextAttackResult:
+    return TE.finish(
         cfg.model, cfg.loss, cfg.criterion, params, state.problem, state.best_suffix, state.best_len, state.best_loss,
         state.queries, cfg.retok,
     )  # fmt: skip
 
 
 def make_beast(
-    model: T.TextModel,
+    model: TM.TextModel,
     *,
     vocab_size: int,
     suffix_len: int = 30,
@@ -227,14 +231,14 @@ def make_beast(
     candidates: int | None = None,
     temperature: float = 1.0,
     sampler: str = "multinomial",
-    loss: Callable = T.target_loss,
+    loss: Callable = TL.target_loss,
     tokenizer=None,
     criterion: str | None = None,
-) -> T.TextAttackFn:
+) -> TE.TextAttackFn:
     """Joint BEAST on a pool.
 
     Args:
-      model: the pool (:func:`~sarjax.attacks.text.core.llm_text_model`).
+      model: the pool (:func:`~sarjax.attacks.text.model.llm_text_model`).
       vocab_size: ``V``.
       suffix_len: ``Ls``, tokens appended at most (30, the SAR paper Table 2); the attack runs ``Ls``
         steps (static), fewer when the traced cap (``max_queries``, the SAR paper: 15,000 per call)
@@ -244,7 +248,7 @@ def make_beast(
       temperature: sampling temperature (1, the SAR paper Table 2).
       sampler: ``"multinomial"`` or ``"greedy"``.
       loss: per-member loss, minimised (default
-        :func:`~sarjax.attacks.text.core.target_loss`, the mean per-token target NLL).
+        :func:`~sarjax.attacks.text.losses.target_loss`, the mean per-token target NLL).
       tokenizer: optional; then every candidate goes through GCG's re-tokenization filter (its
         decoded text must encode back to its ids; Zou et al. 2023's ``filter_cand``) and is scored
         on the ids of the whole prompt TEXT that is sent (``before text + decode(suffix) + after
@@ -252,14 +256,14 @@ def make_beast(
         host callback of the tokenizer inside the compiled step (``jax.pure_callback``, so
         ``fn.jit`` calls the host too); the audited entry checks that the suffix re-tokenizes
         and re-tokenizes the whole prompt as text
-        (:attr:`~sarjax.attacks.text.core.TextAttackResult.sent`). None: candidates are scored on
+        (:attr:`~sarjax.attacks.text.entry.TextAttackResult.sent`). None: candidates are scored on
         the blocks ``before | suffix | after``.
       criterion: ``"target"`` (a member is broken when its greedy response starts with the
         target) or ``"refusal"``; None: ``"refusal"`` for
-        :func:`~sarjax.attacks.text.core.refusal_loss`, else ``"target"``.
+        :func:`~sarjax.attacks.text.losses.refusal_loss`, else ``"target"``.
 
     Returns:
-      A :class:`~sarjax.attacks.text.core.TextAttackFn`: ``fn(params, batch, ref, *, key,
+      A :class:`~sarjax.attacks.text.entry.TextAttackFn`: ``fn(params, batch, ref, *, key,
       mask=None, max_queries=None, sample_ids=None, allowed=None, suffix_init=None, init_len=None,
       texts=None) -> TextAttackResult`` (``ref`` None: the batch carries the target ids) and
       ``fn.jit(...)``; a call's ``suffix_init [B, Ls]`` + ``init_len`` is a seed suffix
@@ -286,11 +290,11 @@ def make_beast(
         raise ValueError(f"make_beast: sampler must be 'multinomial' or 'greedy', got {sampler!r}")
     if not temperature > 0:
         raise ValueError(f"make_beast: temperature must be > 0, got {temperature}")
-    crit = T.check_criterion("make_beast", criterion, loss)
-    retok = None if tokenizer is None else T.Retokenizer(tokenizer)
+    crit = TL.check_criterion("make_beast", criterion, loss)
+    retok = None if tokenizer is None else TK.Retokenizer(tokenizer)
     cfg = BEASTConfig(model, loss, int(suffix_len), int(beam_width), int(k2), float(temperature), sampler, crit, retok)
     attack = Attack(_init, _step, _result, int(suffix_len), cfg)
-    return T.TextAttackFn(
+    return TE.TextAttackFn(
         attack,
         name="beast",
         model=model,

@@ -17,7 +17,7 @@ one vocabulary. Here the members read different vocabularies, so the suffix is e
 - **The exchange.** Each candidate (a beam plus one token) is decoded to text with the proposer's
   tokenizer and kept only when the proposer's tokenizer re-encodes that text to the candidate ids
   (GCG's re-tokenization filter, in the proposer's space) and
-  :func:`~sarjax.attacks.text.core.suffix_text_violations` passes for every stack (its ids
+  :func:`~sarjax.attacks.text.retokenize.suffix_text_violations` passes for every stack (its ids
   decode back to the text, lie in the stack's allowed vocabulary, fit its slots).
 - **The objective.** Every kept candidate is scored by every covered member in ITS OWN tokens, on
   the ids of the whole prompt text that is sent (``encode_s(before text + text + after text) |
@@ -46,7 +46,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from sarjax.attacks.core.entry import HostDrivenEntry
-from sarjax.attacks.text import core as T
+from sarjax.attacks.text import entry as TE
+from sarjax.attacks.text import losses as TL
+from sarjax.attacks.text import requests as TR
+from sarjax.attacks.text import retokenize as TK
 from sarjax.attacks.text.pool import (
     allowed_for,
     bind_params,
@@ -171,15 +174,15 @@ class CrossBEAST(HostDrivenEntry):
 
     def allowed(self) -> list[np.ndarray]:
         """The default allowed vocabulary of each stack of the pool
-        (:func:`~sarjax.attacks.text.core.allowed_vocab`)."""
+        (:func:`~sarjax.attacks.text.retokenize.allowed_vocab`)."""
         return [allowed_for(st.tokenizer, st.cfg.vocab_size, self.ascii_only) for st in self.pool.stacks]
 
     def seed_violations(self, text: str, allowed=None) -> list[str]:
         """Why ``text`` cannot start the beams (empty: it can): the proposer's ids must decode back to
-        it, fit ``suffix_len`` and pass :func:`~sarjax.attacks.text.core.suffix_text_violations`."""
+        it, fit ``suffix_len`` and pass :func:`~sarjax.attacks.text.retokenize.suffix_text_violations`."""
         toks = [st.tokenizer for st in self.pool.stacks]
         als = self.allowed() if allowed is None else allowed
-        ids, why = T.suffix_text_violations(text, toks, als, [max(self.slots, self.suffix_len)] * len(toks))
+        ids, why = TK.suffix_text_violations(text, toks, als, [max(self.slots, self.suffix_len)] * len(toks))
         if not why and len(ids[0]) > self.suffix_len:
             why = [f"stack 0: {len(ids[0])} tokens exceed suffix_len={self.suffix_len}"]
         return why
@@ -261,7 +264,7 @@ class CrossBEAST(HostDrivenEntry):
         # to multiples of 8)
         reqs = [pool_requests(self.name, st, instructions, targets, system, chat_template) for st in stacks]
         batches = [r.batch for r in reqs]
-        jb = [T.TextBatch(*(jnp.asarray(a) for a in b)) for b in batches]
+        jb = [TR.TextBatch(*(jnp.asarray(a) for a in b)) for b in batches]
         kw_dec = dict(skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
         bad = [
@@ -345,7 +348,7 @@ class CrossBEAST(HostDrivenEntry):
                     text = tok0.decode(ids, **kw_dec)
                     if text not in memo:
                         ok = encode_text(tok0, text) == ids  # the re-tokenization filter, proposer space
-                        memo[text] = ok and not T.suffix_text_violations(text, toks, als, slots)[1]
+                        memo[text] = ok and not TK.suffix_text_violations(text, toks, als, slots)[1]
                     if memo[text]:
                         cand_texts[b][c], cand_ids[b][c] = text, ids
             valid = np.array([[x is not None for x in row] for row in cand_texts])
@@ -370,12 +373,12 @@ class CrossBEAST(HostDrivenEntry):
             ids_out.append(np.concatenate([bt.before, sf, bt.after], axis=1))
             mask_out.append(np.concatenate([bt.before_mask, sm, bt.after_mask], axis=1))
             ms = slice(offsets[s], offsets[s + 1])
-            problem = T.TextProblem(bt, cov[:, ms], als[s], cap, key, sid, sf, sm.sum(1))
+            problem = TR.TextProblem(bt, cov[:, ms], als[s], cap, key, sid, sf, sm.sum(1))
             q_s = np.where(cov[:, ms], queries[:, ms], 0)  # the audit's check: covered members' forwards
-            res = T.TextAttackResult(
+            res = TE.TextAttackResult(
                 ids_out[-1], None, q_s, mask_out[-1], sf, sm, best_loss, member_loss, None, None, None
             )
-            T.audit_text(f"{self.name} (stack {s})", problem, res, st.tokenizer)
+            TE.audit_text(f"{self.name} (stack {s})", problem, res, st.tokenizer)
         why = [
             f"row {i}: " + "; ".join(r) for i, x in enumerate(best_text) if x and (r := self.seed_violations(x, als))
         ]
@@ -399,7 +402,7 @@ def make_cross_beast(
     candidates: int | None = None,
     temperature: float = 1.0,
     sampler: str = "multinomial",
-    loss: Callable = T.target_loss,
+    loss: Callable = TL.target_loss,
     target: str = "Sure, here is",
     slots: int | None = None,
     ascii_only: bool = True,
@@ -416,14 +419,14 @@ def make_cross_beast(
       temperature: of the mixture's members (1, the SAR paper Table 2).
       sampler: ``"multinomial"`` (Gumbel top-k without replacement, BEAST) or ``"greedy"`` (the
         ``k2`` most likely tokens; deterministic, for tests).
-      loss: per-member loss, minimised (default :func:`~sarjax.attacks.text.core.target_loss`,
+      loss: per-member loss, minimised (default :func:`~sarjax.attacks.text.losses.target_loss`,
         the mean per-token target NLL: BEAST's objective).
       target: the target response (the SAR paper does not print BEAST's target; this one is ours).
       slots: suffix token slots of every stack (default ``2 * suffix_len``: the same text may take
         more tokens in another vocabulary; a candidate that does not fit is filtered).
       ascii_only: the default allowed vocabulary keeps printable-ASCII tokens only (GCG's filter).
       criterion: the success criterion (:attr:`CrossBEASTResult.success`; None: ``"target"``,
-        or ``"refusal"`` for :func:`~sarjax.attacks.text.core.refusal_loss`).
+        or ``"refusal"`` for :func:`~sarjax.attacks.text.losses.refusal_loss`).
 
     Returns:
       A :class:`CrossBEAST`: ``fn(params, instructions, ref, *, key, mask=None, max_queries=None,
@@ -449,7 +452,7 @@ def make_cross_beast(
     return CrossBEAST(
         pool, suffix_len=int(suffix_len), beam_width=int(beam_width), candidates=int(k2), temperature=float(temperature),
         sampler=sampler, loss=loss, target=target, slots=sl, ascii_only=bool(ascii_only),
-        criterion=T.check_criterion("make_cross_beast", criterion, loss),
+        criterion=TL.check_criterion("make_cross_beast", criterion, loss),
     )  # fmt: skip
 
 

@@ -5,7 +5,7 @@ suffix against the uncovered members of a pool.
 One step, per request (all requests of a batch in one ``vmap``):
 
 1. the token gradient: ``d loss / d one_hot(suffix)`` ``[Ls, V]`` of the JOINT loss (the mean
-   of the covered members' losses, :func:`~sarjax.attacks.text.core.joint_loss`), one backward
+   of the covered members' losses, :func:`~sarjax.attacks.text.losses.joint_loss`), one backward
    pass per covered member;
 2. the ``topk`` ids with the most negative gradient per suffix position, over the allowed
    vocabulary only;
@@ -15,13 +15,13 @@ One step, per request (all requests of a batch in one ``vmap``):
    candidate (GCG moves even when it is worse than the current one); the best-so-far is kept.
 
 The request's ``before`` block (template head + request) does not change during a call: it is run
-once per member and call (:func:`~sarjax.attacks.text.core.prefix_cache`, kept in the state;
+once per member and call (:func:`~sarjax.attacks.text.model.prefix_cache`, kept in the state;
 nanoGCG's prefix cache), and both the gradient pass and the candidates read it from that KV cache
 (equal to running full prompts up to float rounding; models without a cache run full prompts).
 
-The loss is a function argument: the default :func:`~sarjax.attacks.text.core.refusal_loss`
+The loss is a function argument: the default :func:`~sarjax.attacks.text.losses.refusal_loss`
 MAXIMISES the mean NLL of a fixed refusal (the SAR paper, joint GCG); pass
-:func:`~sarjax.attacks.text.core.target_loss` for Zou et al.'s original objective (minimise the
+:func:`~sarjax.attacks.text.losses.target_loss` for Zou et al.'s original objective (minimise the
 NLL of an affirmative target).
 
 Queries per step and request: ``(1 + num_candidates) * |covered members|`` (one gradient per
@@ -42,22 +42,25 @@ import jax.numpy as jnp
 
 from sarjax.attacks import queries as Q
 from sarjax.attacks.core.protocol import Attack
-from sarjax.attacks.text import core as T
+from sarjax.attacks.text import entry as TE
+from sarjax.attacks.text import losses as TL
+from sarjax.attacks.text import model as TM
+from sarjax.attacks.text import requests as TR
 
 
 class GCGConfig(NamedTuple):
     """Static hyperparameters (hashable).
 
     Attributes:
-      model: the :class:`~sarjax.attacks.text.core.TextModel`.
+      model: the :class:`~sarjax.attacks.text.model.TextModel`.
       loss: ``loss(nll [..., Tt], target_mask [Tt]) -> [...]`` per member (minimised).
       suffix_len: ``Ls`` (20: GCG's ``"! " * 20`` start).
       topk: substitutions per position (256, Zou et al. 2023; the SAR paper Table 3).
       num_candidates: candidates per step (64, the SAR paper Table 3; GCG's reference uses 512).
-      criterion: the success criterion (:attr:`~sarjax.attacks.text.core.TextAttackResult.success`).
+      criterion: the success criterion (:attr:`~sarjax.attacks.text.entry.TextAttackResult.success`).
     """
 
-    model: T.TextModel
+    model: TM.TextModel
     loss: Callable
     suffix_len: int
     topk: int
@@ -74,9 +77,9 @@ class GCGState(NamedTuple):
       queries: ``[B]`` int32.
       step: scalar int32 (the step counter; draws use ``fold_in(sample key, step)``).
       keys: ``[B]`` per-request keys.
-      problem: the :class:`~sarjax.attacks.text.core.TextProblem`.
+      problem: the :class:`~sarjax.attacks.text.requests.TextProblem`.
       prefix: every member's KV cache of each request's ``before`` block (leading ``[B]``;
-        :func:`~sarjax.attacks.text.core.prefix_cache`), computed once per call; None when the
+        :func:`~sarjax.attacks.text.model.prefix_cache`), computed once per call; None when the
         model has no cache.
     """
 
@@ -90,12 +93,12 @@ class GCGState(NamedTuple):
     prefix: Any = None
 
 
-def _init(cfg: GCGConfig, params, problem: T.TextProblem) -> GCGState:
+def _init(cfg: GCGConfig, params, problem: TR.TextProblem) -> GCGState:
     ls = cfg.suffix_len
     full = jnp.ones((ls,), jnp.int32)
 
     def one(r, mk, s):
-        return T.joint_loss(T.member_losses(cfg.model, cfg.loss, params, r, s[None], full), mk)[0]
+        return TL.joint_loss(TM.member_losses(cfg.model, cfg.loss, params, r, s[None], full), mk)[0]
 
     loss = jax.vmap(one)(problem.batch, problem.mask, problem.suffix_init)
     nm = jnp.sum(problem.mask > 0, axis=1).astype(jnp.int32)
@@ -103,8 +106,8 @@ def _init(cfg: GCGConfig, params, problem: T.TextProblem) -> GCGState:
     q = Q.charge(jnp.zeros_like(nm), nm, ok)
     loss = jnp.where(ok, loss, jnp.inf)
     s0 = problem.suffix_init
-    prefix = jax.vmap(lambda r: T.prefix_cache(cfg.model, params, r))(problem.batch)
-    return GCGState(s0, s0, loss, q, jnp.int32(0), T.sample_keys(problem), problem, prefix)
+    prefix = jax.vmap(lambda r: TM.prefix_cache(cfg.model, params, r))(problem.batch)
+    return GCGState(s0, s0, loss, q, jnp.int32(0), TR.sample_keys(problem), problem, prefix)
 
 
 def _step(cfg: GCGConfig, state: GCGState, params) -> GCGState:
@@ -128,7 +131,7 @@ def _step(cfg: GCGConfig, state: GCGState, params) -> GCGState:
             pm = jnp.concatenate([full, r.after_mask]).astype(jnp.int32)
             start = 0
         else:
-            ids, pm = T.assemble(r, suffix, full)
+            ids, pm = TR.assemble(r, suffix, full)
             start = pb
         oh = jax.nn.one_hot(ids, v, dtype=jnp.float32)
 
@@ -138,7 +141,7 @@ def _step(cfg: GCGConfig, state: GCGState, params) -> GCGState:
                 nll = nll_oh_cached(params, cache, x, pm, r.target, r.target_mask)
             else:
                 nll = model.nll_one_hot(params, x, pm, r.target, r.target_mask)
-            return T.joint_loss(cfg.loss(nll, r.target_mask), mk)
+            return TL.joint_loss(cfg.loss(nll, r.target_mask), mk)
 
         g = jax.grad(f)(jax.lax.dynamic_slice_in_dim(oh, start, ls, axis=0))  # [Ls, V]
         score = jnp.where(p.allowed[None], -g, -jnp.inf)
@@ -148,7 +151,7 @@ def _step(cfg: GCGConfig, state: GCGState, params) -> GCGState:
         which = jax.random.randint(kt, (nc,), 0, k)
         tok = top[pos, which]
         cands = jnp.broadcast_to(suffix, (nc, ls)).at[jnp.arange(nc), pos].set(tok)
-        jl = T.joint_loss(T.member_losses_cached(model, cfg.loss, params, r, cands, full, cache), mk)
+        jl = TL.joint_loss(TM.member_losses_cached(model, cfg.loss, params, r, cands, full, cache), mk)
         jl = jnp.where(p.allowed[tok], jl, jnp.inf)  # fewer than k allowed ids: never pick a banned one
         i = jnp.argmin(jl)
         move = active & jnp.isfinite(jl[i])
@@ -168,49 +171,49 @@ def _step(cfg: GCGConfig, state: GCGState, params) -> GCGState:
     return state._replace(suffix=s, best_suffix=bs, best_loss=bl, queries=q, step=state.step + 1)
 
 
-def _result(cfg: GCGConfig, state: GCGState, params) -> T.TextAttackResult:
+def _result(cfg: GCGConfig, state: GCGState, params) -> TE.TextAttackResult:
     b = state.suffix.shape[0]
     n = jnp.full((b,), cfg.suffix_len, jnp.int32)
-    return T.finish(
+    return TE.finish(
         cfg.model, cfg.loss, cfg.criterion, params, state.problem, state.best_suffix, n, state.best_loss, state.queries
     )
 
 
 def make_gcg(
-    model: T.TextModel,
+    model: TM.TextModel,
     *,
     vocab_size: int,
     num_steps: int = 20,
     suffix_len: int = 20,
     topk: int = 256,
     num_candidates: int = 64,
-    loss: Callable = T.refusal_loss,
+    loss: Callable = TL.refusal_loss,
     tokenizer=None,
     init_id: int | None = None,
     criterion: str | None = None,
-) -> T.TextAttackFn:
+) -> TE.TextAttackFn:
     """Joint GCG on a pool.
 
     Args:
-      model: the pool (:func:`~sarjax.attacks.text.core.llm_text_model`).
+      model: the pool (:func:`~sarjax.attacks.text.model.llm_text_model`).
       vocab_size: ``V`` (the embedding rows).
       num_steps: steps per call (20 per round, the SAR paper Table 3).
       suffix_len: ``Ls`` (20, Zou et al. 2023).
       topk: top-k substitutions per position (256, Zou et al. 2023 / the SAR paper Table 3); clipped
         to ``V``.
       num_candidates: candidates per step (64, the SAR paper Table 3).
-      loss: per-member loss, minimised (default :func:`~sarjax.attacks.text.core.refusal_loss`:
+      loss: per-member loss, minimised (default :func:`~sarjax.attacks.text.losses.refusal_loss`:
         maximise the refusal's mean NLL, the SAR paper).
       tokenizer: optional; the audited entry then checks the returned suffix re-tokenizes and
-        re-tokenizes the whole prompt as text (:attr:`~sarjax.attacks.text.core.TextAttackResult.sent`).
+        re-tokenizes the whole prompt as text (:attr:`~sarjax.attacks.text.entry.TextAttackResult.sent`).
       init_id: start token (GCG starts from ``"!"`` x 20: pass the id of ``"!"``); None: the
         first allowed id. A call's ``suffix_init`` overrides it.
       criterion: ``"refusal"`` (a member is broken when its greedy response is not the refusal)
         or ``"target"`` (its greedy response starts with the target); None: ``"refusal"`` for
-        :func:`~sarjax.attacks.text.core.refusal_loss`, else ``"target"``.
+        :func:`~sarjax.attacks.text.losses.refusal_loss`, else ``"target"``.
 
     Returns:
-      A :class:`~sarjax.attacks.text.core.TextAttackFn`:
+      A :class:`~sarjax.attacks.text.entry.TextAttackFn`:
       ``fn(params, batch, ref, *, key, mask=None, max_queries=None, sample_ids=None, allowed=None,
       suffix_init=None, texts=None) -> TextAttackResult`` (``ref`` None: the batch carries the
       refusal / target ids) and ``fn.jit(...)``.
@@ -227,10 +230,10 @@ def make_gcg(
     ):
         if int(val) < 1:
             raise ValueError(f"make_gcg: {n} must be >= 1, got {val}")
-    crit = T.check_criterion("make_gcg", criterion, loss)
+    crit = TL.check_criterion("make_gcg", criterion, loss)
     cfg = GCGConfig(model, loss, int(suffix_len), int(topk), int(num_candidates), crit)
     attack = Attack(_init, _step, _result, int(num_steps), cfg)
-    return T.TextAttackFn(
+    return TE.TextAttackFn(
         attack,
         name="gcg",
         model=model,

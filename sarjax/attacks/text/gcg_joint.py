@@ -20,7 +20,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from sarjax.attacks.core.entry import HostDrivenEntry
-from sarjax.attacks.text import core as T
+from sarjax.attacks.text import entry as TE
+from sarjax.attacks.text import losses as TL
+from sarjax.attacks.text import requests as TR
+from sarjax.attacks.text import retokenize as TK
 from sarjax.attacks.text.pool import (
     allowed_for,
     bind_params,
@@ -64,12 +67,12 @@ def _member_select(params) -> str:
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "loss", "topk", "nc", "select"))
-def _propose(params, m, batch: T.TextBatch, suffix, smask, allowed, keys, *, cfg, loss, topk, nc, select="sum"):
+def _propose(params, m, batch: TR.TextBatch, suffix, smask, allowed, keys, *, cfg, loss, topk, nc, select="sum"):
     """Member ``m`` of a stack proposes ``nc`` single-token substitutions per request.
 
     Args:
       params: the stack's stacked parameters ``[M_s, ...]``; m: traced member index.
-      batch: the stack's :class:`~sarjax.attacks.text.core.TextBatch` ``[B, ...]``.
+      batch: the stack's :class:`~sarjax.attacks.text.requests.TextBatch` ``[B, ...]``.
       suffix, smask: ``[B, Ls]`` current suffix ids and its right-aligned real slots.
       allowed: ``[V]`` bool; keys: ``[B]`` keys of this step.
       select: how member ``m`` is taken from ``params`` (:func:`_select_member`).
@@ -85,7 +88,7 @@ def _propose(params, m, batch: T.TextBatch, suffix, smask, allowed, keys, *, cfg
     pb = batch.before.shape[1]
 
     def one(r, s, sm, key):
-        ids, pm = T.assemble(r, s, sm)
+        ids, pm = TR.assemble(r, s, sm)
         oh = jax.nn.one_hot(ids, v, dtype=jnp.float32)
 
         def f(oh_s):
@@ -162,7 +165,7 @@ class JointGCG(HostDrivenEntry):
        proposer's tokenizer re-encodes that text to the candidate ids (GCG's re-tokenization
        filter) and every stack's tokenizer encodes it to ids that decode back to it, fit the
        suffix slots and lie in that stack's allowed vocabulary
-       (:func:`~sarjax.attacks.text.core.suffix_text_violations`; ids past a tokenizer's
+       (:func:`~sarjax.attacks.text.retokenize.suffix_text_violations`; ids past a tokenizer's
        vocabulary and special tokens are never allowed);
     3. every kept candidate is scored by every covered member in its own tokens, on the ids of the
        whole prompt text that is sent (1 query per member and candidate); the suffix moves to the candidate of least joint loss (even when it
@@ -258,7 +261,7 @@ class JointGCG(HostDrivenEntry):
           system: optional system message.
           suffix_init: the start suffix text (one, or one per request); default the factory's.
           chat_template: False renders ``instruction + " " + suffix`` (base models).
-          allowed: optional ``[V_s]`` bool per stack (default :func:`~sarjax.attacks.text.core.allowed_vocab`).
+          allowed: optional ``[V_s]`` bool per stack (default :func:`~sarjax.attacks.text.retokenize.allowed_vocab`).
           **call: none (an unknown keyword raises ``TypeError``; the base's ``**call`` is kept so
             that the signature stays compatible with :meth:`~sarjax.attacks.core.entry.Entry.__call__`).
 
@@ -300,11 +303,11 @@ class JointGCG(HostDrivenEntry):
             raise ValueError(f"{self.name}: suffix_init must be one string or {bsz}, got {len(init_texts)}")
         reqs = [pool_requests(self.name, st, instructions, targets, system, chat_template) for st in stacks]
         batches = [r.batch for r in reqs]
-        jb = [T.TextBatch(*(jnp.asarray(a) for a in b)) for b in batches]
+        jb = [TR.TextBatch(*(jnp.asarray(a) for a in b)) for b in batches]
         bad = []
         cur_ids = [[None] * bsz for _ in stacks]
         for i, text in enumerate(init_texts):
-            ids, why = T.suffix_text_violations(text, toks, als, slots)
+            ids, why = TK.suffix_text_violations(text, toks, als, slots)
             if why:
                 bad.append(f"row {i}: " + "; ".join(why))
             for s in range(len(stacks)):
@@ -370,7 +373,7 @@ class JointGCG(HostDrivenEntry):
                     if text is None:
                         continue
                     if text not in memo:
-                        memo[text] = T.suffix_text_violations(text, toks, als, slots)
+                        memo[text] = TK.suffix_text_violations(text, toks, als, slots)
                     ids, why = memo[text]
                     if why:
                         continue
@@ -397,15 +400,17 @@ class JointGCG(HostDrivenEntry):
 
         ids_out, mask_out = [], []
         for s, st in enumerate(stacks):
-            enc = [T.suffix_text_violations(x, [toks[s]], [als[s]], [slots[s]])[0][0] for x in best_text]
+            enc = [TK.suffix_text_violations(x, [toks[s]], [als[s]], [slots[s]])[0][0] for x in best_text]
             sf, sm = self._encode_suffixes(enc, slots[s])
             b = batches[s]
             ids_out.append(np.concatenate([b.before, sf, b.after], axis=1))
             mask_out.append(np.concatenate([b.before_mask, sm, b.after_mask], axis=1))
-            problem = T.TextProblem(b, mk, als[s], cap, key, sid, sf, sm.sum(1))
+            problem = TR.TextProblem(b, mk, als[s], cap, key, sid, sf, sm.sum(1))
             q_s = queries[:, offsets[s] : offsets[s] + st.size]
-            res = T.TextAttackResult(ids_out[-1], None, q_s, mask_out[-1], sf, sm, best_loss, best_ml, None, None, None)
-            T.audit_text(
+            res = TE.TextAttackResult(
+                ids_out[-1], None, q_s, mask_out[-1], sf, sm, best_loss, best_ml, None, None, None
+            )
+            TE.audit_text(
                 f"{self.name} (stack {s})",
                 problem._replace(mask=cov[:, offsets[s] : offsets[s] + st.size]),
                 res,
@@ -414,7 +419,7 @@ class JointGCG(HostDrivenEntry):
         why = [
             f"row {i}: " + "; ".join(r)
             for i, x in enumerate(best_text)
-            if (r := T.suffix_text_violations(x, toks, als, slots)[1])
+            if (r := TK.suffix_text_violations(x, toks, als, slots)[1])
         ]
         if why:
             raise ValueError(f"{self.name}: output violates the threat model: " + " | ".join(why))
@@ -434,7 +439,7 @@ def make_joint_gcg(
     suffix_len: int = 20,
     topk: int = 256,
     num_candidates: int = 64,
-    loss: Callable = T.refusal_loss,
+    loss: Callable = TL.refusal_loss,
     target: str = "I'm sorry, but I cannot help with that.",
     init_text: str | None = None,
     slots: int | None = None,
@@ -451,7 +456,7 @@ def make_joint_gcg(
       topk: substitutions per position (256, Zou et al. 2023 / the SAR paper Table 3).
       num_candidates: candidates per step (64, the SAR paper Table 3).
       loss: per-member loss, minimised (default
-        :func:`~sarjax.attacks.text.core.refusal_loss`: maximise the fixed refusal's mean NLL,
+        :func:`~sarjax.attacks.text.losses.refusal_loss`: maximise the fixed refusal's mean NLL,
         the SAR paper).
       target: the fixed refusal (the SAR paper does not print its refusal string; this one is ours).
       init_text: start suffix text; None (default): ``"!"`` repeated ``suffix_len`` times with
@@ -465,7 +470,7 @@ def make_joint_gcg(
       ascii_only: the default allowed vocabulary keeps printable-ASCII tokens only (GCG's
         reference filter).
       criterion: the success criterion (:attr:`JointGCGResult.success`; None: ``"refusal"`` for
-        :func:`~sarjax.attacks.text.core.refusal_loss`, else ``"target"``).
+        :func:`~sarjax.attacks.text.losses.refusal_loss`, else ``"target"``).
 
     Returns:
       A :class:`JointGCG`: ``fn(params, instructions, ref, *, key, mask=None, max_queries=None,
@@ -491,7 +496,7 @@ def make_joint_gcg(
     return JointGCG(
         pool, num_steps=int(num_steps), suffix_len=int(suffix_len), topk=int(topk), num_candidates=int(num_candidates),
         loss=loss, target=target, init_text=init_text, slots=sl, ascii_only=bool(ascii_only),
-        criterion=T.check_criterion("make_joint_gcg", criterion, loss),
+        criterion=TL.check_criterion("make_joint_gcg", criterion, loss),
     )  # fmt: skip
 
 

@@ -15,16 +15,19 @@ import numpy as np
 
 from sarjax.attacks import queries as Q
 from sarjax.attacks.core.validate import check_sample_ids
-from sarjax.attacks.text import core as T
+from sarjax.attacks.text import losses as TL
+from sarjax.attacks.text import model as TM
+from sarjax.attacks.text import requests as TR
+from sarjax.attacks.text import retokenize as TK
 from sarjax.models.llm.pool import LLMPool, left_pad
 from sarjax.models.llm.prompts import encode_text
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "loss"))
-def score_texts(params, batch: T.TextBatch, cands, cmask, *, cfg, loss):
+def score_texts(params, batch: TR.TextBatch, cands, cmask, *, cfg, loss):
     """Every member of a stack on ``N`` candidate suffixes per request: ``[B, M_s, N]``."""
-    model = T.llm_text_model(cfg)
-    return jax.vmap(lambda r, c, cm: T.member_losses(model, loss, params, r, c, cm))(batch, cands, cmask)
+    model = TM.llm_text_model(cfg)
+    return jax.vmap(lambda r, c, cm: TM.member_losses(model, loss, params, r, c, cm))(batch, cands, cmask)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "loss"))
@@ -35,8 +38,8 @@ def score_prompts(params, ids, mask, target, target_mask, *, cfg, loss):
       ids, mask: ``[B, N, W]`` left-padded prompts (e.g. the ids of the text that is sent).
       target, target_mask: ``[B, Tt]`` right-padded.
     """
-    model = T.llm_text_model(cfg)
-    return jax.vmap(lambda i, m, t, tm: T.prompt_losses(model, loss, params, T.TextBatch(i, m, i, m, t, tm), i, m))(
+    model = TM.llm_text_model(cfg)
+    return jax.vmap(lambda i, m, t, tm: TM.prompt_losses(model, loss, params, TR.TextBatch(i, m, i, m, t, tm), i, m))(
         ids, mask, target, target_mask
     )
 
@@ -46,7 +49,7 @@ def score_sent(
 ) -> np.ndarray:
     """Every member of a stack on ``n`` candidate suffix texts per request, each scored on the ids of
     the whole prompt TEXT that is sent (``before text + suffix + after text`` tokenized at once,
-    :func:`~sarjax.attacks.text.core.sent_ids`; host side).
+    :func:`~sarjax.attacks.text.retokenize.sent_ids`; host side).
 
     Args:
       stack: the :class:`~sarjax.models.llm.pool.LLMStack`.
@@ -63,7 +66,7 @@ def score_sent(
     """
     tok, b = stack.tokenizer, req.batch
     bsz = len(req.before)
-    rows = [[T.sent_ids(tok, req.before[i], texts[i][j] or "", req.after[i]) for j in range(n)] for i in range(bsz)]
+    rows = [[TK.sent_ids(tok, req.before[i], texts[i][j] or "", req.after[i]) for j in range(n)] for i in range(bsz)]
     width = max(b.before.shape[1] + slots + b.after.shape[1], _round_up(max(len(q) for r in rows for q in r)))
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     ids = np.full((bsz, n, width), pad, np.int32)
@@ -80,7 +83,7 @@ def score_sent(
 def start_text(tokenizers: Sequence[Any], allowed: Sequence[Any], slots: Sequence[int], words: int) -> str:
     """GCG's start suffix for a pool (host side): ``"!"`` repeated ``words`` times with spaces (Zou
     et al. 2023) when every tokenizer reproduces it within its allowed vocabulary and slots
-    (:func:`~sarjax.attacks.text.core.suffix_text_violations`); else the text of the first allowed
+    (:func:`~sarjax.attacks.text.retokenize.suffix_text_violations`); else the text of the first allowed
     id of the first tokenizer (in id order; its decoded text stripped of spaces) repeated the same
     way, the first that every tokenizer reproduces (e.g. SentencePiece-style tokenizers without
     ``"▁!"``, where ``"!"`` is unknown).
@@ -90,7 +93,7 @@ def start_text(tokenizers: Sequence[Any], allowed: Sequence[Any], slots: Sequenc
     """
 
     def ok(text: str) -> bool:
-        return not T.suffix_text_violations(text, tokenizers, allowed, slots)[1]
+        return not TK.suffix_text_violations(text, tokenizers, allowed, slots)[1]
 
     if ok(text := " ".join(["!"] * words)):
         return text
@@ -113,7 +116,7 @@ _ALLOWED_CACHE: dict = {}
 def allowed_for(tok, vocab_size: int, ascii_only: bool) -> np.ndarray:
     key = (id(tok), vocab_size, ascii_only)
     if key not in _ALLOWED_CACHE:
-        _ALLOWED_CACHE[key] = (tok, T.allowed_vocab(tok, vocab_size, ascii_only))
+        _ALLOWED_CACHE[key] = (tok, TK.allowed_vocab(tok, vocab_size, ascii_only))
     return _ALLOWED_CACHE[key][1]
 
 
@@ -136,11 +139,11 @@ class PoolRequests(NamedTuple):
     """One stack's rendering of a pool attack's requests (host side).
 
     Attributes:
-      batch: the :class:`~sarjax.attacks.text.core.TextBatch` (blocks padded to multiples of 8).
-      before, after: ``B`` texts around each suffix slot (:func:`~sarjax.attacks.text.core.slot_texts`).
+      batch: the :class:`~sarjax.attacks.text.requests.TextBatch` (blocks padded to multiples of 8).
+      before, after: ``B`` texts around each suffix slot (:func:`~sarjax.attacks.text.requests.slot_texts`).
     """
 
-    batch: T.TextBatch
+    batch: TR.TextBatch
     before: list
     after: list
 
@@ -152,7 +155,7 @@ def pool_requests(name, stack, instructions, targets, system, chat_template) -> 
       ValueError: a block that encodes to no token; some requests with a template tail, others none.
     """
     tok = stack.tokenizer
-    bt, at = T.slot_texts(tok, instructions, system=system, chat_template=chat_template)
+    bt, at = TR.slot_texts(tok, instructions, system=system, chat_template=chat_template)
     before = [encode_text(tok, x) for x in bt]
     after = [encode_text(tok, x) for x in at]
     target = [encode_text(tok, x) for x in targets]
@@ -166,7 +169,7 @@ def pool_requests(name, stack, instructions, targets, system, chat_template) -> 
     la = max(map(len, after))
     a, am = _pad_rows(after, True, pad, _round_up(la) if la else 0)
     t, tm = _pad_rows(target, False, pad, _round_up(max(map(len, target))))
-    return PoolRequests(T.TextBatch(b, bm, a, am, t, tm), bt, at)
+    return PoolRequests(TR.TextBatch(b, bm, a, am, t, tm), bt, at)
 
 
 class PoolCall(NamedTuple):
@@ -254,7 +257,7 @@ def pool_call(name, pool, instructions, ref, default_target, key, mask, sample_i
     if bsz == 0:
         raise ValueError(f"{name}: expected at least one instruction")
     m_total = sum(st.size for st in stacks)
-    mk = T.check_member_mask(name, mask, bsz, m_total).astype(np.float64)
+    mk = TR.check_member_mask(name, mask, bsz, m_total).astype(np.float64)
     tgt = default_target if ref is None else ref
     targets = [tgt] * bsz if isinstance(tgt, str) else list(tgt)
     if len(targets) != bsz or not all(isinstance(x, str) for x in targets):
@@ -282,15 +285,15 @@ def sent_prompts(name, stacks, reqs: Sequence[PoolRequests], texts: Sequence[str
     sent, smask, success, retok = [], [], [], []
     for s, st in enumerate(stacks):
         tok, r = st.tokenizer, reqs[s]
-        rows = [T.sent_ids(tok, r.before[b], x, r.after[b]) for b, x in enumerate(texts)]
+        rows = [TK.sent_ids(tok, r.before[b], x, r.after[b]) for b, x in enumerate(texts)]
         t = ids[s].shape[1]
         n = max(map(len, rows))
         pad = tok.pad_token_id if tok.pad_token_id is not None else 0
         si, sm = left_pad(rows, int(pad), t if n <= t else _round_up(n))
         changed = np.array([rows[b] != ids[s][b][masks[s][b] != 0].tolist() for b in range(len(texts))])
-        ok = T.judge_prompts(
+        ok = TL.judge_prompts(
             params_of(s), jnp.asarray(si), jnp.asarray(sm), jnp.asarray(r.batch.target, jnp.int32),
-            jnp.asarray(r.batch.target_mask, jnp.int32), model=T.llm_text_model(st.cfg), criterion=criterion,
+            jnp.asarray(r.batch.target_mask, jnp.int32), model=TM.llm_text_model(st.cfg), criterion=criterion,
         )  # fmt: skip
         sent.append(si)
         smask.append(sm)

@@ -1,0 +1,243 @@
+"""The requests of the suffix attacks on LLM pools: the token layout, its padding and the text
+around each suffix slot (host-side builders, jit-safe assembly).
+
+A request is three token blocks around an adversarial suffix::
+
+    before (left-padded) | suffix (right-aligned, Ls slots) | after (left-padded) | target
+
+``before`` is everything up to the suffix (chat template head + request), ``after`` the template
+tail (it may be empty: ``Pa = 0``) and ``target`` the response whose NLL is scored. Padding
+slots are holes (mask 0): positions come from the mask (``cumsum(mask) - 1``), so a hole changes
+nothing. The suffix is right-aligned in its ``Ls`` slots, so a suffix of ``n < Ls`` tokens
+(BEAST while it grows) is ``Ls - n`` holes followed by the tokens.
+"""
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sarjax.attacks.core.validate import check_mask
+from sarjax.models.llm.prompts import split_chat_template
+
+
+class TextBatch(NamedTuple):
+    """B requests, padded (build with :func:`text_batch`).
+
+    Attributes:
+      before: ``[B, Pb]`` int32 ids before the suffix, left-padded (>= 1 real token per row).
+      before_mask: ``[B, Pb]`` 0/1.
+      after: ``[B, Pa]`` int32 ids between the suffix and the target, left-padded (``Pa`` may be
+        0; when ``Pa > 0`` every row has >= 1 real token).
+      after_mask: ``[B, Pa]`` 0/1.
+      target: ``[B, Tt]`` int32 target (or refusal) ids, right-padded (>= 1 real token).
+      target_mask: ``[B, Tt]`` 0/1.
+    """
+
+    before: Any
+    before_mask: Any
+    after: Any
+    after_mask: Any
+    target: Any
+    target_mask: Any
+
+
+class TextProblem(NamedTuple):
+    """One call of a suffix attack, normalised (every field traced, shapes static).
+
+    Attributes:
+      batch: the :class:`TextBatch`.
+      mask: ``[B, M]`` float32, the members the objective covers (the uncovered ones).
+      allowed: ``[V]`` bool, the token ids a suffix may use.
+      cap: ``[B]`` int32 query cap (``queries.NO_CAP``: none).
+      key: PRNG key of the call (required).
+      sample_ids: ``[B]`` int32; sample ``b`` draws from ``fold_in(key, sample_ids[b])``.
+      suffix_init: ``[B, Ls]`` int32 start suffix, right-aligned (slots before the last
+        ``init_len`` are ignored).
+      init_len: ``[B]`` int32 real tokens of the start suffix (GCG: ``Ls``; BEAST: 0 unless seeded).
+      texts: optional :class:`SlotTexts`, the rendered text around each request's suffix slot as
+        UTF-8 bytes (read by a search that scores the ids of the text that is sent,
+        :class:`Retokenizer`); None: each block's ids decoded on the host.
+    """
+
+    batch: TextBatch
+    mask: Any
+    allowed: Any
+    cap: Any
+    key: Any
+    sample_ids: Any
+    suffix_init: Any
+    init_len: Any
+    texts: Any = None
+
+
+class SlotTexts(NamedTuple):
+    """The text before and after each request's suffix slot, as traced UTF-8 bytes (build with
+    :func:`slot_text_bytes`).
+
+    Attributes:
+      before: ``[B, Lb]`` uint8, zero-padded on the right; before_len: ``[B]`` int32 bytes.
+      after: ``[B, La]`` uint8 (``La >= 1``); after_len: ``[B]`` int32 bytes.
+    """
+
+    before: Any
+    before_len: Any
+    after: Any
+    after_len: Any
+
+
+def row(batch: TextBatch, b) -> TextBatch:
+    """Request ``b`` of a batch (every field indexed on its leading axis)."""
+    return TextBatch(*(a[b] for a in batch))
+
+
+def suffix_mask(ls: int, n):
+    """``[Ls]`` int32 mask of a right-aligned suffix of ``n`` tokens."""
+    return (jnp.arange(ls) >= ls - n).astype(jnp.int32)
+
+
+def assemble(r: TextBatch, suffix, smask):
+    """``before | suffix | after`` of one request: ids ``[T]``, mask ``[T]`` int32."""
+    ids = jnp.concatenate([r.before, suffix, r.after]).astype(jnp.int32)
+    mask = jnp.concatenate([r.before_mask, smask, r.after_mask]).astype(jnp.int32)
+    return ids, mask
+
+
+def sample_keys(problem: TextProblem):
+    """``[B]`` keys ``fold_in(key, sample_id)``."""
+    return jax.vmap(lambda s: jax.random.fold_in(problem.key, s))(problem.sample_ids.astype(jnp.uint32))
+
+
+def text_batch(
+    before: Sequence[Sequence[int]], after: Sequence[Sequence[int]], target: Sequence[Sequence[int]], pad_id: int = 0
+) -> TextBatch:
+    """Pads token-id lists into a :class:`TextBatch` (host side).
+
+    Args:
+      before: B lists of ids before the suffix (>= 1 each).
+      after: B lists of ids after it (all empty, or >= 1 each).
+      target: B lists of target ids (>= 1 each).
+      pad_id: id of padding slots (never attended).
+
+    Raises:
+      ValueError: lengths differ, or a block is empty where it may not be (naming the row).
+    """
+    if not (len(before) == len(after) == len(target)) or len(before) == 0:
+        raise ValueError(
+            f"text_batch: before/after/target must have the same B >= 1 rows, got {len(before)}, {len(after)}, {len(target)}"
+        )
+    for name, seqs in (("before", before), ("target", target)):
+        empty = [i for i, s in enumerate(seqs) if len(s) == 0]
+        if empty:
+            raise ValueError(f"text_batch: {name} rows {empty} are empty (each needs >= 1 token)")
+    la = [len(s) for s in after]
+    if max(la) > 0 and min(la) == 0:
+        raise ValueError(
+            f"text_batch: after rows {[i for i, n in enumerate(la) if n == 0]} are empty while others are not"
+        )
+
+    def pad(seqs, left):
+        n = max(len(s) for s in seqs)
+        ids = np.full((len(seqs), n), pad_id, np.int32)
+        mask = np.zeros((len(seqs), n), np.int32)
+        for i, s in enumerate(seqs):
+            if len(s):
+                sl = slice(n - len(s), n) if left else slice(0, len(s))
+                ids[i, sl] = np.asarray(s, np.int32)
+                mask[i, sl] = 1
+        return ids, mask
+
+    b, bm = pad(before, True)
+    a, am = pad(after, True)
+    t, tm = pad(target, False)
+    return TextBatch(b, bm, a, am, t, tm)
+
+
+def check_ref_none(name: str, ref) -> None:
+    """A token-level call's ``ref`` must be None: the :class:`TextBatch` carries its targets.
+
+    Raises:
+      TypeError: another ``ref``.
+    """
+    if ref is not None:
+        raise TypeError(
+            f"{name}: ref must be None (the TextBatch carries each request's target ids), got {type(ref).__name__}"
+        )
+
+
+def check_member_mask(name: str, mask, bsz: int, m: int) -> np.ndarray:
+    """The ``[B, M]`` float32 member mask of a call (host side): None (every member), ``[M]`` or
+    ``[B, M]``, bool or {0, 1} (the members the objective covers), checked by the one validator
+    (:func:`sarjax.attacks.core.validate.check_mask`).
+
+    Raises:
+      TypeError: a non-numeric mask. ValueError: a value other than 0 / 1 (NaN included), a shape
+        other than ``[M]`` / ``[B, M]``.
+    """
+    a = check_mask(mask, bsz, m, name=name)
+    if a is None:
+        return np.ones((bsz, m), np.float32)
+    mk = a.astype(np.float32)
+    return np.ascontiguousarray(np.broadcast_to(mk[None] if mk.ndim == 1 else mk, (bsz, m)))
+
+
+def slot_texts(
+    tokenizer,
+    instructions: Sequence[str],
+    *,
+    system: str | None = None,
+    separator: str = " ",
+    chat_template: bool | None = None,
+) -> tuple[list[str], list[str]]:
+    """``(before [B], after [B])``: the rendered text of each request before and after its suffix
+    slot (host side). With a chat template, the user turn ``instruction + separator + suffix``
+    rendered with the generation prompt and split at the suffix
+    (:func:`~sarjax.models.llm.prompts.split_chat_template`); without one (a base model),
+    ``instruction + separator`` before and nothing after.
+
+    Args:
+      chat_template: True / False; None: the tokenizer's template when it has one.
+    """
+    use = getattr(tokenizer, "chat_template", None) is not None if chat_template is None else chat_template
+    before, after = [], []
+    for instr in instructions:
+        if use:
+            b, a = split_chat_template(tokenizer, instr, system, separator)
+        else:
+            b, a = instr + separator, ""
+        before.append(b)
+        after.append(a)
+    return before, after
+
+
+def slot_text_bytes(before: Sequence[str], after: Sequence[str]) -> SlotTexts:
+    """The :class:`SlotTexts` of ``B`` before / after texts (host side): UTF-8 bytes, zero-padded."""
+
+    def enc(xs):
+        bs = [x.encode("utf-8") for x in xs]
+        out = np.zeros((len(bs), max(1, max(map(len, bs), default=0))), np.uint8)
+        for i, b in enumerate(bs):
+            out[i, : len(b)] = np.frombuffer(b, np.uint8)
+        return out, np.asarray([len(b) for b in bs], np.int32)
+
+    b, bl = enc(before)
+    a, al = enc(after)
+    return SlotTexts(b, bl, a, al)
+
+
+__all__ = [
+    "SlotTexts",
+    "TextBatch",
+    "TextProblem",
+    "assemble",
+    "check_member_mask",
+    "check_ref_none",
+    "row",
+    "sample_keys",
+    "slot_text_bytes",
+    "slot_texts",
+    "suffix_mask",
+    "text_batch",
+]
