@@ -74,7 +74,6 @@ The narrative page (docs/autoattack.md) follows.
 """
 
 import functools
-import json
 import math
 import os
 import time
@@ -98,6 +97,7 @@ from sarjax.attacks.fab import make_fab
 from sarjax.attacks.minnorm import MinNormProblem
 from sarjax.attacks.square import make_square
 from sarjax.attacks.threat import Threat, canonical_norm, check_labels, norm_name
+from sarjax.runtime import run_state
 from sarjax.runtime.distributed import all_ok, allgather_rows, process_count, process_index
 
 ATTACKS = ("apgd-ce", "apgd-dlr", "apgd-t", "fab", "fab-t", "square")
@@ -682,62 +682,10 @@ def _audit(x0, xs, p, eps, box, what):
         check(x0, np.asarray(xs[k]), threat, what=f"autoattack {what}, member {k}")
 
 
-# -- resume -------------------------------------------------------------------------------------
+# -- resume (the state's file I/O is sarjax.runtime.run_state's) ---------------------------------
 
 STATE_FORMAT = "sarjax-autoattack-state/1"
-
-
-def _save_state(path, arrays: dict, info: dict, keep_prev: bool) -> None:
-    """Writes the cascade's state to ``path`` atomically (``path.tmp``, then renamed), compressed
-    (``x_adv`` is most of it); with ``keep_prev`` the state it replaces is kept as ``path.prev``
-    (distributed resume: processes one run apart agree on the older one)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        np.savez_compressed(f, info=np.asarray(json.dumps({"format": STATE_FORMAT, **info})), **arrays)
-    if keep_prev and path.exists():
-        os.replace(path, path.with_name(path.name + ".prev"))
-    os.replace(tmp, path)
-
-
-def _load_state(path) -> tuple[dict, dict] | None:
-    """``(arrays, info)`` of a state :func:`_save_state` wrote, or None when there is none."""
-    path = Path(path)
-    if not path.is_file():
-        return None
-    with np.load(path, allow_pickle=False) as z:
-        arrays = {k: z[k] for k in z.files}
-    info = json.loads(str(arrays.pop("info")))
-    if info.get("format") != STATE_FORMAT:
-        raise ValueError(f"{path} is not an AutoAttack checkpoint ({STATE_FORMAT}), got format {info.get('format')!r}")
-    return arrays, info
-
-
-def _resume_state(path, share, want: dict) -> tuple[dict, dict] | None:
-    """The state to resume from (None: start over). ``want``: what must match the stored state
-    (batch size, members, stages); distributed (``share``), every process resumes at the same run:
-    the earliest of the processes' latest states (a process one run ahead takes its previous one)."""
-    got = _load_state(path)
-    if got is not None:
-        bad = {k: (got[1].get(k), v) for k, v in want.items() if got[1].get(k) != v}
-        if bad:
-            k, (old, new) = next(iter(bad.items()))
-            raise ValueError(f"{path}: the checkpoint was written with {k}={old}, this run has {k}={new}")
-    if share is None:
-        return got
-    prev = _load_state(Path(path).with_name(Path(path).name + ".prev"))
-
-    def pos(s):
-        return [-1, -1] if s is None else [int(s[1]["next_stage"]), int(s[1]["next_run"])]
-
-    every = allgather_rows({"pos": np.asarray([pos(got)], np.int64)})["pos"]
-    target = min(tuple(int(v) for v in r) for r in every)
-    pick = next((s for s in (got, prev) if s is not None and tuple(pos(s)) == target), None)
-    # every process resumes at the same run, or all start over (the cascade is deterministic)
-    if target == (-1, -1) or not all_ok(pick is not None):
-        return None
-    return pick
+_POSITION = ("next_stage", "next_run")  # a state's place in the cascade: the next stage and run to do
 
 
 def autoattack(
@@ -881,7 +829,9 @@ def _cascade(
         raise TypeError(f"progress must be a callable progress(stage, done, total) or None, got {progress!r}")
     share = (process_index(), process_count()) if distribute and process_count() > 1 else None
     want = {"batch_size": bs, "members": list(names), "stages": list(stages), "samples": B, "checks": checks}
-    resumed = None if checkpoint_file is None or settings.overwrite else _resume_state(checkpoint_file, share, want)
+    resumed = None
+    if checkpoint_file is not None and not settings.overwrite:
+        resumed = run_state.resume_state(checkpoint_file, fmt=STATE_FORMAT, want=want, position=_POSITION, share=share)
 
     found: list[str] = []
     if resumed is not None:
@@ -964,7 +914,7 @@ def _cascade(
             "logs": [[s.name, s.seconds, s.queries, s.attacked, s.broken, s.skipped] for s in logs],
             **{k: v for k, v in mid.items() if not isinstance(v, np.ndarray)},
         }  # fmt: skip
-        _save_state(checkpoint_file, arrays, info, share is not None)
+        run_state.save_state(checkpoint_file, arrays, info, fmt=STATE_FORMAT, keep_prev=share is not None)
 
     t_all = time.perf_counter()
     for s_idx, name in enumerate(stages):

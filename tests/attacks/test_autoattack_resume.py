@@ -24,6 +24,9 @@ import sarjax.attacks.autoattack as aa
 from sarjax.attacks.autoattack_checks import AutoAttackWarning
 from sarjax.cli import main
 from sarjax.experiments.autoattack import load_autoattack
+from sarjax.runtime import run_state
+
+FMT, POS = aa.STATE_FORMAT, ("next_stage", "next_run")
 
 KW = dict(norm="linf", eps=EPS, batch_size=8, attacks=["apgd-ce", "apgd-t"], checks=False, log=False, **BUDGET)
 FIELDS = ("x_adv", "robust", "clean", "queries", "stage_queries", "stage_robust")
@@ -209,7 +212,9 @@ def test_two_processes_interrupted_and_resumed_give_the_one_process_run(tmp_path
 def _positions(path, prev):
     """Writes AutoAttack states at run ``prev`` then the next run (``keep_prev``: the first becomes ``.prev``)."""
     for run_ in (prev, prev + 1):
-        aa._save_state(path, {"robust": np.full(3, run_)}, {"next_stage": 1, "next_run": run_, "batch": 8}, True)
+        run_state.save_state(
+            path, {"robust": np.full(3, run_)}, {"next_stage": 1, "next_run": run_, "batch": 8}, fmt=FMT, keep_prev=True
+        )
 
 
 @pytest.mark.parametrize(
@@ -222,31 +227,40 @@ def _positions(path, prev):
     ],
 )
 def test_distributed_resume_takes_the_earliest_common_state(tmp_path, monkeypatch, other, expect):
-    """``_resume_state``'s choice, with the other process's position and flag gathered by stand-ins:
+    """``run_state.resume_state``'s choice, with the other process's position and flag gathered by stand-ins:
     every process resumes at the earliest of the processes' latest runs, from ``.prev`` when this
     process is one run ahead."""
     path = tmp_path / "state.npz"
     _positions(path, 4)  # latest at run 5, .prev at run 4
-    assert aa._load_state(path.with_name(path.name + ".prev"))[1]["next_run"] == 4
+    assert run_state.load_state(path.with_name(path.name + ".prev"), fmt=FMT)[1]["next_run"] == 4
 
     def gather(arrays):
         return {"pos": np.concatenate([arrays["pos"], np.asarray([other], np.int64)])}
 
-    monkeypatch.setattr(aa, "allgather_rows", gather)
+    monkeypatch.setattr(run_state, "allgather_rows", gather)
     # the other process's answer: it holds a state at the target run unless it has none at all
-    monkeypatch.setattr(aa, "all_ok", lambda ok: bool(ok) and other != (-1, -1))
-    got = aa._resume_state(path, share=object(), want={"batch": 8})
+    monkeypatch.setattr(run_state, "all_ok", lambda ok: bool(ok) and other != (-1, -1))
+    got = run_state.resume_state(path, fmt=FMT, want={"batch": 8}, position=POS, share=object())
     if expect is None:
         assert got is None
     else:
         arrays, info = got
         assert info["next_run"] == expect and (arrays["robust"] == expect).all()
     with pytest.raises(ValueError, match="written with batch=8, this run has batch=4"):
-        aa._resume_state(path, share=object(), want={"batch": 4})
+        run_state.resume_state(path, fmt=FMT, want={"batch": 4}, position=POS, share=object())
+
+
+def test_a_state_of_another_format_is_refused(tmp_path):
+    path = tmp_path / "state.npz"
+    run_state.save_state(path, {"a": np.zeros(2)}, {"next_stage": 0, "next_run": 0}, fmt="other/1")
+    with pytest.raises(ValueError, match="is not a sarjax-autoattack-state/1 state file, got format 'other/1'"):
+        run_state.load_state(path, fmt=FMT)
 
 
 def test_states_are_written_compressed(tmp_path):
     path = tmp_path / "state.npz"
-    aa._save_state(path, {"x_adv": np.zeros((64, 28, 28, 1), np.float32)}, {"next_stage": 0, "next_run": 0}, False)
+    run_state.save_state(
+        path, {"x_adv": np.zeros((64, 28, 28, 1), np.float32)}, {"next_stage": 0, "next_run": 0}, fmt=FMT
+    )
     assert path.stat().st_size < 64 * 28 * 28 * 4 / 20  # zeros compress; np.savez would store 200 kB
-    assert aa._load_state(path)[0]["x_adv"].shape == (64, 28, 28, 1)
+    assert run_state.load_state(path, fmt=FMT)[0]["x_adv"].shape == (64, 28, 28, 1)
