@@ -144,7 +144,7 @@ def main() -> None:
     a = ap.parse_args()
     if a.quick:
         a.samples, a.batch, a.cap, a.rounds, a.restarts, a.targeted = 8, 4, 20, 1, 1, 1
-    from sarjax.experiments.frontier import attack_pool
+    from sarjax.experiments.frontier_config import attack_pool
 
     tmp = Path(tempfile.mkdtemp(prefix="sarjax-frontier-processes-"))
     (tmp / "frontier_bench_models.py").write_text(textwrap.dedent(MODULE))

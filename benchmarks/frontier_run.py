@@ -88,7 +88,7 @@ def aoi_vs_budget(src: Path, report: dict, budgets) -> list[dict]:
     the run's cached trajectories (no attack runs)."""
     import numpy as np
 
-    from sarjax.experiments.frontier import _safe, load_models
+    from sarjax.experiments.frontier_io import load_models, safe_name
     from sarjax.frontier import PoolEntry, TrajectoryPool, nested_allocations
 
     entries = report["entries"]
@@ -101,7 +101,7 @@ def aoi_vs_budget(src: Path, report: dict, budgets) -> list[dict]:
         tags = [m.tag for m in load_models(report["extra"]["models_dirs"]) if set(m.member_names) <= names]
     for tag in tags:
         c = src / "cache" / tag
-        t = np.stack([np.load(c / f"{_safe(e['name'])}.npz")["trajectory"] for e in entries])  # [A, B, M, L]
+        t = np.stack([np.load(c / f"{safe_name(e['name'])}.npz")["trajectory"] for e in entries])  # [A, B, M, L]
         trajs.append(np.transpose(t, (2, 0, 1, 3)))
     pool = TrajectoryPool(np.concatenate(trajs), pe, cap=int(report["cap"]), every=int(report["every"]))
     train, held = np.asarray(report["train"]), np.asarray(report["heldout"])

@@ -69,7 +69,8 @@ def run_pool(norm: str, *, restarts: int, targeted: int, attacks, cache: Path, c
     import jax.numpy as jnp
 
     from sarjax.attacks.minnorm import top_k_targets
-    from sarjax.experiments.frontier import FrontierSettings, frontier_attacks, run_entry
+    from sarjax.experiments.frontier import run_entry
+    from sarjax.experiments.frontier_config import FrontierSettings, frontier_attacks
 
     nets32 = load_nets(FIXTURES / "exact_nets.npz")
     z = np.load(FIXTURES / "exact_optima.npz")

@@ -13,14 +13,14 @@ from sarjax.cli.args import (
 )
 
 # NORMS / ATTACK_NORMS build the parser, so sarjax --help loads this module (its heavy imports wait)
-from sarjax.experiments.frontier import (
+from sarjax.experiments.frontier import run_frontier_on_dirs
+from sarjax.experiments.frontier_config import (
     ATTACK_NORMS,
     NORMS,
     FrontierAutoAttack,
     FrontierSettings,
     frontier_attacks,
     frontier_autoattack,
-    run_frontier_on_dirs,
 )
 from sarjax.runtime.compile_cache import add_compile_cache_argument
 

@@ -10,7 +10,8 @@ import pytest
 
 from sarjax.cli import main
 from sarjax.data import mnist
-from sarjax.experiments import frontier as frontier_runner
+from sarjax.experiments import frontier_config as fc
+from sarjax.experiments import frontier_io as fio
 from sarjax.frontier import FrontierReport, TrajectoryPool, doi, expand_pool, fixed_eps_curve, nested_allocations
 from sarjax.models.checkpoint import save_pool
 from sarjax.models.pool import Pool, Stack
@@ -57,11 +58,11 @@ ARGS += ["--samples", "4", "--tiers", "100", "200", "--heldout", "0.5", "--no-pr
 
 
 def test_attack_pool_entries():
-    e = frontier_runner.attack_pool("l2", ["fmn", "ddn"], restarts=2, targeted=1)
+    e = fc.attack_pool("l2", ["fmn", "ddn"], restarts=2, targeted=1)
     assert [x.name for x in e] == ["fmn", "fmn/r1", "fmn/r2", "fmn/t1", "ddn", "ddn/t1"]  # DDN: no restarts
-    assert {a for a, ns in frontier_runner.ATTACK_NORMS.items() if "l0" in ns} == {"fmn", "pdpgd", "sigma_zero"}
+    assert {a for a, ns in fc.ATTACK_NORMS.items() if "l0" in ns} == {"fmn", "pdpgd", "sigma_zero"}
     with pytest.raises(ValueError, match="do not support l0"):
-        frontier_runner.attack_pool("l0", ["ddn"])
+        fc.attack_pool("l0", ["ddn"])
 
 
 def test_frontier_cli_end_to_end(pools, tmp_path, capsys):
@@ -205,15 +206,39 @@ def test_frontier_cli_autoattack(pools, tmp_path, capsys):
         assert a["cost_ref"] > 0
 
 
-def test_load_models_defenses_filter_and_fn_pool(pools):
-    """``--defenses`` names must exist in a zoo directory; the one-member pool of a plain apply
-    (the self-ensemble's) evaluates it as ``[1, B, C]``."""
+def test_load_models_defenses_filter(pools):
+    """``--defenses`` names must exist in a zoo directory; pool directories are taken whole."""
     with pytest.raises(ValueError, match="in none of the zoo directories"):
-        frontier_runner.load_models(pools, defenses=["no-such-defense"])
-    m = frontier_runner.load_models(pools[:1])
+        fio.load_models(pools, defenses=["no-such-defense"])
+    m = fio.load_models(pools[:1])
     assert len(m) == 1 and m[0].member_names == ["p0/m0", "p0/m1"] and m[0].tag == "0-p0"
-    w = np.arange(784 * 10, dtype=np.float32).reshape(784, 10) / 1e4
-    fp = frontier_runner._FnPool(lambda p, x: x.reshape(x.shape[0], -1) @ p, w, "lin")
+
+
+def test_a_zoo_model_without_a_pool_becomes_a_real_one_member_pool(tmp_path, monkeypatch):
+    """A defense given only as a plain ``apply`` and one model's params (a ``ZooModel`` without a
+    pool) is attacked as a :class:`Pool` of one :class:`FunctionStack` member. The shadow pool it
+    replaced said 10 classes whatever the apply returned (here 3) and had no content hash."""
+    from sarjax.defenses import zoo_io
+    from sarjax.defenses.zoo import get_defense
+    from sarjax.models.stack import FunctionStack
+    from sarjax.runtime import fingerprint as fingerprints
+
+    w = (np.arange(784 * 3, dtype=np.float32).reshape(784, 3) % 7 - 3) / 100
+    apply = lambda p, x: x.reshape(x.shape[0], -1) @ p  # noqa: E731
+    d = get_defense("standard-mlp")
+    zm = zoo_io.ZooModel("lin", d, apply, w)  # no pool
+    (tmp_path / "zoo.json").write_text("{}")
+    monkeypatch.setattr(zoo_io, "load_zoo", lambda path: {"lin": zm})
+    (m,) = fio.load_models([str(tmp_path)])
+    pool = m.pool
+    assert isinstance(pool, Pool) and isinstance(pool.stacks[0], FunctionStack)
+    assert pool.names == ("lin",) and m.member_names == ["lin"] and m.tag == f"zoo-{tmp_path.name}-lin"
+    assert pool.num_members == 1 and pool.num_classes == 3 and pool.input_shape == (28, 28, 1)
+    assert pool.stacks[0].params.shape == (1, 784, 3)
     x = np.random.default_rng(0).uniform(size=(3, 28, 28, 1)).astype(np.float32)
-    np.testing.assert_allclose(fp.logits(x)[0], x.reshape(3, -1) @ w, rtol=1e-5)
-    assert fp.stacks[0].params.shape == (1, 784, 10) and fp.num_members == 1
+    np.testing.assert_allclose(np.asarray(pool.logits(x))[0], x.reshape(3, -1) @ w, rtol=1e-5, atol=1e-6)
+    assert fingerprints.pool_fingerprint(pool)["pool"] == pool.content_hash()
+    # a ZooModel's own pool is used as it is; anything else in its place is refused
+    assert fio.zoo_member_pool(zoo_io.ZooModel("lin", d, apply, w, pool=pool)) is pool
+    with pytest.raises(TypeError, match="pool must be a sarjax.models.Pool or None, got tuple"):
+        fio.zoo_member_pool(zoo_io.ZooModel("lin", d, apply, w, pool=(apply, w)))

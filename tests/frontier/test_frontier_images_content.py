@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from sarjax.cli import main
-from sarjax.experiments.frontier import FrontierSettings, frontier_attacks, run_frontier
+from sarjax.experiments.frontier import run_frontier
+from sarjax.experiments.frontier_config import FrontierSettings, frontier_attacks
 from sarjax.models.checkpoint import save_pool
 from sarjax.models.pool import Pool, Stack
 from sarjax.models.zoo import mlp

@@ -16,14 +16,16 @@ import numpy as np
 import pytest
 
 from sarjax.experiments import frontier as fr
+from sarjax.experiments import frontier_config as fc
+from sarjax.experiments import frontier_io as fio
 from sarjax.frontier import FrontierReport
 from sarjax.models.checkpoint import save_pool
 from sarjax.models.pool import Pool, Stack
 from sarjax.models.zoo import mlp
 
 ARCH = mlp((8,), input_shape=(6, 6, 1), num_classes=4)
-ATT = fr.frontier_attacks("l2", attacks=["fmn"], restarts=1, targeted=1, cap=50)
-SET = fr.FrontierSettings(tiers=(50, 100), heldout=0.34, batch=4, progress=False)
+ATT = fc.frontier_attacks("l2", attacks=["fmn"], restarts=1, targeted=1, cap=50)
+SET = fc.FrontierSettings(tiers=(50, 100), heldout=0.34, batch=4, progress=False)
 KW: dict[str, Any] = dict(settings=SET)
 
 
@@ -60,10 +62,10 @@ def test_in_memory_run_reports_and_keeps_points_within_their_norms(data, run):
     assert correct.any() and not correct.all()
     found = 0
     for entry in rep.entry_names:
-        pts = fr.load_points(out, "tiny", entry)
+        pts = fio.load_points(out, "tiny", entry)
         assert pts.members == ("tiny/m0", "tiny/m1", "tiny/m2") and pts.x_adv.dtype == np.float32
         assert pts.x_adv.shape == (8, 3, 6, 6, 1) and pts.norm.shape == (8, 3)
-        z = np.load(out / "cache" / "0-tiny" / f"{fr._safe(entry)}.npz")
+        z = np.load(out / "cache" / "0-tiny" / f"{fio.safe_name(entry)}.npz")
         np.testing.assert_array_equal(z["norm"], pts.norm)
         ok = np.isfinite(pts.norm) & correct
         found += int(ok.sum())
@@ -79,14 +81,14 @@ def test_in_memory_run_reports_and_keeps_points_within_their_norms(data, run):
         for m in range(3):
             pred = np.asarray(pool.logits(pts.x_adv[:, m]))[m].argmax(-1)
             assert (pred[ok[:, m]] != y[ok[:, m]]).all(), (entry, m)
-        one = fr.load_points(out, "tiny/m1", entry)  # one member
+        one = fio.load_points(out, "tiny/m1", entry)  # one member
         assert one.members == ("tiny/m1",) and one.x_adv.shape == (8, 1, 6, 6, 1)
         np.testing.assert_array_equal(one.x_adv[:, 0], pts.x_adv[:, 1])
     assert found > 10  # points were found
     with pytest.raises(ValueError, match="neither a pool"):
-        fr.load_points(out, "nope", "fmn")
+        fio.load_points(out, "nope", "fmn")
     with pytest.raises(ValueError, match="not an entry"):
-        fr.load_points(out, "tiny", "ddn")
+        fio.load_points(out, "tiny", "ddn")
 
 
 def test_directory_form_gives_the_in_memory_cache(data, run, tmp_path, monkeypatch):
@@ -134,7 +136,7 @@ def test_old_cache_without_points_is_rerun_and_no_points_keeps_none(data, run, t
     assert rep3.models[0] == "pool0/m0" and not rep3.extra["points"]
     assert "x_adv" not in np.load(o / "cache" / "0-pool0" / "fmn.npz").files
     with pytest.raises(ValueError, match="no adversarial points"):
-        fr.load_points(o, "pool0", "fmn")
+        fio.load_points(o, "pool0", "fmn")
     np.testing.assert_array_equal(np.load(o / "cache" / "0-pool0" / "fmn.npz")["trajectory"], z["trajectory"])
 
 

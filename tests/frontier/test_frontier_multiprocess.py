@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from _procs import coordinator_args, free_port, run_at_once
 
-from sarjax.experiments.frontier import load_points
+from sarjax.experiments.frontier_io import load_points
 
 MODULE = """
 import jax
@@ -114,7 +114,8 @@ def test_two_processes_give_the_one_process_frontier_bit_for_bit(runs):
 
 def test_one_process_rerun_reads_the_merged_cache(runs, monkeypatch):
     # the recipe for --autoattack after a multi-process run: one process on process 0's OUT runs nothing
-    from sarjax.experiments.frontier import FrontierSettings, frontier_attacks, run_frontier_on_dirs
+    from sarjax.experiments.frontier import run_frontier_on_dirs
+    from sarjax.experiments.frontier_config import FrontierSettings, frontier_attacks
 
     one, two, _, _, _ = runs
     monkeypatch.syspath_prepend(str(two.parent))

@@ -20,14 +20,16 @@ import pytest
 
 from sarjax.cli import main
 from sarjax.experiments import frontier as fr
+from sarjax.experiments import frontier_config as fc
+from sarjax.experiments import frontier_io as fio
 from sarjax.models.checkpoint import save_pool
 from sarjax.models.pool import Pool, Stack
 from sarjax.models.zoo import mlp
 from sarjax.runtime import fingerprint as fingerprints
 
 FIXTURE = Path(__file__).parent / "fixtures" / "frontier_default_entries.npz"
-SET = fr.FrontierSettings(tiers=(50, 100), heldout=0.34, batch=4, progress=False, keep_points=False)
-ATT = fr.frontier_attacks("l2", attacks=["fmn"], cap=50)  # default restarts, targeted, init_eps
+SET = fc.FrontierSettings(tiers=(50, 100), heldout=0.34, batch=4, progress=False, keep_points=False)
+ATT = fc.frontier_attacks("l2", attacks=["fmn"], cap=50)  # default restarts, targeted, init_eps
 
 
 @pytest.fixture(scope="module")
@@ -79,9 +81,9 @@ def test_settings_are_checked_when_built():
         (dict(keep_points=0), TypeError, "keep_points"),
     ]:
         with pytest.raises(err, match=match):
-            fr.FrontierSettings(**kw)
-    assert fr.FrontierSettings(tiers=[10, 20]).tiers == (10, 20)  # pyright: ignore[reportArgumentType] # the CLI's list, kept as a tuple
-    d = fr.FrontierSettings()  # sarjax frontier's defaults
+            fc.FrontierSettings(**kw)
+    assert fc.FrontierSettings(tiers=[10, 20]).tiers == (10, 20)  # pyright: ignore[reportArgumentType] # the CLI's list, kept as a tuple
+    d = fc.FrontierSettings()  # sarjax frontier's defaults
     assert (d.tiers, d.heldout, d.batch, d.seed) == ((4000, 8000, 12000), 13 / 30, 250, 0)
     assert (d.overwrite, d.progress, d.chains, d.keep_points) == (False, True, False, True)
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -99,21 +101,21 @@ def test_attack_entries_are_checked_when_built():
         (dict(norm="l2", init_eps=float("inf")), ValueError, "--init-eps"),
     ]:
         with pytest.raises(err, match=match):
-            fr.frontier_attacks(**kw)
-    e = fr.EntrySpec("ddn", "ddn", "base", 0)
+            fc.frontier_attacks(**kw)
+    e = fc.EntrySpec("ddn", "ddn", "base", 0)
     with pytest.raises(ValueError, match="does not support linf"):
-        fr.FrontierAttacks("linf", (e,))
+        fc.FrontierAttacks("linf", (e,))
     with pytest.raises(ValueError, match="non-empty tuple"):
-        fr.FrontierAttacks("l2", ())
+        fc.FrontierAttacks("l2", ())
     with pytest.raises(TypeError, match="EntrySpec"):
-        fr.FrontierAttacks("l2", ("ddn",))  # pyright: ignore[reportArgumentType]
+        fc.FrontierAttacks("l2", ("ddn",))  # pyright: ignore[reportArgumentType]
     with pytest.raises(TypeError, match="init_eps must be a number"):
-        fr.FrontierAttacks("l2", (e,), init_eps="1")  # pyright: ignore[reportArgumentType]
+        fc.FrontierAttacks("l2", (e,), init_eps="1")  # pyright: ignore[reportArgumentType]
     # the frontier paper's pool (Section 5.1): l2 has 8 attacks, ddn and alma without restarts
-    d = fr.frontier_attacks("l2")
-    assert len(d.entries) == 6 * 15 + 2 * 10 and (d.cap, d.init_eps, d.targeted) == (1000, fr.INIT_EPS["l2"], 9)
-    assert list(d.entries) == fr.attack_pool("l2")
-    assert fr.frontier_attacks("l2", targeted=0).targeted == 0
+    d = fc.frontier_attacks("l2")
+    assert len(d.entries) == 6 * 15 + 2 * 10 and (d.cap, d.init_eps, d.targeted) == (1000, fc.INIT_EPS["l2"], 9)
+    assert list(d.entries) == fc.attack_pool("l2")
+    assert fc.frontier_attacks("l2", targeted=0).targeted == 0
     for kw, match in [
         (dict(n_iter=0), "n_iter"),
         (dict(square_queries=2.5), "square_queries"),
@@ -122,15 +124,15 @@ def test_attack_entries_are_checked_when_built():
         (dict(attacks=[""]), "stage names"),
     ]:
         with pytest.raises(ValueError, match=match):
-            fr.frontier_autoattack(**kw)
+            fc.frontier_autoattack(**kw)
     # the AutoAttack cache's config, as sarjax frontier --autoattack recorded it before
-    assert fr.frontier_autoattack().config() == {
+    assert fc.frontier_autoattack().config() == {
         "attacks": None,
         "n_iter": 100,
         "square_queries": 5000,
         "eps_ref": None,
     }
-    c = fr.frontier_autoattack(attacks=["apgd-ce"], n_iter=5, eps_ref=2.0).config()
+    c = fc.frontier_autoattack(attacks=["apgd-ce"], n_iter=5, eps_ref=2.0).config()
     assert c == {"attacks": ["apgd-ce"], "n_iter": 5, "square_queries": 5000, "eps_ref": 2.0}
 
 
@@ -144,8 +146,8 @@ def test_wrong_types_are_refused(data, tmp_path):
         fr.run_frontier({"p": pool}, x, y, ATT, out=str(tmp_path), autoattack=True, settings=SET)  # pyright: ignore[reportArgumentType]
     with pytest.raises(ValueError, match="no l0 version"):
         fr.run_frontier(
-            {"p": pool}, x, y, fr.frontier_attacks("l0", attacks=["fmn"], cap=50), out=str(tmp_path),
-            autoattack=fr.frontier_autoattack(), settings=SET,
+            {"p": pool}, x, y, fc.frontier_attacks("l0", attacks=["fmn"], cap=50), out=str(tmp_path),
+            autoattack=fc.frontier_autoattack(), settings=SET,
         )  # fmt: skip
     with pytest.raises(ValueError, match="exceeds the 3 wrong classes"):
         small = Pool([Stack(mlp((8,), input_shape=(6, 6, 1), num_classes=4), *_four_class())])
@@ -168,13 +170,13 @@ def test_default_entries_resume_the_old_cache_and_refuse_other_attacks(data, tmp
     (c / "fingerprint.json").write_text(json.dumps(fp))
     for stem, arrays in stored.items():
         np.savez_compressed(c / f"{stem}.npz", **arrays, seconds=np.array(1.0))
-    assert sorted(stored) == sorted(fr._safe(e.name) for e in ATT.entries)
+    assert sorted(stored) == sorted(fio.safe_name(e.name) for e in ATT.entries)
     rep = fr.run_frontier({"p": pool}, x, y, ATT, out=str(tmp_path), settings=SET)
     assert rep.extra["ran"] == [] and rep.entry_names == [e.name for e in ATT.entries]
     # another attack configuration (budget, restart radius) or another key: refused, nothing run
     for att, st, field in [
-        (fr.frontier_attacks("l2", attacks=["fmn"], cap=60), SET, "cap"),
-        (fr.frontier_attacks("l2", attacks=["fmn"], cap=50, init_eps=0.5), SET, "init_eps"),
+        (fc.frontier_attacks("l2", attacks=["fmn"], cap=60), SET, "cap"),
+        (fc.frontier_attacks("l2", attacks=["fmn"], cap=50, init_eps=0.5), SET, "init_eps"),
         (ATT, dataclasses.replace(SET, seed=1), "seed"),
     ]:
         with pytest.raises(ValueError, match=field):
