@@ -14,6 +14,10 @@ from dataclasses import dataclass
 import numpy as np
 
 PACK_LEVELS = 4  # run_sar's default: batch sizes B, B/2, ..., B/16 (at most 5 compiled shapes)
+# run_sar's default floor of packed batch sizes: a packed shape of fewer rows saves less attack time
+# than its compilation costs (one compiled program per batch size; about 15 CPU-seconds for a
+# packed SAR shape on this project's 2-core CPU, benchmarks/sar_compile_cost.py)
+PACK_MIN_ROWS = 16
 
 
 def _is_int(v: object) -> bool:
@@ -33,6 +37,9 @@ class SARSettings:
             2**pack_levels`` (rounded up) that holds them (default 4: at most 5 compiled shapes;
             0: every call on the whole chunk). Each sample's result is unchanged (its stream
             comes from its id; see :func:`sarjax.sar.vision.make_attack_oracles`).
+        pack_min_rows: no packed batch smaller than this many rows (default 16: a smaller
+            shape costs a compilation that the rows saved do not repay; a chunk smaller than it
+            is never packed). An int ``>= 1`` (1: every ``pack_levels`` size). Results unchanged.
         use_best: take the attack's best-so-far point (ranked by the number of selected members
             fooled) instead of its final point (default False: Table 1 of the SAR paper returns
             the restart with the highest objective). Recorded in the checkpoint fingerprint.
@@ -49,12 +56,13 @@ class SARSettings:
 
     Raises:
         ValueError: ``chunk_size`` not None or an int ``>= 1``; ``pack_levels`` not an int
-            ``>= 0``.
+            ``>= 0``; ``pack_min_rows`` not an int ``>= 1``.
         TypeError: a flag that is not a bool; ``checkpoint_dir`` not None, a str or a path.
     """
 
     chunk_size: int | None = None
     pack_levels: int = PACK_LEVELS
+    pack_min_rows: int = PACK_MIN_ROWS
     use_best: bool = False
     count_clean_input: bool = False
     stop_when_unreachable: bool = True
@@ -68,6 +76,8 @@ class SARSettings:
             raise ValueError(f"chunk_size must be an int >= 1, got {self.chunk_size!r}")
         if not _is_int(self.pack_levels) or self.pack_levels < 0:
             raise ValueError(f"pack_levels must be an int >= 0, got {self.pack_levels!r}")
+        if not _is_int(self.pack_min_rows) or self.pack_min_rows < 1:
+            raise ValueError(f"pack_min_rows must be an int >= 1, got {self.pack_min_rows!r}")
         for name in ("use_best", "count_clean_input", "stop_when_unreachable", "store_inputs", "progress", "overwrite"):
             v = getattr(self, name)
             if not isinstance(v, (bool, np.bool_)):

@@ -25,24 +25,26 @@ from sarjax.cover.types import Candidates, JointAttack, SingleAttack
 from sarjax.models.sharding import ShardedPool
 from sarjax.runtime import fingerprint as fingerprints
 from sarjax.sar.driver import ResumableRun
-from sarjax.sar.settings import PACK_LEVELS, SARSettings
+from sarjax.sar.settings import PACK_LEVELS, PACK_MIN_ROWS, SARSettings
 
 _JOINT_STREAM = 0
 _SINGLE_STREAM = 1
 _POOL_API = ("apply", "params", "num_members", "num_classes", "input_shape", "predict", "check_input")
 
 
-def pack_sizes(batch: int, levels: int) -> tuple[int, ...]:
-    """The batch sizes a packed oracle calls its attack with: ``ceil(batch / 2**k)``, ``k = 0..levels``.
+def pack_sizes(batch: int, levels: int, min_rows: int = 1) -> tuple[int, ...]:
+    """The batch sizes a packed oracle calls its attack with: ``ceil(batch / 2**k)``, ``k = 0..levels``,
+    those of at least ``min_rows`` rows (and ``batch`` itself always).
 
     Args:
         batch: ``B``, the rows of the oracle (a ``run_sar`` chunk).
         levels: halvings (0: the whole batch only, no packing).
+        min_rows: the smallest packed size kept (each size is one compiled program).
 
     Returns:
         The distinct sizes, increasing (at most ``levels + 1`` compiled shapes).
     """
-    return tuple(sorted({-(-batch // 2**k) for k in range(levels + 1)}))
+    return tuple(sorted({z for z in (-(-batch // 2**k) for k in range(levels + 1)) if z >= min(min_rows, batch)}))
 
 
 class StackGate:
@@ -126,6 +128,7 @@ def make_attack_oracles(
     sample_ids: Any = None,
     pack_levels: int = 0,
     call_params: Callable[[np.ndarray], Any] | None = None,
+    pack_min_rows: int = 1,
 ) -> tuple[JointAttack, SingleAttack]:
     """Joint and single-member oracles from a mask-driven attack.
 
@@ -165,6 +168,7 @@ def make_attack_oracles(
             the attacked rows are those of the unpacked call.
         call_params: optional ``call_params(mask [n, M] bool) -> params`` for
             each call (e.g. :meth:`StackGate.params`); default ``params``.
+        pack_min_rows: the smallest packed batch size (``pack_sizes(B, k, pack_min_rows)``).
 
     Returns:
         ``(joint, single)`` callables for :func:`sarjax.cover.greedy_sar`.
@@ -181,7 +185,7 @@ def make_attack_oracles(
     b, m = ref.shape
     joint_key = jax.random.fold_in(key, _JOINT_STREAM)
     single_key = jax.random.fold_in(key, _SINGLE_STREAM)
-    sizes = pack_sizes(b, int(pack_levels))
+    sizes = pack_sizes(b, int(pack_levels), int(pack_min_rows))
     if pack_levels and sample_ids is None:
         sample_ids = np.arange(b)  # a packed row keeps its position's stream
     id_host = None if sample_ids is None else np.asarray(sample_ids)
@@ -256,7 +260,7 @@ def precomputed_single(pool: Any, x_adv: Any, queries: Any, ref: Any) -> SingleA
     on the whole pool (one forward pass of every member, charged as ``M`` queries on top of the
     member attack's own queries), evaluated when the greedy looks the input up: only the inputs
     used (at most one per sample and round, packed into the batch sizes :func:`pack_sizes` ``(B,
-    PACK_LEVELS)``), not all ``M * B`` of them up front (``O(M^2 B)`` forwards whatever the greedy
+    PACK_LEVELS, PACK_MIN_ROWS)``), not all ``M * B`` of them up front (``O(M^2 B)`` forwards whatever the greedy
     needs).
 
     Args:
@@ -277,7 +281,7 @@ def precomputed_single(pool: Any, x_adv: Any, queries: Any, ref: Any) -> SingleA
             f"got {x_adv.shape}, {np.shape(queries)}, {ref.shape}"
         )
     q = np.asarray(queries, np.int64) + m
-    sizes = pack_sizes(b, PACK_LEVELS)
+    sizes = pack_sizes(b, PACK_LEVELS, PACK_MIN_ROWS)
 
     def single(target: np.ndarray, active: np.ndarray, round_index: int) -> Candidates:
         del round_index  # the member attacks are fixed inputs
@@ -572,6 +576,7 @@ def run_sar(
                 use_best=settings.use_best,
                 sample_ids=ids[idx],
                 pack_levels=int(settings.pack_levels),
+                pack_min_rows=int(settings.pack_min_rows),
                 call_params=None if gate is None else gate.params,
             )
             if member_attacks is not None:

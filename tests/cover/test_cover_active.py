@@ -40,6 +40,7 @@ def test_pack_sizes_halve_the_batch():
     assert pack_sizes(1000, 4) == (63, 125, 250, 500, 1000)
     assert pack_sizes(6, 0) == (6,)
     assert pack_sizes(6, 9) == (1, 2, 3, 6)
+    assert pack_sizes(1000, 4, 100) == (125, 250, 500, 1000) and pack_sizes(12, 4, 16) == (12,)
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +52,9 @@ def runs():
         settings=SARSettings(pack_levels=0),
         **SAR_ARGS,
     )
-    new = run_sar(POOL, X, attack=default_sar_attack(POOL, steps=4, restarts=1), **SAR_ARGS)  # defaults: packed, gated
+    new = run_sar(  # packed (to single rows: 6 rows are under the default floor PACK_MIN_ROWS), gated
+        POOL, X, attack=default_sar_attack(POOL, steps=4, restarts=1), settings=SARSettings(pack_min_rows=1), **SAR_ARGS
+    )
     return old, new
 
 
