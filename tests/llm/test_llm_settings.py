@@ -65,6 +65,13 @@ def test_sampling_config_types_traced_fields_and_defaults():
     assert int(draw(jnp.float32(0.7), jnp.int32(2), jnp.float32(0.9), lg)) == int(
         sample_token(jax.random.key(0), lg, 0.7, 2, 0.9)
     )
+    # array fields (one setting per row under vmap): every element is checked
+    rows = SamplingConfig(
+        jnp.asarray([0.5, 0.7]), jnp.asarray([1, 2]), jnp.asarray([0.9, 1.0]), None, jnp.zeros(2, int)
+    )
+    np.testing.assert_allclose(jax.vmap(lambda c: c.temperature * c.top_k)(rows), [0.5, 1.4])
+    with pytest.raises(ValueError, match=r"SamplingConfig.top_k: .* got Array\(\[ 1, -1\]"):
+        SamplingConfig(top_k=jnp.asarray([1, -1]))
     with pytest.raises(TypeError, match="sampling: expected a SamplingConfig or None, got dict"):
         stack_sample_generate({}, None, np.zeros((1, 2), np.int32), key=jax.random.key(0), sampling={"top_k": 1})
 

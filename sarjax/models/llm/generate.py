@@ -133,9 +133,12 @@ class SamplingConfig(_SamplingFields):
         ``pad_id``. Checked against the vocabulary when a decoder uses it.
       pad_id: an int, the filler after the end token (a checkpoint's ``pad_token_id`` may be -1).
 
+    Fields may also be arrays (one setting per row under ``vmap``): every element is checked.
+
     Raises:
-      ValueError: a concrete field out of range (naming the field and the value).
-      TypeError: a field of the wrong type (a number that is not one, a bool for an int).
+      ValueError: a concrete field out of range or not an int where one is expected (naming the
+        field and the value).
+      TypeError: ``temperature`` / ``top_p`` not a number.
     """
 
     __slots__ = ()
@@ -156,43 +159,35 @@ def _traced(v) -> bool:
     return any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(v))
 
 
+def _numbers(name: str, v, integer: bool):
+    """``v`` as a numpy array of numbers (any shape: a batch of settings under ``vmap``), or None
+    when it is traced (checked by nobody: one compile for every setting)."""
+    if _traced(v):
+        return None
+    a = None if isinstance(v, (bool, str, bytes)) else np.asarray(v)
+    kind = "an int" if integer else "a number"
+    if a is None or a.dtype == bool or not np.issubdtype(a.dtype, np.integer if integer else np.number):
+        err = ValueError if integer else TypeError  # a float top_k is a bad value, a string temperature a bad type
+        raise err(f"SamplingConfig.{name}: expected {kind}, got {v!r}")
+    return a
+
+
 def _check_sampling(temperature, top_k, top_p, eos_id, pad_id) -> None:
     """Host checks of the concrete fields of a :class:`SamplingConfig` (traced ones are skipped)."""
-    for name, v in (("temperature", temperature), ("top_p", top_p)):
-        if _traced(v):
-            continue
-        if isinstance(v, (bool, str, bytes)) or np.ndim(v) != 0:
-            raise TypeError(f"SamplingConfig.{name}: expected a number, got {v!r}")
-        try:
-            float(v)
-        except (TypeError, ValueError):
-            raise TypeError(f"SamplingConfig.{name}: expected a number, got {v!r}") from None
-    if not _traced(temperature) and (not np.isfinite(float(temperature)) or float(temperature) < 0):
+    t = _numbers("temperature", temperature, False)
+    if t is not None and not (np.all(np.isfinite(t)) and np.all(t >= 0)):
         raise ValueError(f"SamplingConfig.temperature: expected a finite number >= 0 (0: greedy), got {temperature!r}")
-    if not _traced(top_p) and not 0.0 < float(top_p) <= 1.0:
+    p = _numbers("top_p", top_p, False)
+    if p is not None and not np.all((p > 0) & (p <= 1)):
         raise ValueError(f"SamplingConfig.top_p: expected a number in (0, 1] (1: no nucleus filter), got {top_p!r}")
-    for name, v, low in (("top_k", top_k, 0), ("pad_id", pad_id, None)):
-        if _traced(v):
-            continue
-        a = np.asarray(v)
-        if (
-            isinstance(v, bool)
-            or a.ndim != 0
-            or not np.issubdtype(a.dtype, np.integer)
-            or (low is not None and a < low)
-        ):
-            what = "an int >= 0 (0: no top-k filter)" if low is not None else "an int"
-            raise ValueError(f"SamplingConfig.{name}: expected {what}, got {v!r}")
+    k = _numbers("top_k", top_k, True)
+    if k is not None and np.any(k < 0):
+        raise ValueError(f"SamplingConfig.top_k: expected an int >= 0 (0: no top-k filter), got {top_k!r}")
+    _numbers("pad_id", pad_id, True)
     if eos_id is not None and not _traced(eos_id):
         e = np.asarray(eos_id)
-        if (
-            isinstance(eos_id, bool)
-            or e.dtype == bool
-            or not np.issubdtype(e.dtype, np.integer)
-            or e.ndim > 1
-            or e.size == 0
-            or np.any(e < 0)
-        ):
+        ints = not isinstance(eos_id, bool) and e.dtype != bool and np.issubdtype(e.dtype, np.integer)
+        if not ints or e.ndim > 1 or e.size == 0 or np.any(e < 0):
             raise ValueError(
                 f"SamplingConfig.eos_id: expected None, an int >= 0 or a non-empty list of ints >= 0, got {eos_id!r}"
             )
