@@ -17,7 +17,7 @@ peak memory and step times.
    users load theirs (``load_llm_pool``). The transformers model is freed before the JAX pool is
    built: its logits (on 2 x 24 random ids) are saved to disk and compared there (float32: max
    |diff| / max |logit| within 1e-4; bfloat16: the measured figure, beside transformers' own
-   bf16-vs-f32 gap). One joint GCG step (``make_joint_gcg``, 4 candidates, top-k 8) and one joint
+   bf16-vs-f32 gap). One joint GCG step (``make_gcg``, 4 candidates, top-k 8) and one joint
    BEAST step (``make_beast``, suffix 1, beam 2 x 2) run; in a third process each member is
    reloaded in transformers and every member loss the two attacks report is recomputed from the
    prompt ids they return.
@@ -454,7 +454,7 @@ def run_llm_jax(spec: LlmSpec, dtype: str, dirs: list[str], folder: str | Path, 
     from sarjax.attacks.text import requests as TR
     from sarjax.attacks.text import retokenize as TK
     from sarjax.attacks.text.beast import make_beast
-    from sarjax.attacks.text.gcg_joint import make_joint_gcg
+    from sarjax.attacks.text.gcg import GCGOptions, make_gcg
     from sarjax.attacks.text.pool import pool_params
     from sarjax.models.llm.prompts import encode_text
     from sarjax.sar.llm_requests import behavior_batch, load_llm_pool
@@ -480,9 +480,9 @@ def run_llm_jax(spec: LlmSpec, dtype: str, dirs: list[str], folder: str | Path, 
 
     tok = stack.tokenizer
     v = stack.cfg.vocab_size
-    gcg = make_joint_gcg(
+    gcg = make_gcg(
         pool, num_steps=1, suffix_len=spec.gcg_suffix, topk=spec.gcg_topk, num_candidates=spec.gcg_candidates,
-        target=REFUSAL,
+        options=GCGOptions(target=REFUSAL),
     )  # fmt: skip
     g = timed_calls(
         st, "joint_gcg_step", lambda i: gcg(pool_params(pool), REQUESTS, None, key=jax.random.key(i)), spec.reps

@@ -65,9 +65,7 @@ from sarjax.attacks.text import (
     make_autodan,
     make_autodan_jit,
     make_beast,
-    make_cross_beast,
     make_gcg,
-    make_joint_gcg,
 )
 from sarjax.attacks.threat import Threat, canonical_norm, check_labels
 
@@ -90,12 +88,10 @@ __all__ = [
     "make_autodan",
     "make_autodan_jit",
     "make_beast",
-    "make_cross_beast",
     "make_ddn",
     "make_fab",
     "make_fmn",
     "make_gcg",
-    "make_joint_gcg",
     "make_pdgd",
     "make_pdpgd",
     "make_sigma_zero",

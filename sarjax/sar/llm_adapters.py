@@ -10,11 +10,11 @@ the LLM SAR by writing one adapter and adding it to the table.
 The adapters here:
 
 - ``"beast"``: joint BEAST (:func:`~sarjax.attacks.text.beast.make_beast`, one tokenizer) or
-  BEAST across tokenizers (:func:`~sarjax.attacks.text.beast_cross.make_cross_beast`, the first
+  BEAST across tokenizers (:func:`~sarjax.attacks.text.beast.make_beast`, the first
   stack's tokenizer proposing), :data:`ATTACK_DEFAULTS` ``["beast"]``, the target's mean per-token
   NLL minimised, an optional warm start from a seed generator;
 - ``"gcg"``: joint GCG (:func:`~sarjax.attacks.text.gcg.make_gcg`, one tokenizer, or
-  :func:`~sarjax.attacks.text.gcg_joint.make_joint_gcg` across tokenizers),
+  :func:`~sarjax.attacks.text.gcg.make_gcg` across tokenizers),
   :data:`ATTACK_DEFAULTS` ``["gcg"]``, the refusal's NLL maximised;
 - ``"autodan"``: the AutoDAN-style rewriter on text (:func:`~sarjax.attacks.text.autodan.make_autodan`),
   judging its own candidates on every member.
@@ -27,10 +27,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from sarjax.attacks.text.autodan import AutoDANBatch, make_autodan
-from sarjax.attacks.text.beast import make_beast, seed_suffixes
-from sarjax.attacks.text.beast_cross import make_cross_beast
-from sarjax.attacks.text.gcg import make_gcg
-from sarjax.attacks.text.gcg_joint import make_joint_gcg
+from sarjax.attacks.text.beast import BEASTOptions, make_beast, seed_suffixes
+from sarjax.attacks.text.gcg import GCGOptions, make_gcg
 from sarjax.attacks.text.losses import refusal_loss, target_loss
 from sarjax.attacks.text.model import llm_text_model
 from sarjax.attacks.text.pool import allowed_for, pool_params
@@ -159,14 +157,14 @@ def _seed_record(seed_tokens: int, ids: Any, lens: Any) -> dict[str, Any]:
 
 def beast_pool_attack(req: PoolRequest) -> PoolAttack:
     """Joint BEAST on the pool (one tokenizer: :func:`~sarjax.attacks.text.beast.make_beast`; several:
-    :func:`~sarjax.attacks.text.beast_cross.make_cross_beast`, the first stack's tokenizer
+    :func:`~sarjax.attacks.text.beast.make_beast`, the first stack's tokenizer
     proposing, called with the stacks' params (:func:`~sarjax.attacks.text.pool.pool_params`) and the
     request strings as the batch)."""
     st, calls, mq = _suffix_settings("beast", req)
     tok = req.pool.stacks[0].tokenizer
     if req.mixed:
         call = _mixed_call(req)
-        fn = make_cross_beast(req.pool, target=req.target, **st)
+        fn = make_beast(req.pool, **st, options=BEASTOptions(target=req.target))
         if req.seed_fn is not None:
             ids, lens = seed_suffixes(req.seed_fn, list(req.behaviors), tok, fn.suffix_len, req.seed_tokens)
             kw_dec = dict(skip_special_tokens=False, clean_up_tokenization_spaces=False)
@@ -221,14 +219,14 @@ def common_start_text(pool: Any, words: int, slots: int) -> str:
 
 def gcg_pool_attack(req: PoolRequest) -> PoolAttack:
     """Joint GCG on the pool (one tokenizer: :func:`~sarjax.attacks.text.gcg.make_gcg`, starting from
-    ``"!"`` when the vocabulary has it; several: :func:`~sarjax.attacks.text.gcg_joint.make_joint_gcg`
+    ``"!"`` when the vocabulary has it; several: :func:`~sarjax.attacks.text.gcg.make_gcg`
     from :func:`common_start_text`, called with the stacks' params
     (:func:`~sarjax.attacks.text.pool.pool_params`) and the request strings)."""
     st, calls, mq = _suffix_settings("gcg", req)
     if req.mixed:
         tok = req.pool.stacks[0].tokenizer
         call = _mixed_call(req)
-        fn = make_joint_gcg(req.pool, target=req.refusal, **st)
+        fn = make_gcg(req.pool, **st, options=GCGOptions(target=req.refusal))
         fn.init_text = common_start_text(req.pool, fn.suffix_len, fn.slots)
         st["init_text"] = fn.init_text
         call["max_queries"] = mq
@@ -241,7 +239,7 @@ def gcg_pool_attack(req: PoolRequest) -> PoolAttack:
     bang = tok("!", add_special_tokens=False)["input_ids"]
     # GCG starts from "!" x 20; a vocabulary without "!" starts from its first allowed id
     init = int(bang[0]) if len(bang) == 1 and allowed[bang[0]] else None
-    fn = make_gcg(model, vocab_size=vocab, loss=refusal_loss, tokenizer=tok, init_id=init, **st)
+    fn = make_gcg(model, vocab_size=vocab, loss=refusal_loss, tokenizer=tok, **st, options=GCGOptions(init_id=init))
     batch = behavior_batch(tok, req.behaviors, req.refusal, req.system)
     kw = _one_tokenizer_kwargs(req, tok, allowed, mq)
     clean = clean_prompt_ids(tok, req.behaviors, req.system)

@@ -37,8 +37,8 @@ def pool_llm_sar(
     Args:
       pool: an :class:`~sarjax.models.llm.pool.LLMPool`. Its stacks may use different tokenizers
         (and chat templates) for ``"beast"`` and ``"gcg"``: the suffix then passes between
-        members as TEXT (joint GCG: :func:`~sarjax.attacks.text.gcg_joint.make_joint_gcg`, the proposer
-        rotating; BEAST: :func:`~sarjax.attacks.text.beast_cross.make_cross_beast`, the first
+        members as TEXT (joint GCG: :func:`~sarjax.attacks.text.gcg.make_gcg`, the proposer
+        rotating; BEAST: :func:`~sarjax.attacks.text.beast.make_beast`, the first
         stack's tokenizer proposing), every member renders, scores and answers in its own tokens
         (:class:`PoolResponder`), and the recorded prompts are the first stack's ids.
         ``"autodan"`` works on both: with several tokenizers each stack renders the rewritten

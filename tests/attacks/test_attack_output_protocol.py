@@ -169,12 +169,19 @@ def _strings_case(run):
 
 
 def _joint_gcg(pool, tok):
-    fn = T.make_joint_gcg(pool, num_steps=1, suffix_len=2, num_candidates=2, target="sure here is", criterion="target")
+    fn = T.make_gcg(
+        pool,
+        num_steps=1,
+        suffix_len=2,
+        num_candidates=2,
+        criterion="target",
+        options=T.GCGOptions(target="sure here is"),
+    )
     return fn(pool_params(pool), REQUESTS, None, key=jax.random.key(0))
 
 
 def _cross_beast(pool, tok):
-    fn = T.make_cross_beast(pool, suffix_len=1, beam_width=1, candidates=2, target="sure here is")
+    fn = T.make_beast(pool, suffix_len=1, beam_width=1, candidates=2, options=T.BEASTOptions(target="sure here is"))
     return fn(pool_params(pool), REQUESTS, None, key=jax.random.key(0))
 
 
@@ -226,8 +233,8 @@ CASES = {
     # text: [B, T] prompt ids, [B, W] rewrite ids or B strings (docs/llm.md)
     "make_gcg": _id_case(lambda model: T.make_gcg(model, vocab_size=V, num_steps=1, suffix_len=2, topk=2, num_candidates=2)),
     "make_beast": _id_case(lambda model: T.make_beast(model, vocab_size=V, suffix_len=1, beam_width=1, candidates=2)),
-    "make_joint_gcg": _strings_case(_joint_gcg),
-    "make_cross_beast": _strings_case(_cross_beast),
+    "make_gcg@LLMPool": _strings_case(_joint_gcg),  # the same factories given an LLMPool
+    "make_beast@LLMPool": _strings_case(_cross_beast),
     "make_autodan": _strings_case(_autodan),
     "make_autodan_jit": _autodan_jit_case,
 }  # fmt: skip
@@ -236,15 +243,16 @@ CASES = {
 def test_every_exported_factory_has_a_case():
     """A factory exported without a case here (or a case for one no longer exported) fails."""
     exported = _exported()
-    assert not sorted(set(exported) - set(CASES)), f"exported factories without a protocol case: {exported}"
-    assert not sorted(set(CASES) - set(exported)), f"cases for factories no longer exported: {sorted(CASES)}"
+    factories = {n.split("@")[0] for n in CASES}  # "make_gcg@LLMPool": make_gcg given an LLMPool
+    assert not sorted(set(exported) - factories), f"exported factories without a protocol case: {exported}"
+    assert not sorted(factories - set(exported)), f"cases for factories no longer exported: {sorted(CASES)}"
 
 
-@pytest.mark.parametrize("name", _exported())
+@pytest.mark.parametrize("name", sorted(set(_exported()) | set(CASES)))
 def test_result_satisfies_the_protocol(name):
     if name not in CASES:
         pytest.fail(f"{name} is exported but has no case in CASES: add one (the protocol covers every factory)")
-    with _fast_compiles() if name in T.__all__ else contextlib.nullcontext():
+    with _fast_compiles() if name.split("@")[0] in T.__all__ else contextlib.nullcontext():
         res, b, m, x_shape = CASES[name]()
     assert isinstance(res, AttackOutput)
     if x_shape is not None:

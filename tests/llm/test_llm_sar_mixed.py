@@ -76,7 +76,7 @@ def test_cross_beast_joint_objective_and_exact_queries():
     alone with ITS OWN tokenizer and template, and the joint loss is their mean over the covered
     members; (b) queries follow the closed form (every candidate passes the filter here)."""
     from sarjax.attacks.text import requests as TR
-    from sarjax.attacks.text.beast_cross import make_cross_beast
+    from sarjax.attacks.text.beast import BEASTOptions, make_beast
     from sarjax.attacks.text.pool import pool_params
     from sarjax.models.llm import decoder, scoring
     from sarjax.models.llm.pool import unstack_params
@@ -87,7 +87,13 @@ def test_cross_beast_joint_objective_and_exact_queries():
     words = FILLER + [TRIGGER]  # known to both tokenizers: every candidate re-tokenizes everywhere
     al = [np.isin(np.arange(VOCAB), t.convert_tokens_to_ids(words)) for t in (ta, tb, ta)]
     k1, k2, ls = 2, 2, 2
-    fn = make_cross_beast(pool, suffix_len=ls, beam_width=k1, candidates=k2, sampler="greedy", target=TARGET, slots=4)
+    fn = make_beast(
+        pool,
+        suffix_len=ls,
+        beam_width=k1,
+        candidates=k2,
+        options=BEASTOptions(sampler="greedy", target=TARGET, slots=4),
+    )
     # row 0 covers a0 and b0 (proposer mixture: a0); row 1 covers b0 only (mixture: a0, a1, g0)
     mask = np.array([[1, 0, 1, 0], [0, 0, 1, 0], [1, 1, 1, 1]], np.float32)
     r = fn(pool_params(pool), REQUESTS, None, key=jax.random.key(0), mask=mask, allowed=al)

@@ -20,14 +20,15 @@ from sarjax.attacks.text import (
     allowed_vocab,
     llm_text_model,
     make_beast,
+    make_gcg,
     refusal_loss,
     slot_texts,
     suffix_text_violations,
     target_loss,
     text_batch,
 )
-from sarjax.attacks.text.beast_cross import make_cross_beast
-from sarjax.attacks.text.gcg_joint import make_joint_gcg
+from sarjax.attacks.text.beast import BEASTOptions
+from sarjax.attacks.text.gcg import GCGOptions
 from sarjax.attacks.text.pool import pool_params
 from sarjax.models.llm import scoring
 from sarjax.models.llm.pool import build_pool, unstack_params
@@ -124,11 +125,13 @@ def test_pool_attacks_score_the_ids_of_the_sent_text(kind, attack):
     tok, cfg, params, texts, _, target = _setup(kind)
     pool = _pool(kind)
     if attack == "joint_gcg":
-        fn = make_joint_gcg(pool, num_steps=1, suffix_len=2, num_candidates=4, target=TARGET, criterion="target")
+        fn = make_gcg(
+            pool, num_steps=1, suffix_len=2, num_candidates=4, criterion="target", options=GCGOptions(target=TARGET)
+        )
         r = fn(pool_params(pool), REQUESTS, None, key=jax.random.key(0), suffix_init=SEED, max_queries=2)
         loss = refusal_loss
     else:
-        fn = make_cross_beast(pool, suffix_len=3, beam_width=2, candidates=2, target=TARGET)
+        fn = make_beast(pool, suffix_len=3, beam_width=2, candidates=2, options=BEASTOptions(target=TARGET))
         r = fn(
             pool_params(pool), REQUESTS, None, key=jax.random.key(0), suffix_init=[SEED] * len(REQUESTS), max_queries=2
         )
@@ -146,7 +149,7 @@ def test_pool_attacks_score_the_ids_of_the_sent_text(kind, attack):
 
 
 def test_joint_gcg_default_start_on_metaspace_byte_level_and_word_level_tokenizers():
-    """``make_joint_gcg()``'s default start: GCG's ``"! ! ..."`` where the tokenizer reproduces it
+    """``make_gcg()``'s default start: GCG's ``"! ! ..."`` where the tokenizer reproduces it
     (byte-level BPE); on the SentencePiece-style tokenizer (no ``"▁!"``: ``"!"`` is ``<unk>``) and
     the word-level one (its decoder cleans ``" !"`` up to ``"!"``), where the former code refused
     its own start, the first allowed token's text (in id order) whose repetition the tokenizer
@@ -156,7 +159,7 @@ def test_joint_gcg_default_start_on_metaspace_byte_level_and_word_level_tokenize
     wcfg = tiny_llama(len(word), hidden_size=16, num_heads=2, num_kv_heads=1, head_dim=8, intermediate_size=24)
     cases["word"] = build_pool([("w0", wcfg, scaled_init(wcfg, jax.random.key(0), 3.0), word)])
     for name, pool in cases.items():
-        fn = make_joint_gcg(pool, num_steps=1, suffix_len=4, num_candidates=2)
+        fn = make_gcg(pool, num_steps=1, suffix_len=4, num_candidates=2)
         tok = pool.stacks[0].tokenizer
         al = allowed_vocab(tok, len(tok))
         ok = lambda x: not suffix_text_violations(" ".join([x] * 4), [tok], [al], [8])[1]  # noqa: E731
@@ -181,20 +184,21 @@ def test_pool_attacks_take_the_pool_first_and_score_the_call_params(attack):
             for i in range(2)
         ]
     )
-    make = {"joint_gcg": make_joint_gcg, "cross_beast": make_cross_beast}[attack]
+    make = {"joint_gcg": make_gcg, "cross_beast": make_beast}[attack]
+    opts = {"joint_gcg": GCGOptions, "cross_beast": BEASTOptions}[attack](target=TARGET)
     kw = {"joint_gcg": dict(num_steps=1, suffix_len=2, num_candidates=2), "cross_beast": dict(suffix_len=3)}[attack]
     init = SEED if attack == "joint_gcg" else [SEED] * len(REQUESTS)
     call = dict(key=jax.random.key(0), suffix_init=init, max_queries=2)  # the start only
 
     def run(factory_pool, params):
-        return make(factory_pool, target=TARGET, **kw)(params, REQUESTS, None, **call).member_loss
+        return make(factory_pool, options=opts, **kw)(params, REQUESTS, None, **call).member_loss
 
     mine, theirs = run(pool, pool_params(pool)), run(other, pool_params(other))
     assert np.abs(mine - theirs).max() > 1e-3  # the weights matter
     np.testing.assert_array_equal(run(pool, pool_params(other)), theirs)
     with pytest.raises(TypeError, match=r"the model must be an LLMPool .* got tuple"):
         make(pool_params(pool), **kw)
-    fn = make(pool, target=TARGET, **kw)
+    fn = make(pool, options=opts, **kw)
     with pytest.raises(TypeError, match=r"params must be one stacked parameter tree per stack \(1, .* got LLMPool"):
         fn(pool, REQUESTS, None, **call)
     half = (jax.tree.map(lambda a: a[:1], pool.stacks[0].params),)

@@ -144,7 +144,7 @@ def test_pool_attacks_judge_every_member_on_its_whole_text(kind):
     """Joint GCG across tokenizers: each stack's sent prompt is the whole text in its tokenizer,
     ``retokenized`` names the members whose ids changed, and ``success`` is the teacher-forced
     greedy check computed by hand on the sent ids."""
-    from sarjax.attacks.text.gcg_joint import make_joint_gcg
+    from sarjax.attacks.text.gcg import GCGOptions, make_gcg
     from sarjax.attacks.text.pool import pool_params
     from sarjax.models.llm import decoder
     from sarjax.models.llm.pool import build_pool, unstack_params
@@ -156,7 +156,9 @@ def test_pool_attacks_judge_every_member_on_its_whole_text(kind):
         cfg = tiny_llama(len(tok), hidden_size=16, num_heads=2, num_kv_heads=1, head_dim=8, intermediate_size=24)
         members += [(f"s{s}m{i}", cfg, scaled_init(cfg, jax.random.key(3 * s + i), 3.0), tok) for i in range(2 - s)]
     pool = build_pool(members)  # stack 0: 2 members of ``kind``, stack 1: 1 member of the other family
-    fn = make_joint_gcg(pool, num_steps=1, suffix_len=1, target=TARGET, init_text=SUFFIX, criterion="target")
+    fn = make_gcg(
+        pool, num_steps=1, suffix_len=1, criterion="target", options=GCGOptions(target=TARGET, init_text=SUFFIX)
+    )
     r = fn(pool_params(pool), [REQUEST], None, key=jax.random.key(0), max_queries=3)  # the start only: 3 members
     assert r.x_adv == [SUFFIX] and r.queries.tolist() == [[1, 1, 1]]
     assert r.retokenized.tolist() == [[True, True, True]]  # both families split the blocks apart

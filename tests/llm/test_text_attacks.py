@@ -12,6 +12,7 @@ import pytest
 from conftest import build_tokenizer, scaled_init, tiny_gpt2, tiny_llama
 
 from sarjax.attacks.text import (
+    BEASTOptions,
     audit_text,
     exchange_suffix,
     joint_loss,
@@ -176,7 +177,9 @@ def _mixture_top(cfg, params, prompt, allowed, k):
 
 def test_beast_beam_width_one_greedy_equals_hand_trace(pool):
     cfg, params, model, batch = pool
-    fn = make_beast(model, vocab_size=V, suffix_len=LS, beam_width=1, candidates=3, sampler="greedy")
+    fn = make_beast(
+        model, vocab_size=V, suffix_len=LS, beam_width=1, candidates=3, options=BEASTOptions(sampler="greedy")
+    )
     allowed = np.ones(V, bool)
     allowed[[0, 5, 9]] = False
     r = fn(params, batch, None, key=jax.random.key(0), mask=MASK, allowed=allowed)

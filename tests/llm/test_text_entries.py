@@ -38,8 +38,8 @@ def _entries(pool):
         max_new_tokens=2, requests=REQUESTS,
     )  # fmt: skip
     return {
-        "joint_gcg": (T.make_joint_gcg(pool, num_steps=1, suffix_len=2, num_candidates=2), pool_params(pool)),
-        "cross_beast": (T.make_cross_beast(pool, suffix_len=1, beam_width=1, candidates=2), pool_params(pool)),
+        "joint_gcg": (T.make_gcg(pool, num_steps=1, suffix_len=2, num_candidates=2), pool_params(pool)),
+        "cross_beast": (T.make_beast(pool, suffix_len=1, beam_width=1, candidates=2), pool_params(pool)),
         "autodan": (autodan, None),
     }
 

@@ -11,7 +11,7 @@ import pytest
 from conftest import VOCAB, build_tokenizer, tiny_llama
 
 from sarjax.attacks.text import retokenize as TK
-from sarjax.attacks.text.gcg_joint import make_joint_gcg
+from sarjax.attacks.text.gcg import GCGOptions, make_gcg
 from sarjax.attacks.text.pool import pool_params
 from sarjax.models.llm.tokenizers import word_level_tokenizer
 
@@ -112,8 +112,13 @@ def test_joint_gcg_finds_a_planted_trigger_across_tokenizers(trigger_pool):
     words = FILLER + [TRIGGER]  # (punctuation would not survive the decoder's clean-up: filtered)
     al = [np.isin(np.arange(VOCAB), t.convert_tokens_to_ids(words)) for t in (ta, tb)]
     nc, steps = 32, 4
-    fn = make_joint_gcg(
-        pool, num_steps=steps, suffix_len=3, topk=len(words), num_candidates=nc, target=REFUSAL, slots=4
+    fn = make_gcg(
+        pool,
+        num_steps=steps,
+        suffix_len=3,
+        topk=len(words),
+        num_candidates=nc,
+        options=GCGOptions(target=REFUSAL, slots=4),
     )
     mask = np.array([[1, 1, 1, 1], [1, 0, 1, 0], [0, 1, 0, 1]], np.float32)
     call = dict(allowed=al, suffix_init="x x x")
@@ -154,7 +159,9 @@ def test_joint_gcg_finds_a_planted_trigger_across_tokenizers(trigger_pool):
     os.environ.get("SARJAX_LLM_FULL") != "1", reason="SARJAX_LLM_FULL=1: uses the fine-tuned pool fixture"
 )
 def test_joint_gcg_input_errors(trigger_pool):
-    fn = make_joint_gcg(trigger_pool, num_steps=1, suffix_len=3, num_candidates=4, target=REFUSAL, slots=4)
+    fn = make_gcg(
+        trigger_pool, num_steps=1, suffix_len=3, num_candidates=4, options=GCGOptions(target=REFUSAL, slots=4)
+    )
     with pytest.raises(TypeError, match="key is required"):
         fn(pool_params(trigger_pool), REQUESTS, None, key=None)
     with pytest.raises(ValueError, match=r"mask must be \[M\] or \[B, M\] with B=\d+, M=4"):
@@ -163,4 +170,4 @@ def test_joint_gcg_input_errors(trigger_pool):
     with pytest.raises(ValueError, match=r"row 0: stack 1: the ids do not decode back"):
         fn(pool_params(trigger_pool), REQUESTS[:1], None, key=jax.random.key(0), suffix_init="a bomb")
     with pytest.raises(ValueError, match="num_candidates must be >= 1"):
-        make_joint_gcg(trigger_pool, num_candidates=0)
+        make_gcg(trigger_pool, num_candidates=0)

@@ -11,8 +11,11 @@ validation, the threat-model audit); :mod:`~sarjax.attacks.text.autodan`
 is the black-box AutoDAN-style rewriting on text (:mod:`~sarjax.attacks.text.autodan_jit`: on
 token ids with a jit-safe entry; :mod:`~sarjax.attacks.text.autodan_judge`: how both judge and
 rank a candidate);
-:mod:`~sarjax.attacks.text.beast_cross` is joint BEAST on pools whose members use different
-tokenizers, as :func:`~sarjax.attacks.text.gcg_joint.make_joint_gcg` is joint GCG;
+one factory per attack, the pool first: :func:`~sarjax.attacks.text.gcg.make_gcg` and
+:func:`~sarjax.attacks.text.beast.make_beast` given a :class:`~sarjax.models.llm.pool.LLMPool`
+return the host-driven searches on text (:mod:`~sarjax.attacks.text.gcg_joint`,
+:mod:`~sarjax.attacks.text.beast_cross`: any tokenizers), given a
+:class:`~sarjax.attacks.text.model.TextModel` the compiled state machines on token ids;
 :mod:`~sarjax.attacks.text.pool` holds the host-side helpers both share.
 
 Every attack is an :class:`~sarjax.attacks.core.entry.Entry` called
@@ -37,11 +40,11 @@ from sarjax.attacks.text import (
 )
 from sarjax.attacks.text.autodan import AutoDANAttack, AutoDANBatch, AutoDANResult, PoolEvaluator, make_autodan
 from sarjax.attacks.text.autodan_jit import AutoDANTokenFn, AutoDANTokenResult, make_autodan_jit
-from sarjax.attacks.text.beast import make_beast, seed_suffixes
-from sarjax.attacks.text.beast_cross import CrossBEAST, CrossBEASTResult, make_cross_beast
+from sarjax.attacks.text.beast import BEASTOptions, make_beast, seed_suffixes
+from sarjax.attacks.text.beast_cross import CrossBEAST, CrossBEASTResult
 from sarjax.attacks.text.entry import TextAttackFn, TextAttackResult, audit_text
-from sarjax.attacks.text.gcg import make_gcg
-from sarjax.attacks.text.gcg_joint import JointGCG, JointGCGResult, make_joint_gcg
+from sarjax.attacks.text.gcg import GCGOptions, make_gcg
+from sarjax.attacks.text.gcg_joint import JointGCG, JointGCGResult
 from sarjax.attacks.text.losses import joint_loss, member_success, refusal_loss, target_loss
 from sarjax.attacks.text.model import TextModel, llm_text_model
 from sarjax.attacks.text.requests import TextBatch, slot_texts, text_batch
@@ -53,8 +56,10 @@ __all__ = [
     "AutoDANResult",
     "AutoDANTokenFn",
     "AutoDANTokenResult",
+    "BEASTOptions",
     "CrossBEAST",
     "CrossBEASTResult",
+    "GCGOptions",
     "JointGCG",
     "JointGCGResult",
     "PoolEvaluator",
@@ -82,9 +87,7 @@ __all__ = [
     "make_autodan",
     "make_autodan_jit",
     "make_beast",
-    "make_cross_beast",
     "make_gcg",
-    "make_joint_gcg",
     "member_success",
     "pool",
     "refusal_loss",

@@ -55,6 +55,9 @@ from sarjax.attacks.text import losses as TL
 from sarjax.attacks.text import model as TM
 from sarjax.attacks.text import requests as TR
 from sarjax.attacks.text import retokenize as TK
+from sarjax.attacks.text.beast_cross import CrossBEAST
+from sarjax.attacks.text.pool import check_pool
+from sarjax.models.llm.pool import LLMPool
 from sarjax.models.llm.prompts import retokenizes
 
 
@@ -222,74 +225,129 @@ def _result(cfg: BEASTConfig, state: BEASTState, params) -> TE.TextAttackResult:
     )  # fmt: skip
 
 
+class BEASTOptions(NamedTuple):
+    """The rare knobs of :func:`make_beast` (each default's source beside it).
+
+    Attributes:
+      sampler: ``"multinomial"`` (BEAST's sampling, Sadasivan et al. 2024; on an ``LLMPool``
+        Gumbel top-k without replacement) or ``"greedy"`` (the ``k2`` most likely tokens;
+        deterministic, for tests).
+      target: on an :class:`~sarjax.models.llm.pool.LLMPool`, the default ``ref`` (the target
+        response; the SAR paper does not print BEAST's target, this one is ours).
+      slots: on an ``LLMPool``, the suffix token slots of every stack (None: ``2 * suffix_len``: the
+        same text may take more tokens in another vocabulary; a candidate that does not fit is
+        filtered; ours).
+      ascii_only: on an ``LLMPool``, the default allowed vocabulary keeps printable-ASCII tokens
+        only (GCG's reference filter, Zou et al. 2023).
+    """
+
+    sampler: str = "multinomial"
+    target: str = "Sure, here is"
+    slots: int | None = None
+    ascii_only: bool = True
+
+
 def make_beast(
-    model: TM.TextModel,
+    model: "TM.TextModel | LLMPool",
     *,
-    vocab_size: int,
     suffix_len: int = 30,
     beam_width: int = 10,
     candidates: int | None = None,
     temperature: float = 1.0,
-    sampler: str = "multinomial",
     loss: Callable = TL.target_loss,
-    tokenizer=None,
     criterion: str | None = None,
-) -> TE.TextAttackFn:
-    """Joint BEAST on a pool.
+    vocab_size: int | None = None,
+    tokenizer: Any = None,
+    options: BEASTOptions | None = None,
+) -> "TE.TextAttackFn | CrossBEAST":
+    """Joint BEAST on a pool, whichever pool it is given.
+
+    - An :class:`~sarjax.models.llm.pool.LLMPool` (every stack with a tokenizer, one tokenizer or
+      several): joint BEAST on text (:class:`~sarjax.attacks.text.beast_cross.CrossBEAST`,
+      host-driven: a proposer's beam is exchanged as TEXT between the members' tokenizers). Called
+      ``fn(params, instructions, ref, *, key, ...)`` with ``params`` the pool's weights
+      (:func:`~sarjax.attacks.text.pool.pool_params`), ``instructions`` the ``B`` request strings
+      and ``ref`` the target (one string or one per request; None: ``options.target``).
+    - A :class:`~sarjax.attacks.text.model.TextModel` (a user's own model functions over one
+      vocabulary; :func:`~sarjax.attacks.text.model.llm_text_model` for stacked sarjax
+      decoders): the compiled state machine on token ids (this module), ``vocab_size`` required.
+      Called ``fn(params, batch, ref, *, key, ...)`` with ``batch`` a
+      :class:`~sarjax.attacks.text.requests.TextBatch` and ``ref`` None (the batch carries the
+      target ids); ``fn.jit(...)`` is the jit-safe entry.
 
     Args:
-      model: the pool (:func:`~sarjax.attacks.text.model.llm_text_model`).
-      vocab_size: ``V``.
+      model: the pool (see above).
       suffix_len: ``Ls``, tokens appended at most (30, the SAR paper Table 2); the attack runs ``Ls``
         steps (static), fewer when the traced cap (``max_queries``, the SAR paper: 15,000 per call)
         stops it or a seed already holds tokens.
       beam_width: ``k1`` (10, the SAR paper Table 2).
       candidates: ``k2`` tokens drawn per beam (None: ``k1``, as BEAST).
       temperature: sampling temperature (1, the SAR paper Table 2).
-      sampler: ``"multinomial"`` or ``"greedy"``.
       loss: per-member loss, minimised (default
         :func:`~sarjax.attacks.text.losses.target_loss`, the mean per-token target NLL).
-      tokenizer: optional; then every candidate goes through GCG's re-tokenization filter (its
-        decoded text must encode back to its ids; Zou et al. 2023's ``filter_cand``) and is scored
-        on the ids of the whole prompt TEXT that is sent (``before text + decode(suffix) + after
-        text`` tokenized at once; the call's ``texts``, else each block's ids decoded), through a
-        host callback of the tokenizer inside the compiled step (``jax.pure_callback``, so
-        ``fn.jit`` calls the host too); the audited entry checks that the suffix re-tokenizes
-        and re-tokenizes the whole prompt as text
-        (:attr:`~sarjax.attacks.text.entry.TextAttackResult.sent`). None: candidates are scored on
-        the blocks ``before | suffix | after``.
       criterion: ``"target"`` (a member is broken when its greedy response starts with the
         target) or ``"refusal"``; None: ``"refusal"`` for
         :func:`~sarjax.attacks.text.losses.refusal_loss`, else ``"target"``.
+      vocab_size: ``V`` of a ``TextModel``; an ``LLMPool`` gives its own.
+      tokenizer: optional, with a ``TextModel``: every candidate then goes through GCG's
+        re-tokenization filter (its decoded text must encode back to its ids; Zou et al. 2023's
+        ``filter_cand``) and is scored on the ids of the whole prompt TEXT that is sent (``before
+        text + decode(suffix) + after text`` tokenized at once; the call's ``texts``, else each
+        block's ids decoded), through a host callback of the tokenizer inside the compiled step
+        (``jax.pure_callback``, so ``fn.jit`` calls the host too); the audited entry checks that
+        the suffix re-tokenizes and re-tokenizes the whole prompt as text
+        (:attr:`~sarjax.attacks.text.entry.TextAttackResult.sent`). None: candidates are scored on
+        the blocks ``before | suffix | after``. An ``LLMPool`` brings its own.
+      options: the rare knobs (:class:`BEASTOptions`; None: its defaults).
 
     Returns:
-      A :class:`~sarjax.attacks.text.entry.TextAttackFn`: ``fn(params, batch, ref, *, key,
-      mask=None, max_queries=None, sample_ids=None, allowed=None, suffix_init=None, init_len=None,
-      texts=None) -> TextAttackResult`` (``ref`` None: the batch carries the target ids) and
-      ``fn.jit(...)``; a call's ``suffix_init [B, Ls]`` + ``init_len`` is a seed suffix
-      (right-aligned) every beam starts from.
+      On an ``LLMPool``, a :class:`~sarjax.attacks.text.beast_cross.CrossBEAST`; on a
+      ``TextModel``, a :class:`~sarjax.attacks.text.entry.TextAttackFn`: ``fn(params, batch, ref, *,
+      key, mask=None, max_queries=None, sample_ids=None, allowed=None, suffix_init=None,
+      init_len=None, texts=None) -> TextAttackResult`` and ``fn.jit(...)``; a call's ``suffix_init
+      [B, Ls]`` + ``init_len`` is a seed suffix (right-aligned) every beam starts from.
 
     Raises:
+      TypeError: a model that is neither; ``vocab_size`` / ``tokenizer`` with an ``LLMPool``; a
+        ``TextModel`` without ``vocab_size``; an ``LLMPool`` stack without a tokenizer; options
+        not a :class:`BEASTOptions`.
       ValueError: non-positive sizes, ``k1 * k2 > V``, an unknown sampler, temperature <= 0, an
         unknown criterion.
     """
+    options = BEASTOptions() if options is None else options
+    if not isinstance(options, BEASTOptions):
+        raise TypeError(f"make_beast: options must be a BEASTOptions, got {type(options).__name__}")
+    sampler = options.sampler
     k2 = beam_width if candidates is None else candidates
-    for n, val in (
-        ("vocab_size", vocab_size),
-        ("suffix_len", suffix_len),
-        ("beam_width", beam_width),
-        ("candidates", k2),
-    ):
+    sizes = [("suffix_len", suffix_len), ("beam_width", beam_width), ("candidates", k2)]
+    if sampler not in ("multinomial", "greedy"):
+        raise ValueError(f"make_beast: sampler must be 'multinomial' or 'greedy', got {sampler!r}")
+    if not temperature > 0:
+        raise ValueError(f"make_beast: temperature must be > 0, got {temperature}")
+    if isinstance(model, LLMPool):
+        if vocab_size is not None or tokenizer is not None:
+            raise TypeError("make_beast: an LLMPool brings its own vocab_size and tokenizers; pass neither")
+        check_pool("make_beast", model)
+        sl = int(options.slots) if options.slots is not None else 2 * int(suffix_len)
+        for n, val in sizes + [("options.slots", sl)]:
+            if int(val) < 1:
+                raise ValueError(f"make_beast: {n} must be >= 1, got {val}")
+        return CrossBEAST(
+            model, suffix_len=int(suffix_len), beam_width=int(beam_width), candidates=int(k2),
+            temperature=float(temperature), sampler=sampler, loss=loss, target=options.target, slots=sl,
+            ascii_only=bool(options.ascii_only), criterion=TL.check_criterion("make_beast", criterion, loss),
+        )  # fmt: skip
+    if not isinstance(model, TM.TextModel):
+        raise TypeError(f"make_beast: the model must be an LLMPool or a TextModel, got {type(model).__name__}")
+    if vocab_size is None:
+        raise TypeError("make_beast: a TextModel needs vocab_size (V, the embedding rows)")
+    for n, val in [("vocab_size", vocab_size)] + sizes:
         if int(val) < 1:
             raise ValueError(f"make_beast: {n} must be >= 1, got {val}")
     if beam_width * k2 > vocab_size:
         raise ValueError(
             f"make_beast: beam_width * candidates = {beam_width * k2} exceeds the vocabulary ({vocab_size})"
         )
-    if sampler not in ("multinomial", "greedy"):
-        raise ValueError(f"make_beast: sampler must be 'multinomial' or 'greedy', got {sampler!r}")
-    if not temperature > 0:
-        raise ValueError(f"make_beast: temperature must be > 0, got {temperature}")
     crit = TL.check_criterion("make_beast", criterion, loss)
     retok = None if tokenizer is None else TK.Retokenizer(tokenizer)
     cfg = BEASTConfig(model, loss, int(suffix_len), int(beam_width), int(k2), float(temperature), sampler, crit, retok)
@@ -341,4 +399,4 @@ def seed_suffixes(
     return out, lens
 
 
-__all__ = ["BEASTConfig", "BEASTState", "make_beast", "seed_suffixes"]
+__all__ = ["BEASTConfig", "BEASTOptions", "BEASTState", "make_beast", "seed_suffixes"]

@@ -38,7 +38,7 @@ outputs are used are counted. Same key, same result: request ``b`` draws from
 """
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -47,20 +47,18 @@ import numpy as np
 
 from sarjax.attacks.core.entry import HostDrivenEntry
 from sarjax.attacks.text import entry as TE
-from sarjax.attacks.text import losses as TL
 from sarjax.attacks.text import requests as TR
 from sarjax.attacks.text import retokenize as TK
 from sarjax.attacks.text.pool import (
     allowed_for,
     bind_params,
-    check_pool,
     pool_call,
     pool_requests,
     score_sent,
     sent_prompts,
 )
 from sarjax.models.llm import decoder
-from sarjax.models.llm.pool import LLMPool, tokenizer_fingerprint
+from sarjax.models.llm.pool import tokenizer_fingerprint
 from sarjax.models.llm.prompts import encode_text
 
 
@@ -131,7 +129,7 @@ class CrossBEASTResult(NamedTuple):
 
 class CrossBEAST(HostDrivenEntry):
     """Joint BEAST on an :class:`~sarjax.models.llm.pool.LLMPool` whose members may use different
-    tokenizers (see the module docstring). Build with :func:`make_cross_beast`; call
+    tokenizers (see the module docstring). Build with :func:`~sarjax.attacks.text.beast.make_beast` on an ``LLMPool``; call
     ``fn(params, instructions, ref, *, key, mask=None, max_queries=None, sample_ids=None,
     system=None, suffix_init=None, chat_template=True, allowed=None) -> CrossBEASTResult``
     (``ref``: the target response, one string or one per request; None: the factory's).
@@ -394,66 +392,4 @@ class CrossBEAST(HostDrivenEntry):
         )  # fmt: skip
 
 
-def make_cross_beast(
-    pool: LLMPool,
-    *,
-    suffix_len: int = 30,
-    beam_width: int = 10,
-    candidates: int | None = None,
-    temperature: float = 1.0,
-    sampler: str = "multinomial",
-    loss: Callable = TL.target_loss,
-    target: str = "Sure, here is",
-    slots: int | None = None,
-    ascii_only: bool = True,
-    criterion: str | None = None,
-) -> CrossBEAST:
-    """Joint BEAST for pools whose members may use different tokenizers (see the module docstring).
-
-    Args:
-      pool: the :class:`~sarjax.models.llm.pool.LLMPool` (every stack with a tokenizer); the
-        call's ``params`` are its weights (:func:`~sarjax.attacks.text.pool.pool_params`).
-      suffix_len: ``Ls``, suffix tokens in the proposer's tokenizer (30, the SAR paper Table 2).
-      beam_width: ``k1`` (10, the SAR paper Table 2).
-      candidates: ``k2`` tokens per beam (None: ``k1``, as BEAST).
-      temperature: of the mixture's members (1, the SAR paper Table 2).
-      sampler: ``"multinomial"`` (Gumbel top-k without replacement, BEAST) or ``"greedy"`` (the
-        ``k2`` most likely tokens; deterministic, for tests).
-      loss: per-member loss, minimised (default :func:`~sarjax.attacks.text.losses.target_loss`,
-        the mean per-token target NLL: BEAST's objective).
-      target: the target response (the SAR paper does not print BEAST's target; this one is ours).
-      slots: suffix token slots of every stack (default ``2 * suffix_len``: the same text may take
-        more tokens in another vocabulary; a candidate that does not fit is filtered).
-      ascii_only: the default allowed vocabulary keeps printable-ASCII tokens only (GCG's filter).
-      criterion: the success criterion (:attr:`CrossBEASTResult.success`; None: ``"target"``,
-        or ``"refusal"`` for :func:`~sarjax.attacks.text.losses.refusal_loss`).
-
-    Returns:
-      A :class:`CrossBEAST`: ``fn(params, instructions, ref, *, key, mask=None, max_queries=None,
-      sample_ids=None, system=None, suffix_init=None, chat_template=True, allowed=None) ->
-      CrossBEASTResult`` (``ref`` None: ``target``).
-
-    Raises:
-      TypeError: ``pool`` not an ``LLMPool``, a stack without a tokenizer.
-      ValueError: a non-positive size, an unknown sampler, temperature <= 0, an unknown criterion.
-    """
-    check_pool("make_cross_beast", pool)
-    k2 = beam_width if candidates is None else candidates
-    for n, val in (("suffix_len", suffix_len), ("beam_width", beam_width), ("candidates", k2)):
-        if int(val) < 1:
-            raise ValueError(f"make_cross_beast: {n} must be >= 1, got {val}")
-    if sampler not in ("multinomial", "greedy"):
-        raise ValueError(f"make_cross_beast: sampler must be 'multinomial' or 'greedy', got {sampler!r}")
-    if not temperature > 0:
-        raise ValueError(f"make_cross_beast: temperature must be > 0, got {temperature}")
-    sl = int(slots) if slots is not None else 2 * int(suffix_len)
-    if sl < 1:
-        raise ValueError(f"make_cross_beast: slots must be >= 1, got {slots}")
-    return CrossBEAST(
-        pool, suffix_len=int(suffix_len), beam_width=int(beam_width), candidates=int(k2), temperature=float(temperature),
-        sampler=sampler, loss=loss, target=target, slots=sl, ascii_only=bool(ascii_only),
-        criterion=TL.check_criterion("make_cross_beast", criterion, loss),
-    )  # fmt: skip
-
-
-__all__ = ["CrossBEAST", "CrossBEASTResult", "make_cross_beast"]
+__all__ = ["CrossBEAST", "CrossBEASTResult"]

@@ -28,10 +28,10 @@ Queries per step and request: ``(1 + num_candidates) * |covered members|`` (one 
 member, one forward per member and candidate); the start suffix costs ``|covered|``. A request
 whose next step would pass its cap stops (its state is frozen).
 
-This state machine (:func:`make_gcg`) needs a pool sharing one vocabulary, takes the gradient of
-the joint loss, and leaves GCG's re-tokenization filter to the audit of the returned suffix.
-:func:`~sarjax.attacks.text.gcg_joint.make_joint_gcg` is the joint GCG of the SAR paper on any
-pool, including members with different tokenizers (host-driven, in its own module).
+This state machine is what :func:`make_gcg` returns for a
+:class:`~sarjax.attacks.text.model.TextModel` (one vocabulary); given an
+:class:`~sarjax.models.llm.pool.LLMPool`, :func:`make_gcg` returns the joint GCG of the SAR paper
+on text (:class:`~sarjax.attacks.text.gcg_joint.JointGCG`, host-driven, any tokenizers).
 """
 
 from collections.abc import Callable
@@ -46,6 +46,9 @@ from sarjax.attacks.text import entry as TE
 from sarjax.attacks.text import losses as TL
 from sarjax.attacks.text import model as TM
 from sarjax.attacks.text import requests as TR
+from sarjax.attacks.text.gcg_joint import JointGCG
+from sarjax.attacks.text.pool import check_pool
+from sarjax.models.llm.pool import LLMPool
 
 
 class GCGConfig(NamedTuple):
@@ -179,55 +182,115 @@ def _result(cfg: GCGConfig, state: GCGState, params) -> TE.TextAttackResult:
     )
 
 
+class GCGOptions(NamedTuple):
+    """The rare knobs of :func:`make_gcg` (each default's source beside it).
+
+    Attributes:
+      init_id: on a :class:`~sarjax.attacks.text.model.TextModel`, the start token (GCG starts
+        from ``"!"`` x 20, Zou et al. 2023: pass the id of ``"!"``); None: the first allowed id. A
+        call's ``suffix_init`` overrides it.
+      target: on an :class:`~sarjax.models.llm.pool.LLMPool`, the default ``ref`` (the fixed
+        refusal; the SAR paper does not print its refusal string, this one is ours).
+      init_text: on an ``LLMPool``, the start suffix text; None (default): ``"!"`` repeated
+        ``suffix_len`` times with spaces (GCG's start, Zou et al. 2023) when every stack's
+        tokenizer reproduces it within its allowed vocabulary and slots, else the text of the first
+        allowed token of the first stack (in id order, stripped of spaces) repeated the same way
+        that every stack reproduces (e.g. a SentencePiece-style vocabulary without ``"!"``),
+        chosen per call (:func:`~sarjax.attacks.text.pool.start_text`).
+      slots: on an ``LLMPool``, the suffix token slots of every stack (None: ``2 * suffix_len``:
+        the same text may take more tokens in another tokenizer; a candidate that does not fit is
+        filtered; ours).
+      ascii_only: on an ``LLMPool``, the default allowed vocabulary keeps printable-ASCII tokens
+        only (GCG's reference filter, Zou et al. 2023; also nanoGCG's).
+    """
+
+    init_id: int | None = None
+    target: str = "I'm sorry, but I cannot help with that."
+    init_text: str | None = None
+    slots: int | None = None
+    ascii_only: bool = True
+
+
 def make_gcg(
-    model: TM.TextModel,
+    model: "TM.TextModel | LLMPool",
     *,
-    vocab_size: int,
     num_steps: int = 20,
     suffix_len: int = 20,
     topk: int = 256,
     num_candidates: int = 64,
     loss: Callable = TL.refusal_loss,
-    tokenizer=None,
-    init_id: int | None = None,
     criterion: str | None = None,
-) -> TE.TextAttackFn:
-    """Joint GCG on a pool.
+    vocab_size: int | None = None,
+    tokenizer: Any = None,
+    options: GCGOptions | None = None,
+) -> "TE.TextAttackFn | JointGCG":
+    """Joint GCG on a pool, whichever pool it is given.
+
+    - An :class:`~sarjax.models.llm.pool.LLMPool` (every stack with a tokenizer, one tokenizer or
+      several): the joint GCG of the SAR paper on text (:class:`~sarjax.attacks.text.gcg_joint.JointGCG`,
+      host-driven: the suffix is exchanged as TEXT between the members' tokenizers). Called
+      ``fn(params, instructions, ref, *, key, ...)`` with ``params`` the pool's weights
+      (:func:`~sarjax.attacks.text.pool.pool_params`), ``instructions`` the ``B`` request strings
+      and ``ref`` the refusal (one string or one per request; None: ``options.target``).
+    - A :class:`~sarjax.attacks.text.model.TextModel` (a user's own model functions over one
+      vocabulary; :func:`~sarjax.attacks.text.model.llm_text_model` for stacked sarjax
+      decoders): the compiled state machine on token ids (this module), ``vocab_size`` required.
+      Called ``fn(params, batch, ref, *, key, ...)`` with ``batch`` a
+      :class:`~sarjax.attacks.text.requests.TextBatch` and ``ref`` None (the batch carries the
+      refusal / target ids); ``fn.jit(...)`` is the jit-safe entry.
 
     Args:
-      model: the pool (:func:`~sarjax.attacks.text.model.llm_text_model`).
-      vocab_size: ``V`` (the embedding rows).
+      model: the pool (see above).
       num_steps: steps per call (20 per round, the SAR paper Table 3).
-      suffix_len: ``Ls`` (20, Zou et al. 2023).
+      suffix_len: ``Ls`` (20, Zou et al. 2023); on an ``LLMPool``, the start suffix's length in words.
       topk: top-k substitutions per position (256, Zou et al. 2023 / the SAR paper Table 3); clipped
         to ``V``.
       num_candidates: candidates per step (64, the SAR paper Table 3).
       loss: per-member loss, minimised (default :func:`~sarjax.attacks.text.losses.refusal_loss`:
         maximise the refusal's mean NLL, the SAR paper).
-      tokenizer: optional; the audited entry then checks the returned suffix re-tokenizes and
-        re-tokenizes the whole prompt as text (:attr:`~sarjax.attacks.text.entry.TextAttackResult.sent`).
-      init_id: start token (GCG starts from ``"!"`` x 20: pass the id of ``"!"``); None: the
-        first allowed id. A call's ``suffix_init`` overrides it.
       criterion: ``"refusal"`` (a member is broken when its greedy response is not the refusal)
         or ``"target"`` (its greedy response starts with the target); None: ``"refusal"`` for
         :func:`~sarjax.attacks.text.losses.refusal_loss`, else ``"target"``.
+      vocab_size: ``V`` (the embedding rows) of a ``TextModel``; an ``LLMPool`` gives its own.
+      tokenizer: optional, with a ``TextModel``: the audited entry then checks that the returned
+        suffix re-tokenizes and re-tokenizes the whole prompt as text
+        (:attr:`~sarjax.attacks.text.entry.TextAttackResult.sent`). An ``LLMPool`` brings its own.
+      options: the rare knobs (:class:`GCGOptions`; None: its defaults).
 
     Returns:
-      A :class:`~sarjax.attacks.text.entry.TextAttackFn`:
-      ``fn(params, batch, ref, *, key, mask=None, max_queries=None, sample_ids=None, allowed=None,
-      suffix_init=None, texts=None) -> TextAttackResult`` (``ref`` None: the batch carries the
-      refusal / target ids) and ``fn.jit(...)``.
+      On an ``LLMPool``, a :class:`~sarjax.attacks.text.gcg_joint.JointGCG`; on a ``TextModel``, a
+      :class:`~sarjax.attacks.text.entry.TextAttackFn`: ``fn(params, batch, ref, *, key,
+      mask=None, max_queries=None, sample_ids=None, allowed=None, suffix_init=None, texts=None) ->
+      TextAttackResult`` and ``fn.jit(...)``.
 
     Raises:
+      TypeError: a model that is neither; ``vocab_size`` / ``tokenizer`` with an ``LLMPool``; a
+        ``TextModel`` without ``vocab_size``; an ``LLMPool`` stack without a tokenizer; options
+        not a :class:`GCGOptions`.
       ValueError: a non-positive size, an unknown criterion.
     """
-    for n, val in (
-        ("vocab_size", vocab_size),
-        ("num_steps", num_steps),
-        ("suffix_len", suffix_len),
-        ("topk", topk),
-        ("num_candidates", num_candidates),
-    ):
+    options = GCGOptions() if options is None else options
+    if not isinstance(options, GCGOptions):
+        raise TypeError(f"make_gcg: options must be a GCGOptions, got {type(options).__name__}")
+    sizes = [("num_steps", num_steps), ("suffix_len", suffix_len), ("topk", topk), ("num_candidates", num_candidates)]
+    if isinstance(model, LLMPool):
+        if vocab_size is not None or tokenizer is not None:
+            raise TypeError("make_gcg: an LLMPool brings its own vocab_size and tokenizers; pass neither")
+        check_pool("make_gcg", model)
+        sl = int(options.slots) if options.slots is not None else 2 * int(suffix_len)
+        for n, val in sizes + [("options.slots", sl)]:
+            if int(val) < 1:
+                raise ValueError(f"make_gcg: {n} must be >= 1, got {val}")
+        return JointGCG(
+            model, num_steps=int(num_steps), suffix_len=int(suffix_len), topk=int(topk),
+            num_candidates=int(num_candidates), loss=loss, target=options.target, init_text=options.init_text,
+            slots=sl, ascii_only=bool(options.ascii_only), criterion=TL.check_criterion("make_gcg", criterion, loss),
+        )  # fmt: skip
+    if not isinstance(model, TM.TextModel):
+        raise TypeError(f"make_gcg: the model must be an LLMPool or a TextModel, got {type(model).__name__}")
+    if vocab_size is None:
+        raise TypeError("make_gcg: a TextModel needs vocab_size (V, the embedding rows)")
+    for n, val in [("vocab_size", vocab_size)] + sizes:
         if int(val) < 1:
             raise ValueError(f"make_gcg: {n} must be >= 1, got {val}")
     crit = TL.check_criterion("make_gcg", criterion, loss)
@@ -240,13 +303,14 @@ def make_gcg(
         vocab_size=int(vocab_size),
         suffix_len=int(suffix_len),
         tokenizer=tokenizer,
-        init_id=init_id,
+        init_id=options.init_id,
         criterion=crit,
     )
 
 
 __all__ = [
     "GCGConfig",
+    "GCGOptions",
     "GCGState",
     "make_gcg",
 ]

@@ -12,7 +12,7 @@ vocabulary.
 """
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -21,13 +21,11 @@ import numpy as np
 
 from sarjax.attacks.core.entry import HostDrivenEntry
 from sarjax.attacks.text import entry as TE
-from sarjax.attacks.text import losses as TL
 from sarjax.attacks.text import requests as TR
 from sarjax.attacks.text import retokenize as TK
 from sarjax.attacks.text.pool import (
     allowed_for,
     bind_params,
-    check_pool,
     pool_call,
     pool_requests,
     score_sent,
@@ -35,7 +33,6 @@ from sarjax.attacks.text.pool import (
     start_text,
 )
 from sarjax.models.llm import scoring
-from sarjax.models.llm.pool import LLMPool
 from sarjax.models.llm.prompts import encode_text
 
 
@@ -109,7 +106,7 @@ def _propose(params, m, batch: TR.TextBatch, suffix, smask, allowed, keys, *, cf
 
 
 class JointGCGResult(NamedTuple):
-    """The best-so-far suffix of a :func:`make_joint_gcg` call (member axis ``[B, M]``, members in
+    """The best-so-far suffix of a :class:`JointGCG` call (member axis ``[B, M]``, members in
     ``pool.names`` order).
 
     Attributes:
@@ -149,7 +146,7 @@ class JointGCGResult(NamedTuple):
 
 class JointGCG(HostDrivenEntry):
     """Joint GCG on an :class:`~sarjax.models.llm.pool.LLMPool` whose members may use different
-    tokenizers (the SAR paper; Zou et al. 2023). Build with :func:`make_joint_gcg`; call
+    tokenizers (the SAR paper; Zou et al. 2023). Build with :func:`~sarjax.attacks.text.gcg.make_gcg` on an ``LLMPool``; call
     ``fn(params, instructions, ref, *, key, mask=None, max_queries=None, sample_ids=None,
     system=None, suffix_init=None, chat_template=True, allowed=None) -> JointGCGResult``
     (``ref``: the refusal, one string or one per request; None: the factory's). Host-driven:
@@ -432,76 +429,7 @@ class JointGCG(HostDrivenEntry):
         )  # fmt: skip
 
 
-def make_joint_gcg(
-    pool: LLMPool,
-    *,
-    num_steps: int = 20,
-    suffix_len: int = 20,
-    topk: int = 256,
-    num_candidates: int = 64,
-    loss: Callable = TL.refusal_loss,
-    target: str = "I'm sorry, but I cannot help with that.",
-    init_text: str | None = None,
-    slots: int | None = None,
-    ascii_only: bool = True,
-    criterion: str | None = None,
-) -> JointGCG:
-    """Joint GCG for pools whose members may have different tokenizers (the SAR paper).
-
-    Args:
-      pool: the :class:`~sarjax.models.llm.pool.LLMPool` (every stack with a tokenizer); the
-        call's ``params`` are its weights (:func:`~sarjax.attacks.text.pool.pool_params`).
-      num_steps: steps per call (20 per round, the SAR paper Table 3).
-      suffix_len: length of the start suffix in words (GCG's ``"! " * 20``, Zou et al. 2023).
-      topk: substitutions per position (256, Zou et al. 2023 / the SAR paper Table 3).
-      num_candidates: candidates per step (64, the SAR paper Table 3).
-      loss: per-member loss, minimised (default
-        :func:`~sarjax.attacks.text.losses.refusal_loss`: maximise the fixed refusal's mean NLL,
-        the SAR paper).
-      target: the fixed refusal (the SAR paper does not print its refusal string; this one is ours).
-      init_text: start suffix text; None (default): ``"!"`` repeated ``suffix_len`` times with
-        spaces (GCG's start) when every stack's tokenizer reproduces it within its allowed
-        vocabulary and slots, else the text of the first allowed token of the first stack (in id
-        order, stripped of spaces) repeated the same way that every stack reproduces (e.g. a
-        SentencePiece-style vocabulary without ``"!"``), chosen per call
-        (:func:`~sarjax.attacks.text.pool.start_text`).
-      slots: suffix token slots of every stack (default ``2 * suffix_len``: the same text may
-        take more tokens in another tokenizer; a candidate that does not fit is filtered).
-      ascii_only: the default allowed vocabulary keeps printable-ASCII tokens only (GCG's
-        reference filter).
-      criterion: the success criterion (:attr:`JointGCGResult.success`; None: ``"refusal"`` for
-        :func:`~sarjax.attacks.text.losses.refusal_loss`, else ``"target"``).
-
-    Returns:
-      A :class:`JointGCG`: ``fn(params, instructions, ref, *, key, mask=None, max_queries=None,
-      sample_ids=None, system=None, suffix_init=None, chat_template=True, allowed=None) ->
-      JointGCGResult`` (``ref`` None: ``target``).
-
-    Raises:
-      TypeError: ``pool`` not an ``LLMPool``, a stack without a tokenizer.
-      ValueError: a non-positive size, an unknown criterion.
-    """
-    check_pool("make_joint_gcg", pool)
-    for n, val in (
-        ("num_steps", num_steps),
-        ("suffix_len", suffix_len),
-        ("topk", topk),
-        ("num_candidates", num_candidates),
-    ):
-        if int(val) < 1:
-            raise ValueError(f"make_joint_gcg: {n} must be >= 1, got {val}")
-    sl = int(slots) if slots is not None else 2 * int(suffix_len)
-    if sl < 1:
-        raise ValueError(f"make_joint_gcg: slots must be >= 1, got {slots}")
-    return JointGCG(
-        pool, num_steps=int(num_steps), suffix_len=int(suffix_len), topk=int(topk), num_candidates=int(num_candidates),
-        loss=loss, target=target, init_text=init_text, slots=sl, ascii_only=bool(ascii_only),
-        criterion=TL.check_criterion("make_joint_gcg", criterion, loss),
-    )  # fmt: skip
-
-
 __all__ = [
     "JointGCG",
     "JointGCGResult",
-    "make_joint_gcg",
 ]

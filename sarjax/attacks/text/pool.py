@@ -200,7 +200,7 @@ def check_pool(name: str, pool: Any) -> LLMPool:
 
 def pool_params(pool: LLMPool) -> tuple:
     """The ``params`` of a pool attack's call: each stack's stacked parameter tree ``[M_s, ...]``, in
-    ``pool.stacks`` order (e.g. ``make_joint_gcg(pool)(pool_params(pool), requests, None, key=k)``)."""
+    ``pool.stacks`` order (e.g. ``make_gcg(pool)(pool_params(pool), requests, None, key=k)``)."""
     return tuple(st.params for st in pool.stacks)
 
 

@@ -37,7 +37,7 @@ Example::
     st = placed.stacks[0]
     lg = mesh_logits(st.params, st.cfg, ids, mask, mesh=mesh)                 # [M, B, T, V]
     out = mesh_greedy_generate(st.params, st.cfg, ids, mask, 16, mesh=mesh)   # [M, B, 16]
-    res = make_joint_gcg(placed)(pool_params(placed), requests, None, key=key)   # GCG on the placed params
+    res = make_gcg(placed)(pool_params(placed), requests, None, key=key)   # GCG on the placed params
 """
 
 from __future__ import annotations
@@ -273,7 +273,7 @@ def shard_llm_pool(pool: LLMPool, mesh: Mesh) -> LLMPool:
 
     Names, configs, tokenizers and decoding defaults are the pool's; every function taking an
     :class:`~sarjax.models.llm.pool.LLMPool` or a stack's params (scoring, decoding, the text
-    attacks such as :func:`~sarjax.attacks.text.gcg_joint.make_joint_gcg`) then runs with the
+    attacks such as :func:`~sarjax.attacks.text.gcg.make_gcg`) then runs with the
     weights sharded (XLA propagates the params' shardings; inputs those functions build on the
     host are replicated, so only :func:`mesh_logits`, :func:`mesh_target_nll` and
     :func:`mesh_greedy_generate` split the requests over ``"data"``).
