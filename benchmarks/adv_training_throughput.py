@@ -71,7 +71,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _timing import provenance, results_path  # noqa: E402
 from train_throughput import _numpy_init, load_jax_params, torch_module  # noqa: E402  (the torch twin of an Arch)
 
-from sarjax.attacks import make_pgd  # noqa: E402
+from sarjax.attacks import PGDStep, make_pgd  # noqa: E402
 from sarjax.data.mnist import load_mnist  # noqa: E402
 from sarjax.defenses import pgd_at  # noqa: E402
 from sarjax.models import zoo  # noqa: E402
@@ -189,7 +189,7 @@ def evaluate(st: Setup, params) -> dict:
     x, y = jnp.asarray(st.x_test), jnp.asarray(st.y_test)
     apply = lambda p, z: jax.vmap(ARCH.apply, in_axes=(0, None))(p, z)
     clean = float((jnp.argmax(apply(params, x), -1) == y[None]).mean())
-    res = make_pgd(apply, eps=EPS, steps=10, rel_step=REL_STEP)(params, x, y, key=jax.random.key(1))
+    res = make_pgd(apply, eps=EPS, steps=10, step=PGDStep(rel_step=REL_STEP))(params, x, y, key=jax.random.key(1))
     return {"clean_acc": clean, "robust_acc_pgd10": float(1.0 - np.asarray(res.success).mean())}
 
 

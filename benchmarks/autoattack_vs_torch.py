@@ -83,7 +83,7 @@ def _model(a, data):
         stack = pool.stacks[0]
         return stack.arch, jax.tree.map(lambda v: v[0], stack.params), f"{a.pool} member 0 ({stack.names[0]})"
     from sarjax.defenses import make_objective
-    from sarjax.models.train import MemberConfig, TrainConfig, train_stack
+    from sarjax.models.train import MemberConfig, TrainConfig, TrainMonitor, train_stack
 
     arch = zoo.cnn((8, 16), dense=64)
     obj = make_objective("pgd-at", eps=a.train_eps, norm="linf") if a.pgd_at else None
@@ -93,7 +93,7 @@ def _model(a, data):
         data.x_train,
         data.y_train,
         config=TrainConfig(epochs=a.epochs, patience=0),
-        progress=False,
+        monitor=TrainMonitor(progress=False),
         objective=obj,
     )
     what = f"zoo.cnn((8, 16), dense=64), {'PGD-AT linf ' + str(a.train_eps) if a.pgd_at else 'standard'}, {a.epochs} epochs"

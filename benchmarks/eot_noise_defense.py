@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from _timing import provenance, results_path  # benchmarks/ is on sys.path when run as a script
 
-from sarjax.attacks import make_joint_pgd, with_input_noise
+from sarjax.attacks import JointPGDStep, make_joint_pgd, with_input_noise
 from sarjax.data.mnist import load_mnist
 from sarjax.experiments.demo import DemoSettings, get_pool
 
@@ -57,13 +57,18 @@ def main() -> None:
     noisy = with_input_noise(pool.apply, a.sigma)
     fixed = jax.random.PRNGKey(1234)
     attacks = {
-        "noiseless": (make_joint_pgd(pool.apply, eps=a.eps, steps=a.steps, restarts=1), 0),
-        "one_draw": (make_joint_pgd(lambda p, x: noisy(p, x, fixed), eps=a.eps, steps=a.steps, restarts=1), 0),
-        "one_draw_equal_queries": (
-            make_joint_pgd(lambda p, x: noisy(p, x, fixed), eps=a.eps, steps=a.steps * a.eot, restarts=1),
+        "noiseless": (make_joint_pgd(pool.apply, eps=a.eps, steps=a.steps, step=JointPGDStep(restarts=1)), 0),
+        "one_draw": (
+            make_joint_pgd(lambda p, x: noisy(p, x, fixed), eps=a.eps, steps=a.steps, step=JointPGDStep(restarts=1)),
             0,
         ),
-        "eot": (make_joint_pgd(noisy, eps=a.eps, steps=a.steps, restarts=1, eot=a.eot), 0),
+        "one_draw_equal_queries": (
+            make_joint_pgd(
+                lambda p, x: noisy(p, x, fixed), eps=a.eps, steps=a.steps * a.eot, step=JointPGDStep(restarts=1)
+            ),
+            0,
+        ),
+        "eot": (make_joint_pgd(noisy, eps=a.eps, steps=a.steps, step=JointPGDStep(restarts=1), eot=a.eot), 0),
     }
     judge = jax.jit(lambda p, x, k: jnp.mean(jnp.argmax(noisy(p, x, k), -1) != y[None], axis=0))  # [B]
 

@@ -71,7 +71,7 @@ import jax.numpy as jnp
 import numpy as np
 from _timing import provenance, results_path  # benchmarks/ is on sys.path when run as a script
 
-from sarjax.attacks.joint import make_joint_pgd
+from sarjax.attacks.joint import JointPGDStep, make_joint_pgd
 from sarjax.models import zoo
 from sarjax.models.flops import step_flops
 from sarjax.models.pool import Pool, Stack
@@ -369,7 +369,7 @@ def main():
             mask = jnp.ones((B, M), jnp.float32)
             runners = {}
             for impl, pool in pools.items():
-                atk = make_joint_pgd(pool.apply, eps=EPS, steps=args.steps, restarts=1)
+                atk = make_joint_pgd(pool.apply, eps=EPS, steps=args.steps, step=JointPGDStep(restarts=1))
                 runners[f"sarjax[{impl}]"] = lambda atk=atk, pool=pool: jax.block_until_ready(
                     atk(pool.params, x0, ref, key=jax.random.PRNGKey(1), mask=mask).x_adv
                 )
@@ -380,7 +380,7 @@ def main():
                 runners["xla_matmuls_only+evals"] = lambda mm=mme: jax.block_until_ready(mm(x0))
             if family == "cnn" and "shared" in args.conv_impls:
                 sh_apply = shared_first_layer_apply(base_pool.stacks[0].arch)
-                atk = make_joint_pgd(sh_apply, eps=EPS, steps=args.steps, restarts=1)
+                atk = make_joint_pgd(sh_apply, eps=EPS, steps=args.steps, step=JointPGDStep(restarts=1))
                 runners["sarjax[shared]"] = lambda atk=atk: jax.block_until_ready(
                     atk(base_pool.params, x0, ref, key=jax.random.PRNGKey(1), mask=mask).x_adv
                 )

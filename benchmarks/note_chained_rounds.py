@@ -60,7 +60,7 @@ ROUNDS = (1, 2, 5, 10, 20)
 def _train(objective: str, x, y, *, eps: float, epochs: int, sigma: float = 0.0):
     from sarjax.defenses import make_objective
     from sarjax.models import zoo
-    from sarjax.models.train import MemberConfig, TrainConfig, train_stack
+    from sarjax.models.train import MemberConfig, TrainConfig, TrainMonitor, train_stack
 
     arch = zoo.mlp((256, 128))
     obj = make_objective(objective, eps=eps, norm="linf") if objective != "standard" else None
@@ -70,7 +70,13 @@ def _train(objective: str, x, y, *, eps: float, epochs: int, sigma: float = 0.0)
         x = np.concatenate([x, np.clip(x + sigma * rng.standard_normal(x.shape).astype(np.float32), 0, 1)])
         y = np.concatenate([y, y])
     stack, _ = train_stack(
-        arch, [cfg], x, y, config=TrainConfig(epochs=epochs, patience=0), progress=False, objective=obj
+        arch,
+        [cfg],
+        x,
+        y,
+        config=TrainConfig(epochs=epochs, patience=0),
+        monitor=TrainMonitor(progress=False),
+        objective=obj,
     )
     return arch.apply, jax.tree.map(lambda a: a[0], stack.params)
 
@@ -155,10 +161,10 @@ def _row(x0, xa, eps, acc, **fields) -> dict:
 def _attack_model(name, apply, params, stoch, *, x0, y, eps, a, rounds, key, eval_key) -> list[dict]:
     """Rows of one model at one eps: (a) chained and (b) bounded for every n, each from ONE run of
     max(n) rounds (its prefixes; ``seconds``: the time up to round n)."""
-    from sarjax.attacks import make_pgd, make_rounds
+    from sarjax.attacks import PGDStep, make_pgd, make_rounds
 
     f = stoch if stoch is not None else apply
-    hp = dict(norm="linf", eps=eps, steps=a.steps, rel_step=0.25, eot=a.eot if stoch is not None else 1)
+    hp = dict(norm="linf", eps=eps, steps=a.steps, step=PGDStep(rel_step=0.25), eot=a.eot if stoch is not None else 1)
 
     def acc(xa):
         return _accuracy(apply, params, stoch, xa, y, eval_key, a.eval_draws)
@@ -210,11 +216,14 @@ def _stronger(name, apply, params, stoch, *, x0, y, eps, a, key, eval_key) -> li
     masking: it needs no gradient).
     Each row also has the noise-off model's accuracy at the same points (``robust_accuracy_noise_off``;
     for the transfer attack: white-box robust accuracy of the noise-off model)."""
-    from sarjax.attacks import make_apgd, make_pgd
+    from sarjax.attacks import PGDStep, make_apgd, make_pgd
     from sarjax.attacks.square import make_square
 
     attacks = {
-        "transfer": ("transfer-pgd100", lambda: make_pgd(apply, norm="linf", eps=eps, steps=100, rel_step=1 / 16)),
+        "transfer": (
+            "transfer-pgd100",
+            lambda: make_pgd(apply, norm="linf", eps=eps, steps=100, step=PGDStep(rel_step=1 / 16)),
+        ),
         "apgd": (
             f"apgd-ce-eot{a.eot}-{a.stronger_iter}it",
             lambda: make_apgd(stoch, norm="linf", n_iter=a.stronger_iter, eot=a.eot),

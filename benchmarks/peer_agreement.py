@@ -34,7 +34,7 @@ import optax
 from _timing import provenance, results_path  # benchmarks/ is on sys.path when run as a script
 
 from sarjax.attacks.apgd import make_apgd
-from sarjax.attacks.pgd import make_pgd
+from sarjax.attacks.pgd import PGDStep, make_pgd
 from sarjax.data.mnist import load_mnist
 from sarjax.models import zoo
 
@@ -137,7 +137,10 @@ def main():
         (
             "PGD-linf",
             lambda s: make_pgd(
-                arch.apply, norm="linf", steps=args.pgd_steps, step_size=alpha, restarts=1, random_start=True
+                arch.apply,
+                norm="linf",
+                steps=args.pgd_steps,
+                step=PGDStep(step_size=alpha, restarts=1, random_start=True),
             ),
             lambda: torchattacks.PGD(tmodel, eps=args.eps, alpha=alpha, steps=args.pgd_steps, random_start=True),
             "final",

@@ -70,7 +70,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from _timing import provenance, results_path  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
-from sarjax.attacks.joint import make_joint_pgd  # noqa: E402
+from sarjax.attacks.joint import JointPGDStep, make_joint_pgd  # noqa: E402
 from sarjax.models import zoo  # noqa: E402
 from sarjax.models.pool import Pool, Stack  # noqa: E402
 
@@ -143,7 +143,7 @@ def growth(ms: list[int], values: list[float]) -> float | None:
 
 def bench_joint(pool: Pool, x, steps: int, reps: int, eps: float) -> dict:
     m, b = pool.num_members, len(x)
-    attack = make_joint_pgd(pool.apply, eps=eps, steps=steps, restarts=1)
+    attack = make_joint_pgd(pool.apply, eps=eps, steps=steps, step=JointPGDStep(restarts=1))
     ref = jnp.asarray(pool.predict(x).T)
     mask = jnp.ones((b, m), jnp.float32)
     key = jax.random.PRNGKey(1)
@@ -180,7 +180,7 @@ def bench_greedy(pool: Pool, x, steps: int, eps: float, deltas, pack: bool = Tru
     from sarjax.sar.vision import PACK_LEVELS, run_sar
 
     m = pool.num_members
-    inner = make_joint_pgd(pool.apply, eps=eps, steps=steps, restarts=1)
+    inner = make_joint_pgd(pool.apply, eps=eps, steps=steps, step=JointPGDStep(restarts=1))
     calls: list[float] = []
     rows: list[int] = []  # each call's batch (run_sar packs the active samples, pack_levels)
 
@@ -258,7 +258,7 @@ def bench_host_greedy(m: int, b: int, p: float, store_inputs: bool) -> dict:
     numpy's allocations (tracemalloc sees them) isolate the bookkeeping: its per-round logs are
     ``[R, B, M]`` (and ``[R, B, *S]`` inputs with ``store_inputs``).
     """
-    from sarjax.cover.greedy import greedy_sar
+    from sarjax.cover.greedy import GreedySettings, greedy_sar
     from sarjax.cover.types import Candidates
 
     rng = np.random.default_rng(m)
@@ -274,7 +274,7 @@ def bench_host_greedy(m: int, b: int, p: float, store_inputs: bool) -> dict:
         return Candidates(x, cov, q, np.zeros((b, m)))
 
     with Measure() as mem:
-        res = greedy_sar(joint, single, np.zeros((b, m), bool), (0.0, 0.15, 0.5), store_inputs=store_inputs)
+        res = greedy_sar(joint, single, np.zeros((b, m), bool), (0.0, 0.15, 0.5), settings=GreedySettings(store_inputs=store_inputs))
     return {
         "seconds": mem.seconds,
         "rounds": int(res.num_rounds),

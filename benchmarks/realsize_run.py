@@ -271,7 +271,7 @@ def run_wrn(spec: WrnSpec, stages: Stages | None = None) -> dict:
     import torch
     from _torch_nets import smooth_images
 
-    from sarjax.attacks.joint import make_joint_pgd
+    from sarjax.attacks.joint import JointPGDStep, make_joint_pgd
     from sarjax.models.pool import Pool
     from sarjax.sar.settings import SARSettings
     from sarjax.sar.vision import run_sar
@@ -291,7 +291,7 @@ def run_wrn(spec: WrnSpec, stages: Stages | None = None) -> dict:
     clean = want.argmax(-1)  # [M, B]
     ref = jnp.asarray(clean.T, jnp.int32)
     xj = jnp.asarray(x)
-    attack = make_joint_pgd(pool.apply, eps=spec.eps, steps=1, restarts=1)
+    attack = make_joint_pgd(pool.apply, eps=spec.eps, steps=1, step=JointPGDStep(restarts=1))
     res = timed_calls(st, "joint_pgd", lambda i: attack(pool.params, xj, ref, key=jax.random.key(i)), spec.reps)
     x_adv = np.asarray(res.x_adv)
     adv_pred = _torch_logits(mods, x_adv).argmax(-1)  # [M, B]

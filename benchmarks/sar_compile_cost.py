@@ -32,7 +32,7 @@ ap.add_argument("--out", default=None)
 args = ap.parse_args()
 
 from sarjax.attacks.core.protocol import run_jit
-from sarjax.attacks.joint import make_joint_pgd
+from sarjax.attacks.joint import JointPGDStep, make_joint_pgd
 from sarjax.models import presets
 from sarjax.models.pool import Pool, Stack
 from sarjax.sar.vision import PACK_LEVELS, StackGate, pack_sizes
@@ -56,9 +56,9 @@ print(pool, [s.size for s in pool.stacks], flush=True)
 M = pool.num_members
 if args.gate:
     gate = StackGate.of(pool)
-    fn = make_joint_pgd(gate.apply, eps=0.05, steps=args.steps, restarts=args.restarts)
+    fn = make_joint_pgd(gate.apply, eps=0.05, steps=args.steps, step=JointPGDStep(restarts=args.restarts))
 else:
-    fn = make_joint_pgd(pool.apply, eps=0.05, steps=args.steps, restarts=args.restarts)
+    fn = make_joint_pgd(pool.apply, eps=0.05, steps=args.steps, step=JointPGDStep(restarts=args.restarts))
 sizes = args.sizes or list(pack_sizes(args.batch, PACK_LEVELS))
 rows = []
 for b in sizes:

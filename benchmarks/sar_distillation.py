@@ -26,14 +26,14 @@ import jax
 import numpy as np
 from _timing import provenance, results_path  # benchmarks/ is on sys.path when run as a script
 
-from sarjax.attacks.joint import make_joint_pgd
+from sarjax.attacks.joint import JointPGDStep, make_joint_pgd
 from sarjax.data.augment import transfer_set
 from sarjax.data.mnist import load_idx_dir, load_mnist
 from sarjax.experiments.demo import DemoSettings, get_pool
 from sarjax.experiments.sar import PoolSARSettings, evaluate_pool
 from sarjax.models import zoo
 from sarjax.models.pool import Pool, Stack
-from sarjax.models.train import MemberConfig, TrainConfig, teacher_targets, train_pool, train_stack
+from sarjax.models.train import MemberConfig, TrainConfig, TrainMonitor, teacher_targets, train_pool, train_stack
 
 
 def main() -> None:
@@ -129,9 +129,8 @@ def main() -> None:
             yt,
             init_params=stack.params,
             names=stack.names,
-            callback=snap,
+            monitor=TrainMonitor(label=f"distill {stack.arch.name}", callback=snap),
             config=TrainConfig(epochs=a.distill_epochs, patience=0),
-            label=f"distill {stack.arch.name}",
         )
     steps_per_epoch = int(0.9 * len(xt)) // TrainConfig().batch_size
     delta = round(1 - a.coverage, 10)
@@ -148,7 +147,7 @@ def main() -> None:
         "complete": False,
     }
     rows = doc["rows"]
-    attack = make_joint_pgd(Pool(snapshots[0]).apply, steps=a.steps, restarts=a.restarts)  # reused: same archs
+    attack = make_joint_pgd(Pool(snapshots[0]).apply, steps=a.steps, step=JointPGDStep(restarts=a.restarts))  # reused: same archs
     epochs = sorted(snapshots)
     # evaluate the first and last checkpoints first, then fill in between (a budget cut keeps both ends)
     order = [epochs[0], epochs[-1]] + epochs[1:-1] if len(epochs) > 1 else epochs

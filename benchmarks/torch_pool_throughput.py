@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the torch loops of j
 from _timing import provenance, results_path  # noqa: E402
 from joint_attack_throughput import torch_joint_pgd_loop, torch_joint_pgd_vmap  # noqa: E402
 
-from sarjax.attacks.joint import make_joint_pgd
+from sarjax.attacks.joint import JointPGDStep, make_joint_pgd
 from sarjax.models.pool import Pool
 from sarjax.models.torch_convert import TorchStack
 
@@ -146,10 +146,10 @@ def main():
         ref = jnp.argmax(pool.logits(x0), -1).T.astype(jnp.int32)  # [B, M]: each member's own prediction
         mask = jnp.ones((b, M), jnp.float32)
         attacks = {
-            "sarjax[pool.apply]": (make_joint_pgd(pool.apply, eps=EPS, steps=args.steps, restarts=1), pool.params),
-            "sarjax[vmap]": (make_joint_pgd(vmap_apply(stack), eps=EPS, steps=args.steps, restarts=1), pool.params),
+            "sarjax[pool.apply]": (make_joint_pgd(pool.apply, eps=EPS, steps=args.steps, step=JointPGDStep(restarts=1)), pool.params),
+            "sarjax[vmap]": (make_joint_pgd(vmap_apply(stack), eps=EPS, steps=args.steps, step=JointPGDStep(restarts=1)), pool.params),
             "sarjax[vmap,xla-conv]": (
-                make_joint_pgd(xla_pool.apply, eps=EPS, steps=args.steps, restarts=1),
+                make_joint_pgd(xla_pool.apply, eps=EPS, steps=args.steps, step=JointPGDStep(restarts=1)),
                 xla_pool.params,
             ),
         }

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 sys.path.insert(0, str(Path(__file__).parent))
 from _timing import first_calls, provenance, round_robin  # noqa: E402
 
-from sarjax.attacks.joint import make_joint_pgd  # noqa: E402
+from sarjax.attacks.joint import JointPGDStep, make_joint_pgd  # noqa: E402
 from sarjax.models import zoo  # noqa: E402
 from sarjax.models.pool import Pool, Stack  # noqa: E402
 
@@ -61,7 +61,7 @@ def runners(conv_impl: str, batch: int, steps: int) -> dict:
 
     out = {}
     for rule in ("window_max", "jnp.max"):
-        atk = make_joint_pgd(pool.apply, eps=EPS, steps=steps, restarts=1)
+        atk = make_joint_pgd(pool.apply, eps=EPS, steps=steps, step=JointPGDStep(restarts=1))
         g = train_grad()
         out[(rule, "joint_pgd")] = lambda atk=atk: atk(pool.params, x0, ref, key=jax.random.PRNGKey(1), mask=mask).x_adv
         out[(rule, "train_grad")] = lambda g=g: g(pool.params)

@@ -78,7 +78,7 @@ def cases():
     fixed_eps = {"linf": 0.08, "l2": 0.3, "l1": 1.0}
     for norm in ("linf", "l2", "l1"):
         e = fixed_eps[norm]
-        yield f"pgd-{norm}", A.make_pgd(pool_apply, norm=norm, steps=10, restarts=2), {"eps": e}, fixed
+        yield f"pgd-{norm}", A.make_pgd(pool_apply, norm=norm, steps=10, step=A.PGDStep(restarts=2)), {"eps": e}, fixed
         yield f"apgd-ce-{norm}", A.make_apgd(pool_apply, norm=norm, n_iter=10), {"eps": e}, fixed
         yield f"apgd-dlr-{norm}", A.make_apgd(pool_apply, norm=norm, n_iter=10, loss="dlr"), {"eps": e}, fixed
         if norm != "l1":
@@ -86,7 +86,7 @@ def cases():
             yield f"mifgsm-{norm}", A.make_mifgsm(pool_apply, norm=norm, steps=10), {"eps": e}, fixed
             yield f"apgd-t-{norm}", A.make_apgd_t(pool_apply, norm=norm, n_iter=10, n_targets=2), {"eps": e}, fixed
         yield f"square-{norm}", A.make_square(pool_apply, norm=norm, n_queries=60), {"eps": e}, fixed
-    yield "joint-pgd", A.make_joint_pgd(pool_apply, steps=10, restarts=2), {"eps": 0.08}, fixed
+    yield "joint-pgd", A.make_joint_pgd(pool_apply, steps=10, step=A.JointPGDStep(restarts=2)), {"eps": 0.08}, fixed
     mn_fields = ("x_adv", "success", "queries", "norm")
     for name, mod, norms in (
         ("fmn", fmn, (0, 1, 2, math.inf)),

@@ -15,7 +15,7 @@ from sarjax.cover.result import SARResult
 from sarjax.data.mnist import load_mnist
 from sarjax.experiments import demo
 from sarjax.models.pool import Pool, Stack
-from sarjax.models.train import MemberConfig, TrainConfig, lr_scales, train_stack
+from sarjax.models.train import MemberConfig, TrainConfig, TrainMonitor, lr_scales, train_stack
 from sarjax.models.zoo import mlp
 
 ARCH = mlp((16,), input_shape=(28, 28, 1), num_classes=10)
@@ -136,10 +136,11 @@ def test_cosine_schedule_scales_each_adam_update(mnist_tiny):
             x,
             y,
             config=cfg,
-            x_val=xv,
-            y_val=yv,
-            progress=False,
-            callback=lambda ep, p, seen=seen: seen.append(jax.tree.map(np.asarray, p)),
+            monitor=TrainMonitor(
+                validation=(xv, yv),
+                progress=False,
+                callback=lambda ep, p, seen=seen: seen.append(jax.tree.map(np.asarray, p)),
+            ),
         )
         snaps[sched] = seen
     (c1, c2), (s1, s2) = snaps["constant"], snaps["cosine"]

@@ -50,13 +50,13 @@ from sarjax.attacks.fab import make_fab
 from sarjax.attacks.fgsm import make_fgsm
 from sarjax.attacks.fmn import make_fmn
 from sarjax.attacks.geometry import dual_norm, norm, project, random_in_ball, steepest
-from sarjax.attacks.joint import make_joint_pgd
+from sarjax.attacks.joint import JointPGDStep, make_joint_pgd
 from sarjax.attacks.members import MemberAttack, attack_members, make_member_attack
-from sarjax.attacks.mifgsm import make_mifgsm
+from sarjax.attacks.mifgsm import MIFGSMStep, make_mifgsm
 from sarjax.attacks.minnorm import MinNormResult  # noqa: E402
 from sarjax.attacks.pdgd import make_pdgd
 from sarjax.attacks.pdpgd import make_pdpgd
-from sarjax.attacks.pgd import make_pgd
+from sarjax.attacks.pgd import PGDStep, make_pgd
 from sarjax.attacks.result import AttackResult
 from sarjax.attacks.rounds import Rounds, make_rounds
 from sarjax.attacks.sigma_zero import make_sigma_zero
@@ -77,7 +77,10 @@ __all__ = [
     "AutoAttack",
     "AutoAttackResult",
     "Entry",
+    "JointPGDStep",
     "MemberAttack",
+    "MIFGSMStep",
+    "PGDStep",
     "Rounds",
     "make_alma",
     "make_apgd_min",

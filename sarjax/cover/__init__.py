@@ -27,7 +27,7 @@ from sarjax.cover.exact import (
     exact_check,
     exact_partial_cover,
 )
-from sarjax.cover.greedy import greedy_sar
+from sarjax.cover.greedy import GreedySettings, greedy_sar
 from sarjax.cover.metrics import asr, coverage_target, jasc, tasc, theorem1_factor
 from sarjax.cover.result import SARResult, concat_results
 from sarjax.cover.synthetic import SetSystemOracle
@@ -44,6 +44,7 @@ __all__ = [
     "Candidates",
     "CoverCheck",
     "ExactCover",
+    "GreedySettings",
     "JointAttack",
     "SARResult",
     "SetSystemOracle",

@@ -19,6 +19,7 @@ import contextlib
 import json
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,50 @@ from sarjax.cover.types import JointAttack, SingleAttack
 from sarjax.runtime.progress import progress_bar
 
 _STATE_FILE = "greedy_state.npz"
+
+
+
+@dataclass(frozen=True)
+class GreedySettings:
+    """How :func:`greedy_sar` runs: its options beside the oracles and the data.
+
+    Attributes:
+        count_clean_input: if True, the clean input counts as one input when it breaks some
+            member (default False: "counted as broken without using an attack", the SAR paper).
+        stop_when_unreachable: stop a sample once no requested target can still be reached
+            (``|R| + |I| < tau`` for every pending ``tau``; default True). The SAR is the same as
+            the paper's run-until-``I``-is-empty (1 either way); only queries are saved. False
+            runs the literal loop.
+        store_inputs: keep the recorded adversarial inputs (``[R, B, *S]``; default True).
+        checkpoint_dir: if set, the state is written there after every round (atomically), and
+            a run with the same configuration resumes from the last finished round (default
+            None: no checkpoint).
+        resume: resume from ``checkpoint_dir`` when a checkpoint exists (default True).
+        progress: show a rich progress bar (rounds, samples still active, mean covered share;
+            default False).
+
+    Raises:
+        ValueError: a flag that is not a bool, or ``checkpoint_dir`` not None, a str or a path
+            (the message names the field and the value).
+    """
+
+    count_clean_input: bool = False
+    stop_when_unreachable: bool = True
+    store_inputs: bool = True
+    checkpoint_dir: str | os.PathLike | None = None
+    resume: bool = True
+    progress: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("count_clean_input", "stop_when_unreachable", "store_inputs", "resume", "progress"):
+            v = getattr(self, name)
+            if not isinstance(v, (bool, np.bool_)):
+                raise ValueError(f"GreedySettings.{name} must be a bool, got {type(v).__name__} {v!r}")
+        if self.checkpoint_dir is not None and not isinstance(self.checkpoint_dir, (str, os.PathLike)):
+            raise ValueError(
+                "GreedySettings.checkpoint_dir must be None, a str or a path, got "
+                f"{type(self.checkpoint_dir).__name__} {self.checkpoint_dir!r}"
+            )
 
 
 def _check_candidates(
@@ -186,12 +231,7 @@ def greedy_sar(
     deltas: Sequence[float],
     *,
     valid: Any = None,
-    count_clean_input: bool = False,
-    stop_when_unreachable: bool = True,
-    store_inputs: bool = True,
-    checkpoint_dir: str | os.PathLike | None = None,
-    resume: bool = True,
-    progress: bool = False,
+    settings: GreedySettings | None = None,
 ) -> SARResult:
     """SAR_{1-delta} for a batch of samples by Algorithm 1's top-down greedy.
 
@@ -220,20 +260,8 @@ def greedy_sar(
         deltas: one or more allowed uncovered shares, each in ``[0, 1)``.
         valid: optional ``[B]`` bool, real samples (False rows are padding:
             never attacked, SAR nan).
-        count_clean_input: if True, the clean input counts as one input when
-            it breaks some member (default False: "counted as broken without
-            using an attack", the SAR paper).
-        stop_when_unreachable: stop a sample once no requested target can
-            still be reached (``|R| + |I| < tau`` for every pending ``tau``).
-            The SAR is the same as the paper's run-until-``I``-is-empty (1
-            either way); only queries are saved. False runs the literal loop.
-        store_inputs: keep the recorded adversarial inputs (``[R, B, *S]``).
-        checkpoint_dir: if set, the state is written there after every round
-            (atomically), and a run with the same configuration resumes from
-            the last finished round.
-        resume: resume from ``checkpoint_dir`` when a checkpoint exists.
-        progress: show a rich progress bar (rounds, samples still active,
-            mean covered share).
+        settings: the run's options (:class:`GreedySettings`: whether the clean input counts,
+            early stop, stored inputs, checkpoint, progress bar); default ``GreedySettings()``.
 
     Returns:
         SARResult with ``sar``, ``k_hat``, ``reached`` of shape ``[B, D]`` (D =
@@ -244,8 +272,14 @@ def greedy_sar(
 
     Raises:
         TypeError, ValueError: malformed arguments or oracle outputs (shapes,
-            dtypes, deltas).
+            dtypes, deltas); ``settings`` not a :class:`GreedySettings`.
     """
+    if settings is None:
+        settings = GreedySettings()
+    if not isinstance(settings, GreedySettings):
+        raise TypeError(f"settings must be a GreedySettings, got {type(settings).__name__}")
+    count_clean_input, stop_when_unreachable = settings.count_clean_input, settings.stop_when_unreachable
+    store_inputs, progress = settings.store_inputs, settings.progress
     cb = np.asarray(clean_broken)
     if cb.dtype != np.bool_ or cb.ndim != 2:
         raise TypeError(f"clean_broken must be a bool array [B, M], got {cb.dtype} {cb.shape}")
@@ -270,8 +304,8 @@ def greedy_sar(
         raise TypeError("joint and single must be callables")
 
     config = _config(cb, vd, deltas, taus, count_clean_input, stop_when_unreachable, store_inputs)
-    ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None
-    state = _load_state(ckpt, config, cb, vd) if (ckpt is not None and resume) else None
+    ckpt = Path(settings.checkpoint_dir) if settings.checkpoint_dir is not None else None
+    state = _load_state(ckpt, config, cb, vd) if (ckpt is not None and settings.resume) else None
     if state is None:
         state = _State(cb, vd)
 

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sarjax.attacks.pgd import make_pgd
+from sarjax.attacks.pgd import PGDStep, make_pgd
 from sarjax.attacks.threat import canonical_norm, norm_name
 from sarjax.defenses.kl_attack import make_kl_attack
 
@@ -115,7 +115,10 @@ class PGDAT:
     def attack(self, apply: Callable):
         """The inner attack: ``make_pgd`` on ``apply(params, x) -> [B, C]``."""
         return make_pgd(
-            apply, norm=self.norm, steps=self.steps, rel_step=self.rel_step, restarts=1, random_start=self.random_start
+            apply,
+            norm=self.norm,
+            steps=self.steps,
+            step=PGDStep(rel_step=self.rel_step, restarts=1, random_start=self.random_start),
         )
 
     def perturb(self, apply: Callable, params: Any, x: jax.Array, labels: jax.Array, key: jax.Array, eps) -> jax.Array:

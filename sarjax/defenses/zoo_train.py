@@ -46,7 +46,7 @@ from sarjax.defenses.zoo_io import ZOO_FORMAT, read_zoo_index, save_self_ensembl
 from sarjax.defenses.zoo_objectives import distillation, gaussian_augmentation, l1_apgd_at
 from sarjax.models.checkpoint import load_pool, save_pool
 from sarjax.models.pool import Pool, Stack
-from sarjax.models.train import MemberConfig, TrainConfig, teacher_targets, train_stack
+from sarjax.models.train import MemberConfig, TrainConfig, TrainMonitor, teacher_targets, train_stack
 from sarjax.runtime.fingerprint import array_digest, sarjax_version
 
 N_HEAD = 8  # zoo.json keeps each defense's deterministic logits on the first N_HEAD test images
@@ -175,8 +175,7 @@ def _train_group(members: list[Defense], settings: ZooSettings, x, y, teacher_po
             config=TrainConfig(epochs=1, batch_size=settings.batch_size, patience=0),
             init_params=params,
             names=names,
-            progress=progress,
-            label=f"{'+'.join(names)} ramp {e}",
+            monitor=TrainMonitor(progress=progress, label=f"{'+'.join(names)} ramp {e}"),
             objective=objective,
             objective_hp=hp_e,
         )
@@ -190,8 +189,7 @@ def _train_group(members: list[Defense], settings: ZooSettings, x, y, teacher_po
         config=TrainConfig(epochs=rest, batch_size=settings.batch_size, patience=0),
         init_params=params,
         names=names,
-        progress=progress,
-        label="+".join(names),
+        monitor=TrainMonitor(progress=progress, label="+".join(names)),
         objective=objective,
         objective_hp=hp,
     )

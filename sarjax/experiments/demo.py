@@ -22,7 +22,7 @@ import jax
 from rich.console import Console
 from rich.table import Table
 
-from sarjax.attacks.joint import make_joint_pgd
+from sarjax.attacks.joint import JointPGDStep, make_joint_pgd
 from sarjax.cover.plots import plot_sar
 from sarjax.data.mnist import Split, load_mnist
 from sarjax.experiments.sar import OUT_HINT, PoolSARSettings, check_samples, evaluate_pool, open_output, pool_record
@@ -287,7 +287,7 @@ def shared_joint_pgd(cache: dict[Any, Any], pool: Pool, *, steps: int, restarts:
 
     key = (tuple((type(st), getattr(st, "arch", None), st.size) for st in pool.stacks), steps, restarts)
     if key not in cache:
-        cache[key] = make_joint_pgd(pool.apply, steps=steps, restarts=restarts)
+        cache[key] = make_joint_pgd(pool.apply, steps=steps, step=JointPGDStep(restarts=restarts))
     return cache[key]
 
 

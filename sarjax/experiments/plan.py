@@ -47,7 +47,7 @@ from sarjax.attacks.apgd import make_apgd
 from sarjax.attacks.autoattack import N_ITER, SQUARE_QUERIES
 from sarjax.attacks.autoattack_checks import N_TARGETS
 from sarjax.attacks.fab import make_fab
-from sarjax.attacks.joint import make_joint_pgd
+from sarjax.attacks.joint import JointPGDStep, make_joint_pgd
 from sarjax.attacks.square import make_square
 from sarjax.attacks.text import model as TM
 from sarjax.attacks.text import requests as TR
@@ -509,7 +509,7 @@ def vision_program(pool: ShapePool, attack: str, batch: int, mesh, settings: dic
     key = jax.eval_shape(lambda: jax.random.key(0))
     eps = float(settings.get("eps", 8 / 255))
     if attack == "joint-pgd":
-        fn = make_joint_pgd(apply, steps=settings["steps"], restarts=settings["restarts"], eps=eps)
+        fn = make_joint_pgd(apply, steps=settings["steps"], step=JointPGDStep(restarts=settings["restarts"]), eps=eps)
         ref, mask = jax.ShapeDtypeStruct((batch, m), jnp.int32), jax.ShapeDtypeStruct((batch, m), jnp.float32)
         return [_program(fn, fn.attack, "joint-pgd step", params, (x, ref, mask, key), batch, mesh, eps=eps)]
     if attack == "autoattack":

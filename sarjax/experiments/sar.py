@@ -23,7 +23,7 @@ import jax
 import numpy as np
 
 from sarjax.attacks.members import attack_members
-from sarjax.attacks.pgd import make_pgd
+from sarjax.attacks.pgd import PGDStep, make_pgd
 from sarjax.cover.metrics import asr as asr_metric
 from sarjax.cover.plots import plot_sar
 from sarjax.cover.result import SARResult, rederive
@@ -272,8 +272,7 @@ def evaluate_pool(
                 eps=eps,
                 norm="linf",
                 steps=steps,
-                restarts=restarts,
-                rel_step=1.0 / 16,
+                step=PGDStep(restarts=restarts, rel_step=1.0 / 16),
                 sample_ids=ids,
             )
         )

@@ -99,6 +99,51 @@ class TrainConfig:
     lr_schedule: str = "constant"
 
 
+@dataclass(frozen=True, eq=False)
+class TrainMonitor:
+    """What :func:`train_stack` watches and reports while it trains (not what it learns).
+
+    Attributes:
+      validation: ``(x_val [N_val, *S], y_val [N_val] int or [N_val, C] soft)``, the split
+        early stopping reads; None (default): ``config.val_fraction`` of the training data is
+        held out (the same hold-out for every member).
+      progress: show a progress bar per epoch with mean/min validation accuracy (default True).
+      label: the progress bar's label (default ``""``: the architecture's name).
+      callback: called after every epoch as ``callback(epoch, params)`` with the epoch number
+        (1-based) and the current stacked params (e.g. to snapshot students during
+        distillation); default None.
+
+    Raises:
+      ValueError: ``validation`` not None or a pair of arrays, ``progress`` not a bool,
+        ``label`` not a str, ``callback`` not None or callable (the message names the field and
+        the value).
+    """
+
+    validation: tuple[Any, Any] | None = None
+    progress: bool = True
+    label: str = ""
+    callback: Callable[[int, Any], None] | None = None
+
+    def __post_init__(self) -> None:
+        v = self.validation
+        if v is not None and not (isinstance(v, (tuple, list)) and len(v) == 2 and all(a is not None for a in v)):
+            raise ValueError(
+                f"TrainMonitor.validation must be None or a pair (x_val, y_val), got {type(v).__name__} "
+                f"{v if not isinstance(v, (tuple, list)) else f'of length {len(v)}'!r}"
+            )
+        if not isinstance(self.progress, (bool, np.bool_)):
+            raise ValueError(
+                f"TrainMonitor.progress must be a bool, got {type(self.progress).__name__} {self.progress!r}"
+            )
+        if not isinstance(self.label, str):
+            raise ValueError(f"TrainMonitor.label must be a str, got {type(self.label).__name__} {self.label!r}")
+        if self.callback is not None and not callable(self.callback):
+            raise ValueError(
+                f"TrainMonitor.callback must be None or callable(epoch, params), got "
+                f"{type(self.callback).__name__} {self.callback!r}"
+            )
+
+
 @dataclass
 class TrainHistory:
     """Per-epoch validation accuracy [epochs, K] and the epoch at which each member stopped."""
@@ -296,15 +341,11 @@ def train_stack(
     y: np.ndarray,
     *,
     config: TrainConfig = TrainConfig(),
-    x_val: np.ndarray | None = None,
-    y_val: np.ndarray | None = None,
     init_params: Any = None,
     names: Sequence[str] | None = None,
-    progress: bool = True,
-    label: str = "",
-    callback: Callable[[int, Any], None] | None = None,
     objective: Objective | None = None,
     objective_hp: Mapping[str, Any] | None = None,
+    monitor: TrainMonitor | None = None,
 ) -> tuple[Stack, TrainHistory]:
     """Train every member of one architecture at once.
 
@@ -314,14 +355,8 @@ def train_stack(
       x: [N, *S] training inputs in [0, 1].
       y: [N] int labels, or [N, C] soft targets (distillation).
       config: shared settings (epochs, batch size, patience, validation hold-out).
-      x_val, y_val: validation split for early stopping; if None, ``config.val_fraction`` of
-        (x, y) is held out (same hold-out for every member).
       init_params: stacked initial params; default ``vmap(arch.init)`` over the members' seeds.
       names: member names.
-      progress: show a progress bar per epoch with mean/min validation accuracy.
-      label: progress-bar label.
-      callback: called after every epoch as ``callback(epoch, params)`` with the epoch number
-        (1-based) and the current stacked params (e.g. to snapshot students during distillation).
       objective: the member loss ``objective(apply, params, x, y, key, hp) -> scalar`` (module
         docstring); default :func:`cross_entropy` (standard training). Adversarial objectives:
         :func:`sarjax.defenses.pgd_at`, :func:`sarjax.defenses.trades`. Early stopping still
@@ -330,6 +365,9 @@ def train_stack(
         or K values (e.g. ``{"eps": [0.1, 0.2, 0.3]}``); traced, so new values never
         recompile. An objective with an ``hparams`` mapping fills the names not given with its
         defaults and rejects unknown names.
+      monitor: the validation split early stopping reads, the progress bar and the per-epoch
+        callback (:class:`TrainMonitor`); default ``TrainMonitor()``: a hold-out of
+        ``config.val_fraction``, a progress bar, no callback.
 
     Returns:
       (stack with each member's best-validation params, history).
@@ -338,6 +376,12 @@ def train_stack(
       ValueError: no member, a bad member config, inputs or labels of the wrong shape, or an
         objective hyperparameter that is unknown, non-finite or not one value per member.
     """
+    if monitor is None:
+        monitor = TrainMonitor()
+    if not isinstance(monitor, TrainMonitor):
+        raise TypeError(f"monitor must be a TrainMonitor, got {type(monitor).__name__}")
+    x_val, y_val = monitor.validation if monitor.validation is not None else (None, None)
+    progress, label, callback = monitor.progress, monitor.label, monitor.callback
     if not cfgs:
         raise ValueError("need at least one member config")
     if config.lr_schedule not in LR_SCHEDULES:
@@ -509,12 +553,11 @@ def train_pool(
             y,
             config=config,
             names=[names[i] for i in idx],
-            progress=progress,
-            label=arch.name,
-            x_val=x_val,
-            y_val=y_val,
             objective=objective,
             objective_hp={n: np.asarray(v)[idx] for n, v in obj_hp.items()},
+            monitor=TrainMonitor(
+                validation=None if x_val is None else (x_val, y_val), progress=progress, label=arch.name
+            ),
         )
         stacks.append(stack)
         info[arch.name] = hist.to_dict()

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from sarjax.cover.greedy import greedy_sar
+from sarjax.cover.greedy import GreedySettings, greedy_sar
 from sarjax.cover.result import SARResult, rederive
 from sarjax.cover.types import JointAttack, SingleAttack
 from sarjax.runtime import fingerprint as fingerprints
@@ -122,7 +122,8 @@ class ResumableRun:
         *,
         checkpoint: str,
         result: str,
-        **greedy_kwargs: Any,
+        valid: Any = None,
+        **options: Any,
     ) -> SARResult:
         """One part's SAR: its finished result (other deltas re-derived), or the greedy run and saved.
 
@@ -131,7 +132,9 @@ class ResumableRun:
             clean_broken, deltas: see :func:`sarjax.cover.greedy_sar`.
             checkpoint: the greedy's checkpoint directory, relative to ``root``.
             result: the part's result directory, relative to ``root``.
-            **greedy_kwargs: the other :func:`sarjax.cover.greedy_sar` options.
+            valid: see :func:`sarjax.cover.greedy_sar`.
+            **options: the other :class:`sarjax.cover.GreedySettings` fields (``checkpoint_dir``
+                is the part's ``checkpoint``).
 
         Raises:
             ValueError: the stored coverage order does not determine a new delta's result.
@@ -152,8 +155,8 @@ class ResumableRun:
             single,
             clean_broken,
             deltas,
-            checkpoint_dir=None if self.root is None else self.root / checkpoint,
-            **greedy_kwargs,
+            valid=valid,
+            settings=GreedySettings(checkpoint_dir=None if self.root is None else self.root / checkpoint, **options),
         )
         if done is not None:
             part.save(done)

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sarjax.attacks.core.validate import check_sample_ids
-from sarjax.attacks.joint import make_joint_pgd
+from sarjax.attacks.joint import JointPGDStep, make_joint_pgd
 from sarjax.attacks.threat import check_labels
 from sarjax.cover.metrics import coverage_target
 from sarjax.cover.result import SARResult, concat_results
@@ -367,7 +367,7 @@ def default_sar_attack(
     if gate_stacks and not isinstance(pool, ShardedPool) and len(getattr(base, "stacks", ())) > 1:
         gate = StackGate.of(pool)
     apply = pool.apply if gate is None else gate.apply
-    attack = make_joint_pgd(apply, steps=steps, step_size=step_size, restarts=restarts)
+    attack = make_joint_pgd(apply, steps=steps, step=JointPGDStep(step_size=step_size, restarts=restarts))
     fields = {
         "attack": "joint_pgd",
         "steps": int(steps),

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from _attacks_affine import affine_apply, pool_apply
 
-from sarjax.attacks import attack_members, make_joint_pgd, make_pgd, make_square
+from sarjax.attacks import JointPGDStep, attack_members, make_joint_pgd, make_pgd, make_square
 from sarjax.attacks.autoattack import AutoAttackSettings, autoattack, autoattack_config
 from sarjax.models.pool import Pool, Stack
 from sarjax.models.zoo import mlp
@@ -45,7 +45,7 @@ def _attacks():
     return {
         "pgd": make_pgd(pool_apply, eps=0.05, steps=3),
         "pgd-l2": make_pgd(pool_apply, eps=0.05, steps=3, norm="l2"),
-        "joint": make_joint_pgd(pool_apply, eps=0.05, steps=3, restarts=1),
+        "joint": make_joint_pgd(pool_apply, eps=0.05, steps=3, step=JointPGDStep(restarts=1)),
         "square": make_square(pool_apply, eps=0.05, n_queries=8),
     }
 
@@ -100,7 +100,7 @@ def inf_everywhere(params, x):
         lambda a: make_pgd(a, eps=0.05, steps=3),
         lambda a: make_pgd(a, eps=0.05, steps=3, audit=False),  # the check is not the bound audit
         lambda a: make_square(a, eps=0.05, n_queries=8),
-        lambda a: make_joint_pgd(a, eps=0.05, steps=3, restarts=1),
+        lambda a: make_joint_pgd(a, eps=0.05, steps=3, step=JointPGDStep(restarts=1)),
     ],
 )
 def test_non_finite_logits_raise_naming_members_and_samples(make):

@@ -216,7 +216,7 @@ CASES = {
     "make_apgd": _image_case(lambda: A.make_apgd(pool_apply, eps=0.05, n_iter=2), "point"),
     "make_apgd_t": _image_case(lambda: A.make_apgd_t(pool_apply, eps=0.05, n_iter=2, n_targets=1), "point"),
     "make_square": _image_case(lambda: A.make_square(pool_apply, eps=0.05, n_queries=4), "point", (2, 2, 2)),
-    "make_joint_pgd": _image_case(lambda: A.make_joint_pgd(pool_apply, eps=0.05, steps=2, restarts=1), "point"),
+    "make_joint_pgd": _image_case(lambda: A.make_joint_pgd(pool_apply, eps=0.05, steps=2, step=A.JointPGDStep(restarts=1)), "point"),
     "make_rounds": _image_case(lambda: A.make_rounds(A.make_pgd(pool_apply, eps=0.05, steps=2), 2, norm="linf"), "point"),
     "make_kl_attack": _kl_case,
     # one point per sample and member, [B, M, *S]

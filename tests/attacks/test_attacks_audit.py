@@ -7,7 +7,7 @@ import pytest
 from _attacks_affine import affine_apply
 
 from sarjax.attacks.audit import audit, check
-from sarjax.attacks.pgd import make_pgd
+from sarjax.attacks.pgd import PGDStep, make_pgd
 from sarjax.attacks.rounds import make_rounds
 from sarjax.attacks.threat import Threat
 
@@ -54,7 +54,7 @@ def test_chained_rounds_bug_is_flagged_and_combinator_stays_in_ball():
     x0 = jnp.full((1, 8), 0.5, jnp.float32)
     ref = jnp.zeros((1,), jnp.int32)
     eps, k = 8 / 255, 4
-    attack = make_pgd(affine_apply, norm="linf", restarts=2)  # same kernel as a known-answer case
+    attack = make_pgd(affine_apply, norm="linf", step=PGDStep(restarts=2))  # same kernel as a known-answer case
     x_bug = _chained_rounds_buggy(attack, params, x0, ref, jax.random.PRNGKey(0), eps, k)
     rep = audit(x0, x_bug, Threat("linf", eps))
     assert not rep.ok

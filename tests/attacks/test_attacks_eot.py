@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from _attacks_affine import binary_problem, pool_apply
 
-from sarjax.attacks import Threat, audit, make_fgsm, make_joint_pgd, make_pgd, make_rounds
+from sarjax.attacks import JointPGDStep, PGDStep, Threat, audit, make_fgsm, make_joint_pgd, make_pgd, make_rounds
 
 M = 3
 
@@ -25,8 +25,8 @@ def test_eot_with_a_key_ignoring_apply_equals_the_deterministic_attack_and_charg
     pp = _pool(params)
     ref = jnp.zeros((4, M), jnp.int32)
     steps, restarts, eot = 5, 2, 3
-    det = make_pgd(pool_apply, norm="linf", steps=steps, restarts=restarts)
-    sto = make_pgd(lambda p, x, k: pool_apply(p, x), norm="linf", steps=steps, restarts=restarts, eot=eot)
+    det = make_pgd(pool_apply, norm="linf", steps=steps, step=PGDStep(restarts=restarts))
+    sto = make_pgd(lambda p, x, k: pool_apply(p, x), norm="linf", steps=steps, step=PGDStep(restarts=restarts), eot=eot)
     eps = 0.9 * opt
     a = det(pp, x0, ref, key=jax.random.PRNGKey(0), eps=eps)
     b = sto(pp, x0, ref, key=jax.random.PRNGKey(0), eps=eps)
@@ -106,7 +106,7 @@ def test_eot_rounds_stay_in_the_ball_of_the_original_input():
     pp = _pool(params)
     ref = jnp.zeros((B, M), jnp.int32)
     eps = 0.5 * opt
-    inner = make_joint_pgd(_masked_apply(0.9), steps=4, restarts=1, eot=4)
+    inner = make_joint_pgd(_masked_apply(0.9), steps=4, step=JointPGDStep(restarts=1), eot=4)
     res = make_rounds(inner, 5, norm="linf")(pp, x0, ref, key=jax.random.PRNGKey(2), eps=eps)
     rep = audit(x0, res.x_adv, Threat("linf", np.asarray(eps)))
     assert rep.ok and np.all(rep.norm <= np.asarray(eps) * (1 + 1e-6)), rep.norm
@@ -229,7 +229,7 @@ def test_eot_query_caps_are_never_exceeded():
     pp = _pool(params)
     ref = jnp.zeros((B, M), jnp.int32)
     noisy = _masked_apply(0.9)
-    pgd = make_pgd(noisy, steps=6, restarts=2, eot=eot)
+    pgd = make_pgd(noisy, steps=6, step=PGDStep(restarts=2), eot=eot)
     apgd = make_apgd(noisy, n_iter=6, eot=eot)
     for cap in (eot * M, eot * M + 5, eot * (M + 2 * M + M), eot * (M + 4 * 2 * M + M) + 1, 10_000):
         for attack in (pgd, apgd):

@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 from _attacks_affine import D, pool_apply
 
-from sarjax.attacks.joint import make_joint_pgd
-from sarjax.attacks.pgd import make_pgd
+from sarjax.attacks.joint import JointPGDStep, make_joint_pgd
+from sarjax.attacks.pgd import PGDStep, make_pgd
 
 M = 5
 _TRACES = []
@@ -62,7 +62,7 @@ def test_mask_changes_do_not_recompile_and_select_members():
     B = 3
     params, x0, need = common_direction_pool(B, seed=1)
     traces = _TRACES
-    attack = make_pgd(counting_apply, norm="linf", steps=6, restarts=2)  # shares the kernel below
+    attack = make_pgd(counting_apply, norm="linf", steps=6, step=PGDStep(restarts=2))  # shares the kernel below
     ref = jnp.zeros((B, M), jnp.int32)
     eps = 0.5 * need.min(axis=1)
     masks = [np.ones((B, M)), np.eye(B, M), np.zeros((B, M)), (np.arange(M) % 2 == 0)[None].repeat(B, 0)]
@@ -88,7 +88,7 @@ def test_query_count_is_exact_and_cap_freezes_samples():
     mask = jnp.asarray([[1, 1, 1, 1, 1], [1, 0, 1, 0, 0], [0, 0, 0, 0, 1]], jnp.float32)
     n_sel = np.asarray(mask).sum(1).astype(int)
     eps = 0.8 * need.min(axis=1)
-    attack = make_pgd(counting_apply, norm="linf", steps=steps, restarts=restarts)
+    attack = make_pgd(counting_apply, norm="linf", steps=steps, step=PGDStep(restarts=restarts))
     res = attack(params, x0, ref, key=jax.random.PRNGKey(3), mask=mask, eps=eps)
     # clean evaluation M + per restart: steps x (M forwards + n_sel backwards) + final M forwards
     want = M + restarts * (steps * (M + n_sel) + M)
@@ -99,7 +99,7 @@ def test_query_count_is_exact_and_cap_freezes_samples():
 
     # a cap that allows exactly 2 steps of the first restart (and no second restart)
     # reproduces the 2-step, 1-restart attack
-    short = make_pgd(pool_apply, norm="linf", steps=2, restarts=1)
+    short = make_pgd(pool_apply, norm="linf", steps=2, step=PGDStep(restarts=1))
     cap = M + 2 * (M + n_sel) + M
     capped = attack(params, x0, ref, key=jax.random.PRNGKey(3), mask=mask, eps=eps, max_queries=cap)
     ref_run = short(params, x0, ref, key=jax.random.PRNGKey(3), mask=mask, eps=eps)
@@ -147,7 +147,7 @@ def test_joint_pgd_on_a_heterogeneous_pool_reports_consistent_success():
     x0 = jax.random.uniform(jax.random.PRNGKey(2), (3, 6, 6, 1))
     ref = jnp.argmax(pool.logits(x0), -1).T.astype(jnp.int32)  # [B, M] own predictions
     mask = jnp.asarray([[1, 1, 1, 1, 1], [0, 1, 0, 1, 0], [1, 0, 0, 0, 0]], jnp.float32)
-    res = make_joint_pgd(pool.apply, steps=4, restarts=2)(
+    res = make_joint_pgd(pool.apply, steps=4, step=JointPGDStep(restarts=2))(
         pool.params, x0, ref, key=jax.random.PRNGKey(3), mask=mask, eps=0.3
     )
     for x, succ in ((res.x_adv, res.success), (res.best_x, res.best_success)):
@@ -180,12 +180,12 @@ def test_labels_b_are_shared_by_every_member_of_a_pool_apply():
         assert shared.success.shape == (B, M)
         np.testing.assert_array_equal(np.asarray(shared.x_adv), np.asarray(explicit.x_adv))
         np.testing.assert_array_equal(np.asarray(shared.queries), np.asarray(explicit.queries))
-    pgd = make_pgd(pool_apply, norm="linf", steps=steps, restarts=1)
+    pgd = make_pgd(pool_apply, norm="linf", steps=steps, step=PGDStep(restarts=1))
     res = pgd(params, x0, y, key=jax.random.PRNGKey(5), eps=eps)
     np.testing.assert_array_equal(np.asarray(res.queries).sum(-1), M + steps * 2 * M + M)
     np.testing.assert_array_equal(np.asarray(res.queries), 1 + steps * 2 + 1)  # each member alike
     one = {"W": params["W"][0], "b": params["b"][0]}
-    single = make_pgd(affine_apply, norm="linf", steps=steps, restarts=1)(
+    single = make_pgd(affine_apply, norm="linf", steps=steps, step=PGDStep(restarts=1))(
         one, x0, y, key=jax.random.PRNGKey(5), eps=eps
     )
     assert single.success.shape == (B, 1)

@@ -12,12 +12,12 @@ from _attacks_affine import affine_apply, binary_problem
 from sarjax.attacks.apgd import make_apgd, make_apgd_t
 from sarjax.attacks.fgsm import make_fgsm
 from sarjax.attacks.mifgsm import make_mifgsm
-from sarjax.attacks.pgd import make_pgd
+from sarjax.attacks.pgd import PGDStep, make_pgd
 from sarjax.attacks.threat import canonical_norm
 
 FACTORIES = {
     "fgsm": lambda norm, targeted: make_fgsm(affine_apply, norm=norm, targeted=targeted),
-    "pgd": lambda norm, targeted: make_pgd(affine_apply, norm=norm, targeted=targeted, restarts=2),
+    "pgd": lambda norm, targeted: make_pgd(affine_apply, norm=norm, targeted=targeted, step=PGDStep(restarts=2)),
     "mifgsm": lambda norm, targeted: make_mifgsm(affine_apply, norm=norm, targeted=targeted),
     "apgd-ce": lambda norm, targeted: make_apgd(affine_apply, norm=norm, targeted=targeted),
     "apgd-dlr": lambda norm, targeted: make_apgd(affine_apply, norm=norm, targeted=targeted, loss="dlr"),

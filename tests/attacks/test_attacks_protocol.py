@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from _attacks_affine import affine_apply, binary_problem, pool_apply
 
-from sarjax.attacks import AttackResult, attack_members, make_apgd_t, make_pgd, make_rounds, make_square
+from sarjax.attacks import AttackResult, PGDStep, attack_members, make_apgd_t, make_pgd, make_rounds, make_square
 from sarjax.attacks import queries as Q
 from sarjax.attacks.core import Attack, AttackFn, Problem
 from sarjax.attacks.core import validate as V
@@ -82,7 +82,7 @@ def _pool(seed=0):
 
 
 ATTACKS = {
-    "pgd": lambda: make_pgd(pool_apply, steps=3, restarts=2),
+    "pgd": lambda: make_pgd(pool_apply, steps=3, step=PGDStep(restarts=2)),
     "apgd_t": lambda: make_apgd_t(pool_apply, n_iter=3, n_targets=9),  # 9 > C - 1 = 3: skipped runs
     "square": lambda: make_square(pool_apply, n_queries=4),
 }

@@ -14,7 +14,7 @@ import jax
 import numpy as np
 import pytest
 
-from sarjax.attacks import attack_members, fmn, make_apgd, make_joint_pgd, make_pgd, make_square
+from sarjax.attacks import JointPGDStep, PGDStep, attack_members, fmn, make_apgd, make_joint_pgd, make_pgd, make_square
 from sarjax.models.pool import Pool, Stack
 from sarjax.models.zoo import mlp
 from sarjax.sar.settings import SARSettings
@@ -42,7 +42,7 @@ MASK[4] = False  # a sample with no member selected
 EPS = np.linspace(0.05, 0.3, B).astype(np.float32)
 
 ATTACKS = {
-    "joint_pgd": make_joint_pgd(POOL.apply, steps=3, restarts=2),
+    "joint_pgd": make_joint_pgd(POOL.apply, steps=3, step=JointPGDStep(restarts=2)),
     "apgd": make_apgd(POOL.apply, n_iter=3, restarts=2, norm="l2"),
     "square": make_square(POOL.apply, n_queries=6),
 }
@@ -102,7 +102,7 @@ def _same_point(a, b, err_msg=""):
 )
 def test_member_mode_follows_sample_ids():
     # attack_members: member m, sample b draws fold_in(fold_in(fold_in(key, stack), m), sample_ids[b])
-    kw = dict(eps=0.2, steps=2, restarts=1)
+    kw = dict(eps=0.2, steps=2, step=PGDStep(restarts=1))
     whole = attack_members(POOL, make_pgd, X, Y[:, 0], key=KEY, **kw)
     part = attack_members(POOL, make_pgd, X[5:], Y[5:, 0], key=KEY, sample_ids=np.arange(5, B), **kw)
     np.testing.assert_array_equal(np.asarray(part.x_adv), np.asarray(whole.x_adv)[5:])
@@ -124,7 +124,7 @@ def test_minimum_norm_attacks_follow_sample_ids():
     assert not np.array_equal(np.asarray(by_position.x_adv), np.asarray(whole.x_adv)[5:])
 
 
-_SAR_ATTACK = make_joint_pgd(POOL.apply, eps=0.3, steps=3, restarts=1)
+_SAR_ATTACK = make_joint_pgd(POOL.apply, eps=0.3, steps=3, step=JointPGDStep(restarts=1))
 
 
 def test_run_sar_per_sample_result_independent_of_chunks_and_subsets():
@@ -143,14 +143,14 @@ def test_sharded_padded_reversed_batches_match_one_device_on_8_fake_devices(run_
     """7 samples on a (2 pool x 4 data) mesh: padded to 8, in reversed order with reversed ids, and
     3 of them alone (padded to 4): each sample's result equals the one-device whole-batch run."""
     run_on_fake_devices("""
-        from sarjax.attacks import make_joint_pgd
+        from sarjax.attacks import JointPGDStep, make_joint_pgd
         from sarjax.models.sharding import ShardedPool, make_mesh
         pool = Pool([stack(zoo.mlp((16,)), 0, 3)])
         x = np.random.default_rng(0).random((7, 28, 28, 1)).astype(np.float32)
         y = np.asarray(pool.predict(x))[0]
         eps = np.linspace(0.05, 0.15, 7).astype(np.float32)
         key = jax.random.PRNGKey(3)
-        kw = dict(eps=0.1, steps=3, restarts=2)
+        kw = dict(eps=0.1, steps=3, step=JointPGDStep(restarts=2))
         ref = make_joint_pgd(pool.apply, **kw)(pool.params, x, y, key=key, eps=eps)
         sp = ShardedPool(pool, make_mesh(2, 4))
         atk = make_joint_pgd(sp.apply, **kw)

@@ -438,7 +438,7 @@ def test_autoattack_validates_inputs(small):
 
 
 def test_chained_rounds_grow_past_eps_bounded_never(small):
-    from sarjax.attacks import make_pgd, make_rounds
+    from sarjax.attacks import PGDStep, make_pgd, make_rounds
     from sarjax.attacks.rounds import chained_rounds
 
     params, x, y = small
@@ -448,12 +448,12 @@ def test_chained_rounds_grow_past_eps_bounded_never(small):
     pb = {"W": jnp.asarray(np.stack([w, -w], 1) / 8, jnp.float32), "b": jnp.zeros(2)}
     yb = np.asarray(jnp.argmax(linear(pb, x), 1)).astype(np.int32)
     eps = 0.02
-    pgd = make_pgd(linear, norm="linf", steps=5, rel_step=0.5, audit=False)
+    pgd = make_pgd(linear, norm="linf", steps=5, step=PGDStep(rel_step=0.5), audit=False)
     xs = chained_rounds(pgd, params=pb, x0=x, y=yb, key=jax.random.PRNGKey(0), eps=eps, rounds=3)
     dist = [float(np.abs(np.asarray(xr) - np.asarray(x)).max()) for xr in xs]
     assert dist[0] <= eps * (1 + 1e-6)
     assert dist[1] > 1.5 * eps and dist[2] > 2.5 * eps, dist
-    bounded = make_rounds(make_pgd(linear, norm="linf", steps=5, rel_step=0.5), 3, norm="linf")
+    bounded = make_rounds(make_pgd(linear, norm="linf", steps=5, step=PGDStep(rel_step=0.5)), 3, norm="linf")
     res = bounded(pb, x, yb, key=jax.random.PRNGKey(0), eps=eps)
     for xr in (res.x_adv, res.best_x):
         assert float(np.abs(np.asarray(xr) - np.asarray(x)).max()) <= eps * (1 + 1e-6)

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sarjax.attacks.core import protocol as P
-from sarjax.attacks.joint import make_joint_pgd
+from sarjax.attacks.joint import JointPGDStep, make_joint_pgd
 from sarjax.models import zoo
 from sarjax.models.pool import Pool, Stack
 
@@ -62,7 +62,7 @@ def test_audited_entry_equals_the_in_kernel_prepare_and_compiles_once():
     x0 = _x()
     ref = jnp.argmax(pool.logits(x0), -1).T.astype(jnp.int32)
     mask = jnp.ones((B, M), jnp.float32).at[0, 1].set(0.0)
-    atk = make_joint_pgd(pool.apply, eps=0.1, steps=4, restarts=2)
+    atk = make_joint_pgd(pool.apply, eps=0.1, steps=4, step=JointPGDStep(restarts=2))
     key = jax.random.key(3)
     prob = atk.problem(pool.params, x0, ref, key=key, mask=mask)
     by_hand = P.run_jit(atk.attack, pool.params, prob)  # the pool prepared inside the kernel
@@ -84,7 +84,7 @@ def test_audited_entry_equals_the_in_kernel_prepare_and_compiles_once():
 
 def test_prepare_outside_leaves_unpreparable_or_unstable_applies_alone():
     pool = _pool()
-    plain = make_joint_pgd(lambda p, x: pool.apply(p, x), eps=0.1, steps=2, restarts=1)
+    plain = make_joint_pgd(lambda p, x: pool.apply(p, x), eps=0.1, steps=2, step=JointPGDStep(restarts=1))
     pp = pool.params
     attack, params = P.prepare_outside(plain.attack, pp)
     assert attack is plain.attack and params is pp
@@ -100,13 +100,13 @@ def test_prepare_outside_leaves_unpreparable_or_unstable_applies_alone():
             fn, prep = self.pool.prepare_apply(params)
             return (lambda q, x: fn(q, x)), prep
 
-    fresh = make_joint_pgd(Fresh(pool).apply, eps=0.1, steps=2, restarts=1)
+    fresh = make_joint_pgd(Fresh(pool).apply, eps=0.1, steps=2, step=JointPGDStep(restarts=1))
     pp = pool.params
     attack, params = P.prepare_outside(fresh.attack, pp)
     assert attack is fresh.attack and params is pp  # prepared inside the kernel instead
 
     # traced params (an attack inside a user's jit): nothing is prepared outside
-    atk = make_joint_pgd(pool.apply, eps=0.1, steps=2, restarts=1)
+    atk = make_joint_pgd(pool.apply, eps=0.1, steps=2, step=JointPGDStep(restarts=1))
 
     def probe(p):
         a, q = P.prepare_outside(atk.attack, p)

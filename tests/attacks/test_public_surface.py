@@ -33,7 +33,7 @@ IMAGE_ENTRIES = {
     "mifgsm": lambda: A.make_mifgsm(pool_apply, eps=0.05, steps=2),
     "apgd": lambda: A.make_apgd(pool_apply, eps=0.05, n_iter=2),
     "apgd_t": lambda: A.make_apgd_t(pool_apply, eps=0.05, n_iter=2, n_targets=1),
-    "joint_pgd": lambda: A.make_joint_pgd(pool_apply, eps=0.05, steps=2, restarts=1),
+    "joint_pgd": lambda: A.make_joint_pgd(pool_apply, eps=0.05, steps=2, step=A.JointPGDStep(restarts=1)),
     "fmn": lambda: A.make_fmn(pool_apply, norm="linf", max_queries=20),
     "ddn": lambda: A.make_ddn(pool_apply, max_queries=20),
     "rounds": lambda: A.make_rounds(A.make_pgd(pool_apply, eps=0.05, steps=2), 2, norm="linf"),

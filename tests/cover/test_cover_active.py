@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sarjax.attacks.joint import make_joint_pgd
+from sarjax.attacks.joint import JointPGDStep, make_joint_pgd
 from sarjax.models.pool import Pool, Stack
 from sarjax.models.zoo import mlp
 from sarjax.sar import SARSettings, default_sar_attack
@@ -83,7 +83,9 @@ _ROUND_LOGS = (
 
 
 def test_packed_oracle_calls_small_batches_and_fills_the_rest():
-    attack = make_joint_pgd(POOL.apply, eps=0.3, steps=4, restarts=1)  # run_sar's unpacked kernel (shared)
+    attack = make_joint_pgd(
+        POOL.apply, eps=0.3, steps=4, step=JointPGDStep(restarts=1)
+    )  # run_sar's unpacked kernel (shared)
     sizes = []
 
     def spy(params, x0, ref, *, key, mask=None, **kw):

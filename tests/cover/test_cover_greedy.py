@@ -8,6 +8,7 @@ import pytest
 
 from sarjax.cover import (
     Candidates,
+    GreedySettings,
     SARResult,
     SetSystemOracle,
     brute_force_partial_cover,
@@ -161,7 +162,7 @@ def test_infeasible_returns_one_and_marks_unbreakable():
     sets[0, 1, [2]] = True
     sets[0, 2, [1, 2]] = True  # members 3, 4, 5 are unbreakable
     oracle = SetSystemOracle(sets)
-    res = greedy_sar(oracle.joint, oracle.single, np.zeros((1, m), bool), [0.0, 0.5], stop_when_unreachable=False)
+    res = greedy_sar(oracle.joint, oracle.single, np.zeros((1, m), bool), [0.0, 0.5], settings=GreedySettings(stop_when_unreachable=False))
     assert res.sar[0, 0] == 1.0 and not res.reached[0, 0]
     assert res.k_hat[0, 1] == 2 and res.sar[0, 1] == 2 / 6
     assert res.unbreakable[0].tolist() == [False] * 3 + [True] * 3
@@ -189,7 +190,7 @@ def test_fallback_path_against_reference():
     sets, visible = _random_systems(7, 10, 7, 9, p=0.3, hide=0.5)
     oracle = SetSystemOracle(sets, joint_visible=visible)
     deltas = [0.0, 1 / 3]
-    res = greedy_sar(oracle.joint, oracle.single, np.zeros((10, 9), bool), deltas, stop_when_unreachable=False)
+    res = greedy_sar(oracle.joint, oracle.single, np.zeros((10, 9), bool), deltas, settings=GreedySettings(stop_when_unreachable=False))
     assert res.fallback_fired.sum() >= 3
     assert res.fallback_success.any()  # a fallback that found an input
     assert res.unbreakable.any()
@@ -218,7 +219,7 @@ def test_fallback_target_is_highest_joint_objective():
         cov = np.zeros((len(target), 4), bool)
         return Candidates(np.zeros((len(target), 1)), cov, np.ones(len(target), int), np.zeros((len(target), 4)))
 
-    res = greedy_sar(joint, single, np.zeros((1, 4), bool), [0.0], stop_when_unreachable=False)
+    res = greedy_sar(joint, single, np.zeros((1, 4), bool), [0.0], settings=GreedySettings(stop_when_unreachable=False))
     # Member 1 (objective 9) first, then 2, 0, and the NaN member 3 last.
     assert [c[0] for c in calls] == [1, 2, 0, 3]
     assert res.unbreakable.all() and res.sar[0, 0] == 1.0
@@ -249,11 +250,11 @@ def test_one_run_equals_separate_runs_per_delta():
     deltas = [0.5, 0.0, 0.15, 0.3]  # unsorted on purpose
     for stop in (True, False):
         o = SetSystemOracle(sets, joint_visible=visible)
-        joint_run = greedy_sar(o.joint, o.single, clean, deltas, stop_when_unreachable=stop)
+        joint_run = greedy_sar(o.joint, o.single, clean, deltas, settings=GreedySettings(stop_when_unreachable=stop))
         sep_queries = []
         for j, d in enumerate(deltas):
             o1 = SetSystemOracle(sets, joint_visible=visible)
-            sep = greedy_sar(o1.joint, o1.single, clean, [d], stop_when_unreachable=stop)
+            sep = greedy_sar(o1.joint, o1.single, clean, [d], settings=GreedySettings(stop_when_unreachable=stop))
             sep_queries.append(sep.queries)
             np.testing.assert_array_equal(joint_run.sar[:, j], sep.sar[:, 0])
             np.testing.assert_array_equal(joint_run.k_hat[:, j], sep.k_hat[:, 0])
@@ -276,7 +277,7 @@ def test_stop_when_unreachable_keeps_sar_and_saves_queries():
     o1 = SetSystemOracle(sets, joint_visible=visible)
     o2 = SetSystemOracle(sets, joint_visible=visible)
     early = greedy_sar(o1.joint, o1.single, np.zeros((10, 8), bool), [0.0, 0.25])
-    literal = greedy_sar(o2.joint, o2.single, np.zeros((10, 8), bool), [0.0, 0.25], stop_when_unreachable=False)
+    literal = greedy_sar(o2.joint, o2.single, np.zeros((10, 8), bool), [0.0, 0.25], settings=GreedySettings(stop_when_unreachable=False))
     np.testing.assert_array_equal(early.sar, literal.sar)
     assert (early.queries <= literal.queries).all()
     assert early.queries.sum() < literal.queries.sum()
@@ -289,7 +290,7 @@ def test_shared_weakness_sar_is_one_over_m():
     sets[:, 2, :] = True  # one input breaks every member
     sets[:, 3, [5]] = True
     oracle = SetSystemOracle(sets)
-    res = greedy_sar(oracle.joint, oracle.single, np.zeros((3, m), bool), [0.0, 0.3, 0.6], progress=True)
+    res = greedy_sar(oracle.joint, oracle.single, np.zeros((3, m), bool), [0.0, 0.3, 0.6], settings=GreedySettings(progress=True))
     np.testing.assert_array_equal(res.sar, np.full((3, 3), 1 / m))
     assert res.num_rounds == 1
 
@@ -329,7 +330,7 @@ def test_clean_broken_members_are_free_and_reported():
     assert res.clean_broken[0, :2].all() and res.covered[0].all()
     assert (res.covered_round[0, :2] == -1).all()
     res2 = greedy_sar(
-        SetSystemOracle(sets).joint, SetSystemOracle(sets).single, clean, [0.0, 0.6], count_clean_input=True
+        SetSystemOracle(sets).joint, SetSystemOracle(sets).single, clean, [0.0, 0.6], settings=GreedySettings(count_clean_input=True)
     )
     assert res2.k_hat[0].tolist() == [2, 1] and res2.k_hat[1].tolist() == [2, 1]
     check = exact_check(res2)
@@ -374,9 +375,9 @@ def test_resume_equals_uninterrupted(tmp_path):
         return oracle.joint(unc, r)
 
     with pytest.raises(_Crash):
-        greedy_sar(crashing, oracle.single, np.zeros((6, 9), bool), deltas, checkpoint_dir=tmp_path)
+        greedy_sar(crashing, oracle.single, np.zeros((6, 9), bool), deltas, settings=GreedySettings(checkpoint_dir=tmp_path))
     fresh = SetSystemOracle(sets, joint_visible=visible)
-    resumed = greedy_sar(fresh.joint, fresh.single, np.zeros((6, 9), bool), deltas, checkpoint_dir=tmp_path)
+    resumed = greedy_sar(fresh.joint, fresh.single, np.zeros((6, 9), bool), deltas, settings=GreedySettings(checkpoint_dir=tmp_path))
     assert fresh.joint_calls[0] == 2  # rounds 0 and 1 were not redone
     for name in (
         "sar",
@@ -392,12 +393,12 @@ def test_resume_equals_uninterrupted(tmp_path):
         np.testing.assert_array_equal(getattr(resumed, name), getattr(full, name), err_msg=name)
     # A finished run resumes to the same result without attacking again.
     idle = SetSystemOracle(sets, joint_visible=visible)
-    done = greedy_sar(idle.joint, idle.single, np.zeros((6, 9), bool), deltas, checkpoint_dir=tmp_path, progress=True)
+    done = greedy_sar(idle.joint, idle.single, np.zeros((6, 9), bool), deltas, settings=GreedySettings(checkpoint_dir=tmp_path, progress=True))
     assert idle.joint_calls == [] and idle.single_calls == []
     np.testing.assert_array_equal(done.sar, full.sar)
     np.testing.assert_array_equal(done.inputs, full.inputs)
     with pytest.raises(ValueError, match="configuration"):
-        greedy_sar(fresh.joint, fresh.single, np.zeros((6, 9), bool), [0.1], checkpoint_dir=tmp_path)
+        greedy_sar(fresh.joint, fresh.single, np.zeros((6, 9), bool), [0.1], settings=GreedySettings(checkpoint_dir=tmp_path))
 
 
 def _oracle_pair(sets, visible):
@@ -466,7 +467,7 @@ def test_fallback_succeeds_only_if_it_breaks_its_target():
         cov[0, (target[0] + 1) % m] = True
         return Candidates(np.zeros((1, 1)), cov, np.ones(1, int), np.zeros((1, m)))
 
-    res = greedy_sar(joint, single, np.zeros((1, m), bool), [0.0], stop_when_unreachable=False)
+    res = greedy_sar(joint, single, np.zeros((1, m), bool), [0.0], settings=GreedySettings(stop_when_unreachable=False))
     assert res.unbreakable.all() and not res.recorded.any() and res.sar[0, 0] == 1.0
     assert res.fallback_target[:, 0].tolist() == [0, 1, 2, 3]
 
@@ -509,7 +510,7 @@ def test_coverage_curve_determines_sar_and_plot(tmp_path):
     sets, visible = _random_systems(43, 8, 6, 9, p=0.3, hide=0.4)
     clean = np.random.default_rng(8).random((8, 9)) < 0.1
     deltas = [0.0, 0.2, 0.5]
-    res = greedy_sar(*_oracle_pair(sets, visible), clean, deltas, stop_when_unreachable=False)
+    res = greedy_sar(*_oracle_pair(sets, visible), clean, deltas, settings=GreedySettings(stop_when_unreachable=False))
     curve = res.coverage_curve()
     assert (np.diff(curve, axis=1) >= 0).all()
     np.testing.assert_array_equal(curve[:, 0], clean.sum(axis=1))
@@ -577,7 +578,7 @@ def test_greedy_progress_goes_through_sarjax_progress(monkeypatch, progress):
     sets[:, 0, [0, 1]] = True
     sets[:, 2, :] = True
     oracle = SetSystemOracle(sets)
-    greedy_sar(oracle.joint, oracle.single, np.zeros((3, m), bool), [0.0], progress=progress)
+    greedy_sar(oracle.joint, oracle.single, np.zeros((3, m), bool), [0.0], settings=GreedySettings(progress=progress))
     assert calls[0] == ("enabled", progress)
     assert calls[1] == ("add", "SAR greedy", {"total": m, "completed": 0})
     assert calls[-1] == ("closed",)

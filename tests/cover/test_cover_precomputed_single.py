@@ -3,9 +3,9 @@
 import jax
 import numpy as np
 
-from sarjax.attacks.joint import make_joint_pgd
+from sarjax.attacks.joint import JointPGDStep, make_joint_pgd
 from sarjax.attacks.members import attack_members
-from sarjax.attacks.pgd import make_pgd
+from sarjax.attacks.pgd import PGDStep, make_pgd
 from sarjax.models.pool import Pool, Stack
 from sarjax.models.zoo import mlp
 from sarjax.sar.vision import precomputed_single, run_sar
@@ -44,8 +44,10 @@ def test_run_sar_with_member_attacks_marks_individually_robust_members_unbreakab
     x = np.random.default_rng(2).random((4, 4, 4, 1), dtype=np.float32)
     clean = pool.predict(x)
     eps = 0.15
-    single = attack_members(pool, make_pgd, x, clean.T, key=jax.random.PRNGKey(0), eps=eps, steps=5, restarts=1)
-    att = make_joint_pgd(pool.apply, eps=eps, steps=5, restarts=1)
+    single = attack_members(
+        pool, make_pgd, x, clean.T, key=jax.random.PRNGKey(0), eps=eps, steps=5, step=PGDStep(restarts=1)
+    )
+    att = make_joint_pgd(pool.apply, eps=eps, steps=5, step=JointPGDStep(restarts=1))
     res = run_sar(
         pool,
         x,

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from sarjax.cover import SARResult, SetSystemOracle, concat_results, coverage_target, greedy_sar
+from sarjax.cover import GreedySettings, SARResult, SetSystemOracle, concat_results, coverage_target, greedy_sar
 from sarjax.cover.result import mean_and_se
 
 
@@ -53,7 +53,7 @@ def _systems(seed, b, n, m, p, hide):
 
 def _run(sets, visible, clean, deltas, stop):
     o = SetSystemOracle(sets, joint_visible=visible)
-    return greedy_sar(o.joint, o.single, clean, deltas, stop_when_unreachable=stop)
+    return greedy_sar(o.joint, o.single, clean, deltas, settings=GreedySettings(stop_when_unreachable=stop))
 
 
 def test_known_answer_with_unbreakable_members():
@@ -167,7 +167,7 @@ def test_count_clean_input_and_padding():
     clean[:, 0] = True
     valid = np.array([True, True, False])
     o = SetSystemOracle(sets)
-    res = greedy_sar(o.joint, o.single, clean, [0.0], valid=valid, count_clean_input=True)
+    res = greedy_sar(o.joint, o.single, clean, [0.0], valid=valid, settings=GreedySettings(count_clean_input=True))
     # Clean input (1) + {1} (1) cover 2 of 4; two singletons: 4.
     assert res.k_singleton[:2, 0].tolist() == [4, 4]
     assert res.k_singleton[2, 0] == -1 and np.isnan(res.sar_singleton[2, 0])

@@ -8,7 +8,7 @@ from sarjax.cover import SARResult, greedy_sar
 
 pytest.importorskip("sarjax.attacks.joint")
 
-from sarjax.attacks.joint import make_joint_pgd  # noqa: E402
+from sarjax.attacks.joint import JointPGDStep, make_joint_pgd  # noqa: E402
 from sarjax.models.pool import Pool, Stack  # noqa: E402
 from sarjax.models.zoo import mlp  # noqa: E402
 from sarjax.sar import SARSettings  # noqa: E402
@@ -42,7 +42,7 @@ def _counting_apply(params, xs):  # the Python body runs only while jax traces
 
 # One compiled joint PGD for every 3-member pool of ARCH in this file (params are
 # arguments); every greedy below runs batches of 4 so the kernel compiles once.
-_ATTACK3 = make_joint_pgd(_counting_apply, eps=0.5, steps=5, restarts=1)
+_ATTACK3 = make_joint_pgd(_counting_apply, eps=0.5, steps=5, step=JointPGDStep(restarts=1))
 
 
 def _images(b, seed=1):

@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from sarjax.cover import SetSystemOracle, greedy_sar
+from sarjax.cover import GreedySettings, SetSystemOracle, greedy_sar
 from sarjax.cover.result import rederive
 from sarjax.runtime.fingerprint import (
     FINGERPRINT_FILE,
@@ -18,7 +18,7 @@ from sarjax.runtime.fingerprint import (
 
 pytest.importorskip("sarjax.attacks.joint")
 
-from sarjax.attacks.joint import make_joint_pgd
+from sarjax.attacks.joint import JointPGDStep, make_joint_pgd
 from sarjax.models.pool import Pool, Stack
 from sarjax.models.zoo import mlp
 from sarjax.sar import SARSettings
@@ -37,7 +37,9 @@ def _pool(m=3, seed=0):
 
 
 POOL = _pool()
-ATTACK = make_joint_pgd(POOL.apply, steps=3, restarts=1)  # eps is a call argument: one kernel for the file
+ATTACK = make_joint_pgd(
+    POOL.apply, steps=3, step=JointPGDStep(restarts=1)
+)  # eps is a call argument: one kernel for the file
 K0 = jax.random.PRNGKey(0)
 X = np.random.default_rng(3).random((4, 4, 4, 1), dtype=np.float32)
 
@@ -178,7 +180,7 @@ def test_rederive_known_answer():
 
     def run(deltas, **kw):
         o = SetSystemOracle(sets)
-        return greedy_sar(o.joint, o.single, none, deltas, **kw)
+        return greedy_sar(o.joint, o.single, none, deltas, settings=GreedySettings(**kw))
 
     full = run([0.0])  # tau=4: {0}, {1}, fallback on 2 fails; 2 covered + 1 left < 4: stop
     assert full.sar.tolist() == [[1.0]] and full.unbreakable[0].tolist() == [False, False, True, False]
@@ -233,6 +235,8 @@ def test_attack_rejects_a_wrong_input_shape_before_tracing():
     for x in (wrong, X[..., 0]):
         with pytest.raises(ValueError, match=re.escape(f"x0 must have shape [B, 4, 4, 1], got {list(x.shape)}")):
             ATTACK(POOL.params, x, ref, key=jax.random.PRNGKey(0), mask=np.ones((4, 3), np.float32), eps=0.1)
-    bare = make_joint_pgd(lambda p, x: POOL.apply(p, x), steps=1, restarts=1)  # no input_shape to compare
+    bare = make_joint_pgd(
+        lambda p, x: POOL.apply(p, x), steps=1, step=JointPGDStep(restarts=1)
+    )  # no input_shape to compare
     with pytest.raises(ValueError, match=r"the model cannot take x0 of shape \[4, 5, 5, 1\].*dot_general"):
         bare(POOL.params, wrong, ref, key=jax.random.PRNGKey(0), mask=np.ones((4, 3), np.float32), eps=0.1)

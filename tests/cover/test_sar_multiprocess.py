@@ -121,7 +121,7 @@ def test_packed_parts_come_back_and_concatenate_like_chunks():
     # allgather_parts ships each process's result as bytes and concatenates them in process order:
     # the same as run_sar's own chunks. Known answer: run_sar on the whole batch (in chunks of 2,
     # the parts' size: one compiled kernel for the test).
-    from sarjax.attacks.joint import make_joint_pgd
+    from sarjax.attacks.joint import JointPGDStep, make_joint_pgd
     from sarjax.cover.result import concat_results
     from sarjax.sar.distributed import _pack, _unpack, run_sar_across_processes
     from sarjax.sar.settings import SARSettings
@@ -133,7 +133,7 @@ def test_packed_parts_come_back_and_concatenate_like_chunks():
     params = jax.tree.map(lambda s: rng.standard_normal(s.shape).astype(np.float32), shapes)
     pool = Pool([Stack(arch, params, ("a", "b", "c"))])
     x = rng.random((4, 4, 4, 1), dtype=np.float32)
-    kw = dict(key=jax.random.key(1), attack=make_joint_pgd(pool.apply, steps=2, restarts=1))
+    kw = dict(key=jax.random.key(1), attack=make_joint_pgd(pool.apply, steps=2, step=JointPGDStep(restarts=1)))
     whole = run_sar(pool, x, 0.3, [0.0, 0.5], settings=SARSettings(chunk_size=2), **kw)
     assert whole.covered.any() and whole.num_rounds >= 2
     one = run_sar_across_processes(

@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from sarjax.attacks.joint import make_joint_pgd
+from sarjax.attacks.joint import JointPGDStep, make_joint_pgd
 from sarjax.models.pool import Pool, Stack
 from sarjax.models.zoo import mlp
 from sarjax.runtime.fingerprint import FINGERPRINT_FILE, FingerprintMismatch
@@ -56,7 +56,14 @@ def test_pipelines_take_at_most_ten_parameters_and_a_required_key():
 def test_default_attack_is_table_1_joint_pgd_bit_for_bit():
     # Known answer: run_sar's default is make_joint_pgd(pool.apply, steps=40, restarts=3) (the SAR
     # paper, Table 1), the attack the old run_sar built when given none.
-    want = run_sar(POOL, X, 0.3, [0.0, 0.5], key=KEY, attack=make_joint_pgd(POOL.apply, eps=0.3, steps=40, restarts=3))
+    want = run_sar(
+        POOL,
+        X,
+        0.3,
+        [0.0, 0.5],
+        key=KEY,
+        attack=make_joint_pgd(POOL.apply, eps=0.3, steps=40, step=JointPGDStep(restarts=3)),
+    )
     got = run_sar(POOL, X, 0.3, [0.0, 0.5], key=KEY)
     assert want.covered.any()
     _assert_same(want, got)
@@ -72,7 +79,7 @@ def test_fingerprint_records_the_default_attacks_hyperparameters(tmp_path):
     with pytest.raises(FingerprintMismatch, match=r"steps=2, this run has steps=3"):
         run_sar(POOL, X, 0.3, [0.0], key=KEY, attack=other, settings=SARSettings(checkpoint_dir=tmp_path))
     # ... and an attack built elsewhere is "custom" (its hyperparameters are unknown).
-    custom = make_joint_pgd(POOL.apply, steps=2, restarts=1, step_size=0.05)
+    custom = make_joint_pgd(POOL.apply, steps=2, step=JointPGDStep(restarts=1, step_size=0.05))
     with pytest.raises(FingerprintMismatch, match=r"written with attack=joint_pgd, .*this run has attack=custom"):
         run_sar(POOL, X, 0.3, [0.0], key=KEY, attack=custom, settings=SARSettings(checkpoint_dir=tmp_path))
     again = run_sar(POOL, X, 0.3, [0.0], key=KEY, attack=attack, settings=SARSettings(checkpoint_dir=tmp_path))

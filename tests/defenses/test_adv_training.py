@@ -17,12 +17,12 @@ import numpy as np
 import optax
 import pytest
 
-from sarjax.attacks import make_apgd, make_pgd
+from sarjax.attacks import PGDStep, make_apgd, make_pgd
 from sarjax.data.mnist import load_mnist
 from sarjax.defenses import make_kl_attack, make_objective, objective_spec, pgd_at, trades
 from sarjax.models import zoo
 from sarjax.models.pool import Pool, Stack
-from sarjax.models.train import MemberConfig, TrainConfig, cross_entropy, train_pool, train_stack
+from sarjax.models.train import MemberConfig, TrainConfig, TrainMonitor, cross_entropy, train_pool, train_stack
 
 FULL = os.environ.get("SARJAX_ADV_TRAINING_FULL", "") == "1"
 EPS = 0.1
@@ -151,7 +151,7 @@ def test_pgd_at_perturbation_is_pgd_and_trades_kl_ascends(mnist):
     key = jax.random.key(7)
     obj = pgd_at(eps=EPS, steps=5)
     ours = obj.perturb(arch.apply, p, x, labels, key, EPS)
-    ref = make_pgd(arch.apply, eps=EPS, steps=5, rel_step=0.25, restarts=1)(p, x, labels, key=key)
+    ref = make_pgd(arch.apply, eps=EPS, steps=5, step=PGDStep(rel_step=0.25, restarts=1))(p, x, labels, key=key)
     np.testing.assert_array_equal(np.asarray(ours), np.asarray(ref.x_adv))
 
     for norm, eps in (("linf", EPS), ("l2", 1.0)):
@@ -237,7 +237,7 @@ def test_pgd_at_trainer_fused_equals_xla(mnist):
     arch = zoo.cnn((4, 8), dense=16, conv_impl="fused")
     kw = dict(
         config=TrainConfig(epochs=1, batch_size=40, patience=0, val_fraction=0.2),
-        progress=False,
+        monitor=TrainMonitor(progress=False),
         objective=pgd_at(eps=EPS, steps=3),
         objective_hp={"eps": [EPS, 0.05]},
     )
@@ -301,7 +301,7 @@ def test_trainer_rejects_bad_objective_hp(mnist):
     arch = zoo.mlp((8,))
     x, y = mnist.x_train[:40], mnist.y_train[:40]
     cfgs = [MemberConfig(seed=0), MemberConfig(seed=1), MemberConfig(seed=2)]
-    kw = dict(config=TrainConfig(epochs=1, batch_size=20), progress=False)
+    kw = dict(config=TrainConfig(epochs=1, batch_size=20), monitor=TrainMonitor(progress=False))
     with pytest.raises(ValueError, match=r"takes hyperparameters \['eps'\]; got unknown \['beta'\]"):
         train_stack(arch, cfgs, x, y, objective=pgd_at(eps=0.1), objective_hp={"beta": 1.0}, **kw)
     with pytest.raises(ValueError, match=r"one value per member \(3 members\), got shape \[2\]"):
@@ -316,7 +316,13 @@ def test_trainer_rejects_bad_objective_hp(mnist):
         train_stack(arch, cfgs, x, y, objective="pgd-at", **kw)
     with pytest.raises(ValueError, match=r"one value per member \(2 members\)"):
         train_pool(
-            [(arch, c) for c in cfgs[:2]], x, y, objective=pgd_at(eps=0.1), objective_hp={"eps": [0.1] * 3}, **kw
+            [(arch, c) for c in cfgs[:2]],
+            x,
+            y,
+            config=kw["config"],
+            progress=False,
+            objective=pgd_at(eps=0.1),
+            objective_hp={"eps": [0.1] * 3},
         )
 
 
@@ -332,7 +338,7 @@ def _train_seed0(arch, mnist, members: int, epochs: int, **objective):
         mnist.x_train,
         mnist.y_train,
         config=TrainConfig(epochs=epochs, batch_size=50, patience=0),
-        progress=False,
+        monitor=TrainMonitor(progress=False),
         **objective,
     )
     return stack

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sarjax.attacks.joint import make_joint_pgd
+from sarjax.attacks.joint import JointPGDStep, make_joint_pgd
 from sarjax.models import fused, zoo
 from sarjax.models.pool import Pool, Stack
 
@@ -128,7 +128,7 @@ def test_fused_joint_pgd_matches_xla_pool():
     ref = jnp.argmax(pools["xla"].logits(x), -1).T.astype(jnp.int32)  # [B, M]
     out = {}
     for impl, pool in pools.items():
-        atk = make_joint_pgd(pool.apply, eps=0.1, steps=4, restarts=1)
+        atk = make_joint_pgd(pool.apply, eps=0.1, steps=4, step=JointPGDStep(restarts=1))
         out[impl] = atk(pool.params, x, ref, key=jax.random.key(0), mask=jnp.ones((6, 3)))
     a, b = out["xla"], out["fused"]
     # identical up to float32 near-ties in a pooling window (a sign flip moves a pixel by 2*alpha)

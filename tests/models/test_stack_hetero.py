@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from _flax_nets import SHAPE, LinenCNN, linen_variables, nnx_member, zoo_params
 
-from sarjax.attacks.joint import make_joint_pgd
+from sarjax.attacks.joint import JointPGDStep, make_joint_pgd
 from sarjax.attacks.members import attack_members
 from sarjax.attacks.pgd import make_pgd
 from sarjax.models import zoo
@@ -30,7 +30,7 @@ def hetero():
     nx = Pool.from_nnx([nnx_member(s, hidden=4) for s in (3, 4)], ["n0", "n1"], input_shape=SHAPE)
     pool = Pool.concat(Pool([zc, twin]), lin, nx)
     x = np.random.default_rng(0).random((B, *SHAPE), dtype=np.float32)
-    attack = make_joint_pgd(pool.apply, eps=EPS, steps=4, restarts=1)
+    attack = make_joint_pgd(pool.apply, eps=EPS, steps=4, step=JointPGDStep(restarts=1))
     return pool, x, attack
 
 

@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 from _flax_nets import CLASSES, SHAPE, LinenCNN, linen_variables, nnx_member
 from _torch_nets import Normalized, SmallCNN, TinyResNet, randomize_bn, whiten_head
 
-from sarjax.attacks.joint import make_joint_pgd
+from sarjax.attacks.joint import JointPGDStep, make_joint_pgd
 from sarjax.models import zoo
 from sarjax.models.pool import Pool, Stack
 from sarjax.models.torch_convert import TorchStack
@@ -85,7 +85,7 @@ def test_heterogeneous_pool_joint_pgd_and_sar(torch_pool):
     torch_members = [mods[0], mods[2], mods[1], mods[3]]  # tpool's member order
     x = np.random.default_rng(1).random((6, *SHAPE), dtype=np.float32)
     clean = np.argmax(np.asarray(pool.logits(x)), -1)  # [M, B]
-    attack = make_joint_pgd(pool.apply, eps=0.3, steps=5, restarts=1)
+    attack = make_joint_pgd(pool.apply, eps=0.3, steps=5, step=JointPGDStep(restarts=1))
     res = attack(pool.params, jnp.asarray(x), jnp.asarray(clean.T, jnp.int32), key=jax.random.key(1))
     assert res.success.shape == (6, m)
     # the torch members' success flags are what PyTorch itself predicts at x_adv

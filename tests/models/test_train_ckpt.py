@@ -12,7 +12,15 @@ from sarjax.models import zoo
 from sarjax.models.checkpoint import CheckpointError, load_pool, save_pool
 from sarjax.models.pool import Pool, Stack
 from sarjax.models.presets import preset_members, preset_names
-from sarjax.models.train import MemberConfig, TrainConfig, _member_order, teacher_targets, train_pool, train_stack
+from sarjax.models.train import (
+    MemberConfig,
+    TrainConfig,
+    TrainMonitor,
+    _member_order,
+    teacher_targets,
+    train_pool,
+    train_stack,
+)
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +69,13 @@ def test_early_stopping_masks_updates_and_per_member_lr(mnist):
     init = jax.vmap(arch.init)(jax.random.split(jax.random.key(0), 2))
     x, y = mnist.x_train[:512], mnist.y_train[:512]
     stack, hist = train_stack(
-        arch, cfgs, x, y, config=TrainConfig(epochs=4, patience=1, batch_size=64), init_params=init, progress=False
+        arch,
+        cfgs,
+        x,
+        y,
+        config=TrainConfig(epochs=4, patience=1, batch_size=64),
+        init_params=init,
+        monitor=TrainMonitor(progress=False),
     )
     w0, w1 = np.asarray(init["out"]["w"]), np.asarray(stack.params["out"]["w"])
     assert np.abs(w1[0] - w0[0]).max() > 1e-3
@@ -187,14 +201,14 @@ def test_attacks_on_a_sharded_pool_equal_one_device_on_8_fake_devices():
     single-device x_adv, success and query counts (the padded members are neither reported nor
     charged), with per-sample eps and query caps padded along with the batch."""
     _run_on_8_fake_devices("""
-        from sarjax.attacks import make_joint_pgd, make_square
+        from sarjax.attacks import JointPGDStep, make_joint_pgd, make_square
         from sarjax.models.sharding import ShardedPool, make_mesh
         pool = Pool([stack(zoo.mlp((16,)), 0, 3), stack(zoo.cnn((4, 8), dense=16), 1, 2)])
         x = np.random.default_rng(0).random((7, 28, 28, 1)).astype(np.float32)
         y = np.asarray(pool.predict(x))[0]
         eps = np.linspace(0.05, 0.15, 7).astype(np.float32)
         cap = np.array([10_000] * 6 + [40])         # the last sample stops early
-        cases = [(make_joint_pgd, dict(eps=0.1, steps=4, restarts=2), (2, 4)),
+        cases = [(make_joint_pgd, dict(eps=0.1, steps=4, step=JointPGDStep(restarts=2)), (2, 4)),
                  (make_square, dict(eps=0.1, n_queries=30), (8, 1))]
         for make, kw, (pm, dm) in cases:
             call = dict(eps=eps, max_queries=cap)

@@ -25,7 +25,7 @@ warnings.filterwarnings("ignore")
 sys.path.insert(0, {here!r})
 import torch
 from _torch_nets import WideResNet, randomize_bn
-from sarjax.attacks.joint import make_joint_pgd
+from sarjax.attacks.joint import JointPGDStep, make_joint_pgd
 from sarjax.models.sharding import ShardedPool, make_mesh
 jax.config.update("jax_disable_most_optimizations", True)   # compile-bound tiny shapes
 
@@ -39,7 +39,7 @@ x = np.random.default_rng(0).random((6, 32, 32, 3), dtype=np.float32)
 ref_logits = np.asarray(pool.logits(x))
 scale = float(np.abs(ref_logits).max())
 labels = ref_logits[0].argmax(-1)
-atk = make_joint_pgd(pool.apply, eps=8 / 255, steps=1, restarts=1)
+atk = make_joint_pgd(pool.apply, eps=8 / 255, steps=1, step=JointPGDStep(restarts=1))
 key = jax.random.key(3)
 ref = atk(pool.params, x, labels, key=key)
 worst = 0.0
@@ -51,7 +51,7 @@ for p, d in ((2, 4),):
     err = float(np.abs(lg - ref_logits).max()) / scale
     worst = max(worst, err)
     assert err <= 1e-6, ((p, d), err)
-    got = sp.attack(make_joint_pgd(sp.apply, eps=8 / 255, steps=1, restarts=1), x, labels, key=key)
+    got = sp.attack(make_joint_pgd(sp.apply, eps=8 / 255, steps=1, step=JointPGDStep(restarts=1)), x, labels, key=key)
     np.testing.assert_allclose(np.asarray(got.x_adv), np.asarray(ref.x_adv), rtol=0, atol=1e-6)
     np.testing.assert_array_equal(np.asarray(got.success), np.asarray(ref.success))
     np.testing.assert_array_equal(np.asarray(got.queries), np.asarray(ref.queries))

@@ -187,6 +187,53 @@ def check_step(step_size):
     return float(step_size)
 
 
+def setting_float(
+    owner: str,
+    field: str,
+    v,
+    *,
+    lo: float = 0.0,
+    lo_closed: bool = False,
+    hi: float | None = None,
+    optional: bool = False,
+):
+    """Checks one float field of a settings object on construction: finite, above ``lo`` (or at
+    it when ``lo_closed``) and below ``hi`` (when given); None passes when ``optional``.
+
+    Raises:
+      ValueError: naming ``owner.field`` and the value (a bool, a non-number, or out of range).
+    """
+    if v is None and optional:
+        return
+    rng = f"{'>=' if lo_closed else '>'} {lo:g}" if hi is None else f"in {'[' if lo_closed else '('}{lo:g}, {hi:g})"
+    want = f"a finite float {rng}{' or None' if optional else ''}"
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{owner}.{field} must be {want}, got {type(v).__name__} {v!r}")
+    f = float(v)
+    if not (np.isfinite(f) and (f >= lo if lo_closed else f > lo) and (hi is None or f < hi)):
+        raise ValueError(f"{owner}.{field} must be {want}, got {v!r}")
+
+
+def setting_int(owner: str, field: str, v, minimum: int = 1):
+    """Checks one int field of a settings object on construction (``>= minimum``, not a bool).
+
+    Raises:
+      ValueError: naming ``owner.field`` and the value.
+    """
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v < minimum:
+        raise ValueError(f"{owner}.{field} must be an int >= {minimum}, got {v!r}")
+
+
+def setting_bool(owner: str, field: str, v):
+    """Checks one flag of a settings object on construction.
+
+    Raises:
+      ValueError: naming ``owner.field`` and the value.
+    """
+    if not isinstance(v, (bool, np.bool_)):
+        raise ValueError(f"{owner}.{field} must be a bool, got {type(v).__name__} {v!r}")
+
+
 def check_sample_ids(sample_ids, batch: int, *, name: str | None = None):
     """Validates ``sample_ids`` (``None`` or int ``[B]`` in ``[0, 2**31)``); returns int32 ``[B]``.
 
