@@ -31,7 +31,7 @@ twin and images: the robust accuracy after each of the two stages, to tell whose
 from the reference when sarjax and torchattacks disagree (robust accuracy only, not timed).
 
 l2: sarjax's APGD uses the reference's l2 rule (rescale onto the ball, then clip to the box;
-``make_apgd(projection="reference")``, the default); before, it projected exactly onto the
+``make_apgd(schedule=APGDSchedule(projection="reference"))``, the default); before, it projected exactly onto the
 ball ∩ box, a stronger attack, and disagreed with both peers (docs/autoattack.md). torchattacks
 3.5.1's ``APGDT`` takes the l2 gradient step with ``step_size[0]`` (``apgdt.py``, the L2 branch):
 every row moves with the first row's step size, not its own.
@@ -140,7 +140,7 @@ def _apgd_alone(a, arch, params, tm, x, y, xt, yt) -> dict:
     import torchattacks.attacks.apgdt as ta_apgdt
     from pyautoattack.autopgd_base import APGDAttack, APGDAttack_targeted
 
-    from sarjax.attacks.apgd import make_apgd, make_apgd_t
+    from sarjax.attacks.apgd import APGDSchedule, make_apgd, make_apgd_t
 
     tnorm = {"linf": "Linf", "l2": "L2"}[a.norm]
     idx = np.flatnonzero(_correct(tm, xt, yt))
@@ -184,7 +184,7 @@ def _apgd_alone(a, arch, params, tm, x, y, xt, yt) -> dict:
     x0j, yj = jnp.asarray(x[idx]), jnp.asarray(y[idx])
     for proj in ("reference", "exact"):
         for name, make in (("apgd-ce", make_apgd), ("apgd-t", make_apgd_t)):
-            fn = make(arch.apply, norm=a.norm, eps=a.eps, n_iter=a.iters, projection=proj)
+            fn = make(arch.apply, norm=a.norm, eps=a.eps, n_iter=a.iters, schedule=APGDSchedule(projection=proj))
             out[f"sarjax {name} projection={proj}"] = [
                 int((~np.asarray(fn(params, x0j, yj, key=jax.random.PRNGKey(k)).best_success).reshape(-1)).sum())
                 for k in (a.seed, a.seed + 1)
@@ -199,7 +199,7 @@ def _apgd_alone(a, arch, params, tm, x, y, xt, yt) -> dict:
         start = xs + a.eps * t / t.flatten(1).abs().amax(1).view(-1, 1, 1, 1)
     start = jnp.asarray(start.clamp(0, 1).numpy().transpose(0, 2, 3, 1))
     for proj in ("reference", "exact"):
-        fn = make_apgd(arch.apply, norm=a.norm, eps=a.eps, n_iter=a.iters, projection=proj)
+        fn = make_apgd(arch.apply, norm=a.norm, eps=a.eps, n_iter=a.iters, schedule=APGDSchedule(projection=proj))
         r = ~np.asarray(fn(params, x0j, yj, key=jax.random.PRNGKey(a.seed), x_init=start).best_success).reshape(-1)
         out[f"sarjax apgd-ce projection={proj} from the reference's start"] = int(r.sum())
         out[f"  projection={proj}: images robust for only one of it and the reference (seed {a.seed})"] = int(

@@ -31,7 +31,7 @@ from sarjax.attacks import (  # noqa: E402
     text,
 )
 from sarjax.attacks.alma import make_alma
-from sarjax.attacks.apgd import make_apgd, make_apgd_t
+from sarjax.attacks.apgd import APGDSchedule, make_apgd, make_apgd_t
 from sarjax.attacks.apgd_min import make_apgd_min
 from sarjax.attacks.audit import AuditReport, audit, check
 from sarjax.attacks.autoattack import (
@@ -70,6 +70,7 @@ from sarjax.attacks.text import (
 from sarjax.attacks.threat import Threat, canonical_norm, check_labels
 
 __all__ = [
+    "APGDSchedule",
     "Attack",
     "AttackFn",
     "AttackOutput",

@@ -174,6 +174,48 @@ def checkpoints(n_iter: int) -> list[int]:
     return [math.ceil(p * n_iter - 1e-9) for p in ps if p <= 1.0]
 
 
+class APGDSchedule(NamedTuple):
+    """How :func:`make_apgd` / :func:`make_apgd_t` step and restart: APGD's step-size schedule constants.
+
+    The threat model (``norm``, ``eps``, ``box``), the objective (``loss``, ``targeted``,
+    ``n_targets``), the budget (``n_iter``), the model's randomness (``eot``) and the output check
+    (``audit``) stay arguments of the factories. Every default is AutoAttack's (Croce & Hein, ICML
+    2020, Sec. 3, and the reference code ``autoattack/autopgd_base.py``, ``APGDAttack``).
+
+    Attributes:
+      restarts: runs from random points of the eps-ball of x0, an int >= 1 (AutoAttack's standard
+        version: 1, ``n_restarts=1``); the highest-objective run is returned.
+      rho: the checkpoint condition's threshold, a float (0.75: Croce & Hein 2020, Sec. 3.2,
+        ``rho = 0.75``; ``autopgd_base.py`` ``thr_decr=.75``); linf and l2.
+      momentum: the momentum ``alpha`` (0.75: Croce & Hein 2020, Sec. 3.2, ``alpha = 0.75``;
+        ``autopgd_base.py`` ``alpha = 0.75``); linf and l2 (l1-APGD takes no momentum step).
+      step0: the initial step as a multiple of eps, a float > 0, or None (default): 2 for linf and
+        l2 (Croce & Hein 2020, Sec. 3.2, ``eta^(0) = 2 eps``; ``autopgd_base.py``
+        ``step_size = 2. * eps``) and 1 for l1 (Croce & Hein 2021, "Mind the box", Sec. 3;
+        ``autopgd_base.py`` ``step_size = 1. * eps`` for ``'L1'``).
+      l1_topk: l1 only, the initial share of coordinates in a sparse step, in (0, 1] (0.2:
+        ``autopgd_base.py`` ``topk = .2``, Croce & Hein 2021), adapted at the checkpoints (module
+        docstring).
+      projection: l2 only: ``"reference"`` (default: AutoAttack's ``autopgd_base.py`` rule: rescale
+        onto the ball, then clip to the box, and a random start on the sphere;
+        :func:`project_rescale_clip`) or ``"exact"`` (the Euclidean projection onto the ball ∩ box
+        and a start uniform in the ball: the stronger attack, sarjax's; module docstring). linf
+        and l1 are the same under both.
+
+    The factories check the fields (``ValueError`` / ``TypeError`` naming the field and the value).
+    """
+
+    restarts: int = 1
+    rho: float = 0.75
+    momentum: float = 0.75
+    step0: float | None = None
+    l1_topk: float = L1_TOPK
+    projection: str = "reference"
+
+
+DEFAULT_SCHEDULE = APGDSchedule()  # AutoAttack's (the factories' default schedule)
+
+
 class ApgdConfig(NamedTuple):
     """Static APGD description (hashable; keys the jit cache)."""
 
@@ -501,17 +543,12 @@ def make_apgd(
     norm="linf",
     eps=None,
     n_iter: int = 100,
-    restarts: int = 1,
     loss: str = "ce",
     targeted: bool = False,
-    rho: float = 0.75,
-    momentum: float = 0.75,
-    step0: float | None = None,
-    l1_topk: float = L1_TOPK,
     box=(0.0, 1.0),
     audit: bool = True,
     eot: int = 1,
-    projection: str = "reference",
+    schedule: APGDSchedule = DEFAULT_SCHEDULE,
 ) -> AttackFn:
     """APGD-CE / APGD-DLR (untargeted) or targeted APGD with user-given targets.
 
@@ -520,26 +557,20 @@ def make_apgd(
       norm: ``"linf"``, ``"l2"`` or ``"l1"``.
       eps: default radius (scalar or ``[B]``).
       n_iter: iterations per restart (AutoAttack: 100).
-      restarts: restarts from random points of the eps-ball of x0 (AutoAttack: 1).
       loss: ``"ce"`` or ``"dlr"`` (DLR needs >= 3 classes; targeted DLR >= 4).
       targeted: if True, ``ref`` holds targets (loss: CE toward the target, or
         targeted DLR leaving the clean prediction) and success = prediction ==
         target.  For AutoAttack's APGD-T use :func:`make_apgd_t`.
-      rho: checkpoint condition threshold (0.75; linf and l2).
-      momentum: alpha (0.75; linf and l2, l1-APGD takes no momentum step).
-      step0: initial step / eps (2 for linf and l2, 1 for l1).
-      l1_topk: l1 only, initial share of coordinates in a sparse step (0.2,
-        AutoAttack), adapted at the checkpoints (see the module docstring).
       box, audit: as in :func:`sarjax.attacks.pgd.make_pgd`.
       eot: EOT draws of a stochastic ``apply(params, x, key)`` (AutoAttack's ``eot_iter``; its
         randomized-defense version uses 20), as in :func:`sarjax.attacks.pgd.make_pgd`; the
         clean logits that give the clean prediction are one draw, and each run's
         highest-objective point is re-evaluated (``eot * M`` queries) on the clean evaluation's
         draws before runs are compared.
-      projection: l2 only: ``"reference"`` (AutoAttack's: rescale onto the ball, then clip to
-        the box, and a random start on the sphere; :func:`project_rescale_clip`) or ``"exact"``
-        (the Euclidean projection onto the ball ∩ box and a start uniform in the ball: the
-        stronger attack; see the module docstring).  linf and l1 are the same under both.
+      schedule: the step-size schedule constants and restarts, an :class:`APGDSchedule`
+        (default ``DEFAULT_SCHEDULE = APGDSchedule()``: AutoAttack's ``restarts=1, rho=0.75, momentum=0.75``,
+        initial step ``2 eps`` (linf, l2) or ``eps`` (l1), ``l1_topk=0.2``,
+        ``projection="reference"``; each default's source in :class:`APGDSchedule`).
 
     Returns:
       An AttackFn (as :func:`sarjax.attacks.pgd.make_pgd`):
@@ -555,9 +586,8 @@ def make_apgd(
     if loss not in ("ce", "dlr"):
         raise ValueError(f"APGD loss must be 'ce' or 'dlr', got {loss!r}")
     n_iter = V.check_positive_int("n_iter", n_iter)
-    restarts = V.check_positive_int("restarts", restarts)
     kind = (loss + "-targeted") if targeted else loss
-    cfg = _config(apply, p, n_iter, restarts, kind, 0, targeted, rho, momentum, step0, box, l1_topk, eot, projection)
+    cfg = _config(apply, p, n_iter, kind, 0, targeted, box, eot, schedule)
     return _public(cfg, f"apgd-{kind}", eps, audit, "targets" if targeted else "labels")
 
 
@@ -568,15 +598,10 @@ def make_apgd_t(
     eps=None,
     n_iter: int = 100,
     n_targets: int = 9,
-    restarts: int = 1,
-    rho: float = 0.75,
-    momentum: float = 0.75,
-    step0: float | None = None,
-    l1_topk: float = L1_TOPK,
     box=(0.0, 1.0),
     audit: bool = True,
     eot: int = 1,
-    projection: str = "reference",
+    schedule: APGDSchedule = DEFAULT_SCHEDULE,
 ) -> AttackFn:
     """APGD-T (AutoAttack): targeted DLR toward each of the top ``n_targets`` other classes.
 
@@ -589,11 +614,11 @@ def make_apgd_t(
 
     Args:
       apply: ``apply(params, x [B, *S]) -> logits [M, B, C]`` (or ``[B, C]``).
-      norm, eps, n_iter, rho, momentum, step0, l1_topk, box, audit, eot, projection: see
-        :func:`make_apgd`
-        (with EOT the targets are ranked on one draw of the clean logits).
+      norm, eps, n_iter, box, audit, eot: see :func:`make_apgd` (with EOT the targets are ranked
+        on one draw of the clean logits).
       n_targets: number of target classes.
-      restarts: runs per target.
+      schedule: as :func:`make_apgd` (an :class:`APGDSchedule`); its ``restarts`` are runs per
+        target.
 
     Returns:
       An AttackFn (as :func:`sarjax.attacks.pgd.make_pgd`):
@@ -604,32 +629,19 @@ def make_apgd_t(
         raise ValueError("APGD-T supports l1, l2, linf; got l0")
     n_targets = V.check_positive_int("n_targets", n_targets)
     n_iter = V.check_positive_int("n_iter", n_iter)
-    restarts = V.check_positive_int("restarts", restarts)
-    cfg = _config(
-        apply,
-        p,
-        n_iter,
-        restarts,
-        "dlr-targeted",
-        n_targets,
-        False,
-        rho,
-        momentum,
-        step0,
-        box,
-        l1_topk,
-        eot,
-        projection,
-    )
+    cfg = _config(apply, p, n_iter, "dlr-targeted", n_targets, False, box, eot, schedule)
     return _public(cfg, "apgd-t", eps, audit, "labels")
 
 
-def _config(
-    apply, p, n_iter, restarts, kind, n_targets, targeted, rho, momentum, step0, box, l1_topk, eot, projection
-) -> ApgdConfig:
-    """The checked :class:`ApgdConfig` (``step0`` None: 1 for l1, 2 for linf / l2, AutoAttack)."""
-    if step0 is None:
-        step0 = 1.0 if p == 1.0 else 2.0
+def _config(apply, p, n_iter, kind, n_targets, targeted, box, eot, schedule) -> ApgdConfig:
+    """The checked :class:`ApgdConfig` (``schedule.step0`` None: 1 for l1, 2 for linf / l2, AutoAttack)."""
+    if not isinstance(schedule, APGDSchedule):
+        raise TypeError(f"schedule must be an APGDSchedule, got {type(schedule).__name__} {schedule!r}")
+    restarts = V.check_positive_int("APGDSchedule.restarts", schedule.restarts)
+    rho = _sched_float("rho", schedule.rho)
+    momentum = _sched_float("momentum", schedule.momentum)
+    step0 = schedule.step0
+    step0 = (1.0 if p == 1.0 else 2.0) if step0 is None else _sched_float("step0", step0, positive=True)
     return ApgdConfig(
         apply,
         p,
@@ -638,14 +650,21 @@ def _config(
         kind,
         n_targets,
         targeted,
-        float(rho),
-        float(momentum),
-        float(step0),
+        rho,
+        momentum,
+        step0,
         tuple(float(b) for b in box),
-        _check_topk(l1_topk),
+        _check_topk(schedule.l1_topk),
         V.check_eot(eot),
-        _check_projection(projection),
+        _check_projection(schedule.projection),
     )
+
+
+def _sched_float(field: str, v, positive: bool = False) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or (positive and v <= 0):
+        want = "a finite float > 0" if positive else "a finite float"
+        raise ValueError(f"APGDSchedule.{field} must be {want}, got {v!r}")
+    return float(v)
 
 
 def _public(cfg: ApgdConfig, name: str, eps, audit: bool, ref_name: str) -> AttackFn:
@@ -664,11 +683,11 @@ def _public(cfg: ApgdConfig, name: str, eps, audit: bool, ref_name: str) -> Atta
 
 def _check_topk(topk):
     if isinstance(topk, bool) or not isinstance(topk, (int, float)) or not 0.0 < topk <= 1.0:
-        raise ValueError(f"l1_topk must be a float in (0, 1], got {topk!r}")
+        raise ValueError(f"APGDSchedule.l1_topk must be a float in (0, 1], got {topk!r}")
     return float(topk)
 
 
 def _check_projection(projection):
     if projection not in PROJECTIONS:
-        raise ValueError(f"projection must be one of {PROJECTIONS}, got {projection!r}")
+        raise ValueError(f"APGDSchedule.projection must be one of {PROJECTIONS}, got {projection!r}")
     return projection

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from sarjax.attacks import geometry as G
-from sarjax.attacks.apgd import make_apgd, make_apgd_t, project_rescale_clip, random_on_sphere
+from sarjax.attacks.apgd import APGDSchedule, make_apgd, make_apgd_t, project_rescale_clip, random_on_sphere
 
 
 def test_rescale_clip_hand_computed():
@@ -52,7 +52,7 @@ def linear(p, x):
 def test_one_apgd_step_hand_computed(projection):
     params, x0, w = _affine()
     eps = 0.3
-    fn = make_apgd(linear, norm="l2", eps=eps, n_iter=1, loss="ce", projection=projection)
+    fn = make_apgd(linear, norm="l2", eps=eps, n_iter=1, loss="ce", schedule=APGDSchedule(projection=projection))
     res = fn(params, jnp.asarray(x0), jnp.asarray([0]), key=jax.random.PRNGKey(0), x_init=jnp.asarray(x0))
     u = -w / np.linalg.norm(w)  # the normalised CE gradient; the step is 2 eps
     if projection == "reference":  # rescale 2 eps u to eps u, then clip: elements 0 and 2 lost
@@ -69,6 +69,6 @@ def test_one_apgd_step_hand_computed(projection):
 
 def test_projection_checked():
     with pytest.raises(ValueError, match="projection must be one of"):
-        make_apgd(linear, norm="l2", projection="nearest")
+        make_apgd(linear, norm="l2", schedule=APGDSchedule(projection="nearest"))
     with pytest.raises(ValueError, match="projection must be one of"):
-        make_apgd_t(linear, norm="l2", projection=None)
+        make_apgd_t(linear, norm="l2", schedule=APGDSchedule(projection=None))

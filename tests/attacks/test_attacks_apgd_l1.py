@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from _attacks_affine import affine_apply, binary_problem
 
-from sarjax.attacks.apgd import l1_sparsity_update, make_apgd, sparse_sign_direction
+from sarjax.attacks.apgd import APGDSchedule, l1_sparsity_update, make_apgd, sparse_sign_direction
 
 
 def test_l1_sparsity_update_hand_computed():
@@ -58,7 +58,7 @@ def test_l1_apgd_adapts_sparsity_per_sample_along_a_hand_computed_trajectory():
     warm = np.asarray(x0, np.float64).copy()
     warm[:, order[:8]] += (eps[:, None] / 20) * s[order[:8]]
     warm[:, order[8:12]] += (eps[:, None] / 100) * s[order[8:12]]
-    attack = make_apgd(affine_apply, norm="l1", n_iter=3, step0=0.5)
+    attack = make_apgd(affine_apply, norm="l1", n_iter=3, schedule=APGDSchedule(step0=0.5))
     res = attack(
         params, x0, np.zeros(batch, np.int32), key=jax.random.PRNGKey(0), eps=eps, x_init=warm.astype(np.float32)
     )
@@ -88,6 +88,26 @@ def test_sparse_sign_direction_keeps_floor_topk_coordinates():
 
 def test_l1_topk_is_validated():
     with pytest.raises(ValueError, match="l1_topk"):
-        make_apgd(affine_apply, norm="l1", l1_topk=0.0)
+        make_apgd(affine_apply, norm="l1", schedule=APGDSchedule(l1_topk=0.0))
     with pytest.raises(ValueError, match="l1_topk"):
-        make_apgd(affine_apply, norm="l1", l1_topk=1.5)
+        make_apgd(affine_apply, norm="l1", schedule=APGDSchedule(l1_topk=1.5))
+
+
+def test_schedule_is_checked_and_factories_take_at_most_ten_parameters():
+    """``APGDSchedule`` groups the step-size constants (issue 42 item 3): a bad field is refused by
+    name, a non-schedule is a TypeError, and neither factory takes more than 10 parameters."""
+    import inspect
+
+    from sarjax.attacks.apgd import make_apgd_t
+
+    for f in (make_apgd, make_apgd_t):
+        assert len(inspect.signature(f).parameters) <= 10, f.__name__
+    with pytest.raises(ValueError, match=r"APGDSchedule\.restarts"):
+        make_apgd(affine_apply, schedule=APGDSchedule(restarts=0))
+    with pytest.raises(ValueError, match=r"APGDSchedule\.step0 must be a finite float > 0, got -1"):
+        make_apgd(affine_apply, schedule=APGDSchedule(step0=-1.0))
+    with pytest.raises(ValueError, match=r"APGDSchedule\.rho"):
+        make_apgd(affine_apply, schedule=APGDSchedule(rho=float("nan")))
+    with pytest.raises(TypeError, match="schedule must be an APGDSchedule, got dict"):
+        make_apgd(affine_apply, schedule={"rho": 0.5})  # type: ignore[arg-type]
+    assert APGDSchedule() == APGDSchedule(1, 0.75, 0.75, None, 0.2, "reference")  # AutoAttack's defaults

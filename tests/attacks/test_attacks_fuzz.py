@@ -31,7 +31,7 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from sarjax.attacks import PGDStep, make_apgd, make_fgsm, make_joint_pgd, make_pgd, make_square  # noqa: E402
+from sarjax.attacks import APGDSchedule, PGDStep, make_apgd, make_fgsm, make_joint_pgd, make_pgd, make_square  # noqa: E402
 from sarjax.models.pool import Pool, Stack  # noqa: E402
 from sarjax.models.zoo import mlp  # noqa: E402
 
@@ -62,7 +62,7 @@ COMBOS = {
     ("pgd", "linf"): lambda: make_pgd(POOL.apply, norm="linf", steps=3, step=PGDStep(restarts=3)),
     ("pgd", "l2"): lambda: make_pgd(POOL.apply, norm="l2", steps=3, step=PGDStep(restarts=2)),
     ("pgd", "l1"): lambda: make_pgd(POOL.apply, norm="l1", steps=3, step=PGDStep(restarts=2)),
-    ("apgd", "linf"): lambda: make_apgd(POOL.apply, norm="linf", n_iter=4, restarts=2),
+    ("apgd", "linf"): lambda: make_apgd(POOL.apply, norm="linf", n_iter=4, schedule=APGDSchedule(restarts=2)),
     ("apgd", "l2"): lambda: make_apgd(POOL.apply, norm="l2", n_iter=4),
     ("apgd", "l1"): lambda: make_apgd(POOL.apply, norm="l1", n_iter=4),
     ("square", "linf"): lambda: make_square(POOL.apply, norm="linf", n_queries=6),

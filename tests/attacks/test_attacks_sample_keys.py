@@ -14,7 +14,17 @@ import jax
 import numpy as np
 import pytest
 
-from sarjax.attacks import JointPGDStep, PGDStep, attack_members, fmn, make_apgd, make_joint_pgd, make_pgd, make_square
+from sarjax.attacks import (
+    APGDSchedule,
+    JointPGDStep,
+    PGDStep,
+    attack_members,
+    fmn,
+    make_apgd,
+    make_joint_pgd,
+    make_pgd,
+    make_square,
+)
 from sarjax.models.pool import Pool, Stack
 from sarjax.models.zoo import mlp
 from sarjax.sar.settings import SARSettings
@@ -43,7 +53,7 @@ EPS = np.linspace(0.05, 0.3, B).astype(np.float32)
 
 ATTACKS = {
     "joint_pgd": make_joint_pgd(POOL.apply, steps=3, step=JointPGDStep(restarts=2)),
-    "apgd": make_apgd(POOL.apply, n_iter=3, restarts=2, norm="l2"),
+    "apgd": make_apgd(POOL.apply, n_iter=3, norm="l2", schedule=APGDSchedule(restarts=2)),
     "square": make_square(POOL.apply, n_queries=6),
 }
 

@@ -19,7 +19,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from _torch_nets import Normalized, PreActResNet18, WideResNet, randomize_bn, smooth_images, whiten_head
 
-from sarjax.attacks.apgd import make_apgd
+from sarjax.attacks.apgd import APGDSchedule, make_apgd
 from sarjax.models.torch_convert import convert
 
 warnings.filterwarnings("ignore", category=FutureWarning)
@@ -78,7 +78,7 @@ def _apgd_robust_counts(m, prog, params, x, eps, n_iter, seed=0):
     import torchattacks
 
     y = _torch_logits(m, x).argmax(-1)  # labels: the clean predictions, so clean accuracy is 100%
-    atk = make_apgd(prog.apply, norm="linf", n_iter=n_iter, restarts=1, loss="ce")
+    atk = make_apgd(prog.apply, norm="linf", n_iter=n_iter, loss="ce", schedule=APGDSchedule(restarts=1))
     res = atk(params, jnp.asarray(x), jnp.asarray(y, jnp.int32), key=jax.random.PRNGKey(seed), eps=eps)
     ours = int((~np.asarray(res.best_success)[:, 0]).sum())
     t_atk = torchattacks.APGD(m, norm="Linf", eps=eps, steps=n_iter, n_restarts=1, loss="ce", rho=0.75, seed=seed)
