@@ -166,6 +166,17 @@ class TorchProgram:
         return self.apply
 
     @cached_property
+    def fused_cnn(self):
+        """The :class:`sarjax.models.torch_fused.CnnMatch` of this graph when ``conv_impl="auto"`` and
+        the graph is a zoo-style CNN (conv -> eval batch-norm -> relu -> 2x2 max-pool, ..., linear ->
+        relu -> linear), else None: on the CPU backend such a stack runs the zoo's fused pool kernel."""
+        if self.conv_impl != "auto":
+            return None
+        from sarjax.models.torch_fused import match_cnn
+
+        return match_cnn(self)
+
+    @cached_property
     def jit_apply(self) -> Callable:
         """``jax.jit(self.apply)``, compiled once per input shape."""
         return jax.jit(self.apply)
@@ -568,6 +579,12 @@ class TorchStack(BaseStack):
         backend ``lax.map`` (the members one after the other inside the same compiled call): a
         vmapped convolution over members becomes a grouped convolution or a batched contraction,
         slower on CPU (benchmarks/torch_pool_throughput.py: joint PGD on 8 CNNs 1.4-1.75x faster)."""
+        if jax.default_backend() == "cpu" and self.program.fused_cnn is not None:
+            from sarjax.models.fused import cnn_pool_apply
+
+            m = self.program.fused_cnn
+            zoo_params = jax.vmap(lambda p: m.params(lambda name: _lookup(p, name)))(prepared)
+            return cnn_pool_apply(m.arch, zoo_params, x)
         if jax.default_backend() == "cpu" and self.size > 1:
             f = self.member_apply
             return lax.map(lambda p: f(p, x), prepared)
