@@ -41,7 +41,7 @@ def test_train_defenses_summary_records_its_compilations(tmp_path, monkeypatch):
 def test_plan_json_records_the_programs_it_compiled(tmp_path):
     out = tmp_path / "plan.json"  # a fresh process: the plan sets the device count before JAX starts
     argv = [sys.executable, "-m", "sarjax.cli", "plan", "--zoo", "low:2", "--batch", "4", "--steps", "1",
-            "--restarts", "1", "--samples", "8", "--rounds", "1", "--out", str(out)]  # fmt: skip
+            "--restarts", "1", "--samples", "8", "--rounds", "1", "--no-fit-batch", "--out", str(out)]  # fmt: skip
     r = subprocess.run(argv, capture_output=True, text=True, timeout=600, env={**os.environ, "JAX_PLATFORMS": "cpu"})
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(out.read_text())
