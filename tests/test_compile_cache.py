@@ -180,6 +180,7 @@ def test_sar_reruns_read_the_compiled_programs_back(tmp_path):
     assert first["compile"]["programs"] > 0 and first["compile"]["cache_hits"] == 0
     assert second["compile"]["cache_hits"] > 0 and second["compile"]["programs"] < first["compile"]["programs"]
     assert plain["compile"]["cache_hits"] == 0
+    assert all(r["provenance"]["command"].startswith("sarjax sar --pool ") for r in (first, second, plain))
 
 
 # -- the memory-map guard (release_compiled_near_map_limit) ---------------------------------------

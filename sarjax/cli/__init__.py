@@ -27,6 +27,7 @@ import sys
 from sarjax.cli import autoattack, defenses, demo, frontier, llm_demo, llm_sar, plan, sar, train_pool
 from sarjax.runtime.compile_cache import enable_command_compile_cache
 from sarjax.runtime.compile_stats import by_name, count_compiles
+from sarjax.runtime.provenance import command_line
 
 # Every command, in the order ``sarjax --help`` lists them: each module's ``register(sub)``.
 COMMANDS = (train_pool, demo, sar, defenses, autoattack, frontier, llm_sar, llm_demo, plan)
@@ -58,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if hasattr(args, "compile_cache"):  # the commands with --compile-cache: on by default
             enable_command_compile_cache(args.compile_cache)
-        rc = int(args.func(args) or 0)
+        with command_line(["sarjax", *(sys.argv[1:] if argv is None else argv)]):
+            rc = int(args.func(args) or 0)
         line = compiles.stop().summary()
         if line is not None and os.environ.get("SARJAX_COMPILE_LOG", "") not in ("", "0"):
             for row in by_name(compiles.programs()):

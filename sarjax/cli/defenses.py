@@ -11,6 +11,7 @@ from pathlib import Path
 
 from sarjax.runtime.compile_cache import enable_compile_cache
 from sarjax.runtime.compile_stats import count_compiles
+from sarjax.runtime.provenance import provenance
 
 
 def register(sub) -> None:
@@ -89,6 +90,7 @@ def cmd_train_defenses(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
     )
     summary["compile"] = compiles.stop().to_json()  # this run's XLA programs (CompileStats.to_json)
+    summary["provenance"] = provenance()  # command, commit, machine, date, load
     Path(args.out, "summary.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary, indent=1))
     return 0

@@ -14,6 +14,7 @@ from sarjax.cli.args import add_model_argument, positive_float, positive_int
 from sarjax.cli.autoattack import N_ITER, SQUARE_QUERIES
 from sarjax.runtime.compile_stats import count_compiles
 from sarjax.runtime.devices import DEVICES
+from sarjax.runtime.provenance import provenance
 
 
 def _shape(s: str) -> tuple[int, ...]:
@@ -63,6 +64,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         pool = PL.pool_shapes(load_model(args.model[0]) if args.model else load_pool(args.pool))
     result = PL.plan(settings, pool=pool, llm=llm, dtype=args.dtype, log=print)
     result["compile"] = compiles.stop().to_json()
+    result["provenance"] = provenance()  # command, commit, machine, date, load
     print(PL.report(result))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,7 @@ from sarjax.data.cifar import cifar_kind, load_cifar
 from sarjax.data.mnist import load_mnist
 from sarjax.runtime.compile_cache import add_compile_cache_argument
 from sarjax.runtime.compile_stats import count_compiles
+from sarjax.runtime.provenance import provenance
 
 
 def _check_train_pool(args: argparse.Namespace) -> str | None:
@@ -77,6 +78,7 @@ def cmd_train_pool(args: argparse.Namespace) -> int:
         "mean_test_accuracy": float(acc.mean()),
         "train_seconds": time.time() - t0,
         "compile": compiles.stop().to_json(),  # training and the accuracy above
+        "provenance": provenance(),  # command, commit, machine, date, load
     }
     out = save_pool(pool, args.out, config)
     print(

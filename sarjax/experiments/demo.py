@@ -32,6 +32,7 @@ from sarjax.models.presets import PRESETS, preset_members, preset_names
 from sarjax.models.train import TrainConfig, train_pool
 from sarjax.runtime import fingerprint as fingerprints
 from sarjax.runtime.compile_stats import count_compiles
+from sarjax.runtime.provenance import provenance
 
 COVERAGES = (0.5, 0.75, 0.85, 1.0)  # 1 - delta
 
@@ -421,6 +422,7 @@ def run_demo(
         "time_split": {"phases": clock.split(), "per_pool": clock.rows},
         "load_average": list(os.getloadavg()),
         "compile": compiles.stop().to_json(),
+        "provenance": provenance(),  # command, commit, machine, date, load
     }
     (out / "results.json").write_text(json.dumps(doc, indent=2))
     plot_demo(records, out)

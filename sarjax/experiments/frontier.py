@@ -66,6 +66,7 @@ from sarjax.runtime import compile_cache, distributed  # the modules: tests repl
 from sarjax.runtime import fingerprint as fingerprints
 from sarjax.runtime.compile_stats import count_compiles
 from sarjax.runtime.progress import progress_bar
+from sarjax.runtime.provenance import provenance
 
 
 def _factory(attack: str, apply, norm: str, cap: int, targeted: bool, stacked: bool = False):
@@ -451,6 +452,7 @@ def run_frontier(
     if not main_proc:
         return report
     report.extra["compile"] = compiles.stop().to_json()  # process 0's (CompileStats.to_json)
+    report.extra["provenance"] = provenance()  # command, commit, machine, date, load
     report.to_json(outp / "frontier.json")
     last = report.tiers[-1]
     fplots.plot_curves(tp.distances(last.q), names, last.doi, outp / "curves.png", norm=norm[1:])

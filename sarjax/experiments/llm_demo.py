@@ -49,6 +49,7 @@ from sarjax.models.llm.pool import left_pad, stack_params
 from sarjax.models.llm.tokenizers import WordLevelOptions, word_level_tokenizer
 from sarjax.runtime.compile_stats import count_compiles
 from sarjax.runtime.fingerprint import array_digest, check_fingerprint, remove_paths, write_fingerprint
+from sarjax.runtime.provenance import provenance
 from sarjax.sar import LLMAttackSpec, PoolLLMSARSettings, load_llm_pool, pool_llm_sar
 
 SPECIALS = ("<pad>", "<s>", "</s>", "<unk>", "[INST]", "[/INST]")
@@ -581,6 +582,7 @@ def run_demo(
         "losses": {"pool_before": loss_before, "teacher": loss_teacher, "pool_after": loss_after},
         "times_s": times,
         "compile": compiles.stop().to_json(),
+        "provenance": provenance(),  # command, commit, machine, date, load
         "load_avg": list(os.getloadavg()),
         **summary,
     }

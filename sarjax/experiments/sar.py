@@ -38,6 +38,7 @@ from sarjax.models.zoo import CONV_IMPLS
 from sarjax.runtime import fingerprint as fingerprints
 from sarjax.runtime.compile_stats import count_compiles
 from sarjax.runtime.distributed import process_checkpoint_dir
+from sarjax.runtime.provenance import provenance
 from sarjax.sar import distributed
 from sarjax.sar.settings import SARSettings
 from sarjax.sar.vision import default_sar_attack, run_sar
@@ -540,6 +541,7 @@ def run_sar_on_saved_pool(
         "processes": jax.process_count(),
         **rec,
         "compile": compiles.stop().to_json(),
+        "provenance": provenance(),  # command, commit, machine, date, load
     }
     if not lead:
         return doc

@@ -10,16 +10,37 @@ record under ``"provenance"``, and the benchmarks in ``benchmarks/`` use the sam
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import datetime
 import os
 import platform
 import shlex
 import subprocess
 import sys
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import sarjax
+
+_COMMAND: contextvars.ContextVar[tuple[str, ...] | None] = contextvars.ContextVar("sarjax_command", default=None)
+
+
+@contextlib.contextmanager
+def command_line(argv: Sequence[str]) -> Iterator[None]:
+    """Within the block, :func:`provenance` records ``argv`` as the command (``sarjax.cli.main``
+    wraps each command in it, so a command called in-process, ``main(["sar", ...])``, records
+    ``sarjax sar ...`` rather than its host program's command line).
+
+    Args:
+      argv: the whole command, program name first (e.g. ``["sarjax", "sar", "--eps", "0.1"]``).
+    """
+    token = _COMMAND.set(tuple(str(a) for a in argv))
+    try:
+        yield
+    finally:
+        _COMMAND.reset(token)
 
 
 def _checkout_commit(root: Path) -> str | None:
@@ -48,8 +69,10 @@ def provenance(argv: list[str] | None = None) -> dict[str, Any]:
     """The provenance record of this process's result.
 
     Args:
-      argv: the command line to record (default ``sys.argv``, prefixed with the interpreter's name
-        when the program is a ``.py`` script).
+      argv: the command line to record (default: the :func:`command_line` in effect, else
+        ``sys.argv``, written ``python -m PACKAGE ...`` for
+        a module run with ``-m``); a ``.py`` program is prefixed with the interpreter's name, an
+        installed script (``sarjax``) is named without its path.
 
     Returns:
       ``{"command": str, "commit": str | None, "sarjax": version, "machine": {"platform",
@@ -60,8 +83,14 @@ def provenance(argv: list[str] | None = None) -> dict[str, Any]:
     """
     import jax  # the backend in use: imported here so that reading the module stays cheap
 
+    current = _COMMAND.get()
+    if argv is None and current is not None:
+        argv = list(current)
     args = list(sys.argv if argv is None else argv)
-    if args and args[0].endswith(".py"):
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if argv is None and args and spec is not None and spec.name:  # python -m package
+        args = [Path(sys.executable).name, "-m", spec.name.removesuffix(".__main__"), *args[1:]]
+    elif args and args[0].endswith(".py"):
         args = [Path(sys.executable).name, *args]
     elif args:
         args[0] = Path(args[0]).name
@@ -81,4 +110,4 @@ def provenance(argv: list[str] | None = None) -> dict[str, Any]:
     }
 
 
-__all__ = ["provenance"]
+__all__ = ["command_line", "provenance"]

@@ -14,6 +14,7 @@ from typing import Any
 
 from sarjax.models.llm.pool import tokenizer_fingerprint
 from sarjax.runtime.compile_stats import count_compiles
+from sarjax.runtime.provenance import provenance
 from sarjax.sar.llm import LLMSARAttack, LLMSARRun, run_llm_sar
 from sarjax.sar.llm_adapters import POOL_ADAPTERS, PoolRequest
 from sarjax.sar.llm_judging import Judge, PoolResponder, refusal_judge_fn
@@ -120,6 +121,7 @@ def pool_llm_sar(
     )  # fmt: skip
     report = {"settings": fp, **llm_sar_report(run, tok, pool.names)}
     report["compile"] = compiles.stop().to_json()  # CompileStats.to_json
+    report["provenance"] = provenance()  # command, commit, machine, date, load
     if out is not None:
         Path(out, "llm_sar.json").write_text(json.dumps(report, indent=1))
         plot_llm_sar(run, Path(out, "llm_sar.png"), title=f"LLM SAR, {spec.name}, M={m}, {len(behaviors)} requests")

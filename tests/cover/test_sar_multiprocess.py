@@ -86,6 +86,7 @@ def test_two_processes_give_the_one_process_sar_bit_for_bit(runs):
     ja, jb = json.loads((one / "results.json").read_text()), json.loads((two / "results.json").read_text())
     assert (ja.pop("processes"), jb.pop("processes")) == (1, 2)
     assert ja.pop("compile")["programs"] > 0 and jb.pop("compile")["programs"] > 0  # each run's own compilations
+    assert all(" sar " in j.pop("provenance")["command"] for j in (ja, jb))  # each run's own command and date
     assert (ja.pop("devices"), jb.pop("devices")) == (None, {"pool": 2, "data": 1})  # process 0's
     assert ja == jb
     # process 0 wrote OUT; process 1 only its own checkpoints and printed no summary

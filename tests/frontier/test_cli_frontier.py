@@ -84,6 +84,7 @@ def test_frontier_cli_end_to_end(pools, tmp_path, capsys):
     assert tr.shape == (4, 2, 10) and np.isfinite(tr[..., -1]).any() and (tr[..., 1:] <= tr[..., :-1]).all()
     np.testing.assert_array_equal(tr[..., -1], z["norm"])
     assert rep.extra["attack_seconds_by_attack"].keys() == {"fmn"}
+    assert rep.extra["provenance"]["command"].startswith("sarjax frontier --models ")
     c = rep.extra["compile"]  # the run's XLA programs (CompileStats.to_json); a session cache may hold them
     assert c["programs"] + c["cache_hits"] >= 1 and c["seconds"] >= 0 and "trace_seconds" in c, c
     assert min(rep.clean_accuracy) > 0  # some pairs were attacked

@@ -107,6 +107,7 @@ def test_two_processes_give_the_one_process_frontier_bit_for_bit(runs):
         assert set(j["extra"].pop("attack_seconds_by_attack")) == {"fmn"}  # wall times
         assert len(j["extra"].pop("attack_seconds")) == 3
         assert j["extra"].pop("compile")["programs"] >= 0  # process 0's own compilations, not the result
+        assert " frontier " in j["extra"].pop("provenance")["command"]  # each run's own command and date
     assert ja == jb
     # process 0 printed the tables and wrote OUT; process 1 neither
     assert "wrote" in outs[1] and "wrote" not in outs[2] and "train AOI" not in outs[2]

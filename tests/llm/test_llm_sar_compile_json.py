@@ -59,4 +59,6 @@ def test_llm_sar_report_records_its_compilations(monkeypatch, tmp_path):
     _, rep = pool_llm_sar(pool, ["a"], (0.0,), key=key, attack=spec, settings=st)
     got = rep["compile"]
     assert got["programs"] == 1 and got["cache_hits"] == 0 and got["seconds"] > 0, got
-    assert json.loads((tmp_path / "llm_sar.json").read_text())["compile"] == got
+    written = json.loads((tmp_path / "llm_sar.json").read_text())
+    assert written["compile"] == got
+    assert written["provenance"]["date"] and written["provenance"]["machine"]["backend"] == "cpu"

@@ -33,7 +33,9 @@ def test_train_defenses_summary_records_its_compilations(tmp_path, monkeypatch):
 
     monkeypatch.setattr(zoo_train, "train_defenses", train)
     assert main(["train-defenses", "--out", str(tmp_path), "--no-compile-cache", "--no-progress"]) == 0
-    got = json.loads((tmp_path / "summary.json").read_text())["compile"]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["provenance"]["command"].startswith("sarjax train-defenses --out ")  # the command, not pytest's
+    got = summary["compile"]
     assert got.keys() == KEYS
     assert got["programs"] == 1 and got["cache_hits"] == 0 and got["seconds"] > 0, got
 
@@ -45,6 +47,7 @@ def test_plan_json_records_the_programs_it_compiled(tmp_path):
     r = subprocess.run(argv, capture_output=True, text=True, timeout=600, env={**os.environ, "JAX_PLATFORMS": "cpu"})
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(out.read_text())
+    assert res["provenance"]["command"].startswith("sarjax plan --zoo low:2 ")
     got = res["compile"]
     assert got.keys() == KEYS
     # the plan compiles each program it measures (memory_analysis); a session cache may hold them

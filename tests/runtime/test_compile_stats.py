@@ -165,7 +165,9 @@ def test_train_pool_records_its_compilations_in_the_pool_config(objective, monke
     out = tmp_path / "pool"
     argv = ["train-pool", "--preset", "low", "--members", "2", "--out", str(out), "--objective", objective]
     assert cli.main(argv) == 0
-    record = json.loads((out / "pool.json").read_text())["config"]["compile"]
+    config = json.loads((out / "pool.json").read_text())["config"]
+    assert config["provenance"]["command"] == "sarjax " + " ".join(argv)
+    record = config["compile"]
     assert set(record) == {"programs", "seconds", "cache_hits", "cache_seconds", "trace_seconds", "lower_seconds"}
     # the three training programs, plus the init and accuracy programs (which a cache may hold)
     assert record["programs"] >= 3 and record["seconds"] > 0

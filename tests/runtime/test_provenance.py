@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 import sarjax
-from sarjax.runtime.provenance import provenance
+from sarjax.runtime.provenance import command_line, provenance
 
 ROOT = Path(sarjax.__file__).resolve().parent.parent
 
@@ -36,3 +36,11 @@ def test_commit_is_the_checkouts_head():
         assert rec["commit"] is None
     else:
         assert rec["commit"].split("+")[0] == head.stdout.strip()
+
+
+def test_command_line_overrides_sys_argv_inside_its_block():
+    outside = provenance()["command"]
+    with command_line(["sarjax", "sar", "--eps", "0.1"]):
+        assert provenance()["command"] == "sarjax sar --eps 0.1"
+        assert provenance(["x.py"])["command"].endswith("x.py")  # an explicit argv still wins
+    assert provenance()["command"] == outside
