@@ -341,10 +341,24 @@ HEADLINES: tuple[Headline, ...] = (
         "`ratio_vs_faster_torch`",
     ),
     Headline(
-        "Joint PGD, 8 CNNs converted from PyTorch",
+        "Joint PGD, 8 CNNs converted from PyTorch (fused kernel), B=64",
         "the same modules in PyTorch (fastest variant)",
         "torch_pool_throughput.json",
-        ("rows", {"M": 8, "B": 64}, "ratio_vs_fastest_torch", "sarjax[pool.apply]"),
+        ("rows", {"pool": "cnn8", "B": 64}, "ratio_vs_fastest_torch", "sarjax[pool.apply]"),
+        "`ratio_vs_fastest_torch`",
+    ),
+    Headline(
+        "Joint PGD, 2 PreActResNet-18s converted from PyTorch",
+        "the same modules in PyTorch (fastest variant)",
+        "torch_pool_throughput.json",
+        ("rows", {"pool": "preact18"}, "ratio_vs_fastest_torch", "sarjax[pool.apply]"),
+        "`ratio_vs_fastest_torch`",
+    ),
+    Headline(
+        "Joint PGD, 4 WideResNet-16-2s converted from PyTorch",
+        "the same modules in PyTorch (fastest variant)",
+        "torch_pool_throughput.json",
+        ("rows", {"pool": "wrn16-2"}, "ratio_vs_fastest_torch", "sarjax[pool.apply]"),
         "`ratio_vs_fastest_torch`",
     ),
     Headline(

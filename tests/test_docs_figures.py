@@ -248,9 +248,6 @@ RERUN: dict[str, str] = {
     "sar_torch_reference_quiet_epyc.json": (
         "python benchmarks/sar_torch_reference.py --pool DEMO/pools/high-... --images 16 --eps 0.2 --steps 10 --restarts 1 --reps 3 --out benchmarks/results/sar_torch_reference_quiet_epyc.json (on a 2-core AMD EPYC)"
     ),
-    "torch_pool_throughput.json": (
-        "python benchmarks/torch_pool_throughput.py --batches 64 --steps 10 --reps 3 --out benchmarks/results/torch_pool_throughput.json"
-    ),
     "window_max_cost.json": (
         "python benchmarks/window_max_cost.py --reps 5 --out benchmarks/results/window_max_cost.json"
     ),
