@@ -453,14 +453,14 @@ class _Members(NamedTuple):
     c: int
 
 
-def _members(apply: Callable, params, x0: jax.Array, *, stacked: bool, eot: int) -> _Members:
+def _members(apply: Callable, params, x0: np.ndarray, *, stacked: bool, eot: int) -> _Members:
     k = (jax.random.PRNGKey(0),) if eot > 1 else ()
     if stacked:
         sizes = {int(np.shape(leaf)[0]) if np.ndim(leaf) else -1 for leaf in jax.tree.leaves(params)}
         if len(sizes) != 1 or -1 in sizes:
             raise ValueError(f"stacked=True: params leaves must share one leading member axis, got sizes {sizes}")
         m = sizes.pop()
-        one = jax.tree.map(lambda a: a[0], params)
+        one = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a)[1:], a.dtype), params)  # no eager slice
         shape = _shape(apply, one, x0, k, "apply(member_params, x)")
         if len(shape) != 2:
             raise ValueError(f"stacked=True: one member's apply must return logits [B, C], got shape {shape}")
@@ -597,11 +597,11 @@ def _apgd_run(ctx: _Ctx, chunk, mask, key, loss, targets=None):
     x0, y, sid = chunk
     b, m = mask.shape
     mem = ctx.mem
-    ref = jnp.broadcast_to(jnp.asarray(y)[:, None], (b, m)) if targets is None else jnp.asarray(targets)
+    ref = np.broadcast_to(np.asarray(y)[:, None], (b, m)) if targets is None else np.asarray(targets)
     phases = _largereps(ctx.n_iter) if ctx.p == 1.0 else [(1.0, ctx.n_iter)]
-    cap = jnp.full((b,), jnp.iinfo(jnp.int32).max, jnp.int32)
-    xi = jnp.broadcast_to(x0[:, None], (b, m, *x0.shape[1:]))
-    has = jnp.asarray(False)
+    cap = np.full((b,), np.iinfo(np.int32).max, np.int32)
+    xi = np.broadcast_to(x0[:, None], (b, m, *x0.shape[1:]))
+    has = np.asarray(False)
     q = np.zeros((b, m), np.int64)
     res = None
     for j, (f, it) in enumerate(phases):
@@ -614,16 +614,16 @@ def _apgd_run(ctx: _Ctx, chunk, mask, key, loss, targets=None):
             eot=ctx.eot,
             audit=False,
         )
-        eps = jnp.full((b,), f * ctx.eps, jnp.float32)
+        eps = np.full((b,), f * ctx.eps, np.float32)
         res = _run_apgd_like(
-            fn.attack, mem.axes, mem.params, x0, ref, jnp.asarray(mask, jnp.float32), eps, cap,
+            fn.attack, mem.axes, mem.params, x0, ref, np.asarray(mask, np.float32), eps, cap,
             jax.random.fold_in(key, j), sid, xi, has,
         )  # fmt: skip
         x_adv, best_x = np.asarray(res.x_adv), np.asarray(res.best_x)  # [M, b, *S]
         _audit(x0, best_x, ctx.p, f * ctx.eps, ctx.box, f"apgd phase {j} (best_x)")
         _audit(x0, x_adv, ctx.p, f * ctx.eps, ctx.box, f"apgd phase {j} (x_adv)")
         q += np.asarray(res.queries)[:, :, 0].T  # [M, b, 1]: each member's single-model attack
-        xi, has = jnp.swapaxes(res.x_adv, 0, 1), jnp.asarray(True)  # next phase: the highest-loss point
+        xi, has = np.swapaxes(x_adv, 0, 1), np.asarray(True)  # next phase: the highest-loss point
     assert res is not None
     return np.swapaxes(np.asarray(res.best_x), 0, 1), q * mask
 
@@ -636,18 +636,18 @@ def _fab_run(ctx: _Ctx, chunk, mask, key, targets=None, x_init=None):
     c = mem.c
     if targets is None:
         fn = make_fab(mem.apply1, norm=ctx.p, max_queries=1 + (c + 1) * ctx.fab_iter, audit=False)
-        ref = jnp.broadcast_to(jnp.asarray(y)[:, None], (b, m))
+        ref = np.broadcast_to(np.asarray(y)[:, None], (b, m))
     else:
         fn = make_fab(
             mem.apply1, norm=ctx.p, max_queries=1 + 3 * ctx.fab_iter, fab_t=True, targeted=True,
             success="untargeted", audit=False,
         )  # fmt: skip
-        ref = jnp.asarray(targets)
-    cap = jnp.full((b,), fn.T, jnp.int32)
-    xi = jnp.broadcast_to((x0 if x_init is None else x_init)[:, None], (b, m, *x0.shape[1:]))
+        ref = np.asarray(targets)
+    cap = np.full((b,), fn.T, np.int32)
+    xi = np.broadcast_to(np.asarray(x0 if x_init is None else x_init)[:, None], (b, m, *x0.shape[1:]))
     res = _run_minnorm(
-        fn.attack_for(c), mem.axes, mem.params, x0, ref, jnp.asarray(y, jnp.int32), jnp.asarray(mask, jnp.float32),
-        cap, key, sid, xi, jnp.asarray(x_init is not None), jnp.zeros((b,), jnp.float32),
+        fn.attack_for(c), mem.axes, mem.params, x0, ref, np.asarray(y, np.int32), np.asarray(mask, np.float32),
+        cap, key, sid, xi, np.asarray(x_init is not None), np.zeros((b,), np.float32),
     )  # fmt: skip
     nrm = np.asarray(res.norm)[:, :, 0].T  # [b, M]
     x_adv = np.swapaxes(np.asarray(res.x_adv)[:, :, 0], 0, 1)  # [b, M, *S]
@@ -664,14 +664,22 @@ def _square_run(ctx: _Ctx, chunk, mask, key):
         mem.apply1, norm=norm_name(ctx.p), n_queries=ctx.square_queries, p_init=SQUARE_P_INIT, audit=False,
         rescale_schedule=ctx.square_rescale,
     )  # fmt: skip
-    ref = jnp.broadcast_to(jnp.asarray(y)[:, None], (b, m))
-    cap = jnp.full((b,), jnp.iinfo(jnp.int32).max, jnp.int32)
-    xi = jnp.broadcast_to(x0[:, None], (b, m, *x0.shape[1:]))
+    ref = np.broadcast_to(np.asarray(y)[:, None], (b, m))
+    cap = np.full((b,), np.iinfo(np.int32).max, np.int32)
+    xi = np.broadcast_to(x0[:, None], (b, m, *x0.shape[1:]))
     res = _run_apgd_like(
-        fn.attack, mem.axes, mem.params, x0, ref, jnp.asarray(mask, jnp.float32), jnp.full((b,), ctx.eps, jnp.float32),
-        cap, key, sid, xi, jnp.asarray(False),
+        fn.attack, mem.axes, mem.params, x0, ref, np.asarray(mask, np.float32), np.full((b,), ctx.eps, np.float32),
+        cap, key, sid, xi, np.asarray(False),
     )  # fmt: skip
     return np.swapaxes(np.asarray(res.best_x), 0, 1), np.asarray(res.queries)[:, :, 0].T.astype(np.int64) * mask
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4, 5))
+def _fab_start(k, sid, x0, radius: float, p: float, box: tuple):
+    """``[b, *S]`` FAB's random starts at ``radius`` around ``x0 [b, *S]``, sample ``b`` from its own
+    stream ``fold_in(fold_in(k, 0x5EED), sid[b])`` (one compiled program, not one per eager op)."""
+    keys = jax.vmap(lambda s: jax.random.fold_in(jax.random.fold_in(k, 0x5EED), s))(sid)
+    return jax.vmap(lambda kk, a: G.random_in_ball(kk, a, radius, p, box))(keys, x0)
 
 
 def _audit(x0, xs, p, eps, box, what):
@@ -810,7 +818,7 @@ def _cascade(
     if not np.issubdtype(yh.dtype, np.integer) or yh.shape != (B,):
         raise ValueError(f"y must be int labels of shape [{B}], got dtype {yh.dtype} shape {yh.shape}")
     eot = EOT_RAND if version == "rand" else 1
-    mem = _members(apply, params, jnp.asarray(x0[: min(B, 2)]), stacked=stacked, eot=eot)
+    mem = _members(apply, params, x0[: min(B, 2)], stacked=stacked, eot=eot)
     check_labels(yh, mem.c, name="labels")
     sid_all = np.arange(B) if sample_ids is None else np.asarray(sample_ids)
     if sid_all.shape != (B,) or not np.issubdtype(sid_all.dtype, np.integer) or (sid_all < 0).any():
@@ -872,11 +880,11 @@ def _cascade(
                 continue
             pad_idx = np.concatenate([idx, np.repeat(idx[:1], size - len(idx))])
             valid = np.arange(size) < len(idx)
-            yield idx, pad_idx, valid, (jnp.asarray(xp[pad_idx]), yp[pad_idx], jnp.asarray(sp[pad_idx]))
+            yield idx, pad_idx, valid, (xp[pad_idx], yp[pad_idx], sp[pad_idx])
 
     def verify(yc, xc):
         """``[b, M]`` wrong at ``xc [b, M, *S]`` (majority of the draws)."""
-        z = np.asarray(_logits(mem.apply1, mem.axes, eot, mem.params, jnp.asarray(xc), vkey))
+        z = np.asarray(_logits(mem.apply1, mem.axes, eot, mem.params, np.asarray(xc), vkey))
         return _wrong(z, yc)
 
     start = (0, 0)  # (stage, run) to start at
@@ -1070,7 +1078,7 @@ def _ranked(ctx: _Ctx, chunk, key) -> np.ndarray:
     x0, y, _ = chunk
     b = x0.shape[0]
     mem = ctx.mem
-    xb = jnp.broadcast_to(x0[:, None], (b, mem.m, *x0.shape[1:]))
+    xb = np.broadcast_to(x0[:, None], (b, mem.m, *x0.shape[1:]))
     z = np.asarray(_logits(mem.apply1, mem.axes, ctx.eot, mem.params, xb, key)).mean(axis=0)  # [b, M, C]
     z = np.where(np.arange(mem.c)[None, None] == y[:, None, None], -np.inf, z)
     return np.argsort(-z, axis=-1, kind="stable")[..., : mem.c - 1].astype(np.int32)
@@ -1145,8 +1153,7 @@ def _fab_restart(ctx: _Ctx, k, r: int, chunk, mask, _ranked=None):
     x0, _, sid = chunk
     xi = None
     if r > 0:
-        keys = jax.vmap(lambda s: jax.random.fold_in(jax.random.fold_in(k, 0x5EED), s))(sid.astype(jnp.uint32))
-        xi = jax.vmap(lambda kk, a: G.random_in_ball(kk, a, FAB_RAND_RADIUS * ctx.eps, ctx.p, ctx.box))(keys, x0)
+        xi = np.asarray(_fab_start(k, sid.astype(np.uint32), x0, FAB_RAND_RADIUS * ctx.eps, ctx.p, ctx.box))
     return _fab_run(ctx, chunk, mask, k, x_init=xi)
 
 
