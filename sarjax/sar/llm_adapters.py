@@ -34,6 +34,7 @@ from sarjax.attacks.text.model import llm_text_model
 from sarjax.attacks.text.pool import allowed_for, pool_params
 from sarjax.attacks.text.requests import slot_texts
 from sarjax.attacks.text.retokenize import allowed_vocab, suffix_text_violations
+from sarjax.models.llm.prompts import retokenizes
 from sarjax.runtime import fingerprint as fingerprints
 from sarjax.sar.llm_judging import Judge, PoolResponder
 from sarjax.sar.llm_requests import behavior_batch, clean_prompt_ids
@@ -236,15 +237,27 @@ def gcg_pool_attack(req: PoolRequest) -> PoolAttack:
             fn, pool_params(req.pool), list(req.behaviors), call, calls, settings, req.refusal, clean_prompts=clean
         )
     params, model, tok, vocab, allowed = _one_tokenizer(req)
-    bang = tok("!", add_special_tokens=False)["input_ids"]
-    # GCG starts from "!" x 20; a vocabulary without "!" starts from its first allowed id
-    init = int(bang[0]) if len(bang) == 1 and allowed[bang[0]] else None
+    init = _gcg_start_id(tok, allowed, int(st["suffix_len"]))
     fn = make_gcg(model, vocab_size=vocab, loss=refusal_loss, tokenizer=tok, **st, options=GCGOptions(init_id=init))
     batch = behavior_batch(tok, req.behaviors, req.refusal, req.system)
     kw = _one_tokenizer_kwargs(req, tok, allowed, mq)
     clean = clean_prompt_ids(tok, req.behaviors, req.system)
     settings = {**st, "calls": calls, "max_queries": mq}
     return PoolAttack(fn, params, batch, kw, calls, settings, req.refusal, clean_prompts=clean)
+
+
+def _gcg_start_id(tok: Any, allowed: np.ndarray, suffix_len: int) -> int | None:
+    """The start token of GCG on one tokenizer: ``"!"`` (GCG starts from ``"!"`` x 20, Zou et al.
+    2023), else the first allowed id (in id order), whose ``suffix_len`` repetitions re-tokenize to
+    themselves (the search scores the text that is sent and drops a suffix that does not; e.g.
+    byte-level BPE merges ``"!!"``); None when no id of the first 4096 allowed ones does (the
+    attack then raises, naming the start)."""
+    bang = tok("!", add_special_tokens=False)["input_ids"]
+    first = [int(bang[0])] if len(bang) == 1 and allowed[bang[0]] else []
+    for i in first + [int(j) for j in np.flatnonzero(allowed)[:4096]]:
+        if retokenizes(tok, [i] * suffix_len):
+            return i
+    return None
 
 
 def autodan_pool_attack(req: PoolRequest) -> PoolAttack:

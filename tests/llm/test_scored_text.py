@@ -96,6 +96,39 @@ def test_beast_scores_the_ids_of_the_sent_text(kind):
     assert np.asarray(r.retokenized).all()
 
 
+@pytest.mark.parametrize("kind", FAMILIES)
+@pytest.mark.parametrize("steps", [0, 2])
+def test_gcg_with_a_tokenizer_scores_the_ids_of_the_sent_text(kind, steps):
+    """``make_gcg`` on a ``TextModel`` with a tokenizer (issue 42 edge 10): the loss of the start
+    suffix (``steps=0``: the cap allows nothing else) and of the best suffix after a search
+    (``steps=2``) is each member's NLL on the whole text's ids, not on the blocks' (the former
+    code scored the blocks; they differ on every row here); every returned suffix passed GCG's
+    re-tokenization filter."""
+    tok, cfg, params, texts, batch, target = _setup(kind)
+    seed = encode_text(tok, SEED)
+    ls = len(seed)
+    fn = make_gcg(
+        llm_text_model(cfg), num_steps=max(steps, 1), suffix_len=ls, topk=8, num_candidates=4, loss=target_loss,
+        vocab_size=len(tok), tokenizer=tok,
+    )  # fmt: skip
+    cap = 2 if steps == 0 else None  # the start costs 2 (one forward per member)
+    al = allowed_vocab(tok, len(tok))
+    r = fn(params, batch, None, key=jax.random.key(0), max_queries=cap, texts=texts, suffix_init=seed, allowed=al)
+    for b in range(len(REQUESTS)):
+        suffix = _real(r.suffix[b], r.suffix_mask[b])
+        assert retokenizes(tok, suffix)
+        sent = _real(r.sent[b], r.sent_mask[b])
+        assert sent == encode_text(tok, texts[0][b] + tok.decode(suffix) + texts[1][b])
+        want = [_by_hand(cfg, params, m, sent, target) for m in range(2)]
+        np.testing.assert_allclose(float(r.loss[b]), np.mean(want), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(np.asarray(r.member_loss[b]), want, rtol=1e-5, atol=1e-5)
+        if steps == 0:
+            blocks = _real(r.x_adv[b], r.mask[b])
+            assert sent != blocks
+            on_blocks = [_by_hand(cfg, params, m, blocks, target) for m in range(2)]
+            assert np.max(np.abs(np.asarray(want) - on_blocks)) > 1e-3  # the ids scored matter here
+
+
 def test_beast_full_run_on_a_metaspace_tokenizer_ends_with_a_result():
     """The docs/llm.md example on a SentencePiece-style tokenizer: with ``allowed_vocab`` the run
     ended in "suffix ids do not re-tokenize to themselves" (no filter); now every returned suffix

@@ -89,9 +89,11 @@ def test_a_break_on_the_blocks_ids_that_does_not_survive_the_whole_text_is_not_a
     tok, fn, batch, call, texts, pieces, whole = _gcg_setup(kind)
     params = {"w": jnp.zeros(1)}
     key = jax.random.key(0)
-    # the search (and the jit entry, which cannot tokenize) sees the blocks: member 0 breaks
+    # with a tokenizer the search scores (and the jit entry judges) the ids of the text that is
+    # sent, through the tokenizer's host callback (issue 42 edge 10; each block's ids decoded
+    # without texts): member 0's break on the blocks is not one, member 1's is
     jit = fn.jit(params, batch, None, key=key, **call)
-    assert np.asarray(jit.success).tolist() == [[True, False]] and not np.asarray(jit.retokenized).any()
+    assert np.asarray(jit.success).tolist() == [[False, True]] and np.asarray(jit.retokenized).all()
     # the audited entry re-tokenizes the prompt text: member 0's break does not survive, member 1's
     # break on the ids a user sends is found
     r = fn(params, batch, None, key=key, texts=texts, **call)

@@ -46,6 +46,7 @@ from sarjax.attacks.text import entry as TE
 from sarjax.attacks.text import losses as TL
 from sarjax.attacks.text import model as TM
 from sarjax.attacks.text import requests as TR
+from sarjax.attacks.text import retokenize as TK
 from sarjax.attacks.text.gcg_joint import JointGCG
 from sarjax.attacks.text.pool import check_pool
 from sarjax.models.llm.pool import LLMPool
@@ -61,6 +62,10 @@ class GCGConfig(NamedTuple):
       topk: substitutions per position (256, Zou et al. 2023; the SAR paper Table 3).
       num_candidates: candidates per step (64, the SAR paper Table 3; GCG's reference uses 512).
       criterion: the success criterion (:attr:`~sarjax.attacks.text.entry.TextAttackResult.success`).
+      retok: a :class:`~sarjax.attacks.text.retokenize.Retokenizer` (the factory's tokenizer): every
+        candidate goes through GCG's re-tokenization filter (Zou et al. 2023's ``filter_cand``: its
+        decoded text must encode back to its ids) and is scored on the ids of the whole prompt text
+        that is sent; None: candidates are scored on the blocks ``before | suffix | after``.
     """
 
     model: TM.TextModel
@@ -69,6 +74,17 @@ class GCGConfig(NamedTuple):
     topk: int
     num_candidates: int
     criterion: str = "refusal"
+    retok: Any = None
+
+
+def _sent_losses(cfg: GCGConfig, params, r, mk, texts, cands):
+    """``[N]`` joint losses of ``N`` full-length candidate suffixes (one request) on the ids of the
+    text that is sent (``cfg.retok``), ``inf`` where the re-tokenization filter drops one."""
+    ls = cfg.suffix_len
+    width = r.before.shape[0] + ls + r.after.shape[0]
+    ids, mask, ok = cfg.retok.sent(r, texts, cands, jnp.int32(ls), width)
+    jl = TL.joint_loss(TM.prompt_losses(cfg.model, cfg.loss, params, r, ids, mask), mk)
+    return jnp.where(ok, jl, jnp.inf)
 
 
 class GCGState(NamedTuple):
@@ -100,10 +116,12 @@ def _init(cfg: GCGConfig, params, problem: TR.TextProblem) -> GCGState:
     ls = cfg.suffix_len
     full = jnp.ones((ls,), jnp.int32)
 
-    def one(r, mk, s):
+    def one(r, mk, s, tx):
+        if cfg.retok is not None:
+            return _sent_losses(cfg, params, r, mk, tx, s[None])[0]
         return TL.joint_loss(TM.member_losses(cfg.model, cfg.loss, params, r, s[None], full), mk)[0]
 
-    loss = jax.vmap(one)(problem.batch, problem.mask, problem.suffix_init)
+    loss = jax.vmap(one)(problem.batch, problem.mask, problem.suffix_init, problem.texts)
     nm = jnp.sum(problem.mask > 0, axis=1).astype(jnp.int32)
     ok = Q.allowed(jnp.zeros_like(nm), nm, problem.cap)
     q = Q.charge(jnp.zeros_like(nm), nm, ok)
@@ -125,7 +143,7 @@ def _step(cfg: GCGConfig, state: GCGState, params) -> GCGState:
     nll_oh_cached = model.nll_one_hot_cached
     cached = state.prefix is not None and nll_oh_cached is not None
 
-    def one(r, mk, key, suffix, best_s, best_l, count, cap, cache):
+    def one(r, mk, key, suffix, best_s, best_l, count, cap, cache, tx):
         nm = jnp.sum(mk > 0).astype(jnp.int32)
         cost = (1 + nc) * nm
         active = Q.allowed(count, cost, cap) & (nm > 0) & jnp.isfinite(best_l)
@@ -154,7 +172,10 @@ def _step(cfg: GCGConfig, state: GCGState, params) -> GCGState:
         which = jax.random.randint(kt, (nc,), 0, k)
         tok = top[pos, which]
         cands = jnp.broadcast_to(suffix, (nc, ls)).at[jnp.arange(nc), pos].set(tok)
-        jl = TL.joint_loss(TM.member_losses_cached(model, cfg.loss, params, r, cands, full, cache), mk)
+        if cfg.retok is not None:  # the ids of the text that is sent, GCG's re-tokenization filter
+            jl = _sent_losses(cfg, params, r, mk, tx, cands)
+        else:
+            jl = TL.joint_loss(TM.member_losses_cached(model, cfg.loss, params, r, cands, full, cache), mk)
         jl = jnp.where(p.allowed[tok], jl, jnp.inf)  # fewer than k allowed ids: never pick a banned one
         i = jnp.argmin(jl)
         move = active & jnp.isfinite(jl[i])
@@ -169,7 +190,7 @@ def _step(cfg: GCGConfig, state: GCGState, params) -> GCGState:
 
     s, bs, bl, q = jax.vmap(one)(
         p.batch, p.mask, state.keys, state.suffix, state.best_suffix, state.best_loss, state.queries, p.cap,
-        state.prefix,
+        state.prefix, p.texts,
     )  # fmt: skip
     return state._replace(suffix=s, best_suffix=bs, best_loss=bl, queries=q, step=state.step + 1)
 
@@ -178,8 +199,9 @@ def _result(cfg: GCGConfig, state: GCGState, params) -> TE.TextAttackResult:
     b = state.suffix.shape[0]
     n = jnp.full((b,), cfg.suffix_len, jnp.int32)
     return TE.finish(
-        cfg.model, cfg.loss, cfg.criterion, params, state.problem, state.best_suffix, n, state.best_loss, state.queries
-    )
+        cfg.model, cfg.loss, cfg.criterion, params, state.problem, state.best_suffix, n, state.best_loss, state.queries,
+        cfg.retok,
+    )  # fmt: skip
 
 
 class GCGOptions(NamedTuple):
@@ -252,9 +274,16 @@ def make_gcg(
         or ``"target"`` (its greedy response starts with the target); None: ``"refusal"`` for
         :func:`~sarjax.attacks.text.losses.refusal_loss`, else ``"target"``.
       vocab_size: ``V`` (the embedding rows) of a ``TextModel``; an ``LLMPool`` gives its own.
-      tokenizer: optional, with a ``TextModel``: the audited entry then checks that the returned
-        suffix re-tokenizes and re-tokenizes the whole prompt as text
-        (:attr:`~sarjax.attacks.text.entry.TextAttackResult.sent`). An ``LLMPool`` brings its own.
+      tokenizer: optional, with a ``TextModel``: every candidate (and the start suffix) then goes
+        through GCG's re-tokenization filter (its decoded text must encode back to its ids; Zou et
+        al. 2023's ``filter_cand``; a start suffix that does not raises ``ValueError``) and is
+        scored on the ids of the whole prompt TEXT that is sent (``before text + decode(suffix) +
+        after text`` tokenized at once; the call's ``texts``, else each block's ids decoded),
+        through a host callback of the tokenizer inside the compiled step (``jax.pure_callback``,
+        so ``fn.jit`` calls the host too; the token gradient is still taken on the blocks); the
+        audited entry checks that the returned suffix re-tokenizes and re-tokenizes the whole
+        prompt as text (:attr:`~sarjax.attacks.text.entry.TextAttackResult.sent`). None:
+        candidates are scored on the blocks ``before | suffix | after``. An ``LLMPool`` brings its own.
       options: the rare knobs (:class:`GCGOptions`; None: its defaults).
 
     Returns:
@@ -294,7 +323,8 @@ def make_gcg(
         if int(val) < 1:
             raise ValueError(f"make_gcg: {n} must be >= 1, got {val}")
     crit = TL.check_criterion("make_gcg", criterion, loss)
-    cfg = GCGConfig(model, loss, int(suffix_len), int(topk), int(num_candidates), crit)
+    retok = None if tokenizer is None else TK.Retokenizer(tokenizer)
+    cfg = GCGConfig(model, loss, int(suffix_len), int(topk), int(num_candidates), crit, retok)
     attack = Attack(_init, _step, _result, int(num_steps), cfg)
     return TE.TextAttackFn(
         attack,
@@ -305,6 +335,7 @@ def make_gcg(
         tokenizer=tokenizer,
         init_id=options.init_id,
         criterion=crit,
+        scores_sent=tokenizer is not None,
     )
 
 
