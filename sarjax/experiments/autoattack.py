@@ -50,6 +50,7 @@ from sarjax.data.images import check_ids, check_images
 from sarjax.runtime import fingerprint as fingerprints
 from sarjax.runtime.compile_stats import CompileStats, count_compiles
 from sarjax.runtime.distributed import all_ok, is_main, process_checkpoint_dir, process_count
+from sarjax.runtime.provenance import provenance
 
 CHECKPOINT_HINT = "pass --overwrite (overwrite=True) to discard it, or choose another --checkpoint directory"
 OUTPUT_HINT = "pass --overwrite (overwrite=True) to replace them, or choose another --out"
@@ -383,6 +384,7 @@ def _write(
         seed=seed,
         seconds=seconds,
         compile=compiles.to_json(),
+        provenance=provenance(),  # command, commit, machine, date, load
         budget=dict(n_iter=n_iter, fab_iter=fab_iter, square_queries=square_queries),
         npz=str(npz_path.absolute()),
         fingerprint=settings,

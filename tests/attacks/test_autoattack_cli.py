@@ -86,7 +86,9 @@ def test_pool_on_mnist_writes_todays_report_and_the_npz(fake, monkeypatch, tmp_p
     today |= {"seconds", "budget", "noise_sigma", "randomized_members", "deterministic_members_skipped"}
     today |= {"fingerprint"}  # the settings a rerun into the same OUT is checked against
     today |= {"compile"}  # the attack's XLA compilations (sarjax.runtime.compile_stats)
+    today |= {"provenance"}  # command, commit, machine, date, load (sarjax.runtime.provenance)
     assert set(report) == today | {"npz"}
+    assert report["provenance"]["command"].startswith("sarjax autoattack --norm linf --eps 0.05 --pool ")
     assert report["sample_indices"] == idx.tolist() and report["pool"] == str((tmp_path / "P").absolute())
     assert f"wrote {out} and {out.with_suffix('.npz')}" in capsys.readouterr().out
 

@@ -58,6 +58,7 @@ def test_two_processes_give_the_one_process_autoattack_bit_for_bit(runs):
     for j in (ja, jb):
         j.pop("seconds"), j.pop("npz")
         j.pop("compile")  # process 0's XLA compilations: the gathers compile programs of their own
+        assert " autoattack " in j.pop("provenance")["command"]  # each run's own command and date
         for s in j["stages"]:
             s.pop("seconds")
     assert ja == jb
