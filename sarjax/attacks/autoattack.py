@@ -587,8 +587,19 @@ def _square_tail(n: int, bs: int) -> list[int]:
 
 
 def _largereps(n_iter: int) -> list[tuple[float, int]]:
+    """The l1 phases ``[(eps multiple, iterations)]`` of ``n_iter`` iterations in all.
+
+    AutoAttack's split (``autopgd_base.py``, ``use_largereps``): ``ceil(0.3 n)``, ``ceil(0.3 n)``
+    and the rest. For a few ``n`` (2, 4) the rest is 0, and the reference then returns the
+    ``2 eps`` phase's point unprojected, outside the threat model; here the last phase (at
+    ``eps``) always runs at least one iteration, taken from the largest earlier phase (for
+    ``n_iter = 1`` only the ``eps`` phase runs). Phases with no iteration are dropped."""
     iters = [math.ceil(s * n_iter) for _, s in LARGEREPS[:-1]]
     iters.append(n_iter - sum(iters))
+    while iters[-1] < 1:  # bound-true: the phase at eps itself must run
+        j = max(range(len(iters) - 1), key=lambda k: iters[k])
+        iters[j] -= 1
+        iters[-1] += 1
     return [(f, i) for (f, _), i in zip(LARGEREPS, iters) if i > 0]
 
 
