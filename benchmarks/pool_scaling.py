@@ -274,7 +274,9 @@ def bench_host_greedy(m: int, b: int, p: float, store_inputs: bool) -> dict:
         return Candidates(x, cov, q, np.zeros((b, m)))
 
     with Measure() as mem:
-        res = greedy_sar(joint, single, np.zeros((b, m), bool), (0.0, 0.15, 0.5), settings=GreedySettings(store_inputs=store_inputs))
+        res = greedy_sar(
+            joint, single, np.zeros((b, m), bool), (0.0, 0.15, 0.5), settings=GreedySettings(store_inputs=store_inputs)
+        )
     return {
         "seconds": mem.seconds,
         "rounds": int(res.num_rounds),

@@ -147,7 +147,9 @@ def main() -> None:
         "complete": False,
     }
     rows = doc["rows"]
-    attack = make_joint_pgd(Pool(snapshots[0]).apply, steps=a.steps, step=JointPGDStep(restarts=a.restarts))  # reused: same archs
+    attack = make_joint_pgd(
+        Pool(snapshots[0]).apply, steps=a.steps, step=JointPGDStep(restarts=a.restarts)
+    )  # reused: same archs
     epochs = sorted(snapshots)
     # evaluate the first and last checkpoints first, then fill in between (a budget cut keeps both ends)
     order = [epochs[0], epochs[-1]] + epochs[1:-1] if len(epochs) > 1 else epochs

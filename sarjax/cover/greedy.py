@@ -33,7 +33,6 @@ from sarjax.runtime.progress import progress_bar
 _STATE_FILE = "greedy_state.npz"
 
 
-
 @dataclass(frozen=True)
 class GreedySettings:
     """How :func:`greedy_sar` runs: its options beside the oracles and the data.

@@ -162,7 +162,13 @@ def test_infeasible_returns_one_and_marks_unbreakable():
     sets[0, 1, [2]] = True
     sets[0, 2, [1, 2]] = True  # members 3, 4, 5 are unbreakable
     oracle = SetSystemOracle(sets)
-    res = greedy_sar(oracle.joint, oracle.single, np.zeros((1, m), bool), [0.0, 0.5], settings=GreedySettings(stop_when_unreachable=False))
+    res = greedy_sar(
+        oracle.joint,
+        oracle.single,
+        np.zeros((1, m), bool),
+        [0.0, 0.5],
+        settings=GreedySettings(stop_when_unreachable=False),
+    )
     assert res.sar[0, 0] == 1.0 and not res.reached[0, 0]
     assert res.k_hat[0, 1] == 2 and res.sar[0, 1] == 2 / 6
     assert res.unbreakable[0].tolist() == [False] * 3 + [True] * 3
@@ -190,7 +196,13 @@ def test_fallback_path_against_reference():
     sets, visible = _random_systems(7, 10, 7, 9, p=0.3, hide=0.5)
     oracle = SetSystemOracle(sets, joint_visible=visible)
     deltas = [0.0, 1 / 3]
-    res = greedy_sar(oracle.joint, oracle.single, np.zeros((10, 9), bool), deltas, settings=GreedySettings(stop_when_unreachable=False))
+    res = greedy_sar(
+        oracle.joint,
+        oracle.single,
+        np.zeros((10, 9), bool),
+        deltas,
+        settings=GreedySettings(stop_when_unreachable=False),
+    )
     assert res.fallback_fired.sum() >= 3
     assert res.fallback_success.any()  # a fallback that found an input
     assert res.unbreakable.any()
@@ -277,7 +289,9 @@ def test_stop_when_unreachable_keeps_sar_and_saves_queries():
     o1 = SetSystemOracle(sets, joint_visible=visible)
     o2 = SetSystemOracle(sets, joint_visible=visible)
     early = greedy_sar(o1.joint, o1.single, np.zeros((10, 8), bool), [0.0, 0.25])
-    literal = greedy_sar(o2.joint, o2.single, np.zeros((10, 8), bool), [0.0, 0.25], settings=GreedySettings(stop_when_unreachable=False))
+    literal = greedy_sar(
+        o2.joint, o2.single, np.zeros((10, 8), bool), [0.0, 0.25], settings=GreedySettings(stop_when_unreachable=False)
+    )
     np.testing.assert_array_equal(early.sar, literal.sar)
     assert (early.queries <= literal.queries).all()
     assert early.queries.sum() < literal.queries.sum()
@@ -290,7 +304,9 @@ def test_shared_weakness_sar_is_one_over_m():
     sets[:, 2, :] = True  # one input breaks every member
     sets[:, 3, [5]] = True
     oracle = SetSystemOracle(sets)
-    res = greedy_sar(oracle.joint, oracle.single, np.zeros((3, m), bool), [0.0, 0.3, 0.6], settings=GreedySettings(progress=True))
+    res = greedy_sar(
+        oracle.joint, oracle.single, np.zeros((3, m), bool), [0.0, 0.3, 0.6], settings=GreedySettings(progress=True)
+    )
     np.testing.assert_array_equal(res.sar, np.full((3, 3), 1 / m))
     assert res.num_rounds == 1
 
@@ -330,7 +346,11 @@ def test_clean_broken_members_are_free_and_reported():
     assert res.clean_broken[0, :2].all() and res.covered[0].all()
     assert (res.covered_round[0, :2] == -1).all()
     res2 = greedy_sar(
-        SetSystemOracle(sets).joint, SetSystemOracle(sets).single, clean, [0.0, 0.6], settings=GreedySettings(count_clean_input=True)
+        SetSystemOracle(sets).joint,
+        SetSystemOracle(sets).single,
+        clean,
+        [0.0, 0.6],
+        settings=GreedySettings(count_clean_input=True),
     )
     assert res2.k_hat[0].tolist() == [2, 1] and res2.k_hat[1].tolist() == [2, 1]
     check = exact_check(res2)
@@ -375,9 +395,13 @@ def test_resume_equals_uninterrupted(tmp_path):
         return oracle.joint(unc, r)
 
     with pytest.raises(_Crash):
-        greedy_sar(crashing, oracle.single, np.zeros((6, 9), bool), deltas, settings=GreedySettings(checkpoint_dir=tmp_path))
+        greedy_sar(
+            crashing, oracle.single, np.zeros((6, 9), bool), deltas, settings=GreedySettings(checkpoint_dir=tmp_path)
+        )
     fresh = SetSystemOracle(sets, joint_visible=visible)
-    resumed = greedy_sar(fresh.joint, fresh.single, np.zeros((6, 9), bool), deltas, settings=GreedySettings(checkpoint_dir=tmp_path))
+    resumed = greedy_sar(
+        fresh.joint, fresh.single, np.zeros((6, 9), bool), deltas, settings=GreedySettings(checkpoint_dir=tmp_path)
+    )
     assert fresh.joint_calls[0] == 2  # rounds 0 and 1 were not redone
     for name in (
         "sar",
@@ -393,12 +417,20 @@ def test_resume_equals_uninterrupted(tmp_path):
         np.testing.assert_array_equal(getattr(resumed, name), getattr(full, name), err_msg=name)
     # A finished run resumes to the same result without attacking again.
     idle = SetSystemOracle(sets, joint_visible=visible)
-    done = greedy_sar(idle.joint, idle.single, np.zeros((6, 9), bool), deltas, settings=GreedySettings(checkpoint_dir=tmp_path, progress=True))
+    done = greedy_sar(
+        idle.joint,
+        idle.single,
+        np.zeros((6, 9), bool),
+        deltas,
+        settings=GreedySettings(checkpoint_dir=tmp_path, progress=True),
+    )
     assert idle.joint_calls == [] and idle.single_calls == []
     np.testing.assert_array_equal(done.sar, full.sar)
     np.testing.assert_array_equal(done.inputs, full.inputs)
     with pytest.raises(ValueError, match="configuration"):
-        greedy_sar(fresh.joint, fresh.single, np.zeros((6, 9), bool), [0.1], settings=GreedySettings(checkpoint_dir=tmp_path))
+        greedy_sar(
+            fresh.joint, fresh.single, np.zeros((6, 9), bool), [0.1], settings=GreedySettings(checkpoint_dir=tmp_path)
+        )
 
 
 def _oracle_pair(sets, visible):
