@@ -30,7 +30,6 @@ STILL_OVER = {
     "sarjax.attacks.text.gcg_joint.JointGCG",
     "sarjax.attacks.text.entry.host_problem",
     "sarjax.attacks.text.entry.traced_problem",
-    "sarjax.sar.vision.make_attack_oracles",
 }
 
 

@@ -39,7 +39,16 @@ from sarjax.sar.llm_report import llm_sar_report, plot_llm_sar
 from sarjax.sar.llm_requests import behavior_batch, clean_prompt_ids, load_llm_pool, pool_digest, sampled_seed_fn
 from sarjax.sar.llm_settings import LLMAttackSpec, LLMSARSettings, PoolLLMSARSettings
 from sarjax.sar.settings import SARSettings
-from sarjax.sar.vision import PACK_LEVELS, StackGate, default_sar_attack, make_attack_oracles, pack_sizes, run_sar
+from sarjax.sar.vision import (
+    NO_PACKING,
+    PACK_LEVELS,
+    Packing,
+    StackGate,
+    default_sar_attack,
+    make_attack_oracles,
+    pack_sizes,
+    run_sar,
+)
 
 __all__ = [
     "distributed",
@@ -77,6 +86,8 @@ __all__ = [
     "llm_sar_report",
     "load_llm_pool",
     "make_attack_oracles",
+    "NO_PACKING",
+    "Packing",
     "make_llm_oracles",
     "member_asr",
     "pack_sizes",

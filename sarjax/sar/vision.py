@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -116,6 +116,23 @@ class StackGate:
         return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=0)
 
 
+class Packing(NamedTuple):
+    """How :func:`make_attack_oracles` packs the rows of a call (``SARSettings.pack_levels`` and
+    ``pack_min_rows`` in :func:`run_sar`).
+
+    Attributes:
+      levels: 0: no packing (every call attacks all ``B`` rows); ``k > 0``: the rows with some
+        selected member are packed into the smallest of :func:`pack_sizes` ``(B, k, min_rows)``.
+      min_rows: the smallest packed batch size (1: down to single rows).
+    """
+
+    levels: int = 0
+    min_rows: int = 1
+
+
+NO_PACKING = Packing()
+
+
 def make_attack_oracles(
     attack: Callable,
     params: Any,
@@ -126,9 +143,8 @@ def make_attack_oracles(
     eps: Any = None,
     use_best: bool = False,
     sample_ids: Any = None,
-    pack_levels: int = 0,
+    packing: Packing = NO_PACKING,
     call_params: Callable[[np.ndarray], Any] | None = None,
-    pack_min_rows: int = 1,
 ) -> tuple[JointAttack, SingleAttack]:
     """Joint and single-member oracles from a mask-driven attack.
 
@@ -156,7 +172,8 @@ def make_attack_oracles(
             passed to ``attack`` (which must then accept ``sample_ids=``) so
             that a sample's random stream does not depend on the batch it is
             attacked in; None: the attack's default (its position, ``arange(B)``).
-        pack_levels: 0 (default): every call attacks all ``B`` rows (rows with
+        packing: a :class:`Packing` ``(levels, min_rows)``. ``levels`` 0 (default,
+            :data:`NO_PACKING`): every call attacks all ``B`` rows (rows with
             nothing selected are masked). ``k > 0``: each call attacks only the
             rows with some selected member, packed into the smallest of the
             batch sizes :func:`pack_sizes` ``(B, k)`` that holds them (padding
@@ -168,16 +185,22 @@ def make_attack_oracles(
             the attacked rows are those of the unpacked call.
         call_params: optional ``call_params(mask [n, M] bool) -> params`` for
             each call (e.g. :meth:`StackGate.params`); default ``params``.
-        pack_min_rows: the smallest packed batch size (``pack_sizes(B, k, pack_min_rows)``).
+            ``min_rows``: the smallest packed batch size (``pack_sizes(B, levels, min_rows)``).
 
     Returns:
         ``(joint, single)`` callables for :func:`sarjax.cover.greedy_sar`.
 
     Raises:
-        ValueError: ``pack_levels`` not an int ``>= 0``.
+        ValueError: ``packing.levels`` not an int ``>= 0``, ``packing.min_rows`` not an int ``>= 1``.
+        TypeError: ``packing`` not a :class:`Packing`.
     """
+    if not isinstance(packing, Packing):
+        raise TypeError(f"packing must be a Packing(levels, min_rows), got {type(packing).__name__}")
+    pack_levels, pack_min_rows = packing
     if isinstance(pack_levels, bool) or not isinstance(pack_levels, (int, np.integer)) or pack_levels < 0:
-        raise ValueError(f"pack_levels must be an int >= 0, got {pack_levels!r}")
+        raise ValueError(f"packing.levels must be an int >= 0, got {pack_levels!r}")
+    if isinstance(pack_min_rows, bool) or not isinstance(pack_min_rows, (int, np.integer)) or pack_min_rows < 1:
+        raise ValueError(f"packing.min_rows must be an int >= 1, got {pack_min_rows!r}")
     x0_host = np.asarray(x0)
     x0 = jnp.asarray(x0)
     ref_host = np.asarray(ref, np.int32)
@@ -575,8 +598,7 @@ def run_sar(
                 eps=float(eps),
                 use_best=settings.use_best,
                 sample_ids=ids[idx],
-                pack_levels=int(settings.pack_levels),
-                pack_min_rows=int(settings.pack_min_rows),
+                packing=Packing(int(settings.pack_levels), int(settings.pack_min_rows)),
                 call_params=None if gate is None else gate.params,
             )
             if member_attacks is not None:

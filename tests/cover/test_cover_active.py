@@ -13,7 +13,7 @@ from sarjax.attacks.joint import JointPGDStep, make_joint_pgd
 from sarjax.models.pool import Pool, Stack
 from sarjax.models.zoo import mlp
 from sarjax.sar import SARSettings, default_sar_attack
-from sarjax.sar.vision import StackGate, make_attack_oracles, pack_sizes, run_sar
+from sarjax.sar.vision import Packing, StackGate, make_attack_oracles, pack_sizes, run_sar
 
 SHAPE = (4, 4, 1)
 ARCHS = (mlp((8,), input_shape=SHAPE, num_classes=3), mlp((6,), act="tanh", input_shape=SHAPE, num_classes=3))
@@ -94,7 +94,7 @@ def test_packed_oracle_calls_small_batches_and_fills_the_rest():
 
     ref = POOL.predict(X).T
     full, _ = make_attack_oracles(spy, POOL.params, X, ref, KEY, sample_ids=np.arange(6))
-    packed, single = make_attack_oracles(spy, POOL.params, X, ref, KEY, sample_ids=np.arange(6), pack_levels=4)
+    packed, single = make_attack_oracles(spy, POOL.params, X, ref, KEY, sample_ids=np.arange(6), packing=Packing(4))
     unc = np.zeros((6, 5), bool)
     unc[[1, 4]] = [[True, False, True, True, False], [False, True, False, False, True]]
     a, b = full(unc, 2), packed(unc, 2)
@@ -112,8 +112,12 @@ def test_packed_oracle_calls_small_batches_and_fills_the_rest():
     single(np.array([0, 3, 0, 0, 1, 0]), np.array([0, 1, 0, 0, 1, 0], bool), 0)
     out = single(np.zeros(6, np.int64), np.zeros(6, bool), 1)
     assert sizes == [6, 2, 2] and not out.queries.any()
-    with pytest.raises(ValueError, match="pack_levels"):
-        make_attack_oracles(spy, POOL.params, X, ref, KEY, pack_levels=-1)
+    with pytest.raises(ValueError, match="packing.levels"):
+        make_attack_oracles(spy, POOL.params, X, ref, KEY, packing=Packing(-1))
+    with pytest.raises(ValueError, match="packing.min_rows"):
+        make_attack_oracles(spy, POOL.params, X, ref, KEY, packing=Packing(2, 0))
+    with pytest.raises(TypeError, match="Packing"):
+        make_attack_oracles(spy, POOL.params, X, ref, KEY, packing=(2, 1))
 
 
 def test_stack_gate_keeps_logits_and_switches_off_a_stacks_gradient():
