@@ -13,7 +13,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from sarjax.attacks.text.core import slot_texts, text_batch
+from sarjax.attacks.text.requests import slot_texts, text_batch
 from sarjax.models.llm.loader import check_tokenizer_vocab, load_model
 from sarjax.models.llm.pool import LLMPool, LLMStack, build_pool, left_pad, pool_generate_text, tokenizer_fingerprint
 from sarjax.models.llm.prompts import encode_text, load_tokenizer
@@ -27,7 +27,7 @@ def request_blocks(
     tokenizer: Any, behaviors: Sequence[str], system: str | None = None, separator: str = " "
 ) -> tuple[list[list[int]], list[list[int]]]:
     """``(before, after)`` id lists of each request around the suffix slot: the texts of
-    :func:`~sarjax.attacks.text.core.slot_texts` (the chat template split at the suffix; without a
+    :func:`~sarjax.attacks.text.requests.slot_texts` (the chat template split at the suffix; without a
     template the request and ``separator`` before, nothing after: a base model), each tokenized."""
     bt, at = slot_texts(tokenizer, behaviors, system=system, separator=separator)
     return [encode_text(tokenizer, x) for x in bt], [encode_text(tokenizer, x) for x in at]
@@ -47,7 +47,7 @@ def clean_prompt_ids(
 def behavior_batch(
     tokenizer: Any, behaviors: Sequence[str], response: str, system: str | None = None, separator: str = " "
 ) -> Any:
-    """The :class:`~sarjax.attacks.text.core.TextBatch` of requests (suffix slot after each request).
+    """The :class:`~sarjax.attacks.text.requests.TextBatch` of requests (suffix slot after each request).
 
     Args:
       tokenizer: the pool's tokenizer (the first stack's when the pool has several); its chat
