@@ -405,6 +405,13 @@ HEADLINES: tuple[Headline, ...] = (
         "`scoring.ratio_jax_vs_torch`",
     ),
     Headline(
+        "LLM candidate scoring, 4 tiny LMs, shared prompt prefix cached on both sides",
+        "transformers loop with its prefix `past_key_values` (faster of 1, 2 threads)",
+        "llm_throughput.json",
+        ("scoring", "ratio_jax_prefix_vs_torch_prefix"),
+        "`scoring.ratio_jax_prefix_vs_torch_prefix`",
+    ),
+    Headline(
         "LLM greedy decoding, 4 tiny LMs",
         "transformers loop (faster of 1, 2 threads)",
         "llm_throughput.json",

@@ -185,21 +185,11 @@ RERUN: dict[str, str] = {
     "frontier_zoo_linf_autoattack3.json": (
         "sarjax frontier --models /work/zoo/mnist --defenses standard-cnn,pgd-at-linf-0.1,pgd-at-linf-0.3 --norm linf --attacks fmn,apgd_min_ce,fab --restarts 1 --targeted 3 --samples 30 --batch 30 --autoattack --eps-ref 0.1 --out OUT; then cp OUT/frontier.json benchmarks/results/frontier_zoo_linf_autoattack3.json"
     ),
-    "gcg_throughput.json": ("python benchmarks/gcg_throughput.py --out benchmarks/results/gcg_throughput.json"),
     "gemm_roofline.json": ("python benchmarks/gemm_roofline.py --out benchmarks/results/gemm_roofline.json"),
-    "joint_attack_throughput.json": (
-        "python benchmarks/joint_attack_throughput.py --steps 10 --reps 3 --out benchmarks/results/joint_attack_throughput.json"
-    ),
     "joint_attack_throughput_intel.json": (
         "python benchmarks/joint_attack_throughput.py --families mlp cnn --conv-impls fused --steps 10 --reps 3 --out benchmarks/results/joint_attack_throughput_intel.json (on a 2-core Intel Xeon with AVX-512)"
     ),
-    "joint_attack_throughput_mlp.json": (
-        "python benchmarks/joint_attack_throughput.py --families mlp --steps 10 --reps 5 --out benchmarks/results/joint_attack_throughput_mlp.json"
-    ),
     "llm_demo.json": ("sarjax llm-demo --out OUT; then cp OUT/demo.json benchmarks/results/llm_demo.json"),
-    "llm_throughput.json": (
-        "python benchmarks/llm_throughput.py --reps 5 --out benchmarks/results/llm_throughput.json"
-    ),
     "minnorm_vs_advlib.json": (
         "python benchmarks/minnorm_vs_advlib.py --n 32 --queries 400 --out benchmarks/results/minnorm_vs_advlib.json"
     ),
