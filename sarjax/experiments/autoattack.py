@@ -59,7 +59,7 @@ OUTPUT_HINT = "pass --overwrite (overwrite=True) to replace them, or choose anot
 _OWN_FIELDS = frozenset(
     ("version", "norm", "eps", "members", "clean_accuracy", "robust_accuracy", "queries_total")
     + ("queries_per_sample_mean", "stages", "warnings", "samples", "seed", "seconds", "budget", "npz")
-    + ("fingerprint", "compile")
+    + ("fingerprint", "compile", "provenance")
 )
 
 # the fingerprint's fields (run_autoattack's settings; the report's "fingerprint")

@@ -52,7 +52,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from sarjax.models.fused import cnn_pool_apply
 from sarjax.models.stack import BaseStack, check_member_output, register_kind
+from sarjax.models.torch_fused import match_cnn
 from sarjax.models.torch_ops import ATEN_OPS, CONV_IMPLS, Missing, aten_name, conv, conv_nd, node_location, op_handler
 
 PyTree = Any
@@ -172,8 +174,6 @@ class TorchProgram:
         relu -> linear), else None: on the CPU backend such a stack runs the zoo's fused pool kernel."""
         if self.conv_impl != "auto":
             return None
-        from sarjax.models.torch_fused import match_cnn
-
         return match_cnn(self)
 
     @cached_property
@@ -580,8 +580,6 @@ class TorchStack(BaseStack):
         vmapped convolution over members becomes a grouped convolution or a batched contraction,
         slower on CPU (benchmarks/torch_pool_throughput.py: joint PGD on 8 CNNs 1.4-1.75x faster)."""
         if jax.default_backend() == "cpu" and self.program.fused_cnn is not None:
-            from sarjax.models.fused import cnn_pool_apply
-
             m = self.program.fused_cnn
             zoo_params = jax.vmap(lambda p: m.params(lambda name: _lookup(p, name)))(prepared)
             return cnn_pool_apply(m.arch, zoo_params, x)

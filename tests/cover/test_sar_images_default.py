@@ -109,9 +109,10 @@ def test_sar_images_moved_file_resumes_and_other_content_is_refused(user, capsys
 
 
 def _without_compile(doc):
-    """A run's results.json without its "compile" record (what this run compiled: a rerun that
-    reads the finished run compiles less, and its results are the same)."""
-    return {k: v for k, v in doc.items() if k != "compile"}
+    """A run's results.json without its "compile" and "provenance" records (what this run compiled,
+    its command and date: a rerun that reads the finished run compiles less, and its results are
+    the same)."""
+    return {k: v for k, v in doc.items() if k not in ("compile", "provenance")}
 
 
 def _results(out):
