@@ -47,7 +47,7 @@ from sarjax.attacks.text.gcg import GCGOptions, make_gcg
 from sarjax.attacks.text.gcg_joint import JointGCG, JointGCGResult
 from sarjax.attacks.text.losses import joint_loss, member_success, refusal_loss, target_loss
 from sarjax.attacks.text.model import TextModel, llm_text_model
-from sarjax.attacks.text.requests import TextBatch, slot_texts, text_batch
+from sarjax.attacks.text.requests import TextBatch, TextRequests, slot_texts, text_batch, text_requests
 from sarjax.attacks.text.retokenize import allowed_vocab, exchange_suffix, sent_ids, suffix_text_violations
 
 __all__ = [
@@ -66,6 +66,7 @@ __all__ = [
     "TextAttackFn",
     "TextAttackResult",
     "TextBatch",
+    "TextRequests",
     "TextModel",
     "allowed_vocab",
     "audit_text",
@@ -97,4 +98,5 @@ __all__ = [
     "suffix_text_violations",
     "target_loss",
     "text_batch",
+    "text_requests",
 ]

@@ -23,6 +23,70 @@ from sarjax.attacks.core.validate import check_mask
 from sarjax.models.llm.prompts import split_chat_template
 
 
+class TextRequests(NamedTuple):
+    """B requests as TEXT: the input of every text attack's host call (build or check with
+    :func:`text_requests`).
+
+    The targets (the refusal or target string a suffix search scores) are never part of the
+    requests: they are the call's ``ref``. A plain sequence of strings is read as
+    ``TextRequests(prompts=...)`` with every other field at its default.
+
+    Attributes:
+      prompts: the ``B`` request strings (e.g. HarmBench behaviors), ``B >= 1``.
+      system: optional system message of the chat template (None: the template's own).
+      chat_template: False renders ``prompt + " " + suffix`` without a template (base models).
+      behaviors: optional ``B`` strings a judge reads as the behaviour each request asks for
+        (AutoDAN); None: the prompts themselves.
+    """
+
+    prompts: tuple[str, ...]
+    system: str | None = None
+    chat_template: bool = True
+    behaviors: tuple[str, ...] | None = None
+
+
+def text_requests(name: str, inputs: Any) -> TextRequests:
+    """``inputs`` as a checked :class:`TextRequests` (host side).
+
+    Args:
+      name: the caller, for messages.
+      inputs: a :class:`TextRequests`, or a non-empty sequence of request strings.
+
+    Returns:
+      The requests with ``prompts`` (and ``behaviors``) as tuples of strings.
+
+    Raises:
+      TypeError: a single string, prompts or behaviors that are not strings, a system message
+        that is not a string, ``chat_template`` not a bool.
+      ValueError: no request; ``behaviors`` not one per request.
+    """
+    req = inputs if isinstance(inputs, TextRequests) else None
+    if req is None:
+        if isinstance(inputs, (str, bytes)) or not isinstance(inputs, Sequence):
+            raise TypeError(
+                f"{name}: inputs must be TextRequests or a sequence of request strings, got {type(inputs).__name__}"
+            )
+        req = TextRequests(tuple(inputs))
+    prompts = req.prompts
+    if isinstance(prompts, (str, bytes)) or not all(isinstance(p, str) for p in prompts):
+        raise TypeError(f"{name}: the requests' prompts must be a sequence of strings")
+    prompts = tuple(prompts)
+    if not prompts:
+        raise ValueError(f"{name}: expected at least one request")
+    if req.system is not None and not isinstance(req.system, str):
+        raise TypeError(f"{name}: system must be a string or None, got {type(req.system).__name__}")
+    if not isinstance(req.chat_template, (bool, np.bool_)):
+        raise TypeError(f"{name}: chat_template must be a bool, got {type(req.chat_template).__name__}")
+    beh = req.behaviors
+    if beh is not None:
+        if isinstance(beh, (str, bytes)) or not all(isinstance(b, str) for b in beh):
+            raise TypeError(f"{name}: behaviors must be a sequence of strings or None")
+        beh = tuple(beh)
+        if len(beh) != len(prompts):
+            raise ValueError(f"{name}: behaviors must hold one string per request (B={len(prompts)}), got {len(beh)}")
+    return TextRequests(prompts, req.system, bool(req.chat_template), beh)
+
+
 class TextBatch(NamedTuple):
     """B requests, padded (build with :func:`text_batch`).
 
@@ -231,6 +295,7 @@ __all__ = [
     "SlotTexts",
     "TextBatch",
     "TextProblem",
+    "TextRequests",
     "assemble",
     "check_member_mask",
     "check_ref_none",
@@ -240,4 +305,5 @@ __all__ = [
     "slot_texts",
     "suffix_mask",
     "text_batch",
+    "text_requests",
 ]
