@@ -63,7 +63,6 @@ from sarjax.attacks.sigma_zero import make_sigma_zero
 from sarjax.attacks.square import make_square
 from sarjax.attacks.text import (
     make_autodan,
-    make_autodan_jit,
     make_beast,
     make_gcg,
 )
@@ -90,7 +89,6 @@ __all__ = [
     "AutoAttackSettings",
     "autoattack_config",
     "make_autodan",
-    "make_autodan_jit",
     "make_beast",
     "make_ddn",
     "make_fab",

@@ -17,6 +17,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.extend.core import jaxpr_as_fun
 
 from sarjax.attacks.losses import cross_entropy, dlr
 
@@ -33,6 +34,55 @@ class AutoAttackWarning(UserWarning):
 def _flat_logits(apply, params, x, *k):
     z = np.asarray(apply(params, x, *k), np.float64)
     return z.reshape(-1, z.shape[-1])
+
+
+def _host_values(v) -> tuple:
+    """A jaxpr constant as comparable host bytes (typed PRNG keys by their key data)."""
+    dtype = getattr(v, "dtype", None)
+    if dtype is not None and jnp.issubdtype(dtype, jax.dtypes.prng_key):
+        v = jax.random.key_data(v)
+    a = np.asarray(v)
+    return a.dtype.str, a.shape, a.tobytes()
+
+
+def _same_trace(a, b) -> bool:
+    """Whether two traces of the model (``jax.make_jaxpr``) are the same program: the same
+    equations and the same constants, bit for bit."""
+    return (
+        str(a.jaxpr) == str(b.jaxpr)
+        and len(a.consts) == len(b.consts)
+        and all(_host_values(u) == _host_values(v) for u, v in zip(a.consts, b.consts))
+    )
+
+
+def _repeated_logits(apply, params, x, ks: tuple, n: int, others: tuple = ()):
+    """``n`` evaluations of ``apply(params, x, *ks)`` and one per key of ``others`` (each
+    ``[M * B, C]`` float64), and the first trace (``jax.make_jaxpr``).
+
+    AutoAttack's randomness check calls the model ``n`` times eagerly, so that randomness drawn on
+    the host in Python shows. Eager calls compile one XLA program per operation and shape (about
+    50 for a small CNN, 140 with the gradient check). Here the model is traced ``n`` times instead
+    (Python runs each time: host randomness or host state changes the traced program or its
+    constants); when every trace is the same program, that program is compiled ONCE and run ``n``
+    times (a host callback runs at every call, so its randomness still shows); otherwise the calls
+    are eager, as AutoAttack's."""
+    # a new function object per trace: JAX caches a function's trace by identity and argument types
+    traces = [jax.make_jaxpr(lambda *a: apply(*a), return_shape=True)(params, x, *ks) for _ in range(n)]
+    first, shape = traces[0]
+    if not all(_same_trace(first, t) for t, _ in traces[1:]):
+        outs = [_flat_logits(apply, params, x, *ks) for _ in range(n)]
+        return outs, [_flat_logits(apply, params, x, k) for k in others], first
+    run = jax.jit(jaxpr_as_fun(first))
+    out_tree = jax.tree.structure(shape)
+
+    def flat(args):
+        (z,) = jax.tree.leaves(jax.tree.unflatten(out_tree, run(*args)))
+        z = np.asarray(z, np.float64)
+        return z.reshape(-1, z.shape[-1])
+
+    outs = [flat(jax.tree.leaves((params, x, *ks))) for _ in range(n)]
+    other = [flat(jax.tree.leaves((params, x, k))) for k in others]  # the same program, another key
+    return outs, other, first
 
 
 def sanity_checks(
@@ -52,8 +102,11 @@ def sanity_checks(
     Each check that fires emits an :class:`AutoAttackWarning` (``warnings.warn``) carrying
     AutoAttack's advice and the version to run instead:
 
-    * randomness (``check_randomized``): ``apply(params, x)`` is called ``n`` times eagerly (not
-      under jit, so host-side randomness shows); outputs that differ by more than ``1e-4`` after
+    * randomness (``check_randomized``): ``apply(params, x)`` is traced ``n`` times (Python runs
+      each time, so host-side randomness or state shows as a different program or different
+      constants) and, when every trace is the same program, that program is compiled once and run
+      ``n`` times (a host callback's randomness shows at run time); traces that differ are called
+      ``n`` times eagerly, as AutoAttack's check does; outputs that differ by more than ``1e-4`` after
       L2 normalisation, or a changing number of correct predictions, mean a randomized defense:
       run ``version="rand"`` with the randomness drawn from an explicit key,
       ``apply(params, x, key)`` (e.g. :func:`sarjax.attacks.eot.with_input_noise`). With
@@ -98,16 +151,17 @@ def sanity_checks(
     x = jnp.asarray(x, jnp.float32)
     y = np.asarray(y)
     msgs: list[str] = []
-    if stacked:  # the checks look at member 0
-        params = jax.tree.map(lambda a: a[0], params)
+    if stacked:  # the checks look at member 0 (selected inside the traced model: no eager program)
+        apply = _member0(apply)
+
     rand = version == "rand"
-    k0 = jax.random.fold_in(key, 0)
-    ks = (k0,) if rand else ()
+    ks = (jax.random.fold_in(key, 0),) if rand else ()
 
     def normed(z):
         return z / (np.linalg.norm(z, axis=-1, keepdims=True) + 1e-10)
 
-    outs = [_flat_logits(apply, params, x, *ks) for _ in range(n)]
+    others = (jax.random.fold_in(key, 1),) if rand else ()
+    outs, other_outs, jaxpr = _repeated_logits(apply, params, x, ks, n, others)
     diff = max(float(np.max(np.linalg.norm(normed(a) - normed(outs[0]), axis=-1))) for a in outs)
     ncorrect = {int(np.sum(np.argmax(a, -1) == np.resize(y, a.shape[0]))) for a in outs}
     if diff > RANDOMIZED_RTOL or len(ncorrect) > 1:
@@ -125,7 +179,7 @@ def sanity_checks(
                 "(APGD-CE and APGD-DLR with EOT over 20 draws)"
             )
     if rand:
-        other = _flat_logits(apply, params, x, jax.random.fold_in(key, 1))
+        (other,) = other_outs
         if float(np.max(np.linalg.norm(normed(other) - normed(outs[0]), axis=-1))) <= RANDOMIZED_RTOL:
             msgs.append(
                 "version='rand' but the model's outputs do not change with the key: it looks deterministic; "
@@ -133,7 +187,6 @@ def sanity_checks(
                 "the queries)"
             )
     else:
-        jaxpr = jax.make_jaxpr(apply)(params, x)
         prims = _primitives(jaxpr.jaxpr)
         rng = sorted(p for p in prims if "random" in p or "threefry" in p or p in ("rng_bit_generator", "rng_uniform"))
         cb = sorted(p for p in prims if "callback" in p)
@@ -161,7 +214,7 @@ def sanity_checks(
             "unstable and can hide the gradient)"
         )
     c = z.shape[-1]
-    gz, gnan, gerr = _zero_gradients(apply, params, x, y, ks, c)
+    gz, gnan, gerr = _zero_gradients(apply, params, x, y, ks, z)
     if gerr is not None:
         msgs.append(
             f"JAX cannot differentiate the model's {'DLR' if c >= 3 else 'CE'} loss with respect to its input "
@@ -187,6 +240,15 @@ def sanity_checks(
     return msgs
 
 
+def _member0(apply: Callable) -> Callable:
+    """``apply`` on member 0 of stacked params (the slice traced with the model)."""
+
+    def member(p, xx, *k):
+        return apply(jax.tree.map(lambda a: a[0], p), xx, *k)
+
+    return member
+
+
 def _primitives(jaxpr) -> set[str]:
     names = set()
     for eqn in jaxpr.eqns:
@@ -199,21 +261,24 @@ def _primitives(jaxpr) -> set[str]:
     return names
 
 
-def _zero_gradients(apply, params, x, y, ks, c):
-    yj = jnp.asarray(y, jnp.int32)
+def _zero_gradients(apply, params, x, y, ks, z_flat):
+    """(points with an all-zero input gradient, with a non-finite one, why JAX could not take it
+    or None) for the correctly classified points; ``z_flat`` ``[M * B, C]``: the model's logits
+    at ``x``. The gradient is one jitted program (eagerly, one program per operation)."""
+    c = z_flat.shape[-1]
 
-    def loss(xx):
-        z = apply(params, xx, *ks)
-        z = jnp.swapaxes(z.reshape(-1, x.shape[0], z.shape[-1]), 0, 1)  # [B, M, C]
+    def loss(xx, p, yj, *k):
+        z = apply(p, xx, *k)
+        z = jnp.swapaxes(z.reshape(-1, xx.shape[0], z.shape[-1]), 0, 1)  # [B, M, C]
         f = dlr if c >= 3 else cross_entropy
         return jnp.sum(jax.vmap(lambda zb, yb: f(zb, jnp.full((zb.shape[0],), yb)))(z, yj))
 
     try:
-        g = np.asarray(jax.grad(loss)(x)).reshape(x.shape[0], -1)
+        g = np.asarray(jax.jit(jax.grad(loss))(x, params, jnp.asarray(y, jnp.int32), *ks)).reshape(x.shape[0], -1)
     except Exception as e:  # a diagnostic: report why (e.g. "Pure callbacks do not support JVP"), do not crash
         first = (str(e).strip().splitlines() or [""])[0]
         return 0, 0, f"{type(e).__name__}: {first}"
-    z = np.asarray(apply(params, x, *ks)).reshape(-1, x.shape[0], c)
+    z = z_flat.reshape(-1, x.shape[0], c)
     right = np.all(np.argmax(z, -1) == np.asarray(y)[None], axis=0)  # AutoAttack checks the points it attacks
     finite = np.isfinite(g).all(axis=1)
     return int(np.sum(right & finite & (np.abs(g).sum(axis=1) == 0))), int(np.sum(right & ~finite)), None

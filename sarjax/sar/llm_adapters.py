@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from sarjax.attacks.text.autodan import AutoDANBatch, make_autodan
+from sarjax.attacks.text.autodan import AutoDANBatch, AutoDANOptions, make_autodan
 from sarjax.attacks.text.beast import BEASTOptions, make_beast, seed_suffixes
 from sarjax.attacks.text.gcg import GCGOptions, make_gcg
 from sarjax.attacks.text.losses import refusal_loss, target_loss
@@ -266,9 +266,11 @@ def autodan_pool_attack(req: PoolRequest) -> PoolAttack:
     With one tokenizer the members answer through the pool's id-level responder; with several,
     the responder is not used and every stack renders the rewrite in its own tokenizer and chat
     template and decodes ``max_new_tokens`` greedy tokens (:class:`~sarjax.attacks.text.autodan.PoolEvaluator`
-    with ``respond=None``). Either way a candidate's coverage is the attack's own judgement of its
-    best rewrite (:attr:`~sarjax.attacks.text.autodan.AutoDANResult.success`, every member:
-    ``self_judged``) and the clean judgement is :meth:`~sarjax.attacks.text.autodan.AutoDANBatch.judge_clean`.
+    with ``respond=None``); the judge reads text: the text path of
+    :func:`~sarjax.attacks.text.autodan.make_autodan` (``AutoDANOptions(path="text")``). Either way
+    a candidate's coverage is the attack's own judgement of its best rewrite
+    (:attr:`~sarjax.attacks.text.autodan.AutoDANResult.success`, every member: ``self_judged``) and
+    the clean judgement is :meth:`~sarjax.attacks.text.autodan.AutoDANBatch.judge_clean`.
     ``req.attacker``: an LLM pool (its first member rewrites; None: the target pool's first
     member) or a proposer ``propose(anchors, key, sample_ids) -> texts``. ``req.seed_fn`` is not used.
     """
@@ -276,13 +278,13 @@ def autodan_pool_attack(req: PoolRequest) -> PoolAttack:
     unknown = set(st) - set(AUTODAN_DEFAULTS) - {"max_new_tokens"}
     if unknown:
         raise ValueError(f"unknown autodan settings {sorted(unknown)}")
-    attacker = req.attacker
-    propose = attacker if callable(attacker) and not hasattr(attacker, "stacks") else None
+    opts = AutoDANOptions(
+        path="text", respond=None if req.mixed else req.respond, requests=tuple(req.behaviors), system=req.system
+    )
     fn = make_autodan(
-        req.pool, None if req.mixed else req.respond, req.judge, attacker=None if propose is not None else attacker,
-        propose=propose, proposals=st["proposals"], anchors=st["anchors"], num_steps=st["num_steps"],
-        max_new_tokens=st.get("max_new_tokens", 48), requests=req.behaviors, system=req.system,
-        response_tokens=req.max_new_tokens,
+        req.pool, req.judge, attacker=req.attacker, proposals=st["proposals"], anchors=st["anchors"],
+        num_steps=st["num_steps"], max_new_tokens=st.get("max_new_tokens", 48), response_tokens=req.max_new_tokens,
+        options=opts,
     )  # fmt: skip
     batch = AutoDANBatch(req.behaviors, fn.evaluate.encode, fn.evaluate)
     return PoolAttack(fn, None, batch, {"max_queries": st["max_queries"]}, int(st["calls"]), st, None, self_judged=True)

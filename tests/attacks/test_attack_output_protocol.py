@@ -189,8 +189,8 @@ def _autodan(pool, tok):
     from sarjax.sar.llm_judging import PoolResponder, refusal_judge_fn  # test-only: sar builds the judges
 
     fn = T.make_autodan(
-        pool, PoolResponder(pool, 2), refusal_judge_fn(["sorry"]), num_steps=1, proposals=1, anchors=1,
-        max_new_tokens=2, requests=REQUESTS,
+        pool, refusal_judge_fn(["sorry"]), num_steps=1, proposals=1, anchors=1, max_new_tokens=2,
+        options=T.AutoDANOptions(respond=PoolResponder(pool, 2), requests=REQUESTS),
     )  # fmt: skip
     return fn(None, REQUESTS, None, key=jax.random.key(0))
 
@@ -200,8 +200,9 @@ def _autodan_jit_case():
 
     pool, tok = _pool(1)
     judge = TokenRefusalJudge(((tok.convert_tokens_to_ids("sorry"),),))
-    fn = T.make_autodan_jit(pool, judge, num_steps=1, proposals=1, anchors=1, max_new_tokens=2, response_tokens=2,
-                            requests=REQUESTS)  # fmt: skip
+    fn = T.make_autodan(pool, judge, num_steps=1, proposals=1, anchors=1, max_new_tokens=2, response_tokens=2,
+                        options=T.AutoDANOptions(requests=REQUESTS))  # fmt: skip
+    assert isinstance(fn, T.AutoDANTokenFn)  # one tokenizer and a token judge: the token path
     res = fn(None, REQUESTS, None, key=jax.random.key(0))
     t = np.asarray(res.x_adv)
     assert t.ndim == 2 and t.shape[0] == 2 and np.issubdtype(t.dtype, np.integer)  # [B, W] rewrite ids
@@ -235,8 +236,8 @@ CASES = {
     "make_beast": _id_case(lambda model: T.make_beast(model, vocab_size=V, suffix_len=1, beam_width=1, candidates=2)),
     "make_gcg@LLMPool": _strings_case(_joint_gcg),  # the same factories given an LLMPool
     "make_beast@LLMPool": _strings_case(_cross_beast),
-    "make_autodan": _strings_case(_autodan),
-    "make_autodan_jit": _autodan_jit_case,
+    "make_autodan": _strings_case(_autodan),  # a text judge: the host loop
+    "make_autodan@token": _autodan_jit_case,  # the same factory on its token path
 }  # fmt: skip
 
 

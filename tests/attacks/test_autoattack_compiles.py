@@ -10,6 +10,8 @@ compiles nothing. A second identical call compiles nothing at all.
 import collections
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 from _aa_tiny import images, make_pool
 
@@ -42,3 +44,28 @@ def test_autoattack_compiles_one_program_per_stage_and_nothing_twice():
     with count_compiles() as again:  # the same run again: every program reused
         autoattack_pool(pool, x, y, attack=cfg, key=jax.random.PRNGKey(5), settings=settings)
     assert again.stats.programs_compiled == 0, [r.name for r in again.programs()]
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_sanity_checks_compile_two_programs_not_one_per_eager_operation():
+    """The checks' 5 repeated forward calls run one compiled program (the model traced 5 times,
+    every trace the same program), the zero-gradient check one more; they ran eagerly before, one
+    program per operation and shape (about 140 for a small CNN: pad, reshape, matmul, ...)."""
+    from sarjax.attacks.autoattack_checks import sanity_checks
+    from sarjax.models import zoo
+
+    arch = zoo.cnn((4,), dense=8, input_shape=(8, 8, 1), num_classes=10)
+    params = arch.init(jax.random.PRNGKey(0))
+    x = np.random.default_rng(0).uniform(size=(6, 8, 8, 1)).astype(np.float32)
+    y = np.asarray(np.argmax(arch.apply(params, x), 1), np.int32)
+    key = jax.random.PRNGKey(1)
+    jax.clear_caches()
+    with count_compiles() as c:
+        assert sanity_checks(arch.apply, params, x, y, key=key) == []
+    names = collections.Counter(r.name for r in c.programs() if not r.cached)
+    assert sum(names.values()) == 2, names
+    stacked = jax.tree.map(lambda a: jnp.stack([a, a]), params)  # member 0 taken inside the traced model
+    jax.clear_caches()
+    with count_compiles() as c:
+        assert sanity_checks(arch.apply, stacked, x, y, key=key, stacked=True) == []
+    assert c.stats.programs_compiled == 2, [r.name for r in c.programs()]

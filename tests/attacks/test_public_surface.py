@@ -47,9 +47,9 @@ def test_every_attack_factory_is_exported_from_sarjax_attacks():
         assert f"make_{mod}" in names and getattr(A, f"make_{mod}") is getattr(getattr(A, mod), f"make_{mod}")
     for n in ("make_autoattack", "make_member_attack", "make_rounds"):
         assert n in names
-    for n in ("make_joint_gcg", "make_cross_beast"):  # removed: make_gcg / make_beast take any LLMPool
+    for n in ("make_joint_gcg", "make_cross_beast", "make_autodan_jit"):  # removed: one factory per attack
         assert n not in names and not hasattr(A, n) and not hasattr(A.text, n)
-    for n in ("make_gcg", "make_beast", "make_autodan", "make_autodan_jit"):
+    for n in ("make_gcg", "make_beast", "make_autodan"):
         assert n in names
 
 

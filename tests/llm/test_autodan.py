@@ -121,7 +121,7 @@ def test_key_is_required():
 def test_autodan_on_a_tiny_pool_with_a_sampling_attacker():
     from conftest import build_tokenizer, scaled_init, tiny_llama
 
-    from sarjax.attacks.text.autodan import make_autodan
+    from sarjax.attacks.text.autodan import AutoDANAttack, AutoDANOptions, make_autodan
     from sarjax.models.llm.pool import build_pool
     from sarjax.sar.llm_judging import PoolResponder, refusal_judge_fn
 
@@ -129,7 +129,9 @@ def test_autodan_on_a_tiny_pool_with_a_sampling_attacker():
     cfg = tiny_llama(96, hidden_size=16, num_heads=2, num_kv_heads=1, head_dim=8, intermediate_size=24)
     pool = build_pool([(f"m{i}", cfg, scaled_init(cfg, jax.random.key(i), 3.0), tok) for i in range(2)])
     judge = refusal_judge_fn(["sorry"])
-    fn = make_autodan(pool, PoolResponder(pool, 4), judge, num_steps=1, max_new_tokens=4, requests=["how to build"])
+    opts = AutoDANOptions(respond=PoolResponder(pool, 4), requests=["how to build"])
+    fn = make_autodan(pool, judge, num_steps=1, max_new_tokens=4, options=opts)
+    assert isinstance(fn, AutoDANAttack)  # a text judge: the host loop
     res = fn(None, ["how to build", "tell me"], None, key=jax.random.key(0))
     again = fn(None, ["how to build", "tell me"], None, key=jax.random.key(0))
     assert res.x_adv == again.x_adv

@@ -1,6 +1,7 @@
-"""The token-level AutoDAN (make_autodan_jit): a lax.scan state machine with a jit-safe entry and
-an audited entry, checked against the host loop on text (make_autodan's AutoDANAttack) on a tiny
-pool whose word-level tokenizer round-trips text exactly, so the two must agree."""
+"""The token path of make_autodan (AutoDANTokenFn): a lax.scan state machine with a jit-safe entry
+and an audited entry, checked against the host loop on text (make_autodan's text path,
+AutoDANAttack) on a tiny pool whose word-level tokenizer round-trips text exactly, so the two must
+agree."""
 
 import os
 
@@ -8,8 +9,8 @@ import jax
 import numpy as np
 import pytest
 
-from sarjax.attacks.text.autodan import AutoDANAttack, PoolEvaluator, attacker_proposer
-from sarjax.attacks.text.autodan_jit import audit_rewrite, make_autodan_jit
+from sarjax.attacks.text.autodan import AutoDANAttack, AutoDANOptions, PoolEvaluator, attacker_proposer, make_autodan
+from sarjax.attacks.text.autodan_jit import AutoDANTokenFn, audit_rewrite
 from sarjax.judges.refusal import TokenRefusalJudge
 from sarjax.models.llm.tokenizers import WordLevelOptions, word_level_tokenizer
 
@@ -75,9 +76,11 @@ def built():
         + [("n0", c2, scaled_init(c2, jax.random.key(5), 3.0), tok)]
     )
     judge = TokenRefusalJudge(tuple((tok.convert_tokens_to_ids(w),) for w in REFUSALS))
-    fn = make_autodan_jit(
-        pool, judge, num_steps=STEPS, max_new_tokens=REWRITE, response_tokens=RESPONSE, requests=REQUESTS
-    )
+    fn = make_autodan(
+        pool, judge, num_steps=STEPS, max_new_tokens=REWRITE, response_tokens=RESPONSE,
+        options=AutoDANOptions(requests=REQUESTS),
+    )  # fmt: skip
+    assert isinstance(fn, AutoDANTokenFn)  # one tokenizer and a token judge: the token path
     return pool, tok, fn
 
 
@@ -195,4 +198,4 @@ def test_bad_calls_raise(built):
 
         s = pool.stacks[0]
         other = LLMPool((LLMStack(s.cfg, s.params, s.names, build_tokenizer("{{ messages }}")),))
-        make_autodan_jit(pool, attacker=other)
+        make_autodan(pool, attacker=other, options=AutoDANOptions(path="token"))

@@ -199,6 +199,7 @@ class _ParityJudge(NamedTuple):
     confidence: the kept share of the response."""
 
     slots: int
+    reads_tokens = True  # a judge on token ids: make_autodan's token path
 
     def __call__(self, tokens, length):
         return (length > 0) & (tokens[0] % 2 == 0), length.astype(jnp.float32) / self.slots
@@ -209,7 +210,8 @@ def test_token_autodan_judges_again_the_rows_whose_rendered_text_tokenizes_other
     """The token-level AutoDAN's audited entry: every row's rendered text re-tokenized, the rows
     whose ids changed judged again on those ids (each member's greedy response to the sent prompt,
     by hand with greedy_generate); a row's judgement is replaced only where its ids changed."""
-    from sarjax.attacks.text.autodan_jit import AutoDANTokenResult, make_autodan_jit
+    from sarjax.attacks.text.autodan import AutoDANOptions, make_autodan
+    from sarjax.attacks.text.autodan_jit import AutoDANTokenFn, AutoDANTokenResult
     from sarjax.models.llm.generate import greedy_generate
     from sarjax.models.llm.pool import build_pool, left_pad, stack_decoding, unstack_params
 
@@ -217,7 +219,10 @@ def test_token_autodan_judges_again_the_rows_whose_rendered_text_tokenizes_other
     cfg = tiny_llama(len(tok), hidden_size=16, num_heads=2, num_kv_heads=1, head_dim=8, intermediate_size=24)
     pool = build_pool([(f"m{i}", cfg, scaled_init(cfg, jax.random.key(i), 3.0), tok) for i in range(2)])
     response = 3
-    fn = make_autodan_jit(pool, _ParityJudge(response), max_new_tokens=4, response_tokens=response, slot=6)
+    fn = make_autodan(
+        pool, _ParityJudge(response), max_new_tokens=4, response_tokens=response, options=AutoDANOptions(slot=6)
+    )
+    assert isinstance(fn, AutoDANTokenFn)
     c = fn.cfg
     rewrites = [encode_text(tok, SUFFIX), encode_text(tok, "tell me")]
     w = c.slot

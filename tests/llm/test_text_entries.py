@@ -34,8 +34,8 @@ def _entries(pool):
     from sarjax.sar.llm_judging import PoolResponder, refusal_judge_fn  # test-only: sar builds the judges
 
     autodan = T.make_autodan(
-        pool, PoolResponder(pool, 2), refusal_judge_fn(["sorry"]), num_steps=1, proposals=1, anchors=1,
-        max_new_tokens=2, requests=REQUESTS,
+        pool, refusal_judge_fn(["sorry"]), num_steps=1, proposals=1, anchors=1, max_new_tokens=2,
+        options=T.AutoDANOptions(respond=PoolResponder(pool, 2), requests=REQUESTS),
     )  # fmt: skip
     return {
         "joint_gcg": (T.make_gcg(pool, num_steps=1, suffix_len=2, num_candidates=2), pool_params(pool)),
@@ -72,5 +72,5 @@ def test_host_driven_text_entries_share_the_call_shape():
             fn(params, REQUESTS, None, key=jax.random.key(0), bogus=1)
         with pytest.raises(TypeError, match="key is required"):
             fn(params, REQUESTS, None, key=None)
-    with pytest.raises(TypeError, match=r"the rewrites are text; make_autodan_jit has a jit-safe entry"):
+    with pytest.raises(TypeError, match=r"the rewrites are text; the token path of make_autodan has a jit-safe entry"):
         entries["autodan"][0].jit(None, REQUESTS, None, key=jax.random.key(0))

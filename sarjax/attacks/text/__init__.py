@@ -8,9 +8,10 @@ suffix slot), :mod:`~sarjax.attacks.text.model` (the pool adapter and the per-me
 :mod:`~sarjax.attacks.text.retokenize` (the text that is sent, the re-tokenization filter, suffixes
 passed as text across tokenizers) and :mod:`~sarjax.attacks.text.entry` (the entry, its
 validation, the threat-model audit); :mod:`~sarjax.attacks.text.autodan`
-is the black-box AutoDAN-style rewriting on text (:mod:`~sarjax.attacks.text.autodan_jit`: on
-token ids with a jit-safe entry; :mod:`~sarjax.attacks.text.autodan_judge`: how both judge and
-rank a candidate);
+is the black-box AutoDAN-style rewriting, one factory whose pool and judge pick the host loop on
+text or the state machine on token ids (:mod:`~sarjax.attacks.text.autodan_jit`, with a jit-safe
+entry; :mod:`~sarjax.attacks.text.autodan_judge`: how both judge and rank a candidate;
+:mod:`~sarjax.attacks.text.autodan_options`: its rare knobs);
 one factory per attack, the pool first: :func:`~sarjax.attacks.text.gcg.make_gcg` and
 :func:`~sarjax.attacks.text.beast.make_beast` given a :class:`~sarjax.models.llm.pool.LLMPool`
 return the host-driven searches on text (:mod:`~sarjax.attacks.text.gcg_joint`,
@@ -27,6 +28,7 @@ from sarjax.attacks.text import (
     autodan,
     autodan_jit,
     autodan_judge,
+    autodan_options,
     beast,
     beast_cross,
     entry,
@@ -39,7 +41,8 @@ from sarjax.attacks.text import (
     retokenize,
 )
 from sarjax.attacks.text.autodan import AutoDANAttack, AutoDANBatch, AutoDANResult, PoolEvaluator, make_autodan
-from sarjax.attacks.text.autodan_jit import AutoDANTokenFn, AutoDANTokenResult, make_autodan_jit
+from sarjax.attacks.text.autodan_jit import AutoDANTokenFn, AutoDANTokenResult
+from sarjax.attacks.text.autodan_options import AutoDANOptions
 from sarjax.attacks.text.beast import BEASTOptions, make_beast, seed_suffixes
 from sarjax.attacks.text.beast_cross import CrossBEAST, CrossBEASTResult
 from sarjax.attacks.text.entry import TextAttackFn, TextAttackResult, audit_text
@@ -53,6 +56,7 @@ from sarjax.attacks.text.retokenize import allowed_vocab, exchange_suffix, sent_
 __all__ = [
     "AutoDANAttack",
     "AutoDANBatch",
+    "AutoDANOptions",
     "AutoDANResult",
     "AutoDANTokenFn",
     "AutoDANTokenResult",
@@ -73,6 +77,7 @@ __all__ = [
     "autodan",
     "autodan_jit",
     "autodan_judge",
+    "autodan_options",
     "beast",
     "beast_cross",
     "entry",
@@ -86,7 +91,6 @@ __all__ = [
     "joint_loss",
     "llm_text_model",
     "make_autodan",
-    "make_autodan_jit",
     "make_beast",
     "make_gcg",
     "member_success",

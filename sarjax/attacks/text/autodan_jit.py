@@ -1,4 +1,5 @@
-"""AutoDAN as a state machine on TOKEN IDS (:func:`make_autodan_jit`, :class:`AutoDANTokenFn`).
+"""AutoDAN as a state machine on TOKEN IDS (:class:`AutoDANTokenFn`): the token path of
+:func:`~sarjax.attacks.text.autodan.make_autodan` (built by :func:`build_token_autodan`).
 
 The search of :mod:`sarjax.attacks.text.autodan` (the host loop on text) written as ``init`` /
 ``step`` / ``result`` over :class:`AutoDANState` (``run`` = ``lax.scan`` over ``step``), with a
@@ -20,8 +21,8 @@ from sarjax.attacks import queries as Q
 from sarjax.attacks.core.entry import Entry, host
 from sarjax.attacks.core.protocol import Attack
 from sarjax.attacks.core.validate import check_sample_ids
-from sarjax.attacks.text.autodan import REWRITE_PROMPT, check_search
-from sarjax.attacks.text.requests import check_member_mask
+from sarjax.attacks.text.autodan_options import AutoDANOptions, check_search
+from sarjax.attacks.text.requests import TextRequests, check_member_mask, text_requests
 from sarjax.judges.refusal import token_refusal_judge
 from sarjax.models.llm.generate import SamplingConfig, greedy_one, sample_one
 from sarjax.models.llm.pool import left_pad, stack_decoding, tokenizer_fingerprint
@@ -450,36 +451,44 @@ def audit_rewrite(name: str, cfg: AutoDANConfig, problem: RewriteProblem, result
 
 
 class AutoDANTokenFn(Entry):
-    """The entries of the token-level AutoDAN (build with :func:`make_autodan_jit`).
+    """The entries of the token-level AutoDAN (the token path of
+    :func:`~sarjax.attacks.text.autodan.make_autodan`).
 
-    - ``fn(params, batch, ref, *, key, mask=None, max_queries=None, sample_ids=None) ->
+    - ``fn(params, requests, ref, *, key, mask=None, max_queries=None, sample_ids=None) ->
       AutoDANTokenResult``: the audited entry: validate on the host, run the compiled state
       machine (:func:`~sarjax.attacks.core.protocol.run_jit`), audit (:func:`audit_rewrite`),
       then re-tokenize every returned prompt as TEXT (``head text + decode(rewrite) + tail
       text``) and judge every member again where the ids changed
       (:attr:`AutoDANTokenResult.sent`, :attr:`AutoDANTokenResult.retokenized`). ``params``
-      None: the pool's (:attr:`params`); ``batch`` a :class:`RewriteBatch` or a list of request
-      strings; ``ref`` None (the judge reads the responses' tokens only).
-    - ``fn.jit(...)``, same arguments (``batch`` a :class:`RewriteBatch`): the same state machine
-      with the problem built by ``jnp`` operations only (no host call, no validation, no audit,
-      no re-tokenization); put it inside a ``jax.jit``.
+      None: the pool's (:attr:`params`); ``requests`` a
+      :class:`~sarjax.attacks.text.requests.TextRequests` (or ``B`` request strings), tokenized
+      into a :class:`RewriteBatch` by :meth:`batch` (a ready :class:`RewriteBatch` is accepted
+      too). Its ``system`` must be None or the factory's (the template's ids are built once),
+      ``chat_template`` True when the tokenizer has a template, ``behaviors`` None (the judge
+      reads the responses' tokens only). ``ref`` None (AutoDAN has no target string).
+    - ``fn.jit(...)``, same arguments but ``requests`` a :class:`RewriteBatch` (token ids
+      ``[B, W]``, from :meth:`batch`): the same state machine with the problem built by ``jnp``
+      operations only (no host call, no validation, no audit, no re-tokenization); put it inside
+      a ``jax.jit``.
     - ``fn.attack``: the state machine (``init`` / ``step`` / ``result``); ``fn.texts(result)``
       decodes the rewrites.
 
     Attributes:
       params: the :class:`AutoDANParams` of the pool and attacker the factory was given.
       tokenizer: the shared tokenizer.
+      system: the factory's system message (baked into the template's ids; None: the template's own).
       cfg: the :class:`AutoDANConfig`.
     """
 
     apply = None
 
-    def __init__(self, attack, *, name: str, params: AutoDANParams, tokenizer):
+    def __init__(self, attack, *, name: str, params: AutoDANParams, tokenizer, system: str | None = None):
         self._attack = attack
         self.name = name
         self.__name__ = name
         self.params = params
         self.tokenizer = tokenizer
+        self.system = system
         self.cfg: AutoDANConfig = attack.cfg
 
     @property
@@ -514,8 +523,37 @@ class AutoDANTokenFn(Entry):
     def _check_ref(self, ref) -> None:
         if ref is not None:
             raise TypeError(
-                f"{self.name}: ref must be None (the judge reads the responses' tokens), got {type(ref).__name__}"
+                f"{self.name}: ref must be None: ref holds the targets of the text attacks and AutoDAN has no "
+                f"target string (the token judge reads the responses' tokens; a text judge's behaviors go in "
+                f"TextRequests(behaviors=...)), got {type(ref).__name__}"
             )
+
+    def _requests_batch(self, requests) -> RewriteBatch:
+        """The :class:`RewriteBatch` of a call's :class:`~sarjax.attacks.text.requests.TextRequests`
+        (or request strings), after checking what the compiled config fixed (host side).
+
+        Raises:
+          ValueError: a system message other than the factory's, ``chat_template=False`` with a
+            templated tokenizer, behaviors (the token judge reads no behavior).
+        """
+        req = text_requests(self.name, requests)
+        if req.system is not None and req.system != self.system:
+            raise ValueError(
+                f"{self.name}: the call's system message {req.system!r} differs from the factory's {self.system!r}; "
+                "the token path builds its template ids once: pass it as make_autodan(..., "
+                "options=AutoDANOptions(system=...))"
+            )
+        if not req.chat_template and getattr(self.tokenizer, "chat_template", None) is not None:
+            raise ValueError(
+                f"{self.name}: chat_template=False, but the token path renders the tokenizer's chat template "
+                "(built once); use AutoDANOptions(path='text') for requests without a template"
+            )
+        if req.behaviors is not None:
+            raise ValueError(
+                f"{self.name}: the token path's judge reads the responses' tokens only, not behaviors; pass "
+                "behaviors=None, or a text judge (the host loop reads TextRequests.behaviors)"
+            )
+        return self.batch(list(req.prompts))
 
     def _host_problem(self, params, batch, ref, mask, key, *, max_queries=None, sample_ids=None) -> RewriteProblem:
         """The validated :class:`RewriteProblem` of a call (host side).
@@ -531,10 +569,11 @@ class AutoDANTokenFn(Entry):
             raise TypeError(f"{self.name}: key is required (a jax.random key); sarjax never defaults it")
         self._check_ref(ref)
         if not isinstance(batch, RewriteBatch):
-            if isinstance(batch, (list, tuple)) and batch and all(isinstance(r, str) for r in batch):
-                batch = self.batch(batch)
-            else:
-                raise TypeError(f"{self.name}: expected a RewriteBatch or a list of request strings")
+            if not isinstance(batch, (TextRequests, list, tuple)):
+                raise TypeError(
+                    f"{self.name}: expected TextRequests, request strings or a RewriteBatch, got {type(batch).__name__}"
+                )
+            batch = self._requests_batch(batch)
         req, rm = np.asarray(batch.request), np.asarray(batch.request_mask)
         w, v, m = self.cfg.slot, self.cfg.vocab_size, self.cfg.num_members
         if req.ndim != 2 or req.shape[1] != w or rm.shape != req.shape:
@@ -629,63 +668,51 @@ class AutoDANTokenFn(Entry):
         )
 
 
-def make_autodan_jit(
+def build_token_autodan(
     pool,
-    judge=None,
-    *,
-    attacker=None,
-    proposals: int = 4,
-    anchors: int = 2,
-    num_steps: int = 5,
-    temperature: float = 0.8,
-    top_p: float = 0.95,
-    max_new_tokens: int = 48,
-    response_tokens: int = 32,
-    requests: Sequence[str] = (),
-    slot: int | None = None,
-    system: str | None = None,
-    rewrite_prompt: str = REWRITE_PROMPT,
-) -> AutoDANTokenFn:
-    """AutoDAN-style rewriting as a jit-safe state machine on token ids (one shared tokenizer).
+    judge,
+    attacker,
+    proposals: int,
+    anchors: int,
+    num_steps: int,
+    max_new_tokens: int,
+    response_tokens: int,
+    options: AutoDANOptions,
+) -> "AutoDANTokenFn":
+    """The token path of :func:`~sarjax.attacks.text.autodan.make_autodan` (its arguments, checked
+    there; ``options.path`` is not read here): AutoDAN-style rewriting as a jit-safe state machine
+    on token ids (one shared tokenizer).
 
     The search, the sample-id streams, the ranking and the query accounting are those of the
-    host loop (:func:`make_autodan`); what changes is that the rewrite never becomes text: the
-    attacker's sampled ids (special tokens and everything from its first end token removed)
-    are put between the targets' chat-template ids, every member decodes greedily, and a judge
-    on token ids reads the responses. On a tokenizer whose text round trip is exact (decode
-    then encode gives the same ids, e.g. word-level vocabularies) the two agree; with BPE the
-    host loop re-tokenizes the decoded rewrite and may see other ids (the audited entry raises
-    when a returned rewrite does not re-tokenize to itself).
+    host loop (:class:`~sarjax.attacks.text.autodan.AutoDANAttack`); what changes is that the
+    rewrite never becomes text: the attacker's sampled ids (special tokens and everything from its
+    first end token removed) are put between the targets' chat-template ids, every member decodes
+    greedily, and a judge on token ids reads the responses. On a tokenizer whose text round trip is
+    exact (decode then encode gives the same ids, e.g. word-level vocabularies) the two agree; with
+    BPE the host loop re-tokenizes the decoded rewrite and may see other ids (the audited entry
+    raises when a returned rewrite does not re-tokenize to itself).
 
     Args:
       pool: the target :class:`~sarjax.models.llm.pool.LLMPool`; every stack shares one
         tokenizer (and so one chat template).
       judge: ``judge(tokens [R], length) -> (broken, confidence)``, hashable and pure (see
-        :class:`AutoDANConfig`); default :func:`~sarjax.judges.refusal.token_refusal_judge` of
+        :class:`AutoDANConfig`); None: :func:`~sarjax.judges.refusal.token_refusal_judge` of
         GCG's phrases on the pool's tokenizer.
-      attacker: the attacker pool (its first member rewrites; default ``pool``); it must use the
-        same tokenizer.
-      proposals, anchors, num_steps, temperature, top_p, max_new_tokens: as :func:`make_autodan`
-        (4, 2, 5, 0.8, 0.95, 48; the SAR paper Table 4 for proposals, temperature and top-p).
-      response_tokens: each member's greedy response length (32, as
-        :class:`sarjax.sar.llm_judging.PoolResponder`).
-      requests: the requests the attack will see (size the slots).
-      slot: ``W`` rewrite slots (default: the longest of ``requests`` and ``max_new_tokens``).
-      system: optional system message of the targets' chat template.
-      rewrite_prompt: the attacker's instruction with one ``{request}``.
+      attacker: the attacker pool (its first member rewrites; None: ``pool``); same tokenizer.
+      proposals, anchors, num_steps, max_new_tokens, response_tokens: see ``make_autodan``.
+      options: :class:`~sarjax.attacks.text.autodan_options.AutoDANOptions` (``temperature``,
+        ``top_p``, ``rewrite_prompt``, ``requests`` / ``system`` sizing the slots, ``slot``).
 
     Returns:
-      :class:`AutoDANTokenFn`: ``fn(params, batch, ref, *, key, mask=None, max_queries=None,
-      sample_ids=None) -> AutoDANTokenResult`` and ``fn.jit(...)`` (``params`` None: the pool's
-      and the attacker's; ``ref`` None).
+      :class:`AutoDANTokenFn`.
 
     Raises:
-      ValueError: non-positive sizes, ``temperature <= 0``, ``top_p`` outside ``(0, 1]``, stacks
-        or an attacker with another tokenizer, a ``rewrite_prompt`` without exactly one
-        ``{request}``, ``slot`` smaller than ``max_new_tokens``, prompts longer than a model's
+      ValueError: non-positive sizes, stacks or an attacker with another tokenizer, ``slot``
+        smaller than ``max_new_tokens`` or the longest request, prompts longer than a model's
         positions.
     """
-    name = "make_autodan_jit"
+    name = "make_autodan"
+    temperature, top_p = options.temperature, options.top_p
     check_search(name, proposals, anchors, num_steps, max_new_tokens, temperature, top_p)
     if int(response_tokens) < 1:
         raise ValueError(f"{name}: response_tokens must be >= 1, got {response_tokens}")
@@ -695,14 +722,13 @@ def make_autodan_jit(
     fps = {tokenizer_fingerprint(s.tokenizer) for s in stacks + (att.stacks[0],)}
     if tok is None or len(fps) != 1:
         raise ValueError(
-            f"{name}: the token-level AutoDAN needs one tokenizer shared by every stack and the attacker, got "
-            f"{len(fps)} distinct ones; use make_autodan (text) for pools with several tokenizers"
+            f"{name}: the token path needs one tokenizer shared by every stack and the attacker, got "
+            f"{len(fps)} distinct ones; use AutoDANOptions(path='text') for pools with several tokenizers"
         )
-    if rewrite_prompt.count("{request}") != 1:
-        raise ValueError(f"{name}: rewrite_prompt must hold exactly one {{request}}, got {rewrite_prompt!r}")
-    pre, post = rewrite_prompt.split("{request}")
+    requests, system = options.sizing()
+    pre, post = options.rewrite_prompt.split("{request}")
     longest = max((len(encode_text(tok, r)) for r in requests), default=1)
-    w = max(longest, int(max_new_tokens)) if slot is None else int(slot)
+    w = max(longest, int(max_new_tokens)) if options.slot is None else int(options.slot)
     if w < int(max_new_tokens) or w < longest:
         raise ValueError(
             f"{name}: slot={w} must hold max_new_tokens={max_new_tokens} and the longest request ({longest})"
@@ -749,7 +775,7 @@ def make_autodan_jit(
     )
     params = AutoDANParams(jax.tree.map(lambda a: a[0], a_stack.params), tuple(s.params for s in stacks))
     attack = Attack(_init, _step, _result, int(num_steps), cfg)
-    return AutoDANTokenFn(attack, name="autodan_jit", params=params, tokenizer=tok)
+    return AutoDANTokenFn(attack, name="autodan", params=params, tokenizer=tok, system=system)
 
 
 __all__ = [
@@ -761,5 +787,5 @@ __all__ = [
     "RewriteBatch",
     "RewriteProblem",
     "audit_rewrite",
-    "make_autodan_jit",
+    "build_token_autodan",
 ]
