@@ -16,7 +16,7 @@ The adapter sees the pool through three host callables, so any model family, att
   (minimised by the attacker), ``queries [B, M]`` and ``success [B, M]``: a
   :class:`~sarjax.attacks.text.entry.TextAttackFn` (joint BEAST, joint GCG), a pool attack
   (:class:`~sarjax.attacks.text.gcg_joint.JointGCG`, :class:`~sarjax.attacks.text.beast_cross.CrossBEAST`:
-  ``params`` the stacks' params, ``batch`` the request strings) or the AutoDAN-style rewriter
+  ``params`` the stacks' params, ``batch`` a :class:`~sarjax.attacks.text.requests.TextRequests`) or the AutoDAN-style rewriter
   (:mod:`sarjax.attacks.text.autodan`). With ``LLMSARAttack.self_judged`` the result's ``success`` is the
   coverage (AutoDAN: the SAR judge's verdict on every member, each in its own tokens); otherwise
   every candidate is judged through ``respond``. A batch with ``judge_clean(judge, behaviors)``
@@ -43,6 +43,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from sarjax.attacks.text.requests import TextRequests
 from sarjax.cover.metrics import coverage_target
 from sarjax.cover.result import SARResult
 from sarjax.cover.types import Candidates, JointAttack, SingleAttack
@@ -86,8 +87,8 @@ class LLMSARAttack:
         ``member_loss [B, M]`` (minimised), ``queries [B, M]`` and, with ``self_judged``,
         ``success [B, M]`` (see the module docstring).
       params: passed through to ``fn`` untouched.
-      batch: the requests as ``fn`` reads them (e.g. a :class:`~sarjax.attacks.text.TextBatch`),
-        ``B`` rows.
+      batch: the requests as ``fn`` reads them (e.g. a :class:`~sarjax.attacks.text.TextBatch` or
+        :class:`~sarjax.attacks.text.TextRequests`), ``B`` rows.
       kwargs: extra keyword arguments of every call (``max_queries``, ``allowed``, ...); None:
         none. ``key``, ``mask`` and ``sample_ids`` are the oracle's own.
       single: the single-member fallback's attack, called like ``fn`` (default None: ``fn`` with a
@@ -375,7 +376,10 @@ def run_llm_sar(
             "num_members": m,
             "deltas": list(deltas),
             "behaviors": fingerprints.array_digest(np.frombuffer("\x00".join(behaviors).encode(), np.uint8)),
-            "batch": fingerprints.array_digest(*[np.asarray(a) for a in batch]) if isinstance(batch, tuple) else None,
+            # token ids only (a TextBatch); requests as text (TextRequests) are the behaviors above
+            "batch": fingerprints.array_digest(*[np.asarray(a) for a in batch])
+            if isinstance(batch, tuple) and not isinstance(batch, TextRequests)
+            else None,
             "key": fingerprints.key_fingerprint(key),
             "calls": int(calls),
             "with_asr": bool(with_asr),

@@ -32,7 +32,7 @@ from sarjax.attacks.text.gcg import GCGOptions, make_gcg
 from sarjax.attacks.text.losses import refusal_loss, target_loss
 from sarjax.attacks.text.model import llm_text_model
 from sarjax.attacks.text.pool import allowed_for, pool_params
-from sarjax.attacks.text.requests import slot_texts
+from sarjax.attacks.text.requests import TextRequests, slot_texts
 from sarjax.attacks.text.retokenize import allowed_vocab, suffix_text_violations
 from sarjax.models.llm.prompts import retokenizes
 from sarjax.runtime import fingerprint as fingerprints
@@ -144,12 +144,12 @@ def _one_tokenizer_kwargs(req: PoolRequest, tok: Any, allowed: np.ndarray, mq: A
     return {"allowed": allowed, "max_queries": mq, "texts": slot_texts(tok, req.behaviors, system=req.system)}
 
 
-def _mixed_call(req: PoolRequest) -> dict[str, Any]:
-    """The call arguments of a pool attack across tokenizers (system message, chat template or none)."""
+def _mixed_requests(req: PoolRequest) -> TextRequests:
+    """The requests of a pool attack across tokenizers (system message, chat template or none)."""
     templates = {getattr(s.tokenizer, "chat_template", None) is not None for s in req.pool.stacks}
     if len(templates) != 1:
         raise ValueError("pool_llm_sar: some stacks' tokenizers have a chat template and others none")
-    return {"system": req.system, "chat_template": templates.pop()}
+    return TextRequests(tuple(req.behaviors), req.system, templates.pop())
 
 
 def _seed_record(seed_tokens: int, ids: Any, lens: Any) -> dict[str, Any]:
@@ -160,11 +160,12 @@ def beast_pool_attack(req: PoolRequest) -> PoolAttack:
     """Joint BEAST on the pool (one tokenizer: :func:`~sarjax.attacks.text.beast.make_beast`; several:
     :func:`~sarjax.attacks.text.beast.make_beast`, the first stack's tokenizer
     proposing, called with the stacks' params (:func:`~sarjax.attacks.text.pool.pool_params`) and the
-    request strings as the batch)."""
+    requests as :class:`~sarjax.attacks.text.requests.TextRequests`)."""
     st, calls, mq = _suffix_settings("beast", req)
     tok = req.pool.stacks[0].tokenizer
     if req.mixed:
-        call = _mixed_call(req)
+        requests = _mixed_requests(req)
+        call: dict[str, Any] = {}
         fn = make_beast(req.pool, **st, options=BEASTOptions(target=req.target))
         if req.seed_fn is not None:
             ids, lens = seed_suffixes(req.seed_fn, list(req.behaviors), tok, fn.suffix_len, req.seed_tokens)
@@ -178,11 +179,9 @@ def beast_pool_attack(req: PoolRequest) -> PoolAttack:
             call["suffix_init"] = ["" if b in dropped else x for b, x in enumerate(texts)]
             st["seeds"] = {**_seed_record(req.seed_tokens, ids, lens), "dropped": dropped}
         call["max_queries"] = mq
-        clean = clean_prompt_ids(tok, req.behaviors, req.system, chat_template=call["chat_template"])
+        clean = clean_prompt_ids(tok, req.behaviors, req.system, chat_template=requests.chat_template)
         settings = {**st, "calls": calls, "max_queries": mq}
-        return PoolAttack(
-            fn, pool_params(req.pool), list(req.behaviors), call, calls, settings, req.target, clean_prompts=clean
-        )
+        return PoolAttack(fn, pool_params(req.pool), requests, call, calls, settings, req.target, clean_prompts=clean)
     params, model, tok, vocab, allowed = _one_tokenizer(req)
     fn = make_beast(model, vocab_size=vocab, loss=target_loss, tokenizer=tok, **st)
     batch = behavior_batch(tok, req.behaviors, req.target, req.system)
@@ -222,20 +221,20 @@ def gcg_pool_attack(req: PoolRequest) -> PoolAttack:
     """Joint GCG on the pool (one tokenizer: :func:`~sarjax.attacks.text.gcg.make_gcg`, starting from
     ``"!"`` when the vocabulary has it; several: :func:`~sarjax.attacks.text.gcg.make_gcg`
     from :func:`common_start_text`, called with the stacks' params
-    (:func:`~sarjax.attacks.text.pool.pool_params`) and the request strings)."""
+    (:func:`~sarjax.attacks.text.pool.pool_params`) and the requests as
+    :class:`~sarjax.attacks.text.requests.TextRequests`)."""
     st, calls, mq = _suffix_settings("gcg", req)
     if req.mixed:
         tok = req.pool.stacks[0].tokenizer
-        call = _mixed_call(req)
+        requests = _mixed_requests(req)
+        call: dict[str, Any] = {}
         fn = make_gcg(req.pool, **st, options=GCGOptions(target=req.refusal))
         fn.init_text = common_start_text(req.pool, fn.suffix_len, fn.slots)
         st["init_text"] = fn.init_text
         call["max_queries"] = mq
-        clean = clean_prompt_ids(tok, req.behaviors, req.system, chat_template=call["chat_template"])
+        clean = clean_prompt_ids(tok, req.behaviors, req.system, chat_template=requests.chat_template)
         settings = {**st, "calls": calls, "max_queries": mq}
-        return PoolAttack(
-            fn, pool_params(req.pool), list(req.behaviors), call, calls, settings, req.refusal, clean_prompts=clean
-        )
+        return PoolAttack(fn, pool_params(req.pool), requests, call, calls, settings, req.refusal, clean_prompts=clean)
     params, model, tok, vocab, allowed = _one_tokenizer(req)
     init = _gcg_start_id(tok, allowed, int(st["suffix_len"]))
     fn = make_gcg(model, vocab_size=vocab, loss=refusal_loss, tokenizer=tok, **st, options=GCGOptions(init_id=init))

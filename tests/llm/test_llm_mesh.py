@@ -153,7 +153,7 @@ ref = gcg(pool_params(pool), reqs, None, **call)
 
 # the proposer's kernel on the step's inputs (as gcg_joint builds them): the candidates
 st0 = pool.stacks[0]
-batch = pool_requests("t", st0, reqs, [target] * 2, None, True).batch
+batch = pool_requests("t", st0, TR.TextRequests(tuple(reqs)), [target] * 2).batch
 jb = TR.TextBatch(*(jnp.asarray(a) for a in batch))
 sf = np.zeros((2, 4), np.int32); sm = np.zeros((2, 4), np.int32)
 sf[:, 1:] = tok.convert_tokens_to_ids(["x", "y", "z"]); sm[:, 1:] = 1

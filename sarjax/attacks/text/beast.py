@@ -55,8 +55,8 @@ from sarjax.attacks.text import losses as TL
 from sarjax.attacks.text import model as TM
 from sarjax.attacks.text import requests as TR
 from sarjax.attacks.text import retokenize as TK
-from sarjax.attacks.text.beast_cross import CrossBEAST
-from sarjax.attacks.text.pool import check_pool
+from sarjax.attacks.text.beast_cross import CrossBEAST, CrossBEASTConfig
+from sarjax.attacks.text.pool import check_suffix_factory
 from sarjax.models.llm.pool import LLMPool
 from sarjax.models.llm.prompts import retokenizes
 
@@ -265,15 +265,20 @@ def make_beast(
     - An :class:`~sarjax.models.llm.pool.LLMPool` (every stack with a tokenizer, one tokenizer or
       several): joint BEAST on text (:class:`~sarjax.attacks.text.beast_cross.CrossBEAST`,
       host-driven: a proposer's beam is exchanged as TEXT between the members' tokenizers). Called
-      ``fn(params, instructions, ref, *, key, ...)`` with ``params`` the pool's weights
-      (:func:`~sarjax.attacks.text.pool.pool_params`), ``instructions`` the ``B`` request strings
-      and ``ref`` the target (one string or one per request; None: ``options.target``).
+      ``fn(params, inputs, ref, *, key, ...)`` with ``params`` the pool's weights
+      (:func:`~sarjax.attacks.text.pool.pool_params`), ``inputs`` the ``B`` requests
+      (:class:`~sarjax.attacks.text.requests.TextRequests`: prompts, system message, chat template
+      or none; or the request strings) and ``ref`` the targets: the target (one string or one per
+      request; None: ``options.target``).
     - A :class:`~sarjax.attacks.text.model.TextModel` (a user's own model functions over one
       vocabulary; :func:`~sarjax.attacks.text.model.llm_text_model` for stacked sarjax
       decoders): the compiled state machine on token ids (this module), ``vocab_size`` required.
-      Called ``fn(params, batch, ref, *, key, ...)`` with ``batch`` a
-      :class:`~sarjax.attacks.text.requests.TextBatch` and ``ref`` None (the batch carries the
-      target ids); ``fn.jit(...)`` is the jit-safe entry.
+      Called ``fn(params, inputs, ref, *, key, ...)`` with ``inputs`` either
+      :class:`~sarjax.attacks.text.requests.TextRequests` (with ``tokenizer``: each request
+      rendered by its chat template, ``ref`` the targets, one string or one per request, None:
+      ``options.target``) or a :class:`~sarjax.attacks.text.requests.TextBatch` of token ids with
+      ``ref`` None (the batch lays the targets out: ref, the targets; None when the TextBatch
+      already lays them out); ``fn.jit(...)`` is the jit-safe entry.
 
     Args:
       model: the pool (see above).
@@ -302,7 +307,7 @@ def make_beast(
 
     Returns:
       On an ``LLMPool``, a :class:`~sarjax.attacks.text.beast_cross.CrossBEAST`; on a
-      ``TextModel``, a :class:`~sarjax.attacks.text.entry.TextAttackFn`: ``fn(params, batch, ref, *,
+      ``TextModel``, a :class:`~sarjax.attacks.text.entry.TextAttackFn`: ``fn(params, inputs, ref, *,
       key, mask=None, max_queries=None, sample_ids=None, allowed=None, suffix_init=None,
       init_len=None, texts=None) -> TextAttackResult`` and ``fn.jit(...)``; a call's ``suffix_init
       [B, Ls]`` + ``init_len`` is a seed suffix (right-aligned) every beam starts from.
@@ -314,36 +319,22 @@ def make_beast(
       ValueError: non-positive sizes, ``k1 * k2 > V``, an unknown sampler, temperature <= 0, an
         unknown criterion.
     """
-    options = BEASTOptions() if options is None else options
-    if not isinstance(options, BEASTOptions):
-        raise TypeError(f"make_beast: options must be a BEASTOptions, got {type(options).__name__}")
-    sampler = options.sampler
     k2 = beam_width if candidates is None else candidates
     sizes = [("suffix_len", suffix_len), ("beam_width", beam_width), ("candidates", k2)]
+    opts, slots = check_suffix_factory("make_beast", model, options, BEASTOptions, sizes, vocab_size, tokenizer)
+    sampler = opts.sampler
     if sampler not in ("multinomial", "greedy"):
         raise ValueError(f"make_beast: sampler must be 'multinomial' or 'greedy', got {sampler!r}")
     if not temperature > 0:
         raise ValueError(f"make_beast: temperature must be > 0, got {temperature}")
     if isinstance(model, LLMPool):
-        if vocab_size is not None or tokenizer is not None:
-            raise TypeError("make_beast: an LLMPool brings its own vocab_size and tokenizers; pass neither")
-        check_pool("make_beast", model)
-        sl = int(options.slots) if options.slots is not None else 2 * int(suffix_len)
-        for n, val in sizes + [("options.slots", sl)]:
-            if int(val) < 1:
-                raise ValueError(f"make_beast: {n} must be >= 1, got {val}")
-        return CrossBEAST(
-            model, suffix_len=int(suffix_len), beam_width=int(beam_width), candidates=int(k2),
-            temperature=float(temperature), sampler=sampler, loss=loss, target=options.target, slots=sl,
-            ascii_only=bool(options.ascii_only), criterion=TL.check_criterion("make_beast", criterion, loss),
+        cfg = CrossBEASTConfig(
+            suffix_len=int(suffix_len), beam_width=int(beam_width), candidates=int(k2), temperature=float(temperature),
+            sampler=sampler, loss=loss, criterion=TL.check_criterion("make_beast", criterion, loss),
+            target=opts.target, slots=slots, ascii_only=bool(opts.ascii_only),
         )  # fmt: skip
-    if not isinstance(model, TM.TextModel):
-        raise TypeError(f"make_beast: the model must be an LLMPool or a TextModel, got {type(model).__name__}")
-    if vocab_size is None:
-        raise TypeError("make_beast: a TextModel needs vocab_size (V, the embedding rows)")
-    for n, val in [("vocab_size", vocab_size)] + sizes:
-        if int(val) < 1:
-            raise ValueError(f"make_beast: {n} must be >= 1, got {val}")
+        return CrossBEAST(model, cfg)
+    assert vocab_size is not None  # check_suffix_factory: a TextModel has one
     if beam_width * k2 > vocab_size:
         raise ValueError(
             f"make_beast: beam_width * candidates = {beam_width * k2} exceeds the vocabulary ({vocab_size})"
@@ -360,8 +351,8 @@ def make_beast(
         suffix_len=int(suffix_len),
         tokenizer=tokenizer,
         grows=True,
+        target=opts.target,
         criterion=crit,
-        scores_sent=tokenizer is not None,
     )
 
 

@@ -127,45 +127,70 @@ class CrossBEASTResult(NamedTuple):
     retokenized: Any
 
 
+class CrossBEASTConfig(NamedTuple):
+    """The settings of a :class:`CrossBEAST` (built and checked by
+    :func:`~sarjax.attacks.text.beast.make_beast` from its arguments and
+    :class:`~sarjax.attacks.text.beast.BEASTOptions`).
+
+    Attributes:
+      suffix_len: ``Ls``, tokens appended at most (the proposer's tokens).
+      beam_width: ``k1``.
+      candidates: ``k2`` tokens drawn per beam.
+      temperature: sampling temperature.
+      sampler: ``"multinomial"`` or ``"greedy"``.
+      loss: per-member loss, minimised.
+      criterion: ``"target"`` or ``"refusal"``.
+      target: the default ``ref`` (the target or refusal string).
+      slots: the suffix token slots of every stack.
+      ascii_only: the default allowed vocabulary keeps printable-ASCII tokens only.
+    """
+
+    suffix_len: int
+    beam_width: int
+    candidates: int
+    temperature: float
+    sampler: str
+    loss: Any
+    criterion: str
+    target: str
+    slots: int
+    ascii_only: bool
+
+
 class CrossBEAST(HostDrivenEntry):
     """Joint BEAST on an :class:`~sarjax.models.llm.pool.LLMPool` whose members may use different
     tokenizers (see the module docstring). Build with :func:`~sarjax.attacks.text.beast.make_beast` on an ``LLMPool``; call
-    ``fn(params, instructions, ref, *, key, mask=None, max_queries=None, sample_ids=None,
-    system=None, suffix_init=None, chat_template=True, allowed=None) -> CrossBEASTResult``
-    (``ref``: the target response, one string or one per request; None: the factory's).
+    ``fn(params, inputs, ref, *, key, mask=None, max_queries=None, sample_ids=None,
+    suffix_init=None, allowed=None) -> CrossBEASTResult``
+    (``inputs``: :class:`~sarjax.attacks.text.requests.TextRequests` or request strings; ``ref``: the
+    targets, the target response, one string or one per request; None: the factory's default target).
     Host-driven: there is no ``fn.jit`` (it raises ``TypeError``).
     """
 
     host_reason = "the tokenizers run on the host between steps"
 
-    def __init__(
-        self,
-        pool,
-        *,
-        suffix_len,
-        beam_width,
-        candidates,
-        temperature,
-        sampler,
-        loss,
-        target,
-        slots,
-        ascii_only,
-        criterion,
-    ):
+    def __init__(self, pool, config: CrossBEASTConfig):
+        """Builds the attack (use the factory, which checks ``config`` first).
+
+        Args:
+          pool: the :class:`~sarjax.models.llm.pool.LLMPool`.
+          config: its :class:`CrossBEASTConfig` (checked by :func:`~sarjax.attacks.text.beast.make_beast`, which builds both)."""
+        if not isinstance(config, CrossBEASTConfig):
+            raise TypeError(f"CrossBEAST: config must be a CrossBEASTConfig, got {type(config).__name__}")
         self.pool = pool
         self.name = "cross_beast"
         self.__name__ = self.name
-        self.suffix_len = suffix_len
-        self.beam_width = beam_width
-        self.candidates = candidates
-        self.temperature = temperature
-        self.sampler = sampler
-        self.loss = loss
-        self.target = target
-        self.slots = slots
-        self.ascii_only = ascii_only
-        self.criterion = criterion
+        self.config = config
+        self.suffix_len = config.suffix_len
+        self.beam_width = config.beam_width
+        self.candidates = config.candidates
+        self.temperature = config.temperature
+        self.sampler = config.sampler
+        self.loss = config.loss
+        self.target = config.target
+        self.slots = config.slots
+        self.ascii_only = config.ascii_only
+        self.criterion = config.criterion
 
     def __repr__(self) -> str:
         return f"CrossBEAST(Ls={self.suffix_len}, k1={self.beam_width}, k2={self.candidates}, {self.sampler})"
@@ -188,16 +213,14 @@ class CrossBEAST(HostDrivenEntry):
     def __call__(
         self,
         params,
-        instructions: Sequence[str],
+        inputs: TR.TextRequests | Sequence[str],
         ref: str | Sequence[str] | None,
         *,
         key,
         mask=None,
         max_queries=None,
         sample_ids=None,
-        system: str | None = None,
         suffix_init: Sequence[str] | None = None,
-        chat_template: bool = True,
         allowed: Sequence[Any] | None = None,
         **call,
     ) -> CrossBEASTResult:
@@ -206,17 +229,19 @@ class CrossBEAST(HostDrivenEntry):
         Args:
           params: one stacked parameter tree per stack of the factory's pool
             (:func:`~sarjax.attacks.text.pool.pool_params`; e.g. its placed or updated weights).
-          instructions: ``B`` requests.
-          ref: the target response (one, or one per request); None: the factory's.
+          inputs: the ``B`` requests, a :class:`~sarjax.attacks.text.requests.TextRequests` (prompts,
+            system message, chat template or none: ``chat_template=False`` renders ``prompt + " " +
+            suffix`` for base models); a plain sequence of request strings is shorthand for
+            ``TextRequests(prompts)`` (:func:`~sarjax.attacks.text.requests.text_requests`).
+          ref: the targets: the target response this search scores (one string, or one per
+            request); None: the factory's default target (``BEASTOptions.target``).
           key: PRNG key (keyword-only, required).
           mask: ``[M]`` or ``[B, M]`` bool or 0/1, the members the objective covers (default all).
           max_queries: None, a scalar or ``[B]`` per-request cap summed over members (the SAR paper:
             15,000 per call).
           sample_ids: ``[B]`` non-negative ints (default ``arange(B)``).
-          system: optional system message.
           suffix_init: ``B`` seed texts (``""``: no seed), e.g. from a seed generator; each must
             pass :meth:`seed_violations`.
-          chat_template: False renders ``instruction + " " + suffix`` (base models).
           allowed: optional ``[V_s]`` bool per stack (default :meth:`allowed`).
           **call: none (an unknown keyword raises ``TypeError``; the base's ``**call`` is kept so
             that the signature stays compatible with :meth:`~sarjax.attacks.core.entry.Entry.__call__`).
@@ -233,9 +258,9 @@ class CrossBEAST(HostDrivenEntry):
             raise TypeError(f"{self.name}: key is required (a jax.random key); sarjax never defaults it")
         self._reject_keywords(call)
         pool = bind_params(self.name, self.pool, params)
-        c = pool_call(self.name, pool, instructions, ref, self.target, key, mask, sample_ids, max_queries)
-        stacks, instructions, mk, targets, sid, cap = c
-        bsz, m_total = len(instructions), sum(st.size for st in stacks)
+        c = pool_call(self.name, pool, inputs, ref, self.target, key, mask, sample_ids, max_queries)
+        stacks, requests, mk, targets, sid, cap = c
+        bsz, m_total = len(requests.prompts), sum(st.size for st in stacks)
         cov = mk > 0
         ncov = cov.sum(1)
         seeds = [""] * bsz if suffix_init is None else list(suffix_init)
@@ -260,7 +285,7 @@ class CrossBEAST(HostDrivenEntry):
         w = prop / nprop[:, None]
         # joint GCG's rendering of each stack's requests (chat template split at the suffix, padded
         # to multiples of 8)
-        reqs = [pool_requests(self.name, st, instructions, targets, system, chat_template) for st in stacks]
+        reqs = [pool_requests(self.name, st, requests, targets) for st in stacks]
         batches = [r.batch for r in reqs]
         jb = [TR.TextBatch(*(jnp.asarray(a) for a in b)) for b in batches]
         kw_dec = dict(skip_special_tokens=False, clean_up_tokenization_spaces=False)
@@ -392,4 +417,4 @@ class CrossBEAST(HostDrivenEntry):
         )  # fmt: skip
 
 
-__all__ = ["CrossBEAST", "CrossBEASTResult"]
+__all__ = ["CrossBEAST", "CrossBEASTConfig", "CrossBEASTResult"]

@@ -30,11 +30,16 @@ from sarjax.attacks.text.requests import (
     SlotTexts,
     TextBatch,
     TextProblem,
+    TextRequests,
     assemble,
     check_member_mask,
     check_ref_none,
+    render_requests,
+    request_targets,
     slot_text_bytes,
     suffix_mask,
+    text_batch,
+    text_requests,
 )
 from sarjax.attacks.text.retokenize import (
     DECODE,
@@ -88,36 +93,65 @@ class TextAttackResult(NamedTuple):
     retokenized: Any
 
 
-def host_problem(
-    name,
-    model,
-    params,
-    batch,
-    ref,
-    mask,
-    key,
-    *,
-    vocab_size,
-    ls,
-    max_queries,
-    allowed,
-    suffix_init,
-    sample_ids,
-    init_id,
-    init_len,
-    grows,
-):
+class SuffixSpec(NamedTuple):
+    """The suffix of a call: the factory's vocabulary and suffix shape with the call's budget,
+    allowed ids and start suffix (the record :func:`host_problem` and :func:`traced_problem` read).
+
+    Attributes:
+      vocab_size: ``V``.
+      ls: ``Ls``, the suffix slots.
+      max_queries: None, a scalar or ``[B]``: the cap of each request's queries summed over its
+        members.
+      allowed: ``[V]`` bool, the ids a suffix may use (None: all).
+      suffix_init: ``[Ls]`` or ``[B, Ls]`` start suffix, right-aligned (None: ``init_id`` x ``Ls``).
+      sample_ids: ``[B]`` ints; request ``b`` draws from ``fold_in(key, sample_ids[b])`` (None:
+        ``arange(B)``).
+      init_id: the default start token (None: the first allowed id).
+      init_len: ``[B]`` or scalar real tokens of ``suffix_init`` (None: ``Ls``; needs a
+        ``suffix_init``).
+      grows: the attack appends tokens (BEAST: ``init_len`` in ``[0, Ls]``, default 0) rather than
+        editing a full-length suffix (GCG: ``init_len == Ls``).
+      m: ``M``, the members (:func:`traced_problem` needs it; :func:`host_problem` counts them).
+    """
+
+    vocab_size: int
+    ls: int
+    max_queries: Any = None
+    allowed: Any = None
+    suffix_init: Any = None
+    sample_ids: Any = None
+    init_id: int | None = None
+    init_len: Any = None
+    grows: bool = False
+    m: int | None = None
+
+
+def host_problem(name: str, model, params, batch, ref, mask, key, spec: SuffixSpec) -> TextProblem:
     """Validates a call on the host and builds its :class:`TextProblem`.
+
+    Args:
+      name: the attack, for messages.
+      model: the :class:`~sarjax.attacks.text.model.TextModel`; params: its parameters.
+      batch: the :class:`TextBatch` (its ``target`` rows are the targets).
+      ref: must be None (the batch lays the targets out).
+      mask: ``[M]`` or ``[B, M]`` bool or 0/1 (None: every member).
+      key: the call's PRNG key.
+      spec: the :class:`SuffixSpec` (``spec.m`` is not read).
 
     Raises:
       TypeError: ``key`` is None, ``batch`` is not a TextBatch, ``ref`` is not None.
       ValueError: an id outside ``[0, V)``, a mask that is not bool or 0/1, a bad mask / allowed /
         cap / init shape, a disallowed init token (each naming what was expected and what came).
     """
+    vocab_size, ls, grows = spec.vocab_size, spec.ls, spec.grows
+    suffix_init, init_len = spec.suffix_init, spec.init_len
     if key is None:
         raise TypeError(f"{name}: key is required (a jax.random key); sarjax never defaults it")
     if not isinstance(batch, TextBatch):
-        raise TypeError(f"{name}: expected a TextBatch (see text_batch), got {type(batch).__name__}")
+        raise TypeError(
+            f"{name}: expected a TextBatch (see text_batch) or, with the factory's tokenizer, TextRequests; got "
+            f"{type(batch).__name__}"
+        )
     check_ref_none(name, ref)
     batch = TextBatch(*(np.asarray(a) for a in batch))
     bsz = batch.before.shape[0]
@@ -137,12 +171,12 @@ def host_problem(
         raise ValueError(f"{name}: after must be left-padded with >= 1 token per row when Pa > 0 (use text_batch)")
     m = member_count(model, params, batch)
     mk = check_member_mask(name, mask, bsz, m)
-    al = np.ones((vocab_size,), bool) if allowed is None else np.asarray(allowed, bool)
+    al = np.ones((vocab_size,), bool) if spec.allowed is None else np.asarray(spec.allowed, bool)
     if al.shape != (vocab_size,):
         raise ValueError(f"{name}: allowed must be [V={vocab_size}] bool, got shape {al.shape}")
     if not al.any():
         raise ValueError(f"{name}: allowed excludes every token id")
-    first = int(np.argmax(al)) if init_id is None else int(init_id)
+    first = int(np.argmax(al)) if spec.init_id is None else int(spec.init_id)
     if suffix_init is None:
         si = np.full((bsz, ls), first, np.int32)
         n0 = np.full((bsz,), 0 if grows else ls, np.int32)
@@ -164,26 +198,34 @@ def host_problem(
         raise ValueError(
             f"{name}: the start suffix uses ids outside the allowed vocabulary at (row, pos) {bad[:5].tolist()}"
         )
-    sid = check_sample_ids(sample_ids, bsz)
-    cap = Q.normalize_cap(max_queries, bsz)
+    sid = check_sample_ids(spec.sample_ids, bsz)
+    cap = Q.normalize_cap(spec.max_queries, bsz)
     jb = TextBatch(*(jnp.asarray(a, jnp.int32) for a in batch))
     si = np.where(real, si, 0)
     return TextProblem(jb, jnp.asarray(mk), jnp.asarray(al), cap, key, sid, jnp.asarray(si, jnp.int32), jnp.asarray(n0))
 
 
-def traced_problem(
-    batch, ref, mask, key, *, vocab_size, ls, max_queries, allowed, suffix_init, sample_ids, init_id, m, init_len, grows
-):
+def traced_problem(batch, ref, mask, key, spec: SuffixSpec) -> TextProblem:
     """The :class:`TextProblem` with ``jnp`` operations only (jit-safe; no validation but the
-    static ones: a key, ``ref`` None)."""
+    static ones: a key, ``ref`` None, ``spec.m`` given).
+
+    Args:
+      batch: the :class:`TextBatch`; ref: None (the batch lays the targets out).
+      mask: ``[M]`` or ``[B, M]`` (None: every member); key: the call's PRNG key.
+      spec: the :class:`SuffixSpec`, with ``m``.
+    """
     if key is None:
         raise TypeError("key is required (a jax.random key); sarjax never defaults it")
     check_ref_none("jit", ref)
+    if spec.m is None:
+        raise TypeError("traced_problem: spec.m (the members M) is required")
+    vocab_size, ls, m, grows = spec.vocab_size, spec.ls, spec.m, spec.grows
+    suffix_init, init_len, allowed, sample_ids = spec.suffix_init, spec.init_len, spec.allowed, spec.sample_ids
     batch = TextBatch(*(jnp.asarray(a).astype(jnp.int32) for a in batch))
     bsz = batch.before.shape[0]
     mk = jnp.ones((bsz, m), jnp.float32) if mask is None else jnp.broadcast_to(jnp.asarray(mask, jnp.float32), (bsz, m))
     al = jnp.ones((vocab_size,), bool) if allowed is None else jnp.asarray(allowed, bool)
-    first = jnp.argmax(al).astype(jnp.int32) if init_id is None else jnp.int32(init_id)
+    first = jnp.argmax(al).astype(jnp.int32) if spec.init_id is None else jnp.int32(spec.init_id)
     si = (
         jnp.full((bsz, ls), first, jnp.int32)
         if suffix_init is None
@@ -195,7 +237,7 @@ def traced_problem(
     else:
         n0 = jnp.broadcast_to(jnp.asarray(ls if init_len is None else init_len, jnp.int32), (bsz,))
     si = jnp.where(jnp.arange(ls)[None] >= ls - n0[:, None], si, 0)
-    return TextProblem(batch, mk, al, Q.cap_array(max_queries, bsz), key, sid, si, n0)
+    return TextProblem(batch, mk, al, Q.cap_array(spec.max_queries, bsz), key, sid, si, n0)
 
 
 def audit_text(name: str, problem: TextProblem, result: TextAttackResult, tokenizer=None) -> None:
@@ -251,24 +293,49 @@ def audit_text(name: str, problem: TextProblem, result: TextAttackResult, tokeni
         raise ValueError(f"{name}: output violates the threat model: " + " | ".join(problems))
 
 
+def _is_requests(inputs) -> bool:
+    """``inputs`` are requests as text: :class:`TextRequests`, or a non-empty list / tuple of strings
+    (not a :class:`TextBatch`)."""
+    if isinstance(inputs, TextRequests):
+        return True
+    return (
+        isinstance(inputs, (list, tuple))
+        and not isinstance(inputs, TextBatch)
+        and len(inputs) > 0
+        and all(isinstance(x, str) for x in inputs)
+    )
+
+
 class TextAttackFn(Entry):
     """The entries of a token-level suffix attack (joint GCG, joint BEAST).
 
-    - ``fn(params, batch, ref, *, key, mask=None, max_queries=None, sample_ids=None, allowed=None,
+    - ``fn(params, inputs, ref, *, key, mask=None, max_queries=None, sample_ids=None, allowed=None,
       suffix_init=None, init_len=None, texts=None) -> TextAttackResult``: the audited entry:
       validate on the host, run the compiled state machine
       (:func:`~sarjax.attacks.core.protocol.run_jit`), audit (:func:`audit_text`), then, with the
       factory's ``tokenizer``, re-tokenize every returned prompt as TEXT and judge every member
       again on those ids where they changed (:attr:`TextAttackResult.sent`,
       :attr:`TextAttackResult.retokenized`).
-    - ``fn.jit(...)``, same arguments but ``texts``: the same state machine with the problem built
-      by ``jnp`` operations only (no host call, no validation, no audit, no re-tokenization).
+    - ``fn.jit(...)``, same arguments but ``texts``, ``inputs`` a :class:`TextBatch` only: the
+      same state machine with the problem built by ``jnp`` operations only (no host call, no
+      validation, no audit, no re-tokenization).
+    - ``fn.render(requests, ref)``: the :class:`TextBatch` (and slot texts) the audited entry runs
+      for :class:`TextRequests` (e.g. to call ``fn.jit``).
     - ``fn.attack``: the state machine.
 
     Arguments of a call:
       params: the pool's parameters (what ``model``'s functions read).
-      batch: the requests, a :class:`TextBatch` (:func:`text_batch`).
-      ref: None: the batch carries each request's target (or refusal) ids.
+      inputs: the requests, in one of two forms:
+
+        - :class:`TextRequests` (or a sequence of request strings as shorthand), with the
+          factory's ``tokenizer``: each request rendered by the tokenizer's chat template as the
+          pool searches render it (:meth:`render`), then the same compiled machine;
+        - a :class:`TextBatch` (:func:`text_batch`), the pre-tokenized form (what ``fn.jit``
+          takes).
+      ref: the targets (the refusal or target strings a search scores): with
+        :class:`TextRequests`, one string or one per request (None: the factory's default target,
+        ``GCGOptions.target`` / ``BEASTOptions.target``); None when the :class:`TextBatch`
+        already lays them out (its ``target`` rows are the targets).
       key: PRNG key (keyword-only, required).
       mask: ``[M]`` or ``[B, M]`` bool or 0/1, the members the objective covers (None: all).
       max_queries: None, a scalar or ``[B]``: the cap of each request's queries summed over its
@@ -277,14 +344,15 @@ class TextAttackFn(Entry):
       allowed: ``[V]`` bool, the ids a suffix may use.
       suffix_init, init_len: the start suffix ``[Ls]`` or ``[B, Ls]`` (right-aligned) and its
         real tokens (BEAST's seed).
-      texts: ``(before [B] str, after [B] str)``, the rendered text around each request's suffix
-        slot (:func:`slot_texts`; each must encode to the batch's block): the prompt that is sent
-        is ``before + decode(suffix) + after`` tokenized whole. None: each block's ids decoded
-        (exact when a block's text round-trips through the tokenizer). Needs the tokenizer.
+      texts: with a :class:`TextBatch`, ``(before [B] str, after [B] str)``, the rendered text
+        around each request's suffix slot (:func:`slot_texts`; each must encode to the batch's
+        block): the prompt that is sent is ``before + decode(suffix) + after`` tokenized whole.
+        None: each block's ids decoded (exact when a block's text round-trips through the
+        tokenizer). Needs the tokenizer. :class:`TextRequests` bring their own.
 
     A subclass of the image attacks' :class:`~sarjax.attacks.core.entry.Entry`: one code path
     through its hooks ``_host_problem`` / ``_traced_problem`` / ``_audit_result``; ``__call__``
-    adds the re-tokenization after :meth:`Entry.__call__`.
+    renders :class:`TextRequests` before and adds the re-tokenization after :meth:`Entry.__call__`.
 
     Args:
       attack: the state machine (:class:`~sarjax.attacks.core.Attack`).
@@ -292,20 +360,21 @@ class TextAttackFn(Entry):
       model: the :class:`TextModel`.
       vocab_size: ``V``.
       suffix_len: ``Ls``.
-      tokenizer: optional; when given the audit also checks that the suffix re-tokenizes, and the
-        audited entry re-tokenizes the whole prompt.
+      tokenizer: optional; when given, the state machine scores the ids of the text that is sent
+        (it holds a :class:`Retokenizer` of it: the audited entry puts the call's ``texts`` into
+        the problem, :attr:`TextProblem.texts`), the audit also checks that the suffix
+        re-tokenizes, the audited entry re-tokenizes the whole prompt, and the call accepts
+        :class:`TextRequests`.
       init_id: default start token of a suffix (None: the first allowed id).
       grows: the attack appends tokens (BEAST: ``init_len`` may be < ``Ls``, default 0) rather
         than editing a full-length suffix (GCG: ``init_len == Ls``).
+      target: the default target string of a :class:`TextRequests` call (``ref`` None).
       criterion: the success criterion (:attr:`TextAttackResult.success`).
-      scores_sent: the state machine scores the ids of the text that is sent (it holds a
-        :class:`Retokenizer` of ``tokenizer``): the audited entry puts the call's ``texts`` into
-        the problem (:attr:`TextProblem.texts`).
     """
 
     def __init__(
-        self, attack, *, name, model, vocab_size, suffix_len, tokenizer=None, init_id=None, grows=False, criterion,
-        scores_sent=False,
+        self, attack, *, name, model, vocab_size, suffix_len, tokenizer=None, init_id=None, grows=False, target=None,
+        criterion,
     ):  # fmt: skip
         self._attack = attack
         self.name = name
@@ -317,23 +386,26 @@ class TextAttackFn(Entry):
         self.tokenizer = tokenizer
         self.init_id = init_id
         self.grows = grows
+        self.target = target
         self.criterion = criterion
-        self.scores_sent = bool(scores_sent)
+        self.scores_sent = tokenizer is not None
 
     @property
     def attack(self):
         """The state machine."""
         return self._attack
 
+    def _spec(self, **call) -> SuffixSpec:
+        return SuffixSpec(self.vocab_size, self.suffix_len, init_id=self.init_id, grows=self.grows, **call)
+
     def _host_problem(
         self, params, batch, ref, mask, key, *, max_queries=None, sample_ids=None, allowed=None, suffix_init=None,
         init_len=None, texts=None,
     ):  # fmt: skip
-        problem = host_problem(
-            self.name, self.model, params, batch, ref, mask, key, vocab_size=self.vocab_size, ls=self.suffix_len,
-            max_queries=max_queries, allowed=allowed, suffix_init=suffix_init, sample_ids=sample_ids, init_id=self.init_id,
-            init_len=init_len, grows=self.grows,
-        )  # fmt: skip
+        spec = self._spec(
+            max_queries=max_queries, allowed=allowed, suffix_init=suffix_init, sample_ids=sample_ids, init_len=init_len
+        )
+        problem = host_problem(self.name, self.model, params, batch, ref, mask, key, spec)
         if not (self.scores_sent and self.tokenizer is not None):
             return problem
         si, n0 = host(problem.suffix_init), host(problem.init_len)
@@ -358,19 +430,64 @@ class TextAttackFn(Entry):
             raise TypeError(
                 f"{self.name}.jit: texts is read by the audited entry only (re-tokenization runs on the host)"
             )
+        if _is_requests(batch):
+            raise TypeError(
+                f"{self.name}.jit: takes a TextBatch (token ids; its target rows are the targets), got "
+                f"{type(batch).__name__}; fn.render(requests, ref) renders TextRequests into one"
+            )
         m = member_count(self.model, params, TextBatch(*(jnp.asarray(a) for a in batch)))
-        return traced_problem(
-            batch, ref, mask, key, vocab_size=self.vocab_size, ls=self.suffix_len, max_queries=max_queries,
-            allowed=allowed, suffix_init=suffix_init, sample_ids=sample_ids, init_id=self.init_id, m=m,
-            init_len=init_len, grows=self.grows,
+        spec = self._spec(
+            max_queries=max_queries, allowed=allowed, suffix_init=suffix_init, sample_ids=sample_ids,
+            init_len=init_len, m=m,
         )  # fmt: skip
+        return traced_problem(batch, ref, mask, key, spec)
+
+    def render(self, inputs, ref) -> tuple[TextBatch, tuple[list[str], list[str]]]:
+        """The :class:`TextBatch` and slot texts of a :class:`TextRequests` call (host side): each
+        request rendered by the factory's tokenizer and chat template
+        (:func:`~sarjax.attacks.text.requests.render_requests`, the rendering of the pool
+        searches), each block tokenized apart and padded by :func:`text_batch` (the tokenizer's pad
+        id).
+
+        Args:
+          inputs: :class:`TextRequests`, or a sequence of request strings.
+          ref: the targets: one string or one per request (None: the factory's default target).
+
+        Returns:
+          ``(batch, (before [B] str, after [B] str))``: the call ``fn(params, batch, None, ...,
+          texts=(before, after))`` is the call ``fn(params, inputs, ref, ...)``.
+
+        Raises:
+          TypeError: no tokenizer; ``inputs`` not requests; ``ref`` missing or not strings.
+          ValueError: ``ref`` not one or ``B`` strings; a block that encodes to no token.
+        """
+        if self.tokenizer is None:
+            raise TypeError(
+                f"{self.name}: TextRequests need the factory's tokenizer to be rendered (make_*(..., tokenizer=...)); "
+                "without one pass a TextBatch of token ids (text_batch)"
+            )
+        req = text_requests(self.name, inputs)
+        targets = request_targets(self.name, ref, self.target, len(req.prompts))
+        r = render_requests(self.name, self.tokenizer, req, targets)
+        pad = getattr(self.tokenizer, "pad_token_id", None)
+        batch = text_batch(r.before, r.after, r.target, pad_id=int(pad) if pad is not None else 0)
+        return batch, (list(r.before_text), list(r.after_text))
 
     def _audit_result(self, params, problem, result) -> None:
         audit_text(self.name, problem, result, self.tokenizer)
 
     def __call__(self, params, batch, ref, *, key, mask=None, texts=None, **call) -> TextAttackResult:
-        """Validate -> the compiled state machine -> audit (:meth:`Entry.__call__`), then the
-        re-tokenization of the returned prompts (see the class docstring)."""
+        """Render :class:`TextRequests` (:meth:`render`) -> validate -> the compiled state machine
+        -> audit (:meth:`Entry.__call__`), then the re-tokenization of the returned prompts (see
+        the class docstring; ``batch`` is the call's ``inputs``)."""
+        if _is_requests(batch):
+            if texts is not None:
+                raise TypeError(
+                    f"{self.name}: texts come from the TextRequests (rendered by the tokenizer); pass texts with a "
+                    "TextBatch only"
+                )
+            batch, texts = self.render(batch, ref)
+            ref = None
         if texts is not None and self.tokenizer is None:
             raise TypeError(f"{self.name}: texts needs the factory's tokenizer (make_*(..., tokenizer=...))")
         result = super().__call__(params, batch, ref, key=key, mask=mask, texts=texts, **call)
@@ -472,6 +589,7 @@ __all__ = [
     "audit_text",
     "compact_right",
     "finish",
+    "SuffixSpec",
     "host_problem",
     "resend",
     "traced_problem",

@@ -47,8 +47,8 @@ from sarjax.attacks.text import losses as TL
 from sarjax.attacks.text import model as TM
 from sarjax.attacks.text import requests as TR
 from sarjax.attacks.text import retokenize as TK
-from sarjax.attacks.text.gcg_joint import JointGCG
-from sarjax.attacks.text.pool import check_pool
+from sarjax.attacks.text.gcg_joint import JointGCG, JointGCGConfig
+from sarjax.attacks.text.pool import check_suffix_factory
 from sarjax.models.llm.pool import LLMPool
 
 
@@ -251,15 +251,20 @@ def make_gcg(
     - An :class:`~sarjax.models.llm.pool.LLMPool` (every stack with a tokenizer, one tokenizer or
       several): the joint GCG of the SAR paper on text (:class:`~sarjax.attacks.text.gcg_joint.JointGCG`,
       host-driven: the suffix is exchanged as TEXT between the members' tokenizers). Called
-      ``fn(params, instructions, ref, *, key, ...)`` with ``params`` the pool's weights
-      (:func:`~sarjax.attacks.text.pool.pool_params`), ``instructions`` the ``B`` request strings
-      and ``ref`` the refusal (one string or one per request; None: ``options.target``).
+      ``fn(params, inputs, ref, *, key, ...)`` with ``params`` the pool's weights
+      (:func:`~sarjax.attacks.text.pool.pool_params`), ``inputs`` the ``B`` requests
+      (:class:`~sarjax.attacks.text.requests.TextRequests`: prompts, system message, chat template
+      or none; or the request strings) and ``ref`` the targets: the refusal (one string or one per
+      request; None: ``options.target``).
     - A :class:`~sarjax.attacks.text.model.TextModel` (a user's own model functions over one
       vocabulary; :func:`~sarjax.attacks.text.model.llm_text_model` for stacked sarjax
       decoders): the compiled state machine on token ids (this module), ``vocab_size`` required.
-      Called ``fn(params, batch, ref, *, key, ...)`` with ``batch`` a
-      :class:`~sarjax.attacks.text.requests.TextBatch` and ``ref`` None (the batch carries the
-      refusal / target ids); ``fn.jit(...)`` is the jit-safe entry.
+      Called ``fn(params, inputs, ref, *, key, ...)`` with ``inputs`` either
+      :class:`~sarjax.attacks.text.requests.TextRequests` (with ``tokenizer``: each request
+      rendered by its chat template, ``ref`` the targets, one string or one per request, None:
+      ``options.target``) or a :class:`~sarjax.attacks.text.requests.TextBatch` of token ids with
+      ``ref`` None (the batch lays the targets out: ref, the targets; None when the TextBatch
+      already lays them out); ``fn.jit(...)`` is the jit-safe entry.
 
     Args:
       model: the pool (see above).
@@ -288,7 +293,7 @@ def make_gcg(
 
     Returns:
       On an ``LLMPool``, a :class:`~sarjax.attacks.text.gcg_joint.JointGCG`; on a ``TextModel``, a
-      :class:`~sarjax.attacks.text.entry.TextAttackFn`: ``fn(params, batch, ref, *, key,
+      :class:`~sarjax.attacks.text.entry.TextAttackFn`: ``fn(params, inputs, ref, *, key,
       mask=None, max_queries=None, sample_ids=None, allowed=None, suffix_init=None, texts=None) ->
       TextAttackResult`` and ``fn.jit(...)``.
 
@@ -298,30 +303,16 @@ def make_gcg(
         not a :class:`GCGOptions`.
       ValueError: a non-positive size, an unknown criterion.
     """
-    options = GCGOptions() if options is None else options
-    if not isinstance(options, GCGOptions):
-        raise TypeError(f"make_gcg: options must be a GCGOptions, got {type(options).__name__}")
     sizes = [("num_steps", num_steps), ("suffix_len", suffix_len), ("topk", topk), ("num_candidates", num_candidates)]
+    opts, slots = check_suffix_factory("make_gcg", model, options, GCGOptions, sizes, vocab_size, tokenizer)
     if isinstance(model, LLMPool):
-        if vocab_size is not None or tokenizer is not None:
-            raise TypeError("make_gcg: an LLMPool brings its own vocab_size and tokenizers; pass neither")
-        check_pool("make_gcg", model)
-        sl = int(options.slots) if options.slots is not None else 2 * int(suffix_len)
-        for n, val in sizes + [("options.slots", sl)]:
-            if int(val) < 1:
-                raise ValueError(f"make_gcg: {n} must be >= 1, got {val}")
-        return JointGCG(
-            model, num_steps=int(num_steps), suffix_len=int(suffix_len), topk=int(topk),
-            num_candidates=int(num_candidates), loss=loss, target=options.target, init_text=options.init_text,
-            slots=sl, ascii_only=bool(options.ascii_only), criterion=TL.check_criterion("make_gcg", criterion, loss),
+        cfg = JointGCGConfig(
+            num_steps=int(num_steps), suffix_len=int(suffix_len), topk=int(topk), num_candidates=int(num_candidates),
+            loss=loss, criterion=TL.check_criterion("make_gcg", criterion, loss), target=opts.target,
+            init_text=opts.init_text, slots=slots, ascii_only=bool(opts.ascii_only),
         )  # fmt: skip
-    if not isinstance(model, TM.TextModel):
-        raise TypeError(f"make_gcg: the model must be an LLMPool or a TextModel, got {type(model).__name__}")
-    if vocab_size is None:
-        raise TypeError("make_gcg: a TextModel needs vocab_size (V, the embedding rows)")
-    for n, val in [("vocab_size", vocab_size)] + sizes:
-        if int(val) < 1:
-            raise ValueError(f"make_gcg: {n} must be >= 1, got {val}")
+        return JointGCG(model, cfg)
+    assert vocab_size is not None  # check_suffix_factory: a TextModel has one
     crit = TL.check_criterion("make_gcg", criterion, loss)
     retok = None if tokenizer is None else TK.Retokenizer(tokenizer)
     cfg = GCGConfig(model, loss, int(suffix_len), int(topk), int(num_candidates), crit, retok)
@@ -333,9 +324,9 @@ def make_gcg(
         vocab_size=int(vocab_size),
         suffix_len=int(suffix_len),
         tokenizer=tokenizer,
-        init_id=options.init_id,
+        init_id=opts.init_id,
+        target=opts.target,
         criterion=crit,
-        scores_sent=tokenizer is not None,
     )
 
 

@@ -144,12 +144,43 @@ class JointGCGResult(NamedTuple):
     proposers: Any
 
 
+class JointGCGConfig(NamedTuple):
+    """The settings of a :class:`JointGCG` (built and checked by
+    :func:`~sarjax.attacks.text.gcg.make_gcg` from its arguments and
+    :class:`~sarjax.attacks.text.gcg.GCGOptions`).
+
+    Attributes:
+      num_steps: steps per call.
+      suffix_len: the start suffix's length in words.
+      topk: top-k substitutions per position.
+      num_candidates: candidates per step.
+      loss: per-member loss, minimised.
+      criterion: ``"refusal"`` or ``"target"``.
+      target: the default ``ref`` (the refusal or target string).
+      init_text: the start suffix text (None: :func:`~sarjax.attacks.text.pool.start_text`).
+      slots: the suffix token slots of every stack.
+      ascii_only: the default allowed vocabulary keeps printable-ASCII tokens only.
+    """
+
+    num_steps: int
+    suffix_len: int
+    topk: int
+    num_candidates: int
+    loss: Any
+    criterion: str
+    target: str
+    init_text: str | None
+    slots: int
+    ascii_only: bool
+
+
 class JointGCG(HostDrivenEntry):
     """Joint GCG on an :class:`~sarjax.models.llm.pool.LLMPool` whose members may use different
     tokenizers (the SAR paper; Zou et al. 2023). Build with :func:`~sarjax.attacks.text.gcg.make_gcg` on an ``LLMPool``; call
-    ``fn(params, instructions, ref, *, key, mask=None, max_queries=None, sample_ids=None,
-    system=None, suffix_init=None, chat_template=True, allowed=None) -> JointGCGResult``
-    (``ref``: the refusal, one string or one per request; None: the factory's). Host-driven:
+    ``fn(params, inputs, ref, *, key, mask=None, max_queries=None, sample_ids=None,
+    suffix_init=None, allowed=None) -> JointGCGResult``
+    (``inputs``: :class:`~sarjax.attacks.text.requests.TextRequests` or request strings; ``ref``: the
+    targets, the refusal, one string or one per request; None: the factory's default target). Host-driven:
     there is no ``fn.jit`` (it raises ``TypeError``).
 
     One step, per request ``b`` with covered members ``C_b`` (in ``pool.names`` order):
@@ -187,34 +218,28 @@ class JointGCG(HostDrivenEntry):
 
     host_reason = "the tokenizers run on the host between steps"
 
-    def __init__(
-        self,
-        pool,
-        *,
-        num_steps,
-        suffix_len,
-        topk,
-        num_candidates,
-        loss,
-        target,
-        init_text,
-        slots,
-        ascii_only,
-        criterion,
-    ):
+    def __init__(self, pool, config: JointGCGConfig):
+        """Builds the attack (use the factory, which checks ``config`` first).
+
+        Args:
+          pool: the :class:`~sarjax.models.llm.pool.LLMPool`.
+          config: its :class:`JointGCGConfig` (checked by :func:`~sarjax.attacks.text.gcg.make_gcg`, which builds both)."""
+        if not isinstance(config, JointGCGConfig):
+            raise TypeError(f"JointGCG: config must be a JointGCGConfig, got {type(config).__name__}")
         self.pool = pool
         self.name = "joint_gcg"
         self.__name__ = self.name
-        self.num_steps = num_steps
-        self.suffix_len = suffix_len
-        self.topk = topk
-        self.num_candidates = num_candidates
-        self.loss = loss
-        self.target = target
-        self.init_text = init_text
-        self.slots = slots
-        self.ascii_only = ascii_only
-        self.criterion = criterion
+        self.config = config
+        self.num_steps = config.num_steps
+        self.suffix_len = config.suffix_len
+        self.topk = config.topk
+        self.num_candidates = config.num_candidates
+        self.loss = config.loss
+        self.target = config.target
+        self.init_text = config.init_text
+        self.slots = config.slots
+        self.ascii_only = config.ascii_only
+        self.criterion = config.criterion
 
     def __repr__(self) -> str:
         return f"JointGCG(steps={self.num_steps}, Ls={self.suffix_len}, topk={self.topk}, nc={self.num_candidates})"
@@ -231,16 +256,14 @@ class JointGCG(HostDrivenEntry):
     def __call__(
         self,
         params,
-        instructions: Sequence[str],
+        inputs: TR.TextRequests | Sequence[str],
         ref: str | Sequence[str] | None,
         *,
         key,
         mask=None,
         max_queries=None,
         sample_ids=None,
-        system: str | None = None,
         suffix_init: str | Sequence[str] | None = None,
-        chat_template: bool = True,
         allowed: Sequence[Any] | None = None,
         **call,
     ) -> JointGCGResult:
@@ -249,15 +272,17 @@ class JointGCG(HostDrivenEntry):
         Args:
           params: one stacked parameter tree per stack of the factory's pool
             (:func:`~sarjax.attacks.text.pool.pool_params`; e.g. its placed or updated weights).
-          instructions: ``B`` requests (e.g. HarmBench behaviors).
-          ref: the fixed refusal (one string, or one per request); None: the factory's.
+          inputs: the ``B`` requests, a :class:`~sarjax.attacks.text.requests.TextRequests` (prompts,
+            system message, chat template or none: ``chat_template=False`` renders ``prompt + " " +
+            suffix`` for base models); a plain sequence of request strings is shorthand for
+            ``TextRequests(prompts)`` (:func:`~sarjax.attacks.text.requests.text_requests`).
+          ref: the targets: the refusal this search scores (one string, or one per request); None:
+            the factory's default target (``GCGOptions.target``).
           key: PRNG key (keyword-only, required).
           mask: ``[M]`` or ``[B, M]`` bool or 0/1, the members the objective covers (default all).
           max_queries: None, a scalar or ``[B]`` per-request cap (summed over members).
           sample_ids: ``[B]`` non-negative ints (default ``arange(B)``).
-          system: optional system message.
           suffix_init: the start suffix text (one, or one per request); default the factory's.
-          chat_template: False renders ``instruction + " " + suffix`` (base models).
           allowed: optional ``[V_s]`` bool per stack (default :func:`~sarjax.attacks.text.retokenize.allowed_vocab`).
           **call: none (an unknown keyword raises ``TypeError``; the base's ``**call`` is kept so
             that the signature stays compatible with :meth:`~sarjax.attacks.core.entry.Entry.__call__`).
@@ -274,9 +299,9 @@ class JointGCG(HostDrivenEntry):
             raise TypeError(f"{self.name}: key is required (a jax.random key); sarjax never defaults it")
         self._reject_keywords(call)
         pool = bind_params(self.name, self.pool, params)
-        c = pool_call(self.name, pool, instructions, ref, self.target, key, mask, sample_ids, max_queries)
-        stacks, instructions, mk, targets, sid, cap = c
-        bsz = len(instructions)
+        c = pool_call(self.name, pool, inputs, ref, self.target, key, mask, sample_ids, max_queries)
+        stacks, requests, mk, targets, sid, cap = c
+        bsz = len(requests.prompts)
         offsets = np.cumsum([0] + [st.size for st in stacks])[:-1]
         stack_of = np.concatenate([np.full(st.size, i) for i, st in enumerate(stacks)])
         cov = mk > 0
@@ -298,7 +323,7 @@ class JointGCG(HostDrivenEntry):
         init_texts = [init] * bsz if isinstance(init, str) else list(init)
         if len(init_texts) != bsz:
             raise ValueError(f"{self.name}: suffix_init must be one string or {bsz}, got {len(init_texts)}")
-        reqs = [pool_requests(self.name, st, instructions, targets, system, chat_template) for st in stacks]
+        reqs = [pool_requests(self.name, st, requests, targets) for st in stacks]
         batches = [r.batch for r in reqs]
         jb = [TR.TextBatch(*(jnp.asarray(a) for a in b)) for b in batches]
         bad = []
@@ -431,5 +456,6 @@ class JointGCG(HostDrivenEntry):
 
 __all__ = [
     "JointGCG",
+    "JointGCGConfig",
     "JointGCGResult",
 ]

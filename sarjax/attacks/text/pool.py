@@ -7,7 +7,7 @@ are sent.
 import dataclasses
 import functools
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -20,7 +20,8 @@ from sarjax.attacks.text import model as TM
 from sarjax.attacks.text import requests as TR
 from sarjax.attacks.text import retokenize as TK
 from sarjax.models.llm.pool import LLMPool, left_pad
-from sarjax.models.llm.prompts import encode_text
+
+_O = TypeVar("_O")
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "loss"))
@@ -148,35 +149,36 @@ class PoolRequests(NamedTuple):
     after: list
 
 
-def pool_requests(name, stack, instructions, targets, system, chat_template) -> PoolRequests:
-    """Stack ``stack``'s :class:`PoolRequests` (its tokenizer and chat template).
+def pool_requests(name: str, stack, requests: TR.TextRequests, targets: Sequence[str]) -> PoolRequests:
+    """Stack ``stack``'s :class:`PoolRequests`: the requests rendered by its tokenizer and chat
+    template (:func:`~sarjax.attacks.text.requests.render_requests`), every block padded to a
+    multiple of 8 tokens.
+
+    Args:
+      name: the caller, for messages.
+      stack: the :class:`~sarjax.models.llm.pool.LLMStack`.
+      requests: checked :class:`~sarjax.attacks.text.requests.TextRequests` (prompts, system
+        message, chat template or none).
+      targets: ``B`` target strings.
 
     Raises:
       ValueError: a block that encodes to no token; some requests with a template tail, others none.
     """
     tok = stack.tokenizer
-    bt, at = TR.slot_texts(tok, instructions, system=system, chat_template=chat_template)
-    before = [encode_text(tok, x) for x in bt]
-    after = [encode_text(tok, x) for x in at]
-    target = [encode_text(tok, x) for x in targets]
-    for what, seqs in (("before", before), ("target", target)):
-        if any(len(q) == 0 for q in seqs):
-            raise ValueError(f"{name}: stack {stack.names}: a request's {what} block encodes to no token")
-    if any(len(q) == 0 for q in after) and any(len(q) for q in after):
-        raise ValueError(f"{name}: stack {stack.names}: some requests have a template tail, others none")
+    r = TR.render_requests(name, tok, requests, targets, where=f"stack {stack.names}: ")
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    b, bm = _pad_rows(before, True, pad, _round_up(max(map(len, before))))
-    la = max(map(len, after))
-    a, am = _pad_rows(after, True, pad, _round_up(la) if la else 0)
-    t, tm = _pad_rows(target, False, pad, _round_up(max(map(len, target))))
-    return PoolRequests(TR.TextBatch(b, bm, a, am, t, tm), bt, at)
+    b, bm = _pad_rows(r.before, True, pad, _round_up(max(map(len, r.before))))
+    la = max(map(len, r.after))
+    a, am = _pad_rows(r.after, True, pad, _round_up(la) if la else 0)
+    t, tm = _pad_rows(r.target, False, pad, _round_up(max(map(len, r.target))))
+    return PoolRequests(TR.TextBatch(b, bm, a, am, t, tm), r.before_text, r.after_text)
 
 
 class PoolCall(NamedTuple):
     """The checked arguments of a pool attack's call (host side)."""
 
     stacks: tuple
-    instructions: list
+    requests: TR.TextRequests
     mask: Any  # [B, M] float64 0/1
     targets: list
     sample_ids: Any  # [B] int64
@@ -196,6 +198,54 @@ def check_pool(name: str, pool: Any) -> LLMPool:
         if st.tokenizer is None:
             raise TypeError(f"{name}: stack {st.names} has no tokenizer; the text exchange needs one")
     return pool
+
+
+def check_suffix_factory(
+    name: str, model: Any, options: _O | None, options_type: type[_O], sizes: list, vocab_size, tokenizer
+) -> tuple[_O, int]:
+    """The checks :func:`~sarjax.attacks.text.gcg.make_gcg` and
+    :func:`~sarjax.attacks.text.beast.make_beast` share (host side): the options record, the model
+    (an :class:`~sarjax.models.llm.pool.LLMPool` brings its own vocabulary and tokenizers; a
+    :class:`~sarjax.attacks.text.model.TextModel` needs ``vocab_size``) and every size >= 1.
+
+    Args:
+      name: the factory, for messages.
+      model: the factory's model.
+      options: the factory's options (None: ``options_type()``).
+      options_type: :class:`~sarjax.attacks.text.gcg.GCGOptions` or
+        :class:`~sarjax.attacks.text.beast.BEASTOptions` (both with ``slots``).
+      sizes: ``(name, value)`` pairs that must be >= 1, ``("suffix_len", Ls)`` among them.
+      vocab_size, tokenizer: the factory's (a ``TextModel``'s only).
+
+    Returns:
+      ``(options, slots)``: ``slots`` is the suffix token slots of every stack of an ``LLMPool``
+      (``options.slots``; None: ``2 * suffix_len``; a ``TextModel`` does not read it).
+
+    Raises:
+      TypeError: options of another type; a model that is neither; ``vocab_size`` / ``tokenizer``
+        with an ``LLMPool``; a ``TextModel`` without ``vocab_size``; a stack without a tokenizer.
+      ValueError: a size < 1.
+    """
+    opts = options_type() if options is None else options
+    if not isinstance(opts, options_type):
+        raise TypeError(f"{name}: options must be a {options_type.__name__}, got {type(opts).__name__}")
+    given = getattr(opts, "slots", None)
+    slots = int(given) if given is not None else 2 * int(dict(sizes)["suffix_len"])
+    if isinstance(model, LLMPool):
+        if vocab_size is not None or tokenizer is not None:
+            raise TypeError(f"{name}: an LLMPool brings its own vocab_size and tokenizers; pass neither")
+        check_pool(name, model)
+        checks = list(sizes) + [("options.slots", slots)]
+    else:
+        if not isinstance(model, TM.TextModel):
+            raise TypeError(f"{name}: the model must be an LLMPool or a TextModel, got {type(model).__name__}")
+        if vocab_size is None:
+            raise TypeError(f"{name}: a TextModel needs vocab_size (V, the embedding rows)")
+        checks = [("vocab_size", vocab_size)] + list(sizes)
+    for n, val in checks:
+        if int(val) < 1:
+            raise ValueError(f"{name}: {n} must be >= 1, got {val}")
+    return opts, slots
 
 
 def pool_params(pool: LLMPool) -> tuple:
@@ -231,9 +281,11 @@ def bind_params(name: str, pool: LLMPool, params: Any) -> LLMPool:
     return LLMPool(tuple(stacks))
 
 
-def pool_call(name, pool, instructions, ref, default_target, key, mask, sample_ids, max_queries) -> PoolCall:
-    """Checks a pool attack's call: a key, a pool with a tokenizer per stack, ``B >= 1`` request
-    strings, ``ref`` (None: ``default_target``; one string or ``B``), the member mask (bool or
+def pool_call(name, pool, inputs, ref, default_target, key, mask, sample_ids, max_queries) -> PoolCall:
+    """Checks a pool attack's call: a key, a pool with a tokenizer per stack, the requests
+    (:class:`~sarjax.attacks.text.requests.TextRequests`, or ``B >= 1`` request strings as
+    shorthand; :func:`~sarjax.attacks.text.requests.text_requests`), ``ref`` = the targets (the
+    refusal or target string, one or ``B``; None: ``default_target``), the member mask (bool or
     0/1), sample ids and caps.
 
     Raises:
@@ -250,21 +302,14 @@ def pool_call(name, pool, instructions, ref, default_target, key, mask, sample_i
     for st in stacks:
         if st.tokenizer is None:
             raise TypeError(f"{name}: stack {st.names} has no tokenizer; the text exchange needs one")
-    if isinstance(instructions, str) or not all(isinstance(x, str) for x in instructions):
-        raise TypeError(f"{name}: inputs must be a sequence of request strings")
-    instructions = list(instructions)
-    bsz = len(instructions)
-    if bsz == 0:
-        raise ValueError(f"{name}: expected at least one instruction")
+    req = TR.text_requests(name, inputs)
+    bsz = len(req.prompts)
     m_total = sum(st.size for st in stacks)
     mk = TR.check_member_mask(name, mask, bsz, m_total).astype(np.float64)
-    tgt = default_target if ref is None else ref
-    targets = [tgt] * bsz if isinstance(tgt, str) else list(tgt)
-    if len(targets) != bsz or not all(isinstance(x, str) for x in targets):
-        raise ValueError(f"{name}: ref (the target) must be one string or {bsz}, got {len(targets)}")
+    targets = TR.request_targets(name, ref, default_target, bsz)
     sid = np.asarray(check_sample_ids(sample_ids, bsz)).astype(np.int64)
     cap = np.asarray(Q.normalize_cap(max_queries, bsz)).astype(np.int64)
-    return PoolCall(stacks, instructions, mk, targets, sid, cap)
+    return PoolCall(stacks, req, mk, targets, sid, cap)
 
 
 def sent_prompts(name, stacks, reqs: Sequence[PoolRequests], texts: Sequence[str], ids, masks, params_of, criterion):
@@ -306,6 +351,7 @@ __all__ = [
     "allowed_for",
     "bind_params",
     "check_pool",
+    "check_suffix_factory",
     "pool_params",
     "pool_call",
     "pool_requests",

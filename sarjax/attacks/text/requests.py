@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sarjax.attacks.core.validate import check_mask
-from sarjax.models.llm.prompts import split_chat_template
+from sarjax.models.llm.prompts import encode_text, split_chat_template
 
 
 class TextRequests(NamedTuple):
@@ -227,7 +227,8 @@ def check_ref_none(name: str, ref) -> None:
     """
     if ref is not None:
         raise TypeError(
-            f"{name}: ref must be None (the TextBatch carries each request's target ids), got {type(ref).__name__}"
+            f"{name}: ref must be None with a TextBatch (its target rows are the targets; pass TextRequests with "
+            f"ref = the target strings to have them rendered), got {type(ref).__name__}"
         )
 
 
@@ -276,6 +277,82 @@ def slot_texts(
     return before, after
 
 
+def request_targets(name: str, ref: Any, default: str | None, bsz: int) -> list[str]:
+    """The ``B`` target strings of a text call's ``ref`` (host side): the refusal or target string
+    each request's suffix search scores.
+
+    Args:
+      name: the caller, for messages.
+      ref: one string (every request), ``B`` strings, or None (``default``).
+      default: the factory's default target (None: ``ref`` is required).
+      bsz: ``B``.
+
+    Raises:
+      TypeError: ``ref`` None without a default; ``ref`` neither a string nor a sequence.
+      ValueError: ``ref`` not one string or ``B`` strings.
+    """
+    tgt = default if ref is None else ref
+    if tgt is None:
+        raise TypeError(f"{name}: ref (the target strings, one or {bsz}) is required with TextRequests")
+    if not isinstance(tgt, (str, Sequence)):
+        raise TypeError(f"{name}: ref (the target) must be a string or {bsz} strings, got {type(tgt).__name__}")
+    targets = [tgt] * bsz if isinstance(tgt, str) else list(tgt)
+    if len(targets) != bsz or not all(isinstance(x, str) for x in targets):
+        raise ValueError(f"{name}: ref (the target) must be one string or {bsz}, got {len(targets)}")
+    return targets
+
+
+class RenderedRequests(NamedTuple):
+    """``B`` requests rendered by one tokenizer (host side; :func:`render_requests`).
+
+    Attributes:
+      before, after, target: ``B`` id lists of each block (``before`` and ``target`` >= 1 token
+        each; ``after`` all empty or all non-empty).
+      before_text, after_text: ``B`` texts around each suffix slot (:func:`slot_texts`).
+    """
+
+    before: list
+    after: list
+    target: list
+    before_text: list
+    after_text: list
+
+
+def render_requests(name: str, tokenizer, requests: TextRequests, targets: Sequence[str], where: str = ""):
+    """Each request rendered around its suffix slot by ``tokenizer`` (host side): the texts of
+    :func:`slot_texts` (the chat template split at the suffix with the requests' system message, or
+    ``prompt + " "`` without a template) and the ids of every block, each text tokenized apart.
+    The one rendering of the text attacks: the pool searches pad it per stack, the compiled entry
+    of a :class:`TextRequests` call pads it with :func:`text_batch`.
+
+    Args:
+      name: the caller, for messages; where: a prefix naming the renderer (e.g. a stack).
+      tokenizer: the tokenizer (its chat template when ``requests.chat_template``).
+      requests: checked :class:`TextRequests` (:func:`text_requests`).
+      targets: ``B`` target strings (:func:`request_targets`).
+
+    Returns:
+      :class:`RenderedRequests`.
+
+    Raises:
+      ValueError: a block that encodes to no token; some requests with a template tail, others
+        none; a chat template requested from a tokenizer without one.
+    """
+    try:
+        bt, at = slot_texts(tokenizer, requests.prompts, system=requests.system, chat_template=requests.chat_template)
+    except ValueError as e:
+        raise ValueError(f"{name}: {where}{e} (TextRequests(..., chat_template=False) renders without one)") from None
+    before = [encode_text(tokenizer, x) for x in bt]
+    after = [encode_text(tokenizer, x) for x in at]
+    target = [encode_text(tokenizer, x) for x in targets]
+    for what, seqs in (("before", before), ("target", target)):
+        if any(len(q) == 0 for q in seqs):
+            raise ValueError(f"{name}: {where}a request's {what} block encodes to no token")
+    if any(len(q) == 0 for q in after) and any(len(q) for q in after):
+        raise ValueError(f"{name}: {where}some requests have a template tail, others none")
+    return RenderedRequests(before, after, target, bt, at)
+
+
 def slot_text_bytes(before: Sequence[str], after: Sequence[str]) -> SlotTexts:
     """The :class:`SlotTexts` of ``B`` before / after texts (host side): UTF-8 bytes, zero-padded."""
 
@@ -292,6 +369,7 @@ def slot_text_bytes(before: Sequence[str], after: Sequence[str]) -> SlotTexts:
 
 
 __all__ = [
+    "RenderedRequests",
     "SlotTexts",
     "TextBatch",
     "TextProblem",
@@ -299,6 +377,8 @@ __all__ = [
     "assemble",
     "check_member_mask",
     "check_ref_none",
+    "render_requests",
+    "request_targets",
     "row",
     "sample_keys",
     "slot_text_bytes",
