@@ -402,6 +402,11 @@ class TextAttackFn(Entry):
         self, params, batch, ref, mask, key, *, max_queries=None, sample_ids=None, allowed=None, suffix_init=None,
         init_len=None, texts=None,
     ):  # fmt: skip
+        if _is_requests(batch):  # the audited call renders them first; fn.problem does not
+            raise TypeError(
+                f"{self.name}: the problem of TextRequests is built from their TextBatch: fn.render(requests, ref) "
+                "gives it"
+            )
         spec = self._spec(
             max_queries=max_queries, allowed=allowed, suffix_init=suffix_init, sample_ids=sample_ids, init_len=init_len
         )
