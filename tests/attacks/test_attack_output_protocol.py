@@ -175,14 +175,13 @@ def _joint_gcg(pool, tok):
         suffix_len=2,
         num_candidates=2,
         criterion="target",
-        options=T.GCGOptions(target="sure here is"),
     )
-    return fn(pool_params(pool), REQUESTS, None, key=jax.random.key(0))
+    return fn(pool_params(pool), T.TextRequests(tuple(REQUESTS)), "sure here is", key=jax.random.key(0))
 
 
 def _cross_beast(pool, tok):
-    fn = T.make_beast(pool, suffix_len=1, beam_width=1, candidates=2, options=T.BEASTOptions(target="sure here is"))
-    return fn(pool_params(pool), REQUESTS, None, key=jax.random.key(0))
+    fn = T.make_beast(pool, suffix_len=1, beam_width=1, candidates=2)
+    return fn(pool_params(pool), T.TextRequests(tuple(REQUESTS)), "sure here is", key=jax.random.key(0))
 
 
 def _autodan(pool, tok):
