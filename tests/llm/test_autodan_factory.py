@@ -116,7 +116,7 @@ def test_the_factory_refuses_a_path_that_cannot_run():
     with pytest.raises(ValueError, match="options.slot sizes the token path"):
         make_autodan(mixed, options=AutoDANOptions(slot=40))
     with pytest.raises(TypeError, match="options must be an AutoDANOptions"):
-        make_autodan(one, options={"path": "text"})  # type: ignore[arg-type]
+        make_autodan(one, options={"path": "text"})
     with pytest.raises(TypeError, match="pool must be an LLMPool"):
         make_autodan(object())
     with pytest.raises(ValueError, match="proposals must be >= 1"):
