@@ -156,13 +156,18 @@ def test_pool_searches_read_system_and_template_from_text_requests(pool, attack)
     full = fn(params, TextRequests(PROMPTS), TARGETS, key=key, **extra)
     assert short.x_adv == full.x_adv
     np.testing.assert_array_equal(short.member_loss, full.member_loss)
-    # the system message is rendered by the chat template; chat_template=False renders the prompt alone
-    sys_res = fn(params, TextRequests(PROMPTS, system=SYSTEM), TARGETS, key=key, **extra)
-    base_res = fn(params, TextRequests(PROMPTS, chat_template=False), TARGETS, key=key, **extra)
-    for b, p in enumerate(PROMPTS):
-        before, _ = split_chat_template(tok, p, SYSTEM)
-        assert _decoded_before(tok, sys_res)[b].startswith(tok.decode(encode_text(tok, before)))
-        assert SYSTEM in _decoded_before(tok, sys_res)[b] and SYSTEM not in _decoded_before(tok, full)[b]
-        assert "[INST]" not in _decoded_before(tok, base_res)[b] and _decoded_before(tok, base_res)[b].startswith(p)
+    # the system message is rendered by the chat template (GCG); chat_template=False renders the
+    # prompt alone (BEAST); both searches render through the same pool_requests
+    if attack == "gcg":
+        sys_res = fn(params, TextRequests(PROMPTS, system=SYSTEM), TARGETS, key=key, **extra)
+        for b, p in enumerate(PROMPTS):
+            before, _ = split_chat_template(tok, p, SYSTEM)
+            assert _decoded_before(tok, sys_res)[b].startswith(tok.decode(encode_text(tok, before)))
+            assert SYSTEM in _decoded_before(tok, sys_res)[b] and SYSTEM not in _decoded_before(tok, full)[b]
+    else:
+        base_res = fn(params, TextRequests(PROMPTS, chat_template=False), TARGETS, key=key, **extra)
+        for b, p in enumerate(PROMPTS):
+            assert "[INST]" not in _decoded_before(tok, base_res)[b] and _decoded_before(tok, base_res)[b].startswith(p)
+            assert "[INST]" in _decoded_before(tok, full)[b]
     with pytest.raises(ValueError, match=r"ref \(the target\) must be one string or 2, got 3"):
         fn(params, TextRequests(PROMPTS), TARGETS + ["sure"], key=key, **extra)
