@@ -74,6 +74,7 @@ The narrative page (docs/autoattack.md) follows.
 """
 
 import functools
+import itertools
 import math
 import os
 import time
@@ -564,17 +565,41 @@ def _buckets(bs: int) -> list[int]:
 
 
 CHUNK_CALL_ROWS = 16  # a chunk's fixed cost, in padded rows, when the tail is split (sarjax)
+# A kernel's compilation at a chunk size it has not run at yet, in rows of one run (sarjax): on the
+# 2-core CPU an APGD or FAB-T stage kernel of an MNIST CNN compiles in about the time it runs 300 to
+# 500 rows (a forward-only _logits program: many thousand rows), so a first run pads its rows to a
+# size already compiled unless the padding, over the stage's runs left, costs more.
+NEW_SHAPE_ROWS = 256
 
 
-def _tail_plan(n: int, sizes: list[int]) -> list[int]:
-    """Chunk sizes (from ``sizes``, ascending) for the last ``n <= max(sizes)`` rows of a run:
-    the cover with the fewest padded rows plus ``CHUNK_CALL_ROWS`` per chunk. 74 rows with
-    buckets (32, 63, 125, 250) run as 63 + 32 (95 rows) rather than one chunk of 125: a Square
-    stage scans every row of a chunk for 5,000 iterations, so padding costs as much as a row."""
+def _cover(n: int, sizes) -> tuple[int, tuple[int, ...]]:
+    """``(cost, chunk sizes)``: the cover of ``n`` rows by chunks of ``sizes`` with the fewest
+    padded rows plus ``CHUNK_CALL_ROWS`` per chunk."""
     best: dict[int, tuple[int, tuple[int, ...]]] = {0: (0, ())}  # rows -> (cost, chunk sizes)
     for r in range(1, n + 1):
         best[r] = min((c + s + CHUNK_CALL_ROWS, plan + (s,)) for s in sizes for c, plan in [best[max(r - s, 0)]])
-    return sorted(best[n][1], reverse=True)
+    return best[n]
+
+
+def _tail_plan(n: int, sizes: list[int], *, compiled: set[int] | None = None, runs: int = 1) -> list[int]:
+    """Chunk sizes (from ``sizes``, ascending) for the last ``n <= max(sizes)`` rows of a run:
+    the cover with the fewest padded rows plus ``CHUNK_CALL_ROWS`` per chunk. 74 rows with
+    buckets (32, 63, 125, 250) run as 63 + 32 (95 rows) rather than one chunk of 125: a Square
+    stage scans every row of a chunk for 5,000 iterations, so padding costs as much as a row.
+
+    ``compiled`` (the sizes the kernel already ran at in this call; None: every size is free):
+    each size of the plan outside it costs ``NEW_SHAPE_ROWS`` once, against ``runs`` (the runs of
+    the stage left, this one included) times the cover's cost: a cold run compiles fewer shapes.
+    Which chunk holds a row does not change its result (its random streams come from its sample
+    id), so the plan moves only the time."""
+    if compiled is None:
+        return sorted(_cover(n, sizes)[1], reverse=True)
+    options = []
+    for k in range(1, len(sizes) + 1):
+        for allowed in itertools.combinations(sizes, k):
+            cost, plan = _cover(n, allowed)
+            options.append((runs * cost + NEW_SHAPE_ROWS * len(set(plan) - compiled), sorted(plan, reverse=True)))
+    return min(options)[1]
 
 
 def _square_tail(n: int, bs: int) -> list[int]:
@@ -865,8 +890,10 @@ def _cascade(
     # Before every run (a restart, a target, an l1 phase schedule) the rows still robust for some
     # member are packed into chunks of bs rows (compaction: a sample's draws depend on its sample id
     # only, so the rows a chunk holds do not change its result); the last chunk is padded, by
-    # repeating a row with an all-zero mask (no queries, results dropped), up to the smallest of a
-    # few bucket sizes (bs, bs / 2, bs / 4, bs / 8: at most four compiled shapes per kernel);
+    # repeating a row with an all-zero mask (no queries, results dropped), to a cover by a few
+    # bucket sizes (bs, bs / 2, bs / 4, bs / 8: at most four compiled shapes per kernel), the
+    # cheapest counting a size the kernel has not run at in this call as NEW_SHAPE_ROWS rows
+    # (_tail_plan: a cold run compiles fewer shapes);
     # Square's last chunk is its rows rounded up to a multiple of SQUARE_GRANULE (_square_tail).
     xp, yp, sp = x0, yh.astype(np.int32), sid_all.astype(np.int32)
     ctx = _Ctx(
@@ -877,12 +904,25 @@ def _cascade(
     m = mem.m
     sizes = _buckets(bs)
 
-    def chunks_of(rows, square=False, mine=False):
-        """The padded chunks of ``rows`` (``mine``: only this process's share when distributed)."""
+    # the chunk sizes each kernel ran at in this call ("logits": the verification / ranking forward,
+    # which runs at every chunk size of every stage): a tail prefers them (_tail_plan's compiled)
+    ran_at: dict[str, set[int]] = {"logits": set()}
+
+    def chunks_of(rows, square=False, mine=False, kernel="logits", runs=1):
+        """The padded chunks of ``rows`` (``mine``: only this process's share when distributed)
+        for ``kernel`` (a stage's name, or "logits"), with ``runs`` runs of the stage left."""
         full = len(rows) - len(rows) % bs
         n_tail = len(rows) - full
-        tail = (_square_tail(n_tail, bs) if square else _tail_plan(n_tail, sizes)) if n_tail else []
+        seen = ran_at.setdefault(kernel, set()) | ({bs} if full else set())
+        if not n_tail:
+            tail = []
+        elif square:
+            tail = _square_tail(n_tail, bs)
+        else:
+            tail = _tail_plan(n_tail, sizes, compiled=seen, runs=runs)
         plan = [bs] * (full // bs) + tail
+        ran_at[kernel].update(plan)
+        ran_at["logits"].update(plan)
         c0 = 0
         for j, size in enumerate(plan):
             idx = rows[c0 : c0 + size]
@@ -992,7 +1032,8 @@ def _cascade(
             found_run = []
             error = None
             try:
-                for idx, pad_idx, valid, chunk in chunks_of(rows, square=name == "square", mine=True):
+                chunks = chunks_of(rows, square=name == "square", mine=True, kernel=name, runs=len(runs) - r_idx)
+                for idx, pad_idx, valid, chunk in chunks:
                     n = len(idx)
                     mk = robust[pad_idx] & valid[:, None]
                     xc, qc = run_one(chunk, mk.astype(np.float32), None if ranked is None else ranked[pad_idx])
