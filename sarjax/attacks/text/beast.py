@@ -277,8 +277,7 @@ def make_beast(
       :class:`~sarjax.attacks.text.requests.TextRequests` (with ``tokenizer``: each request
       rendered by its chat template, ``ref`` the targets, one string or one per request, None:
       ``options.target``) or a :class:`~sarjax.attacks.text.requests.TextBatch` of token ids with
-      ``ref`` None (the batch lays the targets out: ref, the targets; None when the TextBatch
-      already lays them out); ``fn.jit(...)`` is the jit-safe entry.
+      ``ref`` None (the batch already lays out the targets); ``fn.jit(...)`` is the jit-safe entry.
 
     Args:
       model: the pool (see above).
