@@ -22,6 +22,7 @@ objectives built from them (PGD-AT, TRADES) live in :mod:`sarjax.defenses`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,7 +35,7 @@ import optax
 from sarjax.data.augment import random_affine
 from sarjax.models import fused_members
 from sarjax.models.pool import Pool, Stack
-from sarjax.models.zoo import Arch
+from sarjax.models.zoo import Arch, init_members
 from sarjax.runtime.progress import progress_bar
 
 
@@ -325,13 +326,56 @@ def _make_epoch_fn(
     return jax.jit(epoch, static_argnames="masked")
 
 
+@functools.lru_cache(maxsize=64)
 def _eval_fn(arch: Arch):
+    """The jitted validation accuracy of a stack of ``arch`` (one per architecture: equal
+    architectures share its programs across :func:`train_stack` calls)."""
+
     @jax.jit
     def acc(params, x, y):
         logits = jax.vmap(arch.apply, in_axes=(0, None))(params, x)
         return (jnp.argmax(logits, -1) == y[None]).mean(-1)
 
     return acc
+
+
+_TX = optax.inject_hyperparams(optax.adamw)(learning_rate=1e-3, weight_decay=0.0)
+"""Every member's optimizer: AdamW whose rate and weight decay live in its state (set per member)."""
+
+
+def _init_member_state(params: Any, lr: jax.Array, wd: jax.Array) -> Any:
+    s = _TX.init(params)
+    assert isinstance(s, optax.InjectStatefulHyperparamsState)  # what inject_hyperparams builds
+    s.hyperparams["learning_rate"] = lr
+    s.hyperparams["weight_decay"] = wd
+    return s
+
+
+# one program per architecture and member count (eager, optax's init compiled a program per leaf shape)
+_init_states = jax.jit(jax.vmap(_init_member_state))
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _epoch_keys(base_keys: tuple, epoch: jax.Array, steps: int) -> jax.Array:
+    """``[steps, K]`` keys of an epoch: ``fold_in(fold_in(base_keys[k], epoch), step)``."""
+    return jax.vmap(
+        lambda kk: jax.vmap(lambda s: jax.random.fold_in(jax.random.fold_in(kk, epoch), s))(jnp.arange(steps))
+    )(jnp.stack(base_keys)).transpose(1, 0)
+
+
+@functools.lru_cache(maxsize=32)
+def _cached_epoch_fn(arch: Arch, augment: bool, dropout: bool, objective: Objective | None, scheduled: bool):
+    return _make_epoch_fn(arch, augment, _TX, dropout=dropout, objective=objective, scheduled=scheduled)
+
+
+def _epoch_fn(arch: Arch, augment: bool, dropout: bool, objective: Objective | None, scheduled: bool):
+    """:func:`_make_epoch_fn` on :data:`_TX`, one per (architecture, flags, objective): a second
+    :func:`train_stack` with the same ones reuses the compiled epochs (an unhashable objective
+    builds its own)."""
+    try:
+        return _cached_epoch_fn(arch, augment, dropout, objective, scheduled)
+    except TypeError:  # an unhashable objective
+        return _make_epoch_fn(arch, augment, _TX, dropout=dropout, objective=objective, scheduled=scheduled)
 
 
 def train_stack(
@@ -355,7 +399,8 @@ def train_stack(
       x: [N, *S] training inputs in [0, 1].
       y: [N] int labels, or [N, C] soft targets (distillation).
       config: shared settings (epochs, batch size, patience, validation hold-out).
-      init_params: stacked initial params; default ``vmap(arch.init)`` over the members' seeds.
+      init_params: stacked initial params; default ``vmap(arch.init)`` over the members' seeds
+        (computed by :func:`sarjax.models.zoo.init_members`, the same bits from one program).
       names: member names.
       objective: the member loss ``objective(apply, params, x, y, key, hp) -> scalar`` (module
         docstring); default :func:`cross_entropy` (standard training). Adversarial objectives:
@@ -419,71 +464,60 @@ def train_stack(
     k = len(cfgs)
     bs = min(config.batch_size, len(x))
     steps = len(x) // bs
+    # host bookkeeping in numpy: eager jnp on small arrays compiles a program per shape (issue 43 item 2)
     if init_params is None:
-        init_params = jax.vmap(arch.init)(jnp.stack([jax.random.key(c.seed) for c in cfgs]))
+        init_params = init_members(arch, [c.seed for c in cfgs])  # vmap(arch.init) bit for bit, one program
     hp: dict[str, Any] = {
-        "aug": jnp.array([c.aug_strength for c in cfgs], jnp.float32),
-        "ls": jnp.array([c.label_smoothing for c in cfgs], jnp.float32),
-        "dropout": jnp.array([c.dropout for c in cfgs], jnp.float32),
-        "lr": jnp.array([c.lr for c in cfgs], jnp.float32),
+        "aug": np.array([c.aug_strength for c in cfgs], np.float32),
+        "ls": np.array([c.label_smoothing for c in cfgs], np.float32),
+        "dropout": np.array([c.dropout for c in cfgs], np.float32),
+        "lr": np.array([c.lr for c in cfgs], np.float32),
     }
     if obj_hp:
         hp["obj"] = obj_hp
-    tx = optax.inject_hyperparams(optax.adamw)(learning_rate=1e-3, weight_decay=0.0)
-    lrs = jnp.array([c.lr for c in cfgs], jnp.float32)
-    wds = jnp.array([c.weight_decay for c in cfgs], jnp.float32)
-
-    def init_state(p, lr, wd):
-        s = tx.init(p)
-        assert isinstance(s, optax.InjectStatefulHyperparamsState)  # what inject_hyperparams builds
-        s.hyperparams["learning_rate"] = lr
-        s.hyperparams["weight_decay"] = wd
-        return s
-
-    opt_state = jax.vmap(init_state)(init_params, lrs, wds)
+    lrs = np.array([c.lr for c in cfgs], np.float32)
+    wds = np.array([c.weight_decay for c in cfgs], np.float32)
+    opt_state = _init_states(init_params, lrs, wds)
     scheduled = config.lr_schedule != "constant"
-    epoch_fn = _make_epoch_fn(
+    epoch_fn = _epoch_fn(
         arch,
         any(c.aug_strength > 0 for c in cfgs),
-        tx,
-        dropout=any(c.dropout > 0 for c in cfgs),
-        objective=objective,
-        scheduled=scheduled,
+        any(c.dropout > 0 for c in cfgs),
+        objective,
+        scheduled,
     )
     eval_fn = _eval_fn(arch)
-    xd, yd = jnp.asarray(x), jnp.asarray(y_soft)
-    xv, yv = jnp.asarray(x_val), jnp.asarray(y_val)
+    xd, yd, xv, yv = jax.device_put((x, y_soft, x_val, y_val))  # jnp.asarray compiles a program per shape
     params = init_params
     best = params
     best_acc = np.full(k, -1.0)
     since = np.zeros(k, int)
     active = np.ones(k, bool)
     hist = TrainHistory(stopped_epoch=[config.epochs] * k)
-    base_keys = jnp.stack([jax.random.key(c.seed) for c in cfgs])
+    base_keys = tuple(jax.random.key(c.seed) for c in cfgs)
 
     with progress_bar(progress) as bar:
         task = bar.add_task(f"train {label or arch.name} (K={k})", total=config.epochs)
         for ep in range(config.epochs):
             order = _member_order(cfgs, len(x), ep)[:, : steps * bs].reshape(k, steps, bs).transpose(1, 0, 2)
-            keys = jax.vmap(
-                lambda kk: jax.vmap(lambda s: jax.random.fold_in(jax.random.fold_in(kk, ep), s))(jnp.arange(steps))
-            )(base_keys)
             params, opt_state, _ = epoch_fn(
                 params,
                 opt_state,
                 xd,
                 yd,
-                jnp.asarray(order),
-                keys.transpose(1, 0),
+                order,
+                _epoch_keys(base_keys, np.int32(ep), steps),
                 hp,
-                jnp.asarray(active),
+                active.copy(),
                 masked=not bool(active.all()),
-                scales=jnp.asarray(lr_scales(config.lr_schedule, ep, steps, config.epochs)),
+                scales=lr_scales(config.lr_schedule, ep, steps, config.epochs),
             )
             acc = np.asarray(eval_fn(params, xv, yv))
             improved = (acc > best_acc) & active
-            best = jax.tree.map(
-                lambda b, p: jnp.where(improved.reshape((-1,) + (1,) * (p.ndim - 1)), p, b), best, params
+            best = jax.tree.map(  # on the host: a where per leaf shape would compile a program each
+                lambda b, p: np.where(improved.reshape((-1,) + (1,) * (np.ndim(p) - 1)), np.asarray(p), np.asarray(b)),
+                best,
+                params,
             )
             best_acc = np.where(improved, acc, best_acc)
             since = np.where(improved, 0, since + 1)
@@ -504,7 +538,7 @@ def train_stack(
                 break
     hist.best_val_acc = best_acc.tolist()
     names = tuple(names) if names is not None else tuple(f"{arch.name}/{i}" for i in range(k))
-    return Stack(arch, best, names), hist
+    return Stack(arch, jax.device_put(best), names), hist
 
 
 def train_pool(

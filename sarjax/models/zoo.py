@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 ACTIVATIONS = {
     "relu": jax.nn.relu,
@@ -36,14 +38,7 @@ CONV_IMPLS = ("im2col", "xla", "fused")
 Params = dict[str, Any]
 
 
-def _dense_init(key, fan_in, fan_out, gain=2.0):
-    w = jax.random.normal(key, (fan_in, fan_out), jnp.float32) * math.sqrt(gain / fan_in)
-    return {"w": w, "b": jnp.zeros((fan_out,), jnp.float32)}
-
-
-def _conv_init(key, k, cin, cout, gain=2.0):
-    w = jax.random.normal(key, (k, k, cin, cout), jnp.float32) * math.sqrt(gain / (k * k * cin))
-    return {"w": w, "b": jnp.zeros((cout,), jnp.float32)}
+_INIT_KEYS = 64  # Arch.init splits its key into this many (one per layer, at most)
 
 
 _DIMS = ("NHWC", "HWIO", "NHWC")
@@ -287,40 +282,61 @@ class Arch:
         return cls(**s)
 
     # -- model -----------------------------------------------------------------------------
-    def init(self, key: jax.Array) -> Params:
-        """Initialise ONE member (He-normal weights, zero biases)."""
-        keys = iter(jax.random.split(key, 64))
+    def init_plan(self) -> tuple[tuple[str, tuple[int, ...], float], ...]:
+        """The layers :meth:`init` draws, in the order they take their keys.
+
+        Returns:
+          ``(name, weight shape, scale)`` per layer: layer ``j`` draws its weights as
+          ``jax.random.normal(jax.random.split(key, 64)[j], shape) * scale`` (He-normal: ``scale =
+          sqrt(gain / fan_in)``) and its bias ``zeros(shape[-1])``.
+        """
         h, w, c = self.input_shape
-        p: Params = {}
+        plan: list[tuple[str, tuple[int, ...], float]] = []
+
+        def dense(name: str, fan_in: int, fan_out: int, gain: float = 2.0) -> None:
+            plan.append((name, (fan_in, fan_out), math.sqrt(gain / fan_in)))
+
+        def conv(name: str, k: int, cin: int, cout: int, gain: float = 2.0) -> None:
+            plan.append((name, (k, k, cin, cout), math.sqrt(gain / (k * k * cin))))
+
         if self.family == "mlp":
             fan = h * w * c
             for i, width in enumerate(self.widths):
-                p[f"dense{i}"] = _dense_init(next(keys), fan, width)
+                dense(f"dense{i}", fan, width)
                 fan = width
-            p["out"] = _dense_init(next(keys), fan, self.num_classes, gain=1.0)
-            return p
+            dense("out", fan, self.num_classes, gain=1.0)
+            return tuple(plan)
         if self.family == "cnn":
             cin = c
             for i, ch in enumerate(self.widths):
-                p[f"conv{i}"] = _conv_init(next(keys), self.kernel, cin, ch)
+                conv(f"conv{i}", self.kernel, cin, ch)
                 cin = ch
                 h, w = h // 2, w // 2
         else:  # resnet
             cin = self.widths[0]
-            p["stem"] = _conv_init(next(keys), self.kernel, c, cin)
+            conv("stem", self.kernel, c, cin)
             h, w = h // 2, w // 2
             for s, ch in enumerate(self.widths):
                 if ch != cin:
-                    p[f"proj{s}"] = _dense_init(next(keys), cin, ch, gain=1.0)
+                    dense(f"proj{s}", cin, ch, gain=1.0)
                 for b in range(self.blocks):
-                    p[f"s{s}b{b}c0"] = _conv_init(next(keys), self.kernel, ch, ch)
-                    p[f"s{s}b{b}c1"] = _conv_init(next(keys), self.kernel, ch, ch, gain=0.5)
+                    conv(f"s{s}b{b}c0", self.kernel, ch, ch)
+                    conv(f"s{s}b{b}c1", self.kernel, ch, ch, gain=0.5)
                 cin = ch
                 if s < len(self.widths) - 1:
                     h, w = h // 2, w // 2
             h, w = h // 2, w // 2
-        p["dense"] = _dense_init(next(keys), h * w * cin, self.dense)
-        p["out"] = _dense_init(next(keys), self.dense, self.num_classes, gain=1.0)
+        dense("dense", h * w * cin, self.dense)
+        dense("out", self.dense, self.num_classes, gain=1.0)
+        return tuple(plan)
+
+    def init(self, key: jax.Array) -> Params:
+        """Initialise ONE member (He-normal weights, zero biases; the layers of :meth:`init_plan`)."""
+        keys = iter(jax.random.split(key, _INIT_KEYS))
+        p: Params = {}
+        for name, shape, scale in self.init_plan():
+            w = jax.random.normal(next(keys), shape, jnp.float32) * scale
+            p[name] = {"w": w, "b": jnp.zeros((shape[-1],), jnp.float32)}
         return p
 
     def apply(
@@ -363,6 +379,61 @@ class Arch:
         z = f(z.reshape(b, -1) @ params["dense"]["w"] + params["dense"]["b"])
         z = _dropout(z, key, dropout)
         return z @ params["out"]["w"] + params["out"]["b"]
+
+
+#: the length of the one normal draw every weight of up to this many entries is cut from (:func:`init_members`)
+NORMAL_DRAW = 1 << 19
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _layer_normals(key: jax.Array, layer: jax.Array, n: int) -> jax.Array:
+    """``[n]`` float32 standard normals of ``jax.random.split(key, 64)[layer]`` (``layer`` traced)."""
+    return jax.random.normal(jax.random.split(key, _INIT_KEYS)[layer], (n,), jnp.float32)
+
+
+def init_members(arch: Arch, seeds: Sequence[int]) -> Params:
+    """``jax.vmap(arch.init)(jnp.stack([jax.random.key(s) for s in seeds]))``, bit for bit, from one program.
+
+    Eager ``vmap(arch.init)`` compiles a random-normal program per weight shape and member count
+    (21 programs, about 10 s, for the demo's three pools). Here every weight is cut from ONE
+    draw of :data:`NORMAL_DRAW` normals of its layer's key (a longer draw, a power of two, for a
+    larger weight): JAX's threefry bits (``jax_threefry_partitionable``, the default) depend only
+    on the key and an entry's flat index, so the first ``n`` entries of a longer draw are the
+    ``n``-entry draw, and a vmapped draw is the per-member draws stacked. The He scale and the
+    stacking run in numpy (a float32 product, rounded as XLA's). tests/models/test_init_members.py
+    checks the equality on every zoo family.
+
+    Args:
+      arch: the architecture.
+      seeds: ``K`` member seeds (member ``k`` is initialised from ``jax.random.key(seeds[k])``).
+
+    Returns:
+      Stacked params, every leaf ``[K, ...]`` float32.
+
+    Raises:
+      ValueError: no seed, or a seed that is not an int.
+    """
+    seeds = list(seeds)
+    if not seeds:
+        raise ValueError("init_members needs at least one seed, got none")
+    for s in seeds:
+        if isinstance(s, bool) or not isinstance(s, (int, np.integer)):
+            raise ValueError(f"init_members: seeds must be ints, got {type(s).__name__} {s!r}")
+    if not jax.config.jax_threefry_partitionable:  # pyright: ignore[reportAttributeAccessIssue]  (the prefix property needs it)
+        keys = jnp.stack([jax.random.key(int(s)) for s in seeds])
+        return jax.tree.map(np.asarray, jax.vmap(arch.init)(keys))
+    plan = arch.init_plan()
+    members: list[dict[str, dict[str, np.ndarray]]] = []
+    for s in seeds:
+        key = jax.random.key(int(s))
+        p = {}
+        for j, (name, shape, scale) in enumerate(plan):
+            n = math.prod(shape)
+            draw = max(NORMAL_DRAW, 1 << (n - 1).bit_length())
+            w = np.asarray(_layer_normals(key, np.int32(j), draw))[:n].reshape(shape)
+            p[name] = {"w": w * np.float32(scale), "b": np.zeros(shape[-1], np.float32)}
+        members.append(p)
+    return jax.tree.map(lambda *xs: np.stack(xs), *members)
 
 
 def mlp(widths=(256, 128), act="relu", **kw) -> Arch:
