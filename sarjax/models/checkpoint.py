@@ -79,8 +79,8 @@ def probe_logits(pool: Pool, x: np.ndarray) -> np.ndarray:
     ``"highest"`` precision keeps the probe comparable across backends (an accelerator's default
     may use TF32 / bf16 passes, whose error is far above the tolerance).
     """
-    with jax.default_matmul_precision("highest"):
-        return np.asarray(jax.jit(pool.apply)(pool.params, x), np.float32)
+    with jax.default_matmul_precision("highest"):  # pool.logits: the jitted apply pools of one structure share
+        return np.asarray(pool.logits(x), np.float32)
 
 
 def _leaves(tree) -> list[tuple[str, tuple[int, ...], str]]:

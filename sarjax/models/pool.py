@@ -11,6 +11,7 @@ recompiles anything.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -77,8 +78,13 @@ class Stack(BaseStack):
 
     @property
     def member_apply(self) -> Callable:
-        """``arch.apply`` (equal for equal architectures, so kernels built on it are shared)."""
-        return self.arch.apply
+        """``arch.apply`` of the first-seen architecture equal to ``arch`` (:func:`canonical_arch`).
+
+        Equal for equal architectures, so kernels built on it are shared: bound methods compare
+        their ``__self__`` by identity, and two pools' archs are often equal, distinct objects
+        (``with_conv_impl`` builds a new one), whose own ``apply`` would not compare equal.
+        """
+        return canonical_arch(self.arch).apply
 
     @property
     def conv_impl(self) -> str | None:
@@ -164,11 +170,43 @@ class Stack(BaseStack):
 
     def apply_prepared(self, prepared: PyTree, x: jax.Array) -> jax.Array:
         """:meth:`apply` on the output of :meth:`prepare`."""
-        if "_dense0_cat" in prepared:
-            return _mlp_shared_apply(self.arch, prepared, x)
-        if self.arch.conv_impl == "fused" and fused.supports(self.arch) and jax.default_backend() == "cpu":
-            return fused.cnn_pool_apply(self.arch, prepared, x)
-        return jax.vmap(self.arch.apply, in_axes=(0, None))(prepared, x)
+        return _zoo_apply_prepared(self.arch, prepared, x)
+
+
+def _zoo_apply_prepared(arch: Arch, prepared: PyTree, x: jax.Array) -> jax.Array:
+    """:meth:`Stack.apply_prepared` of a stack of ``arch`` (it reads nothing else of the stack)."""
+    if "_dense0_cat" in prepared:
+        return _mlp_shared_apply(arch, prepared, x)
+    if arch.conv_impl == "fused" and fused.supports(arch) and jax.default_backend() == "cpu":
+        return fused.cnn_pool_apply(arch, prepared, x)
+    return jax.vmap(arch.apply, in_axes=(0, None))(prepared, x)
+
+
+def _zoo_pool_apply(archs: tuple[Arch, ...], params: Sequence[PyTree], x: jax.Array) -> jax.Array:
+    """:meth:`Pool.apply` of a pool of zoo stacks of ``archs`` on traced ``params`` (the same operations)."""
+    outs = []
+    for arch, p in zip(archs, params):
+        if arch.family == "mlp":  # Stack.prepare of params that are not the stack's own
+            p = {**p, "_dense0_cat": _cat_layout(p["dense0"]["w"])}
+        outs.append(_zoo_apply_prepared(arch, p, x))
+    return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=0)
+
+
+# one jitted apply for every pool of zoo stacks: its programs are keyed by the architectures (static,
+# compared by value) and the shapes, so two pools of one structure share them, and pools that differ
+# in any architecture field (conv_impl included) never do
+_jit_zoo_pool_apply = jax.jit(_zoo_pool_apply, static_argnums=0)
+
+_CANONICAL_ARCHS: dict[Arch, Arch] = {}
+
+
+def canonical_arch(arch: Arch) -> Arch:
+    """The first :class:`Arch` seen equal to ``arch`` in this process (``arch`` itself the first time).
+
+    Kernels cached on a member apply (:attr:`Stack.member_apply`) are keyed by ``arch.apply``,
+    which compares ``arch`` by identity; this makes equal architectures one object.
+    """
+    return _CANONICAL_ARCHS.setdefault(arch, arch)
 
 
 def _cat_layout(w: jax.Array) -> jax.Array:
@@ -521,6 +559,11 @@ class Pool:
 
     @cached_property
     def _jit_apply(self) -> Callable:
+        """``jax.jit(self.apply)``; for a pool of zoo stacks, the one jitted apply of every pool
+        of its architectures (:func:`_zoo_pool_apply`: compiled once per structure and shape, not
+        once per pool object)."""
+        if all(type(s) is Stack for s in self.stacks):
+            return functools.partial(_jit_zoo_pool_apply, tuple(s.arch for s in self.stacks))  # type: ignore[union-attr]
         return jax.jit(self.apply)
 
     def check_input(self, x: Any) -> np.ndarray | jax.Array:
@@ -542,9 +585,8 @@ class Pool:
     def predict(self, x: jax.Array, batch: int = 1000) -> np.ndarray:
         """[M, B] int32 predicted classes, evaluated in chunks of ``batch`` inputs."""
         self.check_input(x)
-        out = [
-            np.asarray(jnp.argmax(self._jit_apply(self.params, x[i : i + batch]), -1)) for i in range(0, len(x), batch)
-        ]
+        # argmax on the host (the first maximal class, as jnp.argmax): an eager jnp.argmax compiles per shape
+        out = [np.asarray(self._jit_apply(self.params, x[i : i + batch])).argmax(-1) for i in range(0, len(x), batch)]
         return np.concatenate(out, axis=1).astype(np.int32)
 
     def accuracy(self, x: jax.Array, y: np.ndarray, batch: int = 1000) -> np.ndarray:
