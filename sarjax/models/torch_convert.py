@@ -19,9 +19,14 @@ graph calling the op table's functions, and builds the stacks of ``Pool.from_tor
 
 Semantics:
 
-* the graph is exported for one example (batch 1) and ``jax.vmap``-ped over the batch, so a
-  converted model computes each image as the PyTorch module computes it alone; eval-mode models
-  without cross-sample operations (every classifier in eval mode) give the batched outputs.
+* the graph is exported with a symbolic batch dimension and runs on the whole batch (the
+  convolutions see ``[B, ...]``); a module that does not export that way (it specialises on the
+  batch size) is exported for one example and ``jax.vmap``-ped over the batch
+  (:attr:`TorchProgram.batched` says which).  Eval-mode classifiers have no cross-sample
+  operations, so both compute each image as the PyTorch module computes it alone.
+* convolutions (``conv_impl``): on CPU, ``"auto"`` runs the graph channels-last (``"nhwc"``: 4-D
+  activations stay NHWC from convolution to convolution, batch norm, activations, residual adds
+  and pooling follow the layout, other ops see NCHW), as ``lax.conv`` is fastest in that layout.
 * images: sarjax inputs are NHWC in [0, 1]; with ``channels_last=True`` (the default for a
   3-dimensional ``input_shape`` ``(H, W, C)``) the apply transposes to NCHW at its input.
 * in-model normalisation (mean/std buffers or constants, as RobustBench models have) is part of
@@ -37,6 +42,7 @@ Semantics:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import math
 import sys
@@ -55,9 +61,24 @@ from jax import lax
 from sarjax.models.fused import cnn_pool_apply
 from sarjax.models.stack import BaseStack, check_member_output, register_kind
 from sarjax.models.torch_fused import match_cnn
-from sarjax.models.torch_ops import ATEN_OPS, CONV_IMPLS, Missing, aten_name, conv, conv_nd, node_location, op_handler
+from sarjax.models.torch_ops import (
+    ATEN_OPS,
+    CONV_IMPLS,
+    ChannelsLast,
+    Missing,
+    aten_name,
+    conv,
+    conv_nd,
+    nhwc_call,
+    node_location,
+    op_handler,
+    to_nchw,
+)
 
 PyTree = Any
+
+UNROLL_MEMBERS = 16
+"""The most members :meth:`TorchStack.apply_prepared` unrolls on CPU (more: ``lax.map``, a loop)."""
 
 
 # ------------------------------------------------------------------------------------ conversion
@@ -106,10 +127,13 @@ class TorchProgram:
       signature: SHA-256 of the exported graph, the placeholders' targets, shapes and dtypes:
         two modules with the same signature share one ``apply`` (and stack).
       param_shapes: ``{dotted name: shape}`` of the params the graph reads.
-      conv_impl: how 2-D convolutions run: ``"xla"`` (``lax.conv_general_dilated``),
-        ``"im2col"`` (strided slices and one contraction: XLA's convolution gradients are slow on
-        CPU) or ``"auto"`` (im2col on the CPU backend, xla elsewhere).  Same logits to float32
-        rounding.
+      conv_impl: how 2-D convolutions run: ``"nhwc"`` (the graph runs channels-last,
+        ``lax.conv_general_dilated`` in NHWC / HWIO), ``"xla"`` (``lax.conv_general_dilated`` in
+        NCHW), ``"im2col"`` (NCHW, strided slices and one contraction) or ``"auto"`` (nhwc on the
+        CPU backend, xla elsewhere; the fused kernel for a zoo-style CNN, see :attr:`fused_cnn`).
+        Same logits to float32 rounding.
+      batched: whether the graph was exported with a symbolic batch (``apply`` runs it on the
+        whole batch) or for one example (``apply`` vmaps it).
     """
 
     name: str
@@ -123,15 +147,28 @@ class TorchProgram:
     _output: Any = field(repr=False)
     conv_impl: str = "auto"
 
-    def apply_one(self, params: PyTree, x: jax.Array) -> jax.Array:
-        """Logits of ONE example: params (one member), x: [*input_shape] -> [C]."""
+    batched: bool = True
+
+    @property
+    def resolved_conv_impl(self) -> str:
+        """The lowering :attr:`conv_impl` picks on the current backend (``"auto"``: ``"nhwc"`` on CPU,
+        ``"xla"`` elsewhere)."""
+        if self.conv_impl == "auto":
+            return "nhwc" if jax.default_backend() == "cpu" else "xla"
+        return self.conv_impl
+
+    def _run(self, params: PyTree, x: jax.Array) -> jax.Array:
+        """Interpret the graph on a batch: x [N, *input_shape] -> [N, C] (N = 1 for a batch-1 export)."""
         from torch.fx.node import Node, map_arg  # optional dependency: torch
 
+        impl = self.resolved_conv_impl
+        nhwc = impl == "nhwc"
+        inp: Any = x
         if self.channels_last:
-            x = jnp.moveaxis(x, -1, 0)  # HWC -> CHW
+            inp = ChannelsLast(x) if (nhwc and x.ndim == 4) else jnp.moveaxis(x, -1, 1)  # NHWC -> NCHW
         env: dict[str, Any] = {}
         for ph, target in self._placeholders:
-            env[ph] = x[None] if target is None else _lookup(params, target)
+            env[ph] = inp if target is None else _lookup(params, target)
 
         def fetch(n: Node):
             v = env[n.name]
@@ -139,9 +176,6 @@ class TorchProgram:
                 raise NotImplementedError(f"{node_location(n)} uses the {v.what}, which sarjax does not compute")
             return v
 
-        impl = self.conv_impl
-        if impl == "auto":
-            impl = "im2col" if jax.default_backend() == "cpu" else "xla"
         for node in self._graph.nodes:
             if node.op != "call_function":
                 continue
@@ -149,17 +183,33 @@ class TorchProgram:
             kwargs = map_arg(node.kwargs, fetch)
             kwargs = {k: v for k, v in kwargs.items() if k not in ("device", "layout", "pin_memory", "memory_format")}
             handler = op_handler(node)
-            if handler is conv or handler is conv_nd:
-                kwargs["impl"] = impl
             try:
-                env[node.name] = handler(*args, **kwargs)
+                if nhwc:
+                    env[node.name] = nhwc_call(aten_name(node.target), handler, tuple(args), kwargs)
+                else:
+                    if handler is conv or handler is conv_nd:
+                        kwargs["impl"] = impl
+                    env[node.name] = handler(*args, **kwargs)
             except NotImplementedError as e:
                 raise NotImplementedError(f"{e} ({node_location(node)})") from None
         (out,) = map_arg(self._output, fetch)
-        return out[0]  # the graph's batch of one
+        out = to_nchw(out)
+        if not isinstance(out, jax.Array):
+            raise TypeError(f"{self.name}: the graph's output is a {type(out).__name__}, expected one array [N, C]")
+        return out
+
+    def apply_one(self, params: PyTree, x: jax.Array) -> jax.Array:
+        """Logits of ONE example: params (one member), x: [*input_shape] -> [C]."""
+        return self._run(params, x[None])[0]
 
     def apply(self, params: PyTree, x: jax.Array) -> jax.Array:
-        """Logits of one member on a batch: params (one member), x: [B, *input_shape] -> [B, C]."""
+        """Logits of one member on a batch: params (one member), x: [B, *input_shape] -> [B, C].
+
+        A graph exported with a symbolic batch (:attr:`batched`, the default) runs on the whole batch
+        (the convolutions see ``[B, ...]``); a batch-1 export is ``jax.vmap``-ped over the examples.
+        """
+        if self.batched:
+            return self._run(params, x)
         return jax.vmap(self.apply_one, in_axes=(None, 0))(params, x)
 
     @cached_property
@@ -260,29 +310,54 @@ def _refuse_autograd_functions(calls: list) -> None:
 
 
 def _export(module, input_shape: tuple[int, ...], channels_last: bool):
+    """``(exported program, batched)``: the export with a symbolic batch dimension (example batch 2),
+    or, where the module does not export that way (it specialises on the batch size), on a batch of
+    one (``batched=False``: the converted apply vmaps it over the examples)."""
     import torch  # optional dependency: torch
 
     example_shape = (input_shape[-1], *input_shape[:-1]) if channels_last else tuple(input_shape)
-    example = torch.zeros((1, *example_shape), dtype=torch.float32)
     was_training = module.training
     module.eval()
     calls: list = []
     try:
         with torch.no_grad(), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)  # torch 2.13 internals
+            ep, batched = None, True
             try:
                 with _record_autograd_functions(module, calls):
-                    ep = torch.export.export(module, (example,), strict=False)
-            except Exception as e:
-                hint = _nhwc_hint(module, input_shape, channels_last)
-                if hint is not None:
-                    raise ValueError(hint) from e
-                raise
+                    example = torch.zeros((2, *example_shape), dtype=torch.float32)
+                    (arg_name,) = _forward_arg_names(module)
+                    dyn = {arg_name: {0: torch.export.Dim("batch", min=1)}}
+                    ep = torch.export.export(module, (example,), dynamic_shapes=dyn, strict=False)
+            except Exception:
+                ep, batched = None, False
+            if ep is None:
+                calls.clear()
+                try:
+                    with _record_autograd_functions(module, calls):
+                        example = torch.zeros((1, *example_shape), dtype=torch.float32)
+                        ep = torch.export.export(module, (example,), strict=False)
+                except Exception as e:
+                    hint = _nhwc_hint(module, input_shape, channels_last)
+                    if hint is not None:
+                        raise ValueError(hint) from e
+                    raise
             _refuse_autograd_functions(calls)
             ep = ep.run_decompositions(_decomposition_table())
     finally:
         module.train(was_training)
-    return ep
+    return ep, batched
+
+
+def _forward_arg_names(module) -> list[str]:
+    """The names of ``module.forward``'s positional parameters (the export's ``dynamic_shapes`` keys)."""
+    import inspect
+
+    params = inspect.signature(module.forward).parameters.values()
+    names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if not names:
+        raise ValueError("forward takes no positional tensor")
+    return names[:1]
 
 
 def _nhwc_hint(module, input_shape: tuple[int, ...], channels_last: bool) -> str | None:
@@ -378,7 +453,7 @@ def convert(
     channels_last = len(input_shape) == 3 if channels_last is None else bool(channels_last)
     if channels_last and len(input_shape) < 2:
         raise ValueError(f"channels_last needs an input_shape (..., C) with >= 2 axes, got {input_shape}")
-    ep = _export(module, input_shape, channels_last)
+    ep, batched = _export(module, input_shape, channels_last)
     graph = ep.graph_module.graph
     users = {n.name: len(n.users) for n in graph.nodes}
     lifted = {**ep.state_dict, **ep.constants}
@@ -419,9 +494,13 @@ def convert(
             raise NotImplementedError(f"get_attr node ({node_location(node)}) (a submodule call in the graph)")
     params = _nest({k: _to_jax(v) for k, v in state.items()})
     out_val = outputs[0].meta.get("val")
-    if out_val is None or out_val.dim() != 2 or int(out_val.shape[0]) != 1:
+    if out_val is None or out_val.dim() != 2 or (not batched and int(out_val.shape[0]) != 1):
         shape = None if out_val is None else tuple(out_val.shape)
         raise ValueError(f"the module must return logits [B, C]; for a batch of 1 it returns shape {shape}")
+    if batched and isinstance(out_val.shape[0], int):
+        raise ValueError(
+            f"the module must return logits [B, C]; for a batch of B it returns shape {tuple(out_val.shape)}"
+        )
     program = TorchProgram(
         name=name or type(module).__name__,
         input_shape=input_shape,
@@ -433,6 +512,7 @@ def convert(
         _placeholders=tuple(placeholders),
         _output=outputs,
         conv_impl=conv_impl,
+        batched=batched,
     )
     if verify:
         verify_against_torch(program, params, module)
@@ -443,27 +523,35 @@ def verify_against_torch(program: TorchProgram, params: PyTree, module, *, n: in
     """Max |JAX - PyTorch| logits on ``n`` fixed random inputs in [0, 1); raises ValueError above tolerance.
 
     The tolerance is ``1e-3 * (1 + max |PyTorch logit|)`` (float32 convolutions summed in another
-    order differ at about 1e-6 relative; a wrong op differs at order 1).
+    order differ at about 1e-6 relative; a wrong op differs at order 1).  A graph exported with a
+    symbolic batch is also checked on the first example alone (torch.export traces the batch as a
+    size other than 1, so a module that branches on a batch of 1 is caught here).
     """
     import torch  # optional dependency: torch
 
     x = np.random.default_rng(seed).random((n, *program.input_shape), dtype=np.float32)
-    xt = torch.from_numpy(np.moveaxis(x, -1, 1).copy() if program.channels_last else x)
-    was_training = module.training
-    module.eval()
-    try:
-        with torch.no_grad():
-            ref = module(xt).float().numpy()
-    finally:
-        module.train(was_training)
-    with jax.default_matmul_precision("highest"):
-        got = np.asarray(program.jit_apply(params, jnp.asarray(x)))
-    err = float(np.max(np.abs(got - ref)))
-    tol = 1e-3 * (1.0 + float(np.max(np.abs(ref))))
-    if not math.isfinite(err) or err > tol:
-        raise ValueError(
-            f"converted {program.name} disagrees with PyTorch: max |logit difference| {err:.3g} > {tol:.3g}"
-        )
+    err = 0.0
+    # the batch of n, and (a graph exported with a symbolic batch, which torch.export traces as a
+    # size other than 1) one example alone
+    for xb in (x, x[:1]) if (program.batched and n > 1) else (x,):
+        xt = torch.from_numpy(np.moveaxis(xb, -1, 1).copy() if program.channels_last else xb)
+        was_training = module.training
+        module.eval()
+        try:
+            with torch.no_grad():
+                ref = module(xt).float().numpy()
+        finally:
+            module.train(was_training)
+        with jax.default_matmul_precision("highest"):
+            got = np.asarray(program.jit_apply(params, jnp.asarray(xb)))
+        e = float(np.max(np.abs(got - ref))) if got.shape == ref.shape else math.inf
+        tol = 1e-3 * (1.0 + float(np.max(np.abs(ref))))
+        if not math.isfinite(e) or e > tol:
+            raise ValueError(
+                f"converted {program.name} disagrees with PyTorch on a batch of {len(xb)}: max |logit "
+                f"difference| {e:.3g} > {tol:.3g}"
+            )
+        err = max(err, e)
     return err
 
 
@@ -575,18 +663,35 @@ class TorchStack(BaseStack):
         return {k: v for k, v in self.spec().items() if k != "signature"}
 
     def apply_prepared(self, prepared: PyTree, x: jax.Array) -> jax.Array:
-        """Logits ``[K, B, C]``: ``jax.vmap`` of the member apply over the stacked params; on the CPU
-        backend ``lax.map`` (the members one after the other inside the same compiled call): a
-        vmapped convolution over members becomes a grouped convolution or a batched contraction,
-        slower on CPU (benchmarks/torch_pool_throughput.py: joint PGD on 8 CNNs 1.4-1.75x faster)."""
-        if jax.default_backend() == "cpu" and self.program.fused_cnn is not None:
+        """Logits ``[K, B, C]`` of the stacked members on the batch ``x [B, *input_shape]``.
+
+        On the CPU backend: the fused pool kernel for a zoo-style CNN (:attr:`TorchProgram.fused_cnn`);
+        with channels-last convolutions (``conv_impl`` ``"auto"`` / ``"nhwc"``) and at most
+        :data:`UNROLL_MEMBERS` members, the members one after the other, unrolled in the compiled
+        call (each runs the graph on the whole batch; XLA:CPU runs a convolution inside a loop body
+        several times slower, and a convolution vmapped over members becomes a grouped one);
+        otherwise ``lax.map`` over the members (with ``"auto"``: im2col convolutions, vmapped over
+        the examples, the faster lowering inside a loop).  Off CPU: ``jax.vmap`` over the members.
+        """
+        if jax.default_backend() != "cpu":
+            return jax.vmap(self.member_apply, in_axes=(0, None))(prepared, x)
+        if self.program.fused_cnn is not None:
             m = self.program.fused_cnn
             zoo_params = jax.vmap(lambda p: m.params(lambda name: _lookup(p, name)))(prepared)
             return cnn_pool_apply(m.arch, zoo_params, x)
-        if jax.default_backend() == "cpu" and self.size > 1:
+        k_members = int(jax.tree.leaves(prepared)[0].shape[0])
+        if k_members == 1 or (self.program.resolved_conv_impl == "nhwc" and k_members <= UNROLL_MEMBERS):
             f = self.member_apply
-            return lax.map(lambda p: f(p, x), prepared)
-        return jax.vmap(self.member_apply, in_axes=(0, None))(prepared, x)
+            return jnp.stack([f(jax.tree.map(lambda a, k=k: a[k], prepared), x) for k in range(k_members)])
+        f = self._looped_program.apply
+        return lax.map(lambda p: f(p, x), prepared)
+
+    @cached_property
+    def _looped_program(self) -> TorchProgram:
+        """The program :meth:`apply_prepared` runs under ``lax.map``: ``"auto"`` picks im2col, per example."""
+        if self.program.conv_impl != "auto":
+            return self.program
+        return dataclasses.replace(self.program, conv_impl="im2col", batched=False)
 
     def with_params(self, params: PyTree, names: Sequence[str] | None = None) -> TorchStack:
         return TorchStack(self.program, params, self.names if names is None else names, name=self.name)

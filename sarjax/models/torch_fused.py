@@ -130,9 +130,14 @@ def _match(program) -> CnnMatch | None:
     if not program.channels_last or len(program.input_shape) != 3:
         return None
     ph = dict(program._placeholders)  # graph placeholder -> dotted param name (None: the input)
-    nodes = [n for n in program._graph.nodes if n.op == "call_function"]
-    users = {n.name: len(n.users) for n in program._graph.nodes}
     (x_name,) = [k for k, v in ph.items() if v is None]
+    batch_sizes = {  # the symbolic batch size of a graph exported with one (sym_size(x, 0))
+        n.name
+        for n in program._graph.nodes
+        if _target(n) == "aten.sym_size.int" and getattr(n.args[0], "name", None) == x_name and n.args[1] == 0
+    }
+    nodes = [n for n in program._graph.nodes if n.op == "call_function" and n.name not in batch_sizes]
+    users = {n.name: len(n.users) for n in program._graph.nodes}
 
     def param(a) -> str | None:
         if a is None:
@@ -224,8 +229,10 @@ def _match(program) -> CnnMatch | None:
     if _target(f) == "aten.flatten.using_ints":
         if tuple(f.args[1:3]) not in ((1, -1), (1, 3)):
             return None
-    elif tuple(f.args[1]) not in ((1, h * w * cin), (-1, h * w * cin), (1, -1)):
-        return None
+    else:
+        size = [1 if getattr(v, "name", None) in batch_sizes else v for v in f.args[1]]
+        if tuple(size) not in ((1, h * w * cin), (-1, h * w * cin), (1, -1)):
+            return None
     prev, i = f.name, i + 1
     lin: list[tuple[str, str | None]] = []
     for k in range(2):

@@ -562,7 +562,7 @@ _PYTHON_OPS: dict[Any, Callable] = {
     operator.neg: operator.neg,
 }
 
-CONV_IMPLS = ("auto", "im2col", "xla")
+CONV_IMPLS = ("auto", "im2col", "xla", "nhwc")
 
 SUPPORTED_OPS: tuple[str, ...] = tuple(sorted(ATEN_OPS))
 """The ATen ops (schema names, any overload) the converter interprets."""
@@ -605,3 +605,248 @@ def op_handler(node) -> Callable:
         f"torch op {label} ({node_location(node)}) is not supported by sarjax's torch.export converter "
         "(the supported ATen ops: sarjax.models.torch_ops.SUPPORTED_OPS)"
     )
+
+
+# ------------------------------------------------------------------ channels-last (NHWC) execution
+
+
+class ChannelsLast:
+    """A logical NCHW tensor held channels-last: ``a`` is ``[N, H, W, C]`` for the graph's ``[N, C, H, W]``.
+
+    The ``conv_impl="nhwc"`` interpreter keeps 4-D activations in this layout from convolution to
+    convolution (XLA:CPU's NHWC convolutions and their input gradients are 2-5x faster than NCHW ones
+    and than the im2col lowering: benchmarks/torch_conv_ceiling.py); ops without a channels-last
+    version (:func:`nhwc_call`) see the NCHW tensor (one transpose).
+    """
+
+    __slots__ = ("a",)
+
+    def __init__(self, a):
+        self.a = a
+
+
+_TO_NHWC = (0, 2, 3, 1)  # logical (NCHW) axis of each physical (NHWC) axis
+_TO_PHYS = (0, 3, 1, 2)  # physical axis of each logical axis
+
+
+def to_nchw(v):
+    """``v`` with every :class:`ChannelsLast` (also inside lists / tuples) transposed back to NCHW."""
+    if isinstance(v, ChannelsLast):
+        return jnp.transpose(v.a, _TO_PHYS)
+    if isinstance(v, (list, tuple)):
+        return type(v)(to_nchw(u) for u in v)
+    return v
+
+
+def _as_nhwc(v):
+    """A tensor operand broadcasting against a logical NCHW tensor, laid out to broadcast against its NHWC form."""
+    if isinstance(v, ChannelsLast):
+        return v.a
+    if not hasattr(v, "ndim") or v.ndim == 0:
+        return v
+    v = jnp.reshape(v, (1,) * (4 - v.ndim) + tuple(v.shape))
+    return jnp.transpose(v, _TO_NHWC)
+
+
+def _is_scalar(v) -> bool:
+    return not hasattr(v, "ndim") or v.ndim == 0
+
+
+def _conv_nhwc(x, w, b=None, stride=1, padding=0, dilation=1, transposed=False, output_padding=0, groups=1):
+    if transposed:
+        raise NotImplementedError("aten.convolution with transposed=True (ConvTranspose) is not supported")
+    del output_padding
+    ks, dil, st = tuple(w.shape[2:]), _spatial(dilation, 2), _spatial(stride, 2)
+    if isinstance(padding, str):
+        if padding == "valid":
+            pads = [(0, 0)] * 2
+        elif padding == "same":
+            pads = [(d * (k - 1) // 2, d * (k - 1) - d * (k - 1) // 2) for k, d in zip(ks, dil)]
+        else:
+            raise NotImplementedError(f"convolution padding={padding!r}")
+    else:
+        pads = [(p, p) for p in _spatial(padding, 2)]
+    y = lax.conv_general_dilated(
+        _as_nhwc(x),
+        jnp.transpose(w, (2, 3, 1, 0)),  # OIHW -> HWIO
+        window_strides=st,
+        padding=pads,
+        rhs_dilation=dil,
+        dimension_numbers=("NHWC", "HWIO", "NHWC"),
+        feature_group_count=int(groups),
+    )
+    return ChannelsLast(y if b is None else y + b)
+
+
+def _bn_nhwc(x: ChannelsLast, w, b, mean, var, eps) -> ChannelsLast:
+    a = (x.a - mean) * lax.rsqrt(var + eps)
+    if w is not None:
+        a = a * w
+    if b is not None:
+        a = a + b
+    return ChannelsLast(a)
+
+
+def _max_pool_nhwc(x: ChannelsLast, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    a = x.a
+    k = _spatial(kernel_size, 2)
+    s = _spatial(stride, 2) if (stride is not None and stride != [] and stride != ()) else k
+    p, d = _spatial(padding, 2), _spatial(dilation, 2)
+    pads = [(0, 0)]
+    for i in range(2):
+        _, extra = _pool_geometry(a.shape[1 + i], k[i], s[i], p[i], d[i], bool(ceil_mode))
+        pads.append((p[i], p[i] + extra))
+    pads.append((0, 0))
+    if k == s and p == (0, 0) and d == (1, 1) and all(hi == 0 for _, hi in pads):
+        outs = [a.shape[1 + i] // k[i] for i in range(2)]
+        a = a[:, : outs[0] * k[0], : outs[1] * k[1], :]
+        a = a.reshape(a.shape[0], outs[0], k[0], outs[1], k[1], a.shape[-1])
+        return ChannelsLast(window_max(a, (2, 4)))
+    win, strides = (1, *k, 1), (1, *s, 1)
+    return ChannelsLast(lax.reduce_window(a, -jnp.inf, lax.max, win, strides, pads, window_dilation=(1, *d, 1)))
+
+
+def _avg_pool_nhwc(
+    x: ChannelsLast, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None
+):
+    a = x.a
+    k = _spatial(kernel_size, 2)
+    s = _spatial(stride, 2) if (stride is not None and stride != [] and stride != ()) else k
+    p = _spatial(padding, 2)
+    pads, extras = [(0, 0)], []
+    for i in range(2):
+        _, extra = _pool_geometry(a.shape[1 + i], k[i], s[i], p[i], 1, bool(ceil_mode))
+        pads.append((p[i], p[i] + extra))
+        extras.append(extra)
+    pads.append((0, 0))
+    total = lax.reduce_window(a, 0.0, lax.add, (1, *k, 1), (1, *s, 1), pads)
+    if divisor_override:
+        return ChannelsLast(total / divisor_override)
+    spatial = a.shape[1:3]
+    if count_include_pad:
+        ones = jnp.ones(tuple(sz + 2 * pi for sz, pi in zip(spatial, p)), a.dtype)
+        ones_pads = [(0, e) for e in extras]
+    else:
+        ones = jnp.ones(spatial, a.dtype)
+        ones_pads = [(pi, pi + e) for pi, e in zip(p, extras)]
+    count = lax.reduce_window(ones, 0.0, lax.add, k, s, ones_pads)
+    return ChannelsLast(total / count[None, :, :, None])
+
+
+def _adaptive_avg_pool_nhwc(x: ChannelsLast, output_size):
+    a = x.a
+    out = _spatial(output_size, 2)
+    for i in range(2):
+        ax = 1 + i
+        size = a.shape[ax]
+        o = size if out[i] is None else out[i]
+        if o == size:
+            continue
+        if o == 1:
+            a = jnp.mean(a, axis=ax, keepdims=True)
+            continue
+        m = jnp.asarray(_adaptive_matrix(size, o), a.dtype)
+        a = jnp.moveaxis(jnp.tensordot(a, m, axes=((ax,), (1,))), -1, ax)
+    return ChannelsLast(a)
+
+
+def _pad_nhwc(name: str, x: ChannelsLast, pad, *rest, **kw):
+    """constant_pad_nd / pad on a channels-last tensor (other modes: NCHW)."""
+    mode = (rest[0] if rest else kw.get("mode", "constant")) if name == "pad" else "constant"
+    value = (rest[1] if len(rest) > 1 else kw.get("value")) if name == "pad" else (rest[0] if rest else kw.get("value"))
+    if mode != "constant":
+        return to_nchw_call(ATEN_OPS[name], x, pad, *rest, **kw)
+    pad = list(pad)
+    widths = [(0, 0, 0)] * 4
+    for j in range(len(pad) // 2):  # pairs from the last logical axis backwards
+        widths[_TO_PHYS[3 - j]] = (pad[2 * j], pad[2 * j + 1], 0)
+    return ChannelsLast(lax.pad(x.a, jnp.asarray(0.0 if value is None else value, x.a.dtype), widths))
+
+
+def to_nchw_call(handler: Callable, *args, **kwargs):
+    """``handler`` on NCHW operands (every :class:`ChannelsLast` transposed back)."""
+    return handler(*to_nchw(tuple(args)), **{k: to_nchw(v) for k, v in kwargs.items()})
+
+
+def _reduce_nhwc(fn):
+    def reduce(x: ChannelsLast, dim=None, keepdim=False, dtype=None):
+        dims = _reduce_dims(x.a, dim)
+        logical = tuple(range(4)) if dims is None else dims
+        phys = tuple(sorted(_TO_PHYS[d] for d in logical))
+        y = fn(x.a, axis=phys, keepdims=keepdim)
+        if dtype is not None:
+            y = y.astype(_dtype(dtype))
+        if keepdim:
+            return ChannelsLast(y)
+        kept = [_TO_NHWC[i] for i in range(4) if i not in phys]  # logical axis of each kept physical axis
+        order = sorted(range(len(kept)), key=lambda i: kept[i])
+        return jnp.transpose(y, order) if order != list(range(len(kept))) else y
+
+    return reduce
+
+
+_NHWC_UNARY = frozenset(
+    {
+        "relu", "gelu", "silu", "tanh", "sigmoid", "leaky_relu", "hardtanh", "elu", "hardswish", "hardsigmoid",
+        "softplus", "mish", "clamp", "clamp_min", "clamp_max", "neg", "abs", "exp", "log", "sqrt", "rsqrt",
+        "reciprocal", "erf", "clone", "contiguous", "alias", "detach", "dropout", "feature_dropout",
+        "alpha_dropout",
+    }
+)  # fmt: skip
+_NHWC_BINARY = frozenset({"add", "sub", "rsub", "mul", "div", "maximum", "minimum", "pow"})
+
+
+def nhwc_call(name: str | None, handler: Callable, args: tuple, kwargs: dict):
+    """Run one graph op in the channels-last interpreter.
+
+    Args:
+      name: the op's ATen name (None for Python operators).
+      handler: its NCHW function from :data:`ATEN_OPS` / the Python operators.
+      args, kwargs: the operands; 4-D tensors may be :class:`ChannelsLast`.
+
+    Returns:
+      The op's result; a 4-D result computed channels-last stays :class:`ChannelsLast`.  Ops with no
+      channels-last version get NCHW operands (:func:`to_nchw`).
+    """
+    if name in ("convolution", "conv2d") and getattr(args[0], "ndim", 4) == 4 and getattr(args[1], "ndim", 0) == 4:
+        x = args[0]
+        names = ("b", "stride", "padding", "dilation", "transposed", "output_padding", "groups")
+        rest: dict[str, Any] = dict(zip(names, args[2:]))
+        if name == "conv2d":  # conv2d(x, w, b, stride, padding, dilation, groups)
+            rest = dict(zip(("b", "stride", "padding", "dilation", "groups"), args[2:]))
+        rest.update({k: v for k, v in kwargs.items() if k != "impl"})
+        if "bias" in rest:
+            rest["b"] = rest.pop("bias")
+        return _conv_nhwc(x, args[1], **rest)
+    first = args[0] if args else None
+    if isinstance(first, ChannelsLast):
+        if name in ("_native_batch_norm_legit_no_training", "native_batch_norm", "batch_norm"):
+            x, w, b, mean, var = args[:5]
+            if name == "_native_batch_norm_legit_no_training":
+                eps = args[6] if len(args) > 6 else kwargs["eps"]
+            else:
+                training = args[5] if len(args) > 5 else kwargs.get("training", False)
+                if training or mean is None:
+                    raise NotImplementedError("batch_norm in training mode (convert the module in eval mode)")
+                eps = args[7] if len(args) > 7 else kwargs["eps"]
+            y = _bn_nhwc(x, w, b, mean, var, eps)
+            return y if name == "batch_norm" else (y, Missing("batch-norm saved mean"), Missing("saved rstd"))
+        if name in ("max_pool2d", "max_pool2d_with_indices"):
+            y = _max_pool_nhwc(*args, **kwargs)
+            return y if name == "max_pool2d" else (y, Missing("max-pool indices"))
+        if name == "avg_pool2d":
+            return _avg_pool_nhwc(*args, **kwargs)
+        if name in ("adaptive_avg_pool2d", "_adaptive_avg_pool2d"):
+            return _adaptive_avg_pool_nhwc(*args, **kwargs)
+        if name in ("constant_pad_nd", "pad"):
+            return _pad_nhwc(name, *args, **kwargs)
+        if name in ("mean", "sum") and all(_is_scalar(a) or isinstance(a, (list, tuple)) for a in args[1:]):
+            return _reduce_nhwc(jnp.mean if name == "mean" else jnp.sum)(*args, **kwargs)
+        if name in _NHWC_UNARY and all(_is_scalar(a) for a in args[1:]) and all(_is_scalar(v) for v in kwargs.values()):
+            return ChannelsLast(handler(first.a, *args[1:], **kwargs))
+    if name in _NHWC_BINARY and len(args) == 2 and any(isinstance(a, ChannelsLast) for a in args):
+        if all(isinstance(a, ChannelsLast) or _is_scalar(a) or a.ndim <= 4 for a in args):
+            return ChannelsLast(handler(*(_as_nhwc(a) for a in args), **kwargs))
+    if name is None and handler is operator.getitem:  # a tuple element (batch norm's output) keeps its layout
+        return handler(*args)
+    return to_nchw_call(handler, *args, **kwargs)
