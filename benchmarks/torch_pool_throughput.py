@@ -15,10 +15,13 @@ Joint linf PGD (the SAR paper's Table 1 step: mean cross-entropy of the members 
 clean predictions, sign step eps/16, projection around x0, one random start) runs as
 
   * ``sarjax[pool.apply]``: ``make_joint_pgd(pool.apply)``, one compiled call (the stack's apply
-    on CPU: the fused kernel for ``cnn8``; ``lax.map`` of the op-by-op member function with
-    im2col convolutions for the residual nets);
+    on CPU: the fused kernel for ``cnn8``; for the residual nets, the members unrolled, each
+    running its graph on the whole batch channels-last, ``lax.conv`` in NHWC);
   * ``sarjax[op-by-op,im2col]`` (``cnn8`` only): the same members op by op, the path before the
     fused mapping;
+  * ``sarjax[old:map,vmap,im2col]`` (residual nets; ``--no-old`` leaves it out): the path before
+    the whole-batch one: ``lax.map`` over the members, each graph vmapped over the examples,
+    im2col convolutions in NCHW;
   * ``torch_loop[tN]``: the modules in a Python loop (forward, summed CE, one backward);
   * ``torch_func_vmap[tN]``: ``torch.func.functional_call`` + ``torch.func.vmap`` over the stacked
     weights and buffers,
@@ -33,6 +36,7 @@ Where the residual nets' time goes: ``benchmarks/torch_conv_ceiling.py``.
 Usage:
   PYTHONPATH=. python benchmarks/torch_pool_throughput.py            # every pool, 3 reps
   PYTHONPATH=. python benchmarks/torch_pool_throughput.py --quick    # first batch size, 2 steps
+  PYTHONPATH=. python benchmarks/torch_pool_throughput.py --pools preact18 wrn16-2 --reps 2
 Output: JSON at ``--out`` (default: a temporary folder; ``--out
 benchmarks/results/torch_pool_throughput.json`` replaces the committed result), with the run's
 provenance (command, commit, machine, date, load).
@@ -246,6 +250,13 @@ def op_by_op_pool(stack, conv_impl):
     return Pool([TorchStack(dataclasses.replace(stack.program, conv_impl=conv_impl), stack.params, stack.names)])
 
 
+def old_path_pool(stack):
+    """The residual nets as before whole-batch channels-last execution: ``lax.map`` over the members,
+    each member's graph ``jax.vmap``-ped over the examples (batch-1 convolutions), im2col in NCHW."""
+    prog = dataclasses.replace(stack.program, conv_impl="im2col", batched=False)
+    return Pool([TorchStack(prog, stack.params, stack.names)])
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pools", nargs="+", default=list(POOLS), choices=list(POOLS))
@@ -253,6 +264,7 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--batches", type=int, nargs="+", default=None, help="batch sizes (default: per pool)")
     ap.add_argument("--torch-threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--no-old", action="store_true", help="leave out the old-path contender of the residual pools")
     ap.add_argument("--quick", action="store_true", help="the first batch size, 2 steps, 3 repetitions")
     ap.add_argument("--out", default=None, help="JSON path (default: a temporary folder, never benchmarks/results/)")
     args = ap.parse_args()
@@ -284,7 +296,8 @@ def main():
         variants = {"sarjax[pool.apply]": pool}
         if fused:  # the same members op by op (the path before the fused mapping)
             variants["sarjax[op-by-op,im2col]"] = op_by_op_pool(stack, "im2col")
-        # (residual nets with conv_impl="xla": 40-50x slower than im2col here, left out)
+        elif not args.no_old:  # the path before the whole-batch channels-last one
+            variants["sarjax[old:map,vmap,im2col]"] = old_path_pool(stack)
         for b in batches:
             rows.append(_row(pool_name, models, variants, shape, m, b, steps, args, torch))
             _write(args.out, rows, convert, load_before, torch.__version__)  # after every row
