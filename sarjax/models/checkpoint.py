@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
@@ -80,7 +81,7 @@ def probe_logits(pool: Pool, x: np.ndarray) -> np.ndarray:
     may use TF32 / bf16 passes, whose error is far above the tolerance).
     """
     with jax.default_matmul_precision("highest"):  # pool.logits: the jitted apply pools of one structure share
-        return np.asarray(pool.logits(x), np.float32)
+        return np.asarray(pool.logits(jnp.asarray(x)), np.float32)
 
 
 def _leaves(tree) -> list[tuple[str, tuple[int, ...], str]]:
