@@ -668,8 +668,9 @@ class TorchStack(BaseStack):
         On the CPU backend: the fused pool kernel for a zoo-style CNN (:attr:`TorchProgram.fused_cnn`);
         with channels-last convolutions (``conv_impl`` ``"auto"`` / ``"nhwc"``) and at most
         :data:`UNROLL_MEMBERS` members, the members one after the other, unrolled in the compiled
-        call (each runs the graph on the whole batch; XLA:CPU runs a convolution inside a loop body
-        several times slower, and a convolution vmapped over members becomes a grouped one);
+        call (each runs the graph on the whole batch; a ``lax.map`` loop body runs XLA:CPU's
+        convolutions several times slower, and a convolution vmapped over members becomes a
+        grouped one);
         otherwise ``lax.map`` over the members (with ``"auto"``: im2col convolutions, vmapped over
         the examples, the faster lowering inside a loop).  Off CPU: ``jax.vmap`` over the members.
         """

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import jax
@@ -614,7 +615,7 @@ class ChannelsLast:
     """A logical NCHW tensor held channels-last: ``a`` is ``[N, H, W, C]`` for the graph's ``[N, C, H, W]``.
 
     The ``conv_impl="nhwc"`` interpreter keeps 4-D activations in this layout from convolution to
-    convolution (XLA:CPU's NHWC convolutions and their input gradients are 2-5x faster than NCHW ones
+    convolution (XLA:CPU's NHWC convolutions and their input gradients are faster than NCHW ones
     and than the im2col lowering: benchmarks/torch_conv_ceiling.py); ops without a channels-last
     version (:func:`nhwc_call`) see the NCHW tensor (one transpose).
     """
@@ -666,16 +667,52 @@ def _conv_nhwc(x, w, b=None, stride=1, padding=0, dilation=1, transposed=False, 
             raise NotImplementedError(f"convolution padding={padding!r}")
     else:
         pads = [(p, p) for p in _spatial(padding, 2)]
-    y = lax.conv_general_dilated(
-        _as_nhwc(x),
-        jnp.transpose(w, (2, 3, 1, 0)),  # OIHW -> HWIO
-        window_strides=st,
-        padding=pads,
-        rhs_dilation=dil,
-        dimension_numbers=("NHWC", "HWIO", "NHWC"),
-        feature_group_count=int(groups),
-    )
+    a, whwio = _as_nhwc(x), jnp.transpose(w, (2, 3, 1, 0))  # OIHW -> HWIO
+    if int(groups) == 1:
+        y = _conv_nhwc_xla(a, whwio, st, tuple(tuple(p) for p in pads), dil)
+    else:
+        y = lax.conv_general_dilated(
+            a, whwio, st, pads, rhs_dilation=dil, dimension_numbers=_NHWC_DN, feature_group_count=int(groups)
+        )
     return ChannelsLast(y if b is None else y + b)
+
+
+_NHWC_DN = ("NHWC", "HWIO", "NHWC")
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def _conv_nhwc_xla(a, w, stride, pads, dil):
+    """``lax.conv_general_dilated`` of ``a [N, H, W, C]`` by ``w [kh, kw, C, O]``, whose input gradient
+    is an explicit NHWC convolution by the flipped, transposed kernel: the transpose rule's own
+    convolution (kernel dimensions swapped in place) runs 10-30x slower inside a loop body on
+    XLA:CPU (an attack's steps), this one as fast as the forward."""
+    return lax.conv_general_dilated(a, w, stride, pads, rhs_dilation=dil, dimension_numbers=_NHWC_DN)
+
+
+def _conv_nhwc_xla_fwd(a, w, stride, pads, dil):
+    return _conv_nhwc_xla(a, w, stride, pads, dil), (a, w)
+
+
+def _conv_nhwc_xla_bwd(stride, pads, dil, res, dy):
+    a, w = res
+    kh, kw = w.shape[:2]
+    pads_t = []
+    for i, k in enumerate((kh, kw)):
+        keff = dil[i] * (k - 1) + 1
+        n, o = a.shape[1 + i], dy.shape[1 + i]
+        lo = keff - 1 - pads[i][0]
+        pads_t.append((lo, n + keff - 1 - (o - 1) * stride[i] - 1 - lo))
+    wt = jnp.transpose(jnp.flip(w, (0, 1)), (0, 1, 3, 2))  # [kh, kw, O, C], flipped
+    da = lax.conv_general_dilated(
+        dy, wt, (1, 1), pads_t, lhs_dilation=stride, rhs_dilation=dil, dimension_numbers=_NHWC_DN
+    )
+    _, vjp_w = jax.vjp(
+        lambda w: lax.conv_general_dilated(a, w, stride, pads, rhs_dilation=dil, dimension_numbers=_NHWC_DN), w
+    )
+    return da, vjp_w(dy)[0]
+
+
+_conv_nhwc_xla.defvjp(_conv_nhwc_xla_fwd, _conv_nhwc_xla_bwd)
 
 
 def _bn_nhwc(x: ChannelsLast, w, b, mean, var, eps) -> ChannelsLast:

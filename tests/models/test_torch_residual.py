@@ -159,3 +159,37 @@ def test_verification_checks_a_batch_of_one_on_a_symbolic_batch_graph():
     torch.manual_seed(0)
     with pytest.raises(ValueError, match="batch of 1"):
         convert(_BranchesOnOne().eval(), (6, 6, 1))
+
+
+@pytest.mark.parametrize(
+    "n, k, s, pad, d",
+    [
+        (9, 3, 1, (1, 1), 1),
+        (9, 3, 2, (1, 2), 1),
+        (8, 1, 2, (0, 0), 1),
+        (10, 3, 2, (0, 1), 1),
+        (9, 3, 1, (2, 2), 2),
+        (7, 5, 3, (2, 1), 1),
+        (8, 1, 1, (1, 1), 1),
+    ],
+)
+def test_channels_last_convolution_gradients_equal_the_transpose_rule(n, k, s, pad, d):
+    """The explicit input gradient (a convolution by the flipped kernel) against JAX's own rule."""
+    from jax import lax
+
+    from sarjax.models.torch_ops import _NHWC_DN, _conv_nhwc_xla
+
+    rng = np.random.default_rng(0)
+    a = jnp.asarray(rng.random((2, n, n, 3)), jnp.float32)
+    w = jnp.asarray(rng.random((k, k, 3, 4)), jnp.float32)
+    pads = (pad, pad[::-1])
+
+    def ref(a, w):
+        y = lax.conv_general_dilated(a, w, (s, s), pads, rhs_dilation=(d, d), dimension_numbers=_NHWC_DN)
+        return jnp.sum(jnp.sin(y))
+
+    def got(a, w):
+        return jnp.sum(jnp.sin(_conv_nhwc_xla(a, w, (s, s), pads, (d, d))))
+
+    for g1, g2 in zip(jax.grad(ref, (0, 1))(a, w), jax.grad(got, (0, 1))(a, w), strict=True):
+        np.testing.assert_allclose(np.asarray(g2), np.asarray(g1), atol=1e-5, rtol=1e-5)
