@@ -376,6 +376,20 @@ HEADLINES: tuple[Headline, ...] = (
         "`speed_ratio_torch_over_sarjax`",
     ),
     Headline(
+        "AutoAttack standard, cold (a fresh process, empty compile cache), 100 MNIST images, PGD-AT CNN",
+        "pyautoattack, the reference (faster of 1, 2 threads; each run a fresh process)",
+        "autoattack_cold.json",
+        ("rows", {"samples": 100}, "ratio_attack"),
+        "`ratio_attack` of the 100-image row",
+    ),
+    Headline(
+        "AutoAttack standard, cold (a fresh process, empty compile cache), 500 MNIST images, PGD-AT CNN",
+        "pyautoattack, the reference (faster of 1, 2 threads; each run a fresh process)",
+        "autoattack_cold.json",
+        ("rows", {"samples": 500}, "ratio_attack"),
+        "`ratio_attack` of the 500-image row",
+    ),
+    Headline(
         "SAR greedy (Algorithm 1), 20-member six-architecture pool, 16 images",
         "PyTorch reference of Algorithm 1 (faster of 1, 2 threads)",
         "sar_torch_reference_quiet.json",
