@@ -54,8 +54,8 @@ def test_sanity_checks_compile_two_programs_not_one_per_eager_operation():
     from sarjax.attacks.autoattack_checks import sanity_checks
     from sarjax.models import zoo
 
-    arch = zoo.cnn((4,), dense=8, input_shape=(8, 8, 1), num_classes=10)
-    params = arch.init(jax.random.PRNGKey(0))
+    arch = zoo.cnn((8,), dense=32, input_shape=(8, 8, 1), num_classes=10)  # wide enough that no point has
+    params = arch.init(jax.random.PRNGKey(0))  # every ReLU dead (an all-zero gradient, flagged) at either XLA level
     x = np.random.default_rng(0).uniform(size=(6, 8, 8, 1)).astype(np.float32)
     y = np.asarray(np.argmax(arch.apply(params, x), 1), np.int32)
     key = jax.random.PRNGKey(1)

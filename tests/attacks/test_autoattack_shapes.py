@@ -4,6 +4,7 @@ than a compilation (``NEW_SHAPE_ROWS``); results are bit for bit those of the fo
 
 import collections
 import itertools
+import os
 
 import jax
 import numpy as np
@@ -75,8 +76,12 @@ def test_fewer_stage_programs_and_the_same_results(monkeypatch):
     old, old_names = cascade()
     stage = ("jit(_run_apgd_like)", "jit(_run_minnorm)")
     assert [new_names[k] for k in stage] == [1, 1], new_names  # one shape each: the full chunk's
-    assert old_names["jit(_run_apgd_like)"] == 2, old_names  # and the tail's (FAB-T's tail happens to fit)
-    assert new_names["jit(_logits)"] < old_names["jit(_logits)"], (new_names, old_names)
+    if os.environ.get("SARJAX_TEST_FAST_COMPILE") != "1":
+        # Which points a stage still attacks (so whether a run has a tail to pad) depends on the
+        # rounding: at XLA's default level (the default run) the former plan compiled the tail's
+        # shape too; at the rounding sweep's level the runs happen to have no such tail.
+        assert old_names["jit(_run_apgd_like)"] == 2, old_names  # and the tail's (FAB-T's tail happens to fit)
+        assert new_names["jit(_logits)"] < old_names["jit(_logits)"], (new_names, old_names)
     assert new.robust.tolist() == old.robust.tolist() and 0 < new.robust.sum() < new.robust.size
     assert new.queries.tolist() == old.queries.tolist()
     np.testing.assert_array_equal(new.x_adv, old.x_adv)
