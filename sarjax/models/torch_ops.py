@@ -238,13 +238,11 @@ def _adaptive_matrix(size: int, out: int) -> np.ndarray:
     return a
 
 
-def _adaptive_avg_pool(x, output_size):
-    n = len(output_size) if not isinstance(output_size, int) else 2
-    out = _spatial(output_size, n)
-    for i in range(n):
-        ax = x.ndim - n + i
+def _adaptive_avg_axes(x, out, axes):
+    """Adaptive average pooling of ``x`` to ``out[i]`` along ``axes[i]`` (None: keep the size)."""
+    for ax, o in zip(axes, out):
         size = x.shape[ax]
-        o = size if out[i] is None else out[i]
+        o = size if o is None else o
         if o == size:
             continue
         if o == 1:
@@ -253,6 +251,11 @@ def _adaptive_avg_pool(x, output_size):
         a = jnp.asarray(_adaptive_matrix(size, o), x.dtype)
         x = jnp.moveaxis(jnp.tensordot(x, a, axes=((ax,), (1,))), -1, ax)
     return x
+
+
+def _adaptive_avg_pool(x, output_size):
+    n = len(output_size) if not isinstance(output_size, int) else 2
+    return _adaptive_avg_axes(x, _spatial(output_size, n), [x.ndim - n + i for i in range(n)])
 
 
 def _pad_nd(x, pad, mode: str, value=0.0):
@@ -771,20 +774,7 @@ def _avg_pool_nhwc(
 
 
 def _adaptive_avg_pool_nhwc(x: ChannelsLast, output_size):
-    a = x.a
-    out = _spatial(output_size, 2)
-    for i in range(2):
-        ax = 1 + i
-        size = a.shape[ax]
-        o = size if out[i] is None else out[i]
-        if o == size:
-            continue
-        if o == 1:
-            a = jnp.mean(a, axis=ax, keepdims=True)
-            continue
-        m = jnp.asarray(_adaptive_matrix(size, o), a.dtype)
-        a = jnp.moveaxis(jnp.tensordot(a, m, axes=((ax,), (1,))), -1, ax)
-    return ChannelsLast(a)
+    return ChannelsLast(_adaptive_avg_axes(x.a, _spatial(output_size, 2), [1, 2]))
 
 
 def _pad_nhwc(name: str, x: ChannelsLast, pad, *rest, **kw):
